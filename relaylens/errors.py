@@ -1,0 +1,31 @@
+"""Error types raised by relaylens.
+
+Every error derives from :class:`RelaylensError` *and* from :class:`ValueError`, so callers that only know
+``ValueError`` still catch them. Messages say what was expected, what arrived and how to fix it.
+"""
+
+from __future__ import annotations
+
+
+class RelaylensError(ValueError):
+    """Base class of every relaylens input error."""
+
+
+class PositionError(RelaylensError):
+    """Positions that are unsorted, duplicated, negative or past the rotary range."""
+
+
+class ShapeError(RelaylensError):
+    """Tensors, masks or selections whose shapes disagree."""
+
+
+class RopeError(RelaylensError):
+    """A rotary embedding type or layout relaylens cannot relocate exactly."""
+
+
+class BudgetError(RelaylensError):
+    """A budget outside (0, 1] as a ratio, or not a positive number of states."""
+
+
+class RecordError(RelaylensError):
+    """A malformed dataset record; the message names the file, the record and the field."""

@@ -1,0 +1,85 @@
+"""Token spans of a rendered prompt: sessions, turns and evidence, in history-token coordinates.
+
+A span is half-open ``[start, end)`` over history token positions ``0..L-1``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class Span:
+    """One unit of the history.
+
+    Attributes:
+        kind: ``"session"`` or ``"turn"``.
+        index: ordinal of the unit among units of its kind (0-based, prompt order).
+        session_id: the record's id of the session this unit belongs to.
+        start, end: half-open history-token range.
+        is_evidence: gold evidence at this unit's granularity (session in ``answer_session_ids`` / turn with
+            ``has_answer``). Never rendered into the prompt text.
+        role: ``"user"`` / ``"assistant"`` for turns, ``None`` for sessions.
+        text: the unit's source text (the whole session's turns joined, or the turn content) for retrieval.
+    """
+
+    kind: str
+    index: int
+    session_id: str
+    start: int
+    end: int
+    is_evidence: bool
+    role: str | None = None
+    text: str = ""
+
+    @property
+    def length(self) -> int:
+        return self.end - self.start
+
+
+@dataclass(frozen=True)
+class RenderedPrompt:
+    """A record rendered for one model: history tokens, question tokens and unit spans.
+
+    Attributes:
+        record_id: the record's id.
+        history_ids: ``[L]`` long; the history part of the prompt (everything before the question block).
+        question_ids: ``[Q]`` long; the question block (current date, question, answer cue, generation prompt).
+        history_text, question_text: the exact decoded texts (``history_text + question_text`` is the prompt).
+        question: the bare question string (what BM25 reads).
+        sessions: session spans in prompt order.
+        turns: turn spans in prompt order.
+        mode: ``"chat"`` or ``"completion"``.
+    """
+
+    record_id: str
+    history_ids: torch.Tensor  # [L]
+    question_ids: torch.Tensor  # [Q]
+    history_text: str
+    question_text: str
+    question: str
+    sessions: tuple[Span, ...]
+    turns: tuple[Span, ...]
+    mode: str = "chat"
+
+    @property
+    def history_length(self) -> int:
+        return int(self.history_ids.numel())
+
+    def units(self, granularity: str) -> tuple[Span, ...]:
+        """Spans at ``"session"`` or ``"turn"`` granularity."""
+        if granularity == "session":
+            return self.sessions
+        if granularity == "turn":
+            return self.turns
+        raise ValueError(f"unit granularity must be 'session' or 'turn'; got {granularity!r}")
+
+    def evidence_mask(self, granularity: str = "turn") -> torch.Tensor:
+        """``[L]`` bool: history tokens inside gold evidence units at the given granularity."""
+        mask = torch.zeros(self.history_length, dtype=torch.bool)
+        for span in self.units(granularity):
+            if span.is_evidence:
+                mask[span.start : span.end] = True
+        return mask

@@ -1,0 +1,131 @@
+"""Tiny random-weight models and a tiny tokenizer for tests and smoke notebooks. Nothing here downloads anything.
+
+Rope variants cover what real models use: split-half default RoPE (Llama), YaRN with an attention-scaling
+amplitude (Llama, Qwen2), ``llama3`` scaling, partial rotary (Phi), interleaved rotary (Cohere), interleaved *and*
+partial (GLM), and per-layer-type rotary bases with sliding-window layers (Gemma-3).
+
+Example:
+    >>> model = tiny_model("llama")
+    >>> model.config.num_hidden_layers
+    2
+"""
+
+from __future__ import annotations
+
+import torch
+
+ROPE_VARIANTS = ("llama", "llama_yarn", "llama3", "qwen2_yarn", "phi_partial", "cohere_interleaved", "glm_partial_interleaved", "gemma3")
+
+_COMMON = dict(
+    vocab_size=384,
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=131072,
+    tie_word_embeddings=False,
+    pad_token_id=0,
+    eos_token_id=1,
+    bos_token_id=2,
+)
+
+
+def tiny_config(variant: str = "llama", **overrides):
+    """A tiny config for one rope variant (see :data:`ROPE_VARIANTS`)."""
+    from transformers import (
+        CohereConfig,
+        Gemma3TextConfig,
+        GlmConfig,
+        LlamaConfig,
+        PhiConfig,
+        Qwen2Config,
+    )
+
+    kw = dict(_COMMON)
+    if variant == "llama":
+        kw["rope_parameters"] = {"rope_type": "default", "rope_theta": 10000.0}
+        cfg = LlamaConfig(**kw)
+    elif variant == "llama_yarn":
+        kw["rope_parameters"] = {"rope_type": "yarn", "factor": 4.0, "rope_theta": 1e5, "original_max_position_embeddings": 32768}
+        cfg = LlamaConfig(**kw)
+    elif variant == "llama3":
+        kw["rope_parameters"] = {
+            "rope_type": "llama3",
+            "factor": 8.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 8192,
+            "rope_theta": 500000.0,
+        }
+        cfg = LlamaConfig(**kw)
+    elif variant == "qwen2_yarn":
+        kw["rope_parameters"] = {"rope_type": "yarn", "factor": 4.0, "rope_theta": 1e6, "original_max_position_embeddings": 32768}
+        cfg = Qwen2Config(**kw)
+    elif variant == "phi_partial":
+        kw["rope_parameters"] = {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5}
+        cfg = PhiConfig(**kw)
+    elif variant == "cohere_interleaved":
+        kw["rope_parameters"] = {"rope_type": "default", "rope_theta": 10000.0}
+        cfg = CohereConfig(**kw)
+    elif variant == "glm_partial_interleaved":
+        kw["rope_parameters"] = {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5}
+        kw["head_dim"] = 16
+        cfg = GlmConfig(**kw)
+    elif variant == "gemma3":
+        kw.update(num_hidden_layers=3, num_key_value_heads=1, head_dim=16, sliding_window=8, query_pre_attn_scalar=16)
+        kw["layer_types"] = ["sliding_attention", "sliding_attention", "full_attention"]
+        kw["rope_parameters"] = {
+            "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+            "full_attention": {"rope_type": "default", "rope_theta": 1000000.0},
+        }
+        cfg = Gemma3TextConfig(**kw)
+    else:
+        raise ValueError(f"unknown tiny model variant {variant!r}; choose one of {ROPE_VARIANTS}")
+    for key, value in overrides.items():
+        setattr(cfg, key, value)
+    return cfg
+
+
+def tiny_model(variant: str = "llama", seed: int = 0, attn_implementation: str = "sdpa", dtype=torch.float32, **overrides):
+    """A randomly initialised causal LM for ``variant``, in eval mode, float32 by default."""
+    from transformers import AutoModelForCausalLM
+
+    cfg = tiny_config(variant, **overrides)
+    cfg._attn_implementation = attn_implementation
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(cfg, attn_implementation=attn_implementation, dtype=dtype)
+    return model.eval()
+
+
+_TOKENIZER_CORPUS = [
+    "### Session 1:\nSession Date: 2023/05/20 (Sat) 02:21\nSession Content:\n",
+    "I will give you several history chats between you and a user. Please answer the question based on the relevant chat history.",
+    "Current Date: 2023/05/30 (Tue) 23:40\nQuestion: What is the name of my dog?\nAnswer:",
+    "user: My dog is called Biscuit and she is a Vizsla. assistant: That is a lovely name for a Vizsla!",
+    "The quick brown fox jumps over the lazy dog 0123456789 , . ! ? : ; ' \" ( ) [ ] { } - _ / \\",
+]
+
+
+def tiny_tokenizer():
+    """A small byte-level BPE tokenizer with a chat template, trained in-process (vocab < 384, fits tiny models)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+    trainer = trainers.BpeTrainer(vocab_size=380, special_tokens=specials, initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator(_TOKENIZER_CORPUS * 4, trainer=trainer)
+    chat_template = (
+        "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n{% endfor %}"
+        "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+    )
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        eos_token="<|im_end|>",
+        bos_token="<|im_start|>",
+        pad_token="<|endoftext|>",
+        chat_template=chat_template,
+    )
