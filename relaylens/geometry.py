@@ -1,0 +1,316 @@
+"""Rotary geometry: the model's own rotary factors and the exact relocation of cached keys.
+
+Axis glossary (used in shape comments throughout relaylens):
+
+* ``layer``     decoder layer index ``l``.
+* ``kv_head``   physical key/value head ``h`` (query heads map to ``q_head // num_key_value_groups``).
+* ``slot``      index of a kept state inside its head; slots are in ascending *source* order, valid slots first.
+* ``head_dim``  feature axis of one key; the first ``rotary_dim`` features rotate, the rest pass through.
+* ``plane``     one rotated 2-D plane (``rotary_dim // 2`` of them); split-half layouts pair features
+                ``(i, i + rotary_dim/2)``, interleaved layouts pair ``(2i, 2i + 1)``.
+* source frame  positions ``p`` the keys were cached at (``0..L-1`` of the history).
+* compact frame positions ``p'`` a coordinate condition assigns (RoPERelay: ``M - m + i``, right-aligned at ``M-1``).
+
+A cached key is ``R_a(p) k`` where ``R_a(p)`` multiplies each plane, read as a complex number ``z = x_1 + i x_2``,
+by ``c + i s = a e^{i phi(p)}``; ``a`` is the attention-scaling amplitude (1 for default RoPE, ``0.1 ln(f) + 1``
+for YaRN). Relocation computes ``K' = R_a(p') R_a(p)^-1 K``: per plane ``z' = z (c' + i s') (c - i s) / (c^2 + s^2)``,
+with both ``(c, s)`` pairs taken from the model's own rotary embedding in float32, so the model's angle rounding at
+``p`` is undone exactly (a single rotation by ``p' - p`` is not, see ``relaylens bench geometry``).
+
+Example:
+    >>> import torch
+    >>> from relaylens.testing import tiny_model
+    >>> factors = RotaryFactors.from_model(tiny_model("llama"))
+    >>> keys = torch.randn(2, 5, 16)                                  # [kv_head, n, head_dim]
+    >>> src = torch.tensor([[0, 3, 9, 10, 40]] * 2)                    # [kv_head, n]
+    >>> back = relocate_keys(relocate_keys(keys, src, src + 7, factors), src + 7, src, factors)
+    >>> bool((back - keys).abs().max() < 1e-5)
+    True
+"""
+
+from __future__ import annotations
+
+import inspect
+import sys
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from relaylens.errors import PositionError, RopeError, ShapeError
+
+#: Rope types whose frequencies do not depend on the sequence length: relocation is exact for them.
+STATIC_ROPE_TYPES = ("default", "linear", "yarn", "llama3")
+#: Rope types whose frequencies change with the sequence length (``@dynamic_rope_update``): refused.
+DYNAMIC_ROPE_TYPES = ("dynamic", "longrope")
+
+_CHUNK_SLOTS = 1 << 16  # slots relocated per step; bounds the float32 temporaries
+
+
+def find_rotary_embedding(model: nn.Module) -> nn.Module:
+    """The model's rotary embedding module (``model.model.rotary_emb`` or the first ``*RotaryEmbedding``)."""
+    inner = getattr(model, "model", model)
+    rotary = getattr(inner, "rotary_emb", None)
+    if rotary is not None:
+        return rotary
+    for name, module in model.named_modules():
+        if type(module).__name__.endswith("RotaryEmbedding"):
+            return module
+    raise RopeError(
+        f"{type(model).__name__} has no rotary embedding module (expected model.model.rotary_emb or a "
+        "*RotaryEmbedding submodule); relaylens relocates keys of RoPE models only"
+    )
+
+
+def _attention_module(model: nn.Module) -> nn.Module:
+    inner = getattr(model, "model", model)
+    layers = getattr(inner, "layers", None)
+    if layers is None or len(layers) == 0 or not hasattr(layers[0], "self_attn"):
+        raise RopeError(f"{type(model).__name__}: expected model.model.layers[i].self_attn decoder layers")
+    return layers[0].self_attn
+
+
+def detect_layout(model: nn.Module) -> str:
+    """``"split_half"`` or ``"interleaved"``, read off the modeling module's own ``rotate_half``.
+
+    The function is probed numerically: rotating the first basis vector lands on feature ``rotary_dim/2`` for
+    split-half layouts (Llama) and on feature 1 for interleaved layouts (GPT-J / Cohere / GLM).
+    """
+    module = sys.modules[type(_attention_module(model)).__module__]
+    rotate_half = getattr(module, "rotate_half", None)
+    if rotate_half is None:
+        raise RopeError(
+            f"{module.__name__} defines no rotate_half(); relaylens cannot tell its rotary layout. "
+            "Supported: split-half (Llama-style) and interleaved (GPT-J/Cohere/GLM-style) rotate_half()"
+        )
+    probe = torch.zeros(1, 8)
+    probe[0, 0] = 1.0
+    landed = int(rotate_half(probe).abs().argmax())
+    if landed == 4:
+        return "split_half"
+    if landed == 1:
+        return "interleaved"
+    raise RopeError(f"{module.__name__}.rotate_half maps feature 0 to feature {landed}; expected 4 (split-half) or 1 (interleaved)")
+
+
+@dataclass(frozen=True, eq=False)
+class RotaryFactors:
+    """The rotary factors of one loaded model, computed by the model's own rotary embedding.
+
+    Attributes:
+        rotary_emb: the model's rotary embedding module (never re-derived from the config).
+        layout: ``"split_half"`` or ``"interleaved"`` pairing of features into planes.
+        rotary_dim: number of rotated features (``head_dim * partial_rotary_factor``); the rest pass through.
+        head_dim: features per key.
+        layer_types: per layer, the argument the rotary embedding takes for that layer (Gemma-3:
+            ``"sliding_attention"`` / ``"full_attention"``), or ``None`` for models with one rotary.
+        rope_types: rope type per layer type (``{None: "yarn"}`` for single-rotary models).
+        max_position: largest position + 1 the rotary type supports (``max_position_embeddings``), or None.
+        cat_form: whether the embedding returns ``cat(freqs, freqs)`` (True) or repeat-interleaved frequencies.
+    """
+
+    rotary_emb: nn.Module
+    layout: str
+    rotary_dim: int
+    head_dim: int
+    layer_types: tuple[str | None, ...]
+    rope_types: dict
+    max_position: int | None
+    cat_form: bool
+
+    @classmethod
+    def from_model(cls, model: nn.Module) -> RotaryFactors:
+        """Read the factors of a loaded Hugging Face causal LM (refuses length-dependent rope types)."""
+        config = getattr(model, "config", None)
+        text_config = config.get_text_config() if hasattr(config, "get_text_config") else config
+        rotary = find_rotary_embedding(model)
+        takes_layer_type = "layer_type" in inspect.signature(rotary.forward).parameters
+        num_layers = int(text_config.num_hidden_layers)
+        if takes_layer_type:
+            layer_types = tuple(text_config.layer_types)
+            raw_types = rotary.rope_type if isinstance(rotary.rope_type, dict) else {t: rotary.rope_type for t in set(layer_types)}
+        else:
+            layer_types = (None,) * num_layers
+            raw_types = {None: getattr(rotary, "rope_type", "default")}
+        for layer_type, rope_type in raw_types.items():
+            where = f" (layer type {layer_type})" if layer_type else ""
+            if rope_type in DYNAMIC_ROPE_TYPES:
+                raise RopeError(
+                    f"rope type {rope_type!r}{where} changes its frequencies with the sequence length, so R(p) and "
+                    f"R(p') would use different frequencies and relocation would be silently approximate. "
+                    f"relaylens refuses it; use a model with one of {STATIC_ROPE_TYPES}"
+                )
+            if rope_type not in STATIC_ROPE_TYPES:
+                raise RopeError(f"unsupported rope type {rope_type!r}{where}; supported: {STATIC_ROPE_TYPES}")
+        head_dim = getattr(text_config, "head_dim", None) or text_config.hidden_size // text_config.num_attention_heads
+        layout = detect_layout(model)
+        probe_type = layer_types[0]
+        cos, _ = _call_rotary(rotary, torch.tensor([[1, 2]]), probe_type)  # [1, 2, rotary_dim]
+        rotary_dim = int(cos.shape[-1])
+        half = rotary_dim // 2
+        cat_form = bool(torch.equal(cos[..., :half], cos[..., half:]))
+        if not cat_form and not torch.equal(cos[..., 0::2], cos[..., 1::2]):
+            raise RopeError("the rotary embedding's cos is neither cat(freqs, freqs) nor repeat-interleaved")
+        if rotary_dim > head_dim or rotary_dim % 2:
+            raise RopeError(f"rotary width {rotary_dim} does not fit head_dim {head_dim}")
+        max_position = getattr(text_config, "max_position_embeddings", None)
+        return cls(rotary, layout, rotary_dim, int(head_dim), layer_types, dict(raw_types), max_position, cat_form)
+
+    # ------------------------------------------------------------------------------------------------------
+    @property
+    def num_layers(self) -> int:
+        return len(self.layer_types)
+
+    @property
+    def per_layer(self) -> bool:
+        """True when layers use different rotary settings (relocation then needs ``layer=``)."""
+        return self.layer_types[0] is not None
+
+    def plane_factors(self, positions: torch.Tensor, layer: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Per-plane ``(c, s)`` float32 of shape ``[*positions.shape, rotary_dim // 2]`` at integer ``positions``.
+
+        They are exactly what the model multiplies a plane by at those positions (amplitude included).
+        """
+        layer_type = self._layer_type(layer)
+        flat = positions.reshape(1, -1)
+        unique, inverse = torch.unique(flat, return_inverse=True)  # evaluate each distinct position once
+        cos, sin = _call_rotary(self.rotary_emb, unique[None], layer_type)  # [1, u, rotary_dim]
+        half = self.rotary_dim // 2
+        pick = slice(0, half) if self.cat_form else slice(0, None, 2)
+        cos, sin = cos[0][:, pick], sin[0][:, pick]  # [u, plane]
+        shape = (*positions.shape, half)
+        return cos[inverse.reshape(-1)].reshape(shape), sin[inverse.reshape(-1)].reshape(shape)
+
+    def _layer_type(self, layer: int | None) -> str | None:
+        if not self.per_layer:
+            return None
+        if layer is None:
+            raise RopeError(
+                f"this model uses different rotary settings per layer ({sorted(set(self.layer_types))}); "
+                "pass layer=<index> so relocation uses that layer's own factors"
+            )
+        if not 0 <= layer < self.num_layers:
+            raise ShapeError(f"layer {layer} out of range 0..{self.num_layers - 1}")
+        return self.layer_types[layer]
+
+    def check_positions(self, positions: torch.Tensor, what: str) -> None:
+        """Raise :class:`PositionError` for non-integer, negative or out-of-range positions."""
+        if positions.is_floating_point() or positions.dtype == torch.bool:
+            raise PositionError(f"{what} must be integer positions; got dtype {positions.dtype}")
+        if positions.numel() == 0:
+            return
+        low, high = int(positions.min()), int(positions.max())
+        if low < 0:
+            raise PositionError(f"{what} contain a negative position ({low}); positions start at 0")
+        if self.max_position is not None and high >= self.max_position:
+            raise PositionError(
+                f"{what} reach position {high}, past what this model's rotary supports (max_position_embeddings="
+                f"{self.max_position}); use a smaller shift or a model with a longer context"
+            )
+
+
+def _call_rotary(rotary: nn.Module, position_ids: torch.Tensor, layer_type: str | None):
+    dummy = torch.zeros(1, dtype=torch.float32, device=position_ids.device)
+    with torch.no_grad():
+        if layer_type is None:
+            cos, sin = rotary(dummy, position_ids)
+        else:
+            cos, sin = rotary(dummy, position_ids, layer_type)
+    return cos.float(), sin.float()
+
+
+def relocation_factors(
+    source_positions: torch.Tensor, target_positions: torch.Tensor, factors: RotaryFactors, layer: int | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-plane ``(C, S)`` of ``R_a(p') R_a(p)^-1``: ``C + iS = (c' + is')(c - is) / (c^2 + s^2)``.
+
+    Shapes: positions ``[..., n]`` → ``C, S`` float32 ``[..., n, plane]``.
+    """
+    c_src, s_src = factors.plane_factors(source_positions, layer)  # [..., n, plane]
+    c_dst, s_dst = factors.plane_factors(target_positions, layer)  # [..., n, plane]
+    amplitude_sq = c_src * c_src + s_src * s_src  # a^2 per plane: 1 for default RoPE, mscale^2 for YaRN
+    real = (c_dst * c_src + s_dst * s_src) / amplitude_sq
+    imag = (s_dst * c_src - c_dst * s_src) / amplitude_sq
+    return real, imag
+
+
+def relocate_keys(
+    keys: torch.Tensor,
+    source_positions: torch.Tensor,
+    target_positions: torch.Tensor,
+    factors: RotaryFactors,
+    layer: int | None = None,
+) -> torch.Tensor:
+    """Move post-rotary keys from ``source_positions`` to ``target_positions``: ``K' = R(p') R(p)^-1 K``.
+
+    Args:
+        keys: ``[..., n, head_dim]`` keys as the model cached them (any dtype; any leading shape, e.g.
+            ``[batch, kv_head, n, head_dim]``).
+        source_positions: ``[..., n]`` integer positions the keys carry now (broadcastable to ``keys.shape[:-1]``).
+        target_positions: ``[..., n]`` integer positions they should carry.
+        factors: :class:`RotaryFactors` of the model that produced the keys.
+        layer: the layer index, required when the model's rotary differs per layer (Gemma-3).
+
+    Returns:
+        ``[..., n, head_dim]`` in the input dtype. Arithmetic runs in float32; non-rotary features are copied
+        bit for bit; values are never touched (only keys carry phases).
+    """
+    if keys.shape[-1] != factors.head_dim:
+        raise ShapeError(f"keys have head_dim {keys.shape[-1]}, the model's is {factors.head_dim}")
+    lead = keys.shape[:-1]  # [..., n]
+    try:
+        source = torch.broadcast_to(source_positions, lead)
+        target = torch.broadcast_to(target_positions, lead)
+    except RuntimeError as err:
+        raise ShapeError(
+            f"positions {tuple(source_positions.shape)} / {tuple(target_positions.shape)} do not broadcast to the "
+            f"keys' slots {tuple(lead)} (keys {tuple(keys.shape)}); give one position per slot"
+        ) from err
+    factors.check_positions(source, "source positions")
+    factors.check_positions(target, "target positions")
+    source, target = source.to(keys.device), target.to(keys.device)
+
+    out = keys.clone(memory_format=torch.contiguous_format)
+    flat_keys = keys.reshape(-1, keys.shape[-1])  # [slots, head_dim]
+    flat_out = out.view(-1, keys.shape[-1])
+    flat_src, flat_dst = source.reshape(-1), target.reshape(-1)  # [slots]
+    for start in range(0, flat_keys.shape[0], _CHUNK_SLOTS):
+        rows = slice(start, start + _CHUNK_SLOTS)
+        real, imag = relocation_factors(flat_src[rows], flat_dst[rows], factors, layer)  # [chunk, plane]
+        flat_out[rows, : factors.rotary_dim] = _rotate_planes(flat_keys[rows, : factors.rotary_dim].float(), real, imag, factors.layout).to(keys.dtype)
+    return out
+
+
+def _rotate_planes(x: torch.Tensor, real: torch.Tensor, imag: torch.Tensor, layout: str) -> torch.Tensor:
+    """Multiply every plane of ``x`` ``[rows, rotary_dim]`` by ``real + i imag`` ``[rows, plane]``."""
+    if layout == "split_half":
+        half = x.shape[-1] // 2
+        x1, x2 = x[:, :half], x[:, half:]
+        return torch.cat((x1 * real - x2 * imag, x2 * real + x1 * imag), dim=-1)
+    x1, x2 = x[:, 0::2], x[:, 1::2]
+    return torch.stack((x1 * real - x2 * imag, x2 * real + x1 * imag), dim=-1).flatten(-2)
+
+
+def rotate_keys(keys: torch.Tensor, positions: torch.Tensor, factors: RotaryFactors, layer: int | None = None) -> torch.Tensor:
+    """Apply ``R_a(p)`` to *un-rotated* key or query content ``[..., n, head_dim]`` (used by phase replay)."""
+    lead = keys.shape[:-1]
+    positions = torch.broadcast_to(positions, lead)
+    factors.check_positions(positions, "positions")
+    cos, sin = factors.plane_factors(positions.reshape(-1).to(keys.device), layer)  # [slots, plane]
+    flat = keys.reshape(-1, keys.shape[-1])
+    out = flat.clone()
+    out[:, : factors.rotary_dim] = _rotate_planes(flat[:, : factors.rotary_dim].float(), cos, sin, factors.layout).to(keys.dtype)
+    return out.reshape(keys.shape)
+
+
+def unrotate_keys(keys: torch.Tensor, positions: torch.Tensor, factors: RotaryFactors, layer: int | None = None) -> torch.Tensor:
+    """Apply ``R_a(p)^-1``: recover the un-rotated content of post-rotary keys or queries ``[..., n, head_dim]``."""
+    lead = keys.shape[:-1]
+    positions = torch.broadcast_to(positions, lead)
+    factors.check_positions(positions, "positions")
+    cos, sin = factors.plane_factors(positions.reshape(-1).to(keys.device), layer)  # [slots, plane]
+    amplitude_sq = cos * cos + sin * sin
+    flat = keys.reshape(-1, keys.shape[-1])
+    out = flat.float().clone()
+    out[:, : factors.rotary_dim] = _rotate_planes(flat[:, : factors.rotary_dim].float(), cos / amplitude_sq, -sin / amplitude_sq, factors.layout)
+    return out.to(keys.dtype).reshape(keys.shape)
