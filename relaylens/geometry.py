@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import inspect
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import nn
@@ -44,7 +44,7 @@ STATIC_ROPE_TYPES = ("default", "linear", "yarn", "llama3")
 #: Rope types whose frequencies change with the sequence length (``@dynamic_rope_update``): refused.
 DYNAMIC_ROPE_TYPES = ("dynamic", "longrope")
 
-_CHUNK_SLOTS = 1 << 16  # slots relocated per step; bounds the float32 temporaries
+_CHUNK_SLOTS = 8192  # slots relocated per step: temporaries stay in cache, so the pass is close to a copy
 
 
 def find_rotary_embedding(model: nn.Module) -> nn.Module:
@@ -117,6 +117,7 @@ class RotaryFactors:
     rope_types: dict
     max_position: int | None
     cat_form: bool
+    _tables: dict = field(default_factory=dict, repr=False)  # layer type -> (cos, sin) [P, plane], filled lazily
 
     @classmethod
     def from_model(cls, model: nn.Module) -> RotaryFactors:
@@ -169,17 +170,41 @@ class RotaryFactors:
     def plane_factors(self, positions: torch.Tensor, layer: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Per-plane ``(c, s)`` float32 of shape ``[*positions.shape, rotary_dim // 2]`` at integer ``positions``.
 
-        They are exactly what the model multiplies a plane by at those positions (amplitude included).
+        They are exactly what the model multiplies a plane by at those positions (amplitude included): rows of a
+        table the model's rotary embedding computed once for ``0..P-1`` (``P`` grows to the largest position asked).
         """
+        cos_table, sin_table = self.tables(int(positions.max()) + 1 if positions.numel() else 1, layer)  # [P, plane]
+        flat = positions.reshape(-1).to(cos_table.device)
+        shape = (*positions.shape, self.rotary_dim // 2)
+        return cos_table[flat].reshape(shape), sin_table[flat].reshape(shape)
+
+    def tables(self, size: int, layer: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(cos, sin)`` float32 ``[P >= size, plane]`` from the model's rotary embedding, cached per layer type."""
         layer_type = self._layer_type(layer)
-        flat = positions.reshape(1, -1)
-        unique, inverse = torch.unique(flat, return_inverse=True)  # evaluate each distinct position once
-        cos, sin = _call_rotary(self.rotary_emb, unique[None], layer_type)  # [1, u, rotary_dim]
-        half = self.rotary_dim // 2
-        pick = slice(0, half) if self.cat_form else slice(0, None, 2)
-        cos, sin = cos[0][:, pick], sin[0][:, pick]  # [u, plane]
-        shape = (*positions.shape, half)
-        return cos[inverse.reshape(-1)].reshape(shape), sin[inverse.reshape(-1)].reshape(shape)
+        cached = self._tables.get(layer_type)
+        if cached is None or cached[0].shape[0] < size:
+            capacity = max(size, 4096, 0 if cached is None else 2 * cached[0].shape[0])
+            if self.max_position is not None:
+                capacity = max(size, min(capacity, self.max_position))
+            device = next(self.rotary_emb.buffers(), torch.zeros(0)).device
+            cos, sin = _call_rotary(self.rotary_emb, torch.arange(capacity, device=device)[None], layer_type)  # [1, P, rotary_dim]
+            half = self.rotary_dim // 2
+            pick = slice(0, half) if self.cat_form else slice(0, None, 2)
+            cached = (cos[0][:, pick].contiguous(), sin[0][:, pick].contiguous())  # [P, plane]
+            self._tables[layer_type] = cached
+        return cached
+
+    def complex_tables(self, size: int, layer: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(c + is, (c - is) / (c^2 + s^2))`` complex64 ``[P >= size, plane]``: forward and exact inverse phases."""
+        layer_type = self._layer_type(layer)
+        key = ("complex", layer_type)
+        cached = self._tables.get(key)
+        if cached is None or cached[0].shape[0] < size:
+            cos, sin = self.tables(size, layer)  # [P, plane]
+            amplitude_sq = cos * cos + sin * sin  # a^2: 1 for default RoPE, mscale^2 for YaRN
+            cached = (torch.complex(cos, sin), torch.complex(cos / amplitude_sq, -sin / amplitude_sq))
+            self._tables[key] = cached
+        return cached
 
     def _layer_type(self, layer: int | None) -> str | None:
         if not self.per_layer:
@@ -219,21 +244,6 @@ def _call_rotary(rotary: nn.Module, position_ids: torch.Tensor, layer_type: str 
     return cos.float(), sin.float()
 
 
-def relocation_factors(
-    source_positions: torch.Tensor, target_positions: torch.Tensor, factors: RotaryFactors, layer: int | None = None
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-plane ``(C, S)`` of ``R_a(p') R_a(p)^-1``: ``C + iS = (c' + is')(c - is) / (c^2 + s^2)``.
-
-    Shapes: positions ``[..., n]`` → ``C, S`` float32 ``[..., n, plane]``.
-    """
-    c_src, s_src = factors.plane_factors(source_positions, layer)  # [..., n, plane]
-    c_dst, s_dst = factors.plane_factors(target_positions, layer)  # [..., n, plane]
-    amplitude_sq = c_src * c_src + s_src * s_src  # a^2 per plane: 1 for default RoPE, mscale^2 for YaRN
-    real = (c_dst * c_src + s_dst * s_src) / amplitude_sq
-    imag = (s_dst * c_src - c_dst * s_src) / amplitude_sq
-    return real, imag
-
-
 def relocate_keys(
     keys: torch.Tensor,
     source_positions: torch.Tensor,
@@ -252,8 +262,9 @@ def relocate_keys(
         layer: the layer index, required when the model's rotary differs per layer (Gemma-3).
 
     Returns:
-        ``[..., n, head_dim]`` in the input dtype. Arithmetic runs in float32; non-rotary features are copied
-        bit for bit; values are never touched (only keys carry phases).
+        ``[..., n, head_dim]`` in the input dtype. Arithmetic runs in float32 (undo the model's exact phase at
+        ``p`` including the amplitude ``a^2``, apply the phase at ``p'``, fused into one complex multiplier per
+        plane); non-rotary features are copied bit for bit; values are never touched.
     """
     if keys.shape[-1] != factors.head_dim:
         raise ShapeError(f"keys have head_dim {keys.shape[-1]}, the model's is {factors.head_dim}")
@@ -268,27 +279,40 @@ def relocate_keys(
         ) from err
     factors.check_positions(source, "source positions")
     factors.check_positions(target, "target positions")
-    source, target = source.to(keys.device), target.to(keys.device)
-
-    out = keys.clone(memory_format=torch.contiguous_format)
+    if keys.numel() == 0:
+        return keys.clone()
+    size = int(max(source.max(), target.max())) + 1
+    forward, inverse = factors.complex_tables(size, layer)  # [P, plane] complex64
+    flat_src = source.reshape(-1).to(forward.device)  # [slots]
+    flat_dst = target.reshape(-1).to(forward.device)
     flat_keys = keys.reshape(-1, keys.shape[-1])  # [slots, head_dim]
-    flat_out = out.view(-1, keys.shape[-1])
-    flat_src, flat_dst = source.reshape(-1), target.reshape(-1)  # [slots]
+    out = torch.empty(flat_keys.shape, dtype=keys.dtype, device=keys.device)
+    rotary = factors.rotary_dim
+    if rotary < keys.shape[-1]:
+        out[:, rotary:] = flat_keys[:, rotary:]  # pass-through features, bit for bit
+    one = torch.ones((), dtype=forward.dtype, device=forward.device)
     for start in range(0, flat_keys.shape[0], _CHUNK_SLOTS):
         rows = slice(start, start + _CHUNK_SLOTS)
-        real, imag = relocation_factors(flat_src[rows], flat_dst[rows], factors, layer)  # [chunk, plane]
-        flat_out[rows, : factors.rotary_dim] = _rotate_planes(flat_keys[rows, : factors.rotary_dim].float(), real, imag, factors.layout).to(keys.dtype)
-    return out
+        src, dst = flat_src[rows], flat_dst[rows]
+        multiplier = torch.where((src == dst)[:, None], one, forward[dst] * inverse[src])  # [chunk, plane]
+        out[rows, :rotary] = _multiply_planes(flat_keys[rows, :rotary], multiplier, factors.layout)
+    return out.reshape(keys.shape)
+
+
+def _multiply_planes(x: torch.Tensor, multiplier: torch.Tensor, layout: str) -> torch.Tensor:
+    """Multiply every plane of ``x`` ``[rows, rotary_dim]`` (read as ``x_1 + i x_2``) by ``multiplier`` ``[rows, plane]``."""
+    x = x.float()
+    if layout == "split_half":
+        half = x.shape[-1] // 2
+        z = torch.complex(x[:, :half], x[:, half:]) * multiplier
+        return torch.cat((z.real, z.imag), dim=-1)
+    z = torch.view_as_complex(x.reshape(x.shape[0], -1, 2).contiguous()) * multiplier
+    return torch.view_as_real(z).reshape(x.shape[0], -1)
 
 
 def _rotate_planes(x: torch.Tensor, real: torch.Tensor, imag: torch.Tensor, layout: str) -> torch.Tensor:
     """Multiply every plane of ``x`` ``[rows, rotary_dim]`` by ``real + i imag`` ``[rows, plane]``."""
-    if layout == "split_half":
-        half = x.shape[-1] // 2
-        x1, x2 = x[:, :half], x[:, half:]
-        return torch.cat((x1 * real - x2 * imag, x2 * real + x1 * imag), dim=-1)
-    x1, x2 = x[:, 0::2], x[:, 1::2]
-    return torch.stack((x1 * real - x2 * imag, x2 * real + x1 * imag), dim=-1).flatten(-2)
+    return _multiply_planes(x, torch.complex(real.float(), imag.float()), layout)
 
 
 def rotate_keys(keys: torch.Tensor, positions: torch.Tensor, factors: RotaryFactors, layer: int | None = None) -> torch.Tensor:

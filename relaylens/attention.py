@@ -1,0 +1,149 @@
+"""The ``relaylens`` attention function: per-(layer, kv_head) validity, causal new tokens, windows on coordinates.
+
+Registered with ``transformers.AttentionInterface`` under the name ``"relaylens"`` and selected only inside
+:func:`attention_context`, which restores the model's previous implementation on exit. Because no mask function is
+registered under that name, transformers passes ``attention_mask=None`` and this function builds its own mask from
+the key length of every call (ragged layer widths work; a ``None`` mask is never forwarded to sdpa).
+
+Axes: ``q_head``, ``kv_head``, ``query`` (new tokens of this call), ``key`` (cached history slots of this layer,
+then every new token so far). History slot ``j`` of kv head ``h`` is visible iff ``valid[l][h, j]``; new token keys
+are causal among themselves.
+
+Example:
+    >>> import torch
+    >>> from relaylens.testing import tiny_model
+    >>> model = tiny_model("llama")
+    >>> state = AttentionState(new_positions=torch.arange(4))
+    >>> with attention_context(model, state):
+    ...     logits = model(torch.tensor([[5, 6, 7, 8]]), position_ids=torch.arange(4)[None]).logits
+    >>> model.config._attn_implementation
+    'sdpa'
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+
+import torch
+from transformers import AttentionInterface
+
+ATTENTION_NAME = "relaylens"
+WINDOW_MODES = ("condition", "source", "none")
+
+#: observer(layer, query, key, value, probs, state); query [B, q_head, query, D] post-rotary, key/value
+#: [B, kv_head, key, D], probs float32 [B, q_head, query, key]
+Observer = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, "AttentionState"], None]
+
+
+@dataclass
+class AttentionState:
+    """What the attention function needs beyond the tensors transformers hands it.
+
+    Attributes:
+        valid: per layer ``[kv_head, N_l]`` bool validity of the cached history slots (absent: all valid).
+        key_positions: per layer ``[kv_head, N_l]`` long condition positions of the history slots (windows).
+        source_positions: per layer ``[kv_head, N_l]`` long source positions (``window_mode="source"``).
+        new_positions: ``[T]`` long positions of every new token fed so far (question, then generated tokens);
+            the runtime extends it before each forward.
+        new_source_positions: ``[T]`` positions of the new tokens in the source frame (``L + t``).
+        window_mode: sliding-window layers under a relocated cache: ``"condition"`` (a query at ``u`` sees kept
+            keys with ``u - p' < window``; the default), ``"source"`` (window measured on source positions) or
+            ``"none"`` (cached history always visible; new tokens still windowed).
+        observers: callables receiving each layer's tensors and probabilities (probes).
+    """
+
+    valid: dict[int, torch.Tensor] = field(default_factory=dict)
+    key_positions: dict[int, torch.Tensor] = field(default_factory=dict)
+    source_positions: dict[int, torch.Tensor] = field(default_factory=dict)
+    new_positions: torch.Tensor = field(default_factory=lambda: torch.zeros(0, dtype=torch.long))
+    new_source_positions: torch.Tensor | None = None
+    window_mode: str = "condition"
+    observers: list[Observer] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if self.window_mode not in WINDOW_MODES:
+            raise ValueError(f"window_mode must be one of {WINDOW_MODES}; got {self.window_mode!r}")
+
+
+_ACTIVE: contextvars.ContextVar[AttentionState | None] = contextvars.ContextVar("relaylens_attention", default=None)
+
+
+def _window_allow(state: AttentionState, layer: int, history: int, total: int, q_len: int, window: int, device) -> torch.Tensor | None:
+    """``[kv_head or 1, query, key]`` bool: keys inside the sliding window of each query, or None (no limit)."""
+    if state.window_mode == "source" and state.new_source_positions is not None:
+        hist, new = state.source_positions.get(layer), state.new_source_positions
+    else:
+        hist, new = state.key_positions.get(layer), state.new_positions
+    new = new[: total - history].to(device)  # positions of new-token keys so far
+    if new.numel() != total - history:
+        raise RuntimeError(f"layer {layer}: {total - history} new keys but only {new.numel()} new positions recorded")
+    queries = new[-q_len:]  # [query]
+    if history and hist is None:
+        raise RuntimeError(f"layer {layer}: sliding window needs the history key positions of the condition")
+    keys = new[None].expand(1, -1) if not history else torch.cat((hist.to(device), new[None].expand(hist.shape[0], -1)), dim=-1)
+    allow = (queries[None, :, None] - keys[:, None, :]) < window  # [kv_head or 1, query, key]
+    if state.window_mode == "none" and history:
+        allow[..., :history] = True
+    return allow
+
+
+def relaylens_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
+    """Attention with per-(layer, kv_head) history validity, built from the shapes of this call.
+
+    Shapes: query ``[B, q_head, query, D]``, key/value ``[B, kv_head, key, D]`` (history slots, then new tokens).
+    Returns ``([B, query, q_head, D], probs [B, q_head, query, key])``.
+    """
+    state = _ACTIVE.get()
+    if state is None:
+        raise RuntimeError("the 'relaylens' attention implementation runs only inside relaylens.attention_context(...)")
+    layer = module.layer_idx
+    batch, q_heads, q_len, head_dim = query.shape
+    kv_heads, total = key.shape[1], key.shape[-2]
+    groups = q_heads // kv_heads
+    scale = scaling if scaling is not None else head_dim**-0.5
+    valid = state.valid.get(layer)
+    history = 0 if valid is None else valid.shape[-1]
+
+    rows = torch.arange(q_len, device=query.device)[:, None]
+    cols = torch.arange(total, device=query.device)[None]
+    allow = (cols <= total - q_len + rows)[None].expand(kv_heads, q_len, total).clone()  # [kv_head, query, key]
+    if valid is not None:
+        allow[..., :history] &= valid.to(query.device)[:, None, :]
+    window = kwargs.get("sliding_window") or getattr(module, "sliding_window", None)
+    if window:
+        allow &= _window_allow(state, layer, history, total, q_len, int(window), query.device)
+
+    grouped = query.reshape(batch, kv_heads, groups * q_len, head_dim)  # q_head h*groups+g → kv_head h
+    scores = torch.matmul(grouped.float(), key.float().transpose(-1, -2)) * scale  # [B, kv_head, groups*query, key]
+    scores = scores.view(batch, kv_heads, groups, q_len, total)
+    softcap = kwargs.get("softcap")
+    if softcap:
+        scores = torch.tanh(scores / softcap) * softcap
+    scores = scores.masked_fill(~allow[None, :, None], float("-inf"))
+    probs = torch.softmax(scores, dim=-1)  # float32 [B, kv_head, groups, query, key]
+    output = torch.matmul(probs.view(batch, kv_heads, groups * q_len, total).to(value.dtype), value)
+    output = output.view(batch, q_heads, q_len, head_dim).transpose(1, 2).contiguous()  # [B, query, q_head, D]
+    probs = probs.view(batch, q_heads, q_len, total)
+    for observer in state.observers:
+        observer(layer, query, key, value, probs, state)
+    return output, probs.to(query.dtype)
+
+
+AttentionInterface.register(ATTENTION_NAME, relaylens_attention)
+
+
+@contextlib.contextmanager
+def attention_context(model, state: AttentionState) -> Iterator[AttentionState]:
+    """Run ``model`` with the relaylens attention function and ``state``; restores everything on exit."""
+    config = model.config
+    previous = config._attn_implementation
+    token = _ACTIVE.set(state)
+    try:
+        model.set_attn_implementation(ATTENTION_NAME)
+        yield state
+    finally:
+        _ACTIVE.reset(token)
+        model.set_attn_implementation(previous)

@@ -1,0 +1,149 @@
+"""Benchmarks (not tests): ``relaylens bench geometry`` and friends. Ratios are measured within one run.
+
+Example:
+    $ relaylens bench geometry --out runs/bench
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from relaylens.geometry import RotaryFactors, relocate_keys, rotate_keys
+
+
+@dataclass(frozen=True)
+class CacheShape:
+    """A cache geometry to benchmark: ``[layer, kv_head, slot, head_dim]`` plus the rotary it uses."""
+
+    name: str
+    layers: int
+    kv_heads: int
+    slots: int
+    head_dim: int
+    rope_parameters: dict
+    history_length: int
+
+
+SMOLLM2 = CacheShape("SmolLM2-135M (30x3x410x64)", 30, 3, 410, 64, {"rope_type": "default", "rope_theta": 100000.0}, 4100)
+LLAMA31_8B = CacheShape(
+    "Llama-3.1-8B (32x8x12800x128)",
+    32,
+    8,
+    12800,
+    128,
+    {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+     "original_max_position_embeddings": 8192, "rope_theta": 500000.0},
+    128000,
+)
+
+
+def rotary_only_model(head_dim: int, rope_parameters: dict, max_position: int = 131072 + 1):
+    """A one-layer random Llama whose rotary embedding matches ``head_dim`` / ``rope_parameters``."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(
+        vocab_size=8, hidden_size=2 * head_dim, intermediate_size=8, num_hidden_layers=1, num_attention_heads=2,
+        num_key_value_heads=1, head_dim=head_dim, max_position_embeddings=max_position, rope_parameters=dict(rope_parameters),
+    )
+    return LlamaForCausalLM(config).eval()
+
+
+def median_seconds(fn: Callable[[], object], repeats: int = 5, warmup: int = 1) -> float:
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def bench_relocation(shape: CacheShape, repeats: int = 5, seed: int = 0) -> dict:
+    """Relocation time of a whole cache to RoPERelay slots vs a plain float32 copy of the same key tensor."""
+    factors = RotaryFactors.from_model(rotary_only_model(shape.head_dim, shape.rope_parameters))
+    generator = torch.Generator().manual_seed(seed)
+    keys = torch.randn(shape.layers, shape.kv_heads, shape.slots, shape.head_dim, generator=generator)  # [layer, kv_head, slot, head_dim]
+    noise = torch.rand(shape.layers, shape.kv_heads, shape.history_length, generator=generator)
+    source = noise.topk(shape.slots, dim=-1).indices.sort(dim=-1).values  # [layer, kv_head, slot]
+    target = torch.arange(shape.slots).expand_as(source)  # relay slots (uniform counts: M - m + i = i)
+    copy_s = median_seconds(lambda: keys.clone(), repeats)
+    relocate_s = median_seconds(lambda: relocate_keys(keys, source, target, factors), repeats)
+    return {
+        "benchmark": "relocation",
+        "case": shape.name,
+        "relocate_ms": relocate_s * 1e3,
+        "copy_ms": copy_s * 1e3,
+        "ratio": relocate_s / copy_s,
+        "target": "<= 3",
+    }
+
+
+def bench_delta_rotation_error(rope_name: str, rope_parameters: dict, head_dim: int = 64, max_position: int = 131072, n: int = 4096, seed: int = 0) -> dict:
+    """Max abs error against direct rotation at p' for the two-step form and a single delta rotation R(p'-p)."""
+    factors = RotaryFactors.from_model(rotary_only_model(head_dim, rope_parameters, max_position + 1))
+    generator = torch.Generator().manual_seed(seed)
+    content = torch.randn(n, head_dim, generator=generator)  # un-rotated key content [n, head_dim]
+    source = torch.randint(max_position // 2, max_position, (n,), generator=generator)
+    target = torch.randint(0, max_position // 64, (n,), generator=generator)
+    cached = rotate_keys(content, source, factors)  # what the model cached at p
+    direct = rotate_keys(content, target, factors)  # the reference: the model rotating the content at p'
+    two_step = relocate_keys(cached, source, target, factors)
+    # peer method: one rotation by the delta (p' - p), taken from the same rotary embedding (kvpress-style)
+    delta = target - source
+    cos_d, sin_d = factors.plane_factors(delta.abs())
+    sign = torch.sign(delta).float()[:, None]
+    amplitude = (cos_d * cos_d + sin_d * sin_d).sqrt()
+    from relaylens.geometry import _rotate_planes
+
+    single = cached.clone()
+    single[:, : factors.rotary_dim] = _rotate_planes(cached[:, : factors.rotary_dim], cos_d / amplitude, sign * sin_d / amplitude, factors.layout)
+    return {
+        "benchmark": "accuracy",
+        "case": f"{rope_name}, p up to {max_position:,}",
+        "two_step_max_abs_error": float((two_step - direct).abs().max()),
+        "delta_rotation_max_abs_error": float((single - direct).abs().max()),
+        "max_abs_key": float(direct.abs().max()),
+    }
+
+
+def run_geometry(repeats: int = 5, include_large: bool = True) -> list[dict]:
+    rows = [bench_relocation(SMOLLM2, repeats)]
+    if include_large:
+        rows.append(bench_relocation(LLAMA31_8B, repeats=max(3, repeats // 2)))
+    rows.append(bench_delta_rotation_error("default (theta 1e4)", {"rope_type": "default", "rope_theta": 10000.0}))
+    rows.append(bench_delta_rotation_error(
+        "yarn factor 4", {"rope_type": "yarn", "factor": 4.0, "rope_theta": 1e6, "original_max_position_embeddings": 32768}))
+    return rows
+
+
+BENCHMARKS: dict[str, Callable[..., list[dict]]] = {"geometry": run_geometry}
+
+
+def write_results(rows: list[dict], out_dir: Path, name: str) -> tuple[Path, Path]:
+    """Write rows to ``<out>/<name>.csv`` and ``<out>/<name>.md`` (atomically) and return both paths."""
+    import pandas as pd
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    frame = pd.DataFrame(rows)
+    csv_path, md_path = out_dir / f"{name}.csv", out_dir / f"{name}.md"
+    for path, text in ((csv_path, frame.to_csv(index=False)), (md_path, _markdown(frame))):
+        tmp = path.with_suffix(path.suffix + ".tmp")
+        tmp.write_text(text)
+        tmp.replace(path)
+    return csv_path, md_path
+
+
+def _markdown(frame) -> str:
+    columns = list(frame.columns)
+    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    for _, row in frame.iterrows():
+        cells = [f"{v:.3g}" if isinstance(v, float) else ("" if v is None else str(v)) for v in row]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"

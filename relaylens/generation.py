@@ -1,0 +1,239 @@
+"""Relocated cache, synchronised question pass and greedy generation under one coordinate condition.
+
+Axes: ``layer``, ``kv_head``, ``slot`` (kept state, valid slots first), ``head_dim``; ``Q`` question tokens.
+
+Flow for one (record, selection, condition): :func:`build_cache` gathers the kept keys/values of the prefill,
+relocates keys to the condition's positions and pads every layer to its own widest head (validity mask alongside);
+:func:`run_condition` runs the question at ``question_start .. question_start + Q - 1`` and decodes greedily, the
+first generated token fed at ``question_start + Q`` and one position more per token.
+
+Example:
+    >>> import torch
+    >>> from relaylens.testing import tiny_model
+    >>> from relaylens.prefill import PrefillResult
+    >>> from relaylens.selection import Selection
+    >>> model = tiny_model("llama")
+    >>> history, question = torch.arange(3, 40), torch.tensor([50, 51, 52])
+    >>> out = model(history[None], use_cache=True)
+    >>> pre = prefill_from_cache(history, out.cache, model)
+    >>> sel = Selection.full(pre.history_length, pre.num_layers, pre.num_kv_heads)
+    >>> result = run_condition(model, pre, sel, "relay", question, max_new_tokens=3)
+    >>> result.question_positions.tolist(), len(result.token_ids) <= 3
+    ([37, 38, 39], True)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from transformers import DynamicCache
+
+from relaylens.attention import AttentionState, attention_context
+from relaylens.conditions import Condition, Coordinates, get_condition
+from relaylens.errors import PositionError, ShapeError
+from relaylens.geometry import RotaryFactors, relocate_keys
+from relaylens.prefill import PrefillResult
+from relaylens.selection import Selection
+
+
+@dataclass
+class RelocatedCache:
+    """A cache ready for the question pass, and the attention state that goes with it."""
+
+    cache: DynamicCache
+    state: AttentionState
+    coordinates: Coordinates
+    widths: list[int]  # per layer: slots kept in the cache (the layer's widest head)
+
+
+@dataclass
+class GenerationResult:
+    """Outcome of one condition: logits of the question pass and the greedy continuation."""
+
+    condition: str
+    question_start: int
+    question_positions: torch.Tensor  # [Q]
+    last_logits: torch.Tensor  # [vocab] float32, logits of the final question token
+    token_ids: list[int] = field(default_factory=list)
+    positions: list[int] = field(default_factory=list)  # position each generated token was fed at (if fed)
+    text: str = ""
+    stop_reason: str = "limit"  # "eos", "newline", "limit"
+    question_logits: torch.Tensor | None = None  # [Q, vocab] when requested
+
+    @property
+    def hit_limit(self) -> bool:
+        """True when ``max_new_tokens`` cut the answer (it may be incomplete)."""
+        return self.stop_reason == "limit"
+
+
+def prefill_from_cache(history_ids: torch.Tensor, cache, model) -> PrefillResult:
+    """Wrap a transformers cache filled by a plain forward over the history as a :class:`PrefillResult`."""
+    layers = cache.layers
+    attn = model.model.layers[0].self_attn
+    return PrefillResult(
+        history_ids=history_ids.reshape(-1),
+        keys=[layer.keys[0] for layer in layers],
+        values=[layer.values[0] for layer in layers],
+        window_queries=None,
+        window_size=0,
+        scaling=float(attn.scaling),
+        num_key_value_groups=int(attn.num_key_value_groups),
+    )
+
+
+def _check_selection(prefill: PrefillResult, selection: Selection) -> None:
+    if selection.num_layers != prefill.num_layers or selection.num_kv_heads != prefill.num_kv_heads:
+        raise ShapeError(
+            f"selection is [{selection.num_layers} layers, {selection.num_kv_heads} kv heads] but the cache has "
+            f"[{prefill.num_layers}, {prefill.num_kv_heads}]; select on the same model's prefill"
+        )
+    if selection.history_length != prefill.history_length:
+        raise ShapeError(
+            f"selection indexes a history of {selection.history_length} tokens, the prefill has {prefill.history_length}"
+        )
+    if selection.values is not None and selection.values.shape[-1] != prefill.values[0].shape[-1]:
+        raise ShapeError(f"replacement values have head_dim {selection.values.shape[-1]}, the cache {prefill.values[0].shape[-1]}")
+
+
+def build_cache(
+    prefill: PrefillResult,
+    selection: Selection,
+    condition: str | Condition,
+    factors: RotaryFactors,
+    window_mode: str = "condition",
+) -> RelocatedCache:
+    """Gather kept states, relocate keys to the condition's positions, and pad each layer to its widest head."""
+    _check_selection(prefill, selection)
+    coords = get_condition(condition).coordinates(selection)
+    state = AttentionState(window_mode=window_mode)
+    data, widths = [], []
+    for layer in range(prefill.num_layers):
+        valid = selection.valid[layer]  # [kv_head, slot]
+        width = int(valid.sum(-1).max())
+        valid = valid[:, :width]
+        source = selection.positions[layer, :, :width].clamp_min(0)  # [kv_head, slot]; padding reads slot 0
+        target = torch.where(valid, coords.key_positions[layer, :, :width], source)
+        keys = prefill.keys[layer]  # [kv_head, L, head_dim]
+        index = source[..., None].expand(-1, -1, keys.shape[-1]).to(keys.device)
+        kept_keys = keys.gather(1, index)  # [kv_head, slot, head_dim]
+        if selection.values is not None:
+            kept_values = selection.values[layer, :, :width].to(prefill.values[layer])
+        else:
+            kept_values = prefill.values[layer].gather(1, index)
+        moved = relocate_keys(kept_keys, source, target, factors, layer=layer if factors.per_layer else None)
+        pad = (~valid)[..., None].to(moved.device)
+        moved, kept_values = moved.masked_fill(pad, 0.0), kept_values.masked_fill(pad, 0.0)
+        _check_finite(moved, layer, "relocated keys")
+        data.append((moved[None], kept_values[None]))  # [1, kv_head, slot, head_dim]
+        state.valid[layer] = valid
+        state.key_positions[layer] = torch.where(valid, target, torch.full_like(target, -(10**9)))
+        state.source_positions[layer] = torch.where(valid, source, torch.full_like(source, -(10**9)))
+        widths.append(width)
+    return RelocatedCache(DynamicCache(ddp_cache_data=data), state, coords, widths)
+
+
+def _check_finite(tensor: torch.Tensor, layer: int, what: str) -> None:
+    if not bool(torch.isfinite(tensor).all()):
+        raise ValueError(f"layer {layer}: {what} contain NaN or inf; check the prefill cache (the input had them or overflowed)")
+
+
+def _forward(model, ids: torch.Tensor, positions: torch.Tensor, relocated: RelocatedCache, source_positions: torch.Tensor):
+    state = relocated.state
+    state.new_positions = torch.cat((state.new_positions, positions))
+    base = state.new_source_positions if state.new_source_positions is not None else torch.zeros(0, dtype=torch.long)
+    state.new_source_positions = torch.cat((base, source_positions))
+    device = model.device
+    with attention_context(model, state):
+        out = model(
+            input_ids=ids[None].to(device),
+            position_ids=positions[None].to(device),
+            cache=relocated.cache,
+            use_cache=True,
+        )
+    return out.logits[0].float()  # [T, vocab]
+
+
+def run_condition(
+    model,
+    prefill: PrefillResult,
+    selection: Selection,
+    condition: str | Condition,
+    question_ids: torch.Tensor,
+    max_new_tokens: int = 32,
+    factors: RotaryFactors | None = None,
+    eos_token_ids: set[int] | None = None,
+    tokenizer=None,
+    stop_at_newline: bool = False,
+    window_mode: str = "condition",
+    observers: list | None = None,
+    keep_question_logits: bool = False,
+) -> GenerationResult:
+    """Question pass at the condition's coordinates, then greedy decoding with consecutive positions.
+
+    Args:
+        question_ids: ``[Q]`` question tokens (everything after the history, including the generation prompt).
+        max_new_tokens: decoding limit (0: question pass only).
+        eos_token_ids: stop tokens (default: the model's ``generation_config`` / ``config`` EOS ids).
+        tokenizer: decodes the answer text; needed for ``stop_at_newline`` (short-answer prompt modes).
+        observers: attention observers active during the question pass only (probes).
+    """
+    factors = factors or RotaryFactors.from_model(model)
+    question_ids = torch.as_tensor(question_ids, dtype=torch.long).reshape(-1)
+    if question_ids.numel() == 0:
+        raise ShapeError("the question has no tokens; render the prompt with a question block")
+    relocated = build_cache(prefill, selection, condition, factors, window_mode)
+    coords = relocated.coordinates
+    positions = coords.question_positions(question_ids.numel())
+    factors.check_positions(positions[-1:] + max(max_new_tokens, 0), f"condition {coords.condition}: question/generation positions")
+    source = torch.arange(question_ids.numel()) + prefill.history_length
+    relocated.state.observers = list(observers or [])
+    logits = _forward(model, question_ids, positions, relocated, source)  # [Q, vocab]
+    relocated.state.observers = []
+    result = GenerationResult(coords.condition, coords.question_start, positions, logits[-1].clone(),
+                              question_logits=logits if keep_question_logits else None)
+    eos = eos_token_ids if eos_token_ids is not None else default_eos_ids(model, tokenizer)
+    next_position = int(positions[-1]) + 1
+    next_source = int(source[-1]) + 1
+    current = logits[-1]
+    for step in range(max_new_tokens):
+        token = int(current.argmax())
+        result.token_ids.append(token)
+        if token in eos:
+            result.stop_reason = "eos"
+            break
+        if stop_at_newline and tokenizer is not None and "\n" in tokenizer.decode(result.token_ids, skip_special_tokens=True).lstrip("\n"):
+            result.stop_reason = "newline"
+            break
+        if step == max_new_tokens - 1:
+            break
+        result.positions.append(next_position)
+        current = _forward(model, torch.tensor([token]), torch.tensor([next_position]), relocated, torch.tensor([next_source]))[-1]
+        next_position += 1
+        next_source += 1
+    if tokenizer is not None:
+        ids = [t for t in result.token_ids if t not in eos]
+        text = tokenizer.decode(ids, skip_special_tokens=True)
+        result.text = text.strip().split("\n")[0].strip() if stop_at_newline else text.strip()
+    return result
+
+
+def default_eos_ids(model, tokenizer=None) -> set[int]:
+    """EOS ids from the generation config, the model config and the tokenizer."""
+    ids: set[int] = set()
+    for source in (getattr(model, "generation_config", None), model.config, tokenizer):
+        value = getattr(source, "eos_token_id", None) if source is not None else None
+        if value is None:
+            continue
+        ids.update(value if isinstance(value, (list, tuple, set)) else [value])
+    return {int(i) for i in ids}
+
+
+def check_history_fits(model, history_length: int, allow_long: bool = False) -> None:
+    """Refuse histories longer than the model's context unless explicitly allowed."""
+    limit = getattr(model.config, "max_position_embeddings", None)
+    if limit is not None and history_length > limit and not allow_long:
+        raise PositionError(
+            f"history of {history_length} tokens exceeds the model's context ({limit}); trim the record or pass "
+            "allow_long=True to accept positions past the trained range"
+        )
