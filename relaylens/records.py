@@ -1,0 +1,206 @@
+"""Dataset records: one question with its conversation history, in a form every dataset reader produces.
+
+A :class:`Record` holds the history as :class:`Session` s of :class:`Turn` s, the question, the reference answers
+and the gold evidence annotations (``Session.is_evidence`` / ``Turn.has_answer``). Readers for each dataset live
+in :mod:`relaylens.datasets`; :func:`load_records` picks one by file format.
+
+Example:
+    >>> rec = Record(record_id="q1", question="What is my dog called?", answers=("Biscuit",),
+    ...              question_type="single-session-user", question_date=None,
+    ...              sessions=(Session("s1", None, (Turn("user", "My dog is Biscuit.", True),), True),),
+    ...              evidence_session_ids=("s1",), is_abstention=False)
+    >>> rec.has_evidence_annotations, rec.num_turns
+    (True, 1)
+"""
+
+from __future__ import annotations
+
+import logging
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from relaylens.errors import RecordError
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Turn:
+    """One message of a session. ``has_answer`` is gold turn-level evidence and is never rendered."""
+
+    role: str
+    content: str
+    has_answer: bool = False
+
+
+@dataclass(frozen=True)
+class Session:
+    """One dated conversation. ``date`` keeps the dataset's own string (LongMemEval: ``2023/05/30 (Tue) 23:40``)."""
+
+    session_id: str
+    date: str | None
+    turns: tuple[Turn, ...]
+    is_evidence: bool = False
+
+    @property
+    def text(self) -> str:
+        """The turns' contents joined by newlines (what a retriever reads)."""
+        return "\n".join(t.content for t in self.turns)
+
+
+@dataclass(frozen=True)
+class Record:
+    """One question with its history.
+
+    Attributes:
+        record_id: the dataset's question id (LongMemEval ``question_id``; ``_abs`` suffix kept).
+        question: the question text shown to the model.
+        answers: reference answers as strings (numbers converted with :func:`answer_to_str`).
+        question_type: the dataset's type, normalised (LongMemEval types; PersonaMem aliases resolved).
+        question_date: the dataset's date string or ``None``.
+        sessions: the history in file order (rendering sorts LongMemEval sessions by date).
+        evidence_session_ids: gold evidence sessions (may be empty: no session-level gold).
+        is_abstention: the question is unanswerable from the history (LongMemEval ``_abs``).
+        options: multiple-choice options as displayed, letter prefix included (``"(a) ..."``, ``"A. ..."``).
+        correct_option: the correct option's bare letter, lower case (``"c"``).
+        source: reader name, e.g. ``"longmemeval"``, ``"personamem"``, ``"synthetic"``.
+        cluster_id: records sharing a conversation / persona / book (bootstrap clusters); ``None``: own cluster.
+        raw_answer: the answer exactly as the file had it (a number stays a number).
+        meta: everything else the file carried that relaylens does not interpret.
+    """
+
+    record_id: str
+    question: str
+    answers: tuple[str, ...]
+    question_type: str
+    question_date: str | None
+    sessions: tuple[Session, ...]
+    evidence_session_ids: tuple[str, ...]
+    is_abstention: bool
+    options: tuple[str, ...] | None = None
+    correct_option: str | None = None
+    source: str = ""
+    cluster_id: str | None = None
+    raw_answer: Any = None
+    meta: dict = field(default_factory=dict, hash=False, compare=False)
+
+    @property
+    def has_evidence_annotations(self) -> bool:
+        """True when some session is gold evidence or some turn carries ``has_answer``."""
+        return any(s.is_evidence or any(t.has_answer for t in s.turns) for s in self.sessions)
+
+    @property
+    def has_turn_annotations(self) -> bool:
+        """True when some turn carries ``has_answer`` (turn-level probes need this)."""
+        return any(t.has_answer for s in self.sessions for t in s.turns)
+
+    @property
+    def is_multiple_choice(self) -> bool:
+        return self.options is not None
+
+    @property
+    def num_turns(self) -> int:
+        return sum(len(s.turns) for s in self.sessions)
+
+    @property
+    def cluster(self) -> str:
+        """The bootstrap cluster key: ``cluster_id`` or the record's own id."""
+        return self.cluster_id if self.cluster_id is not None else self.record_id
+
+
+def answer_to_str(value: Any) -> str:
+    """A reference answer as a string: ``3`` -> ``"3"``, ``3.0`` -> ``"3"``, ``2.5`` -> ``"2.5"``.
+
+    >>> answer_to_str(12), answer_to_str(4.0), answer_to_str("Biscuit")
+    ('12', '4', 'Biscuit')
+    """
+    if isinstance(value, bool):
+        raise TypeError(f"an answer must be a string or a number, not a bool ({value!r})")
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    return str(value)
+
+
+@dataclass(frozen=True)
+class LoadReport:
+    """What a lenient load kept and skipped. ``skipped`` holds ``(record id or line, reason)`` pairs."""
+
+    path: str
+    format: str
+    loaded: int
+    skipped: tuple[tuple[str, str], ...] = ()
+
+    @property
+    def num_skipped(self) -> int:
+        return len(self.skipped)
+
+    def summary(self) -> str:
+        head = f"{self.path}: loaded {self.loaded} {self.format} records, skipped {self.num_skipped}"
+        return head + "".join(f"\n  {where}: {why}" for where, why in self.skipped)
+
+
+class RecordCollector:
+    """Collects records from a reader; in lenient mode a :class:`RecordError` skips the record instead."""
+
+    def __init__(self, lenient: bool):
+        self.lenient = lenient
+        self.records: list[Record] = []
+        self.skipped: list[tuple[str, str]] = []
+
+    def add(self, where: str, build) -> None:
+        """Call ``build()`` and keep its record; on :class:`RecordError` re-raise or (lenient) note the skip."""
+        try:
+            self.records.append(build())
+        except RecordError as err:
+            self.fail(where, err)
+
+    def fail(self, where: str, err: RecordError) -> None:
+        """Raise ``err``, or (lenient) note that the record at ``where`` was skipped."""
+        if not self.lenient:
+            raise err
+        self.skipped.append((where, str(err)))
+
+
+FORMATS = ("longmemeval", "personamem", "longmtbench", "infinitebench")
+
+
+def load_records_with_report(path: str | Path, format: str = "auto", lenient: bool = False, **options) -> tuple[list[Record], LoadReport]:
+    """Read a dataset file into records and report what was skipped.
+
+    Args:
+        path: the dataset file (PersonaMem: the questions CSV; the shared contexts are found beside it).
+        format: ``"auto"`` or one of :data:`FORMATS`.
+        lenient: skip malformed records (each skip is reported, warned and logged) instead of raising.
+        **options: reader options, e.g. ``contexts_path=`` (PersonaMem) or ``task=`` (InfiniteBench).
+    """
+    from relaylens import datasets
+
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"dataset file {path} does not exist; pass the path of a LongMemEval / PersonaMem / "
+                                "Long-MT-Bench+ / InfiniteBench file")
+    fmt = datasets.detect_format(path) if format == "auto" else format
+    if fmt not in FORMATS:
+        raise ValueError(f"unknown dataset format {fmt!r}; expected 'auto' or one of {FORMATS}")
+    collector = RecordCollector(lenient)
+    datasets.READERS[fmt](path, collector, **options)
+    report = LoadReport(str(path), fmt, len(collector.records), tuple(collector.skipped))
+    if report.num_skipped:
+        msg = f"{path}: skipped {report.num_skipped} malformed {fmt} record(s) (lenient=True); first: {report.skipped[0][0]}: {report.skipped[0][1]}"
+        log.warning(msg)
+        warnings.warn(msg, stacklevel=2)
+    return collector.records, report
+
+
+def load_records(path: str | Path, format: str = "auto", lenient: bool = False, **options) -> list[Record]:
+    """Read a dataset file into :class:`Record` s (see :func:`load_records_with_report` for the arguments).
+
+    >>> from relaylens.datasets.synthetic import bundled_sample_path
+    >>> recs = load_records(bundled_sample_path())
+    >>> recs[0].source
+    'longmemeval'
+    """
+    records, _ = load_records_with_report(path, format=format, lenient=lenient, **options)
+    return records
