@@ -24,6 +24,7 @@ Example:
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass, field
 
 import torch
@@ -144,7 +145,7 @@ def _forward(model, ids: torch.Tensor, positions: torch.Tensor, relocated: Reloc
     base = state.new_source_positions if state.new_source_positions is not None else torch.zeros(0, dtype=torch.long)
     state.new_source_positions = torch.cat((base, source_positions))
     device = model.device
-    with attention_context(model, state):
+    with torch.no_grad(), attention_context(model, state):
         out = model(
             input_ids=ids[None].to(device),
             position_ids=positions[None].to(device),
@@ -168,6 +169,8 @@ def run_condition(
     window_mode: str = "condition",
     observers: list | None = None,
     keep_question_logits: bool = False,
+    teacher_token: int | None = None,
+    teacher_observers: list | None = None,
 ) -> GenerationResult:
     """Question pass at the condition's coordinates, then greedy decoding with consecutive positions.
 
@@ -177,6 +180,8 @@ def run_condition(
         eos_token_ids: stop tokens (default: the model's ``generation_config`` / ``config`` EOS ids).
         tokenizer: decodes the answer text; needed for ``stop_at_newline`` (short-answer prompt modes).
         observers: attention observers active during the question pass only (probes).
+        teacher_token: a token (e.g. the first reference-answer token) fed at the next continuation position on a
+            copy of the cache, with ``teacher_observers`` active; decoding itself is unaffected.
     """
     factors = factors or RotaryFactors.from_model(model)
     question_ids = torch.as_tensor(question_ids, dtype=torch.long).reshape(-1)
@@ -190,6 +195,11 @@ def run_condition(
     relocated.state.observers = list(observers or [])
     logits = _forward(model, question_ids, positions, relocated, source)  # [Q, vocab]
     relocated.state.observers = []
+    if teacher_token is not None:
+        forked = copy.deepcopy(relocated)
+        forked.state.observers = list(teacher_observers or [])
+        _forward(model, torch.tensor([int(teacher_token)]), positions[-1:] + 1, forked, source[-1:] + 1)
+        del forked
     result = GenerationResult(coords.condition, coords.question_start, positions, logits[-1].clone(),
                               question_logits=logits if keep_question_logits else None)
     eos = eos_token_ids if eos_token_ids is not None else default_eos_ids(model, tokenizer)
