@@ -6,9 +6,14 @@ position ``0..L-1``), ``window`` (the last ``w`` history positions), ``head_dim`
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import contextlib
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
 
 import torch
+
+from relaylens.errors import PositionError, RopeError, ShapeError
 
 
 @dataclass
@@ -24,6 +29,8 @@ class PrefillResult:
         window_size: ``w``.
         scaling: the attention scaling the model applies to ``q @ k^T`` (``1/sqrt(head_dim)`` for Llama).
         num_key_value_groups: query heads per kv head.
+        extras: selector-specific statistics captured during the same pass (e.g. ``"column_sums"``: per layer
+            ``[q_head, L]`` float32 causal attention column sums for H2O).
     """
 
     history_ids: torch.Tensor  # [L]
@@ -33,6 +40,7 @@ class PrefillResult:
     window_size: int
     scaling: float
     num_key_value_groups: int
+    extras: dict = field(default_factory=dict)
 
     @property
     def history_length(self) -> int:
@@ -45,3 +53,254 @@ class PrefillResult:
     @property
     def num_kv_heads(self) -> int:
         return int(self.keys[0].shape[0])
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# prefill_history
+
+
+def prefill_history(
+    model,
+    history_ids: torch.Tensor,
+    window_size: int = 32,
+    chunk_size: int | None = None,
+    capture_window_queries: bool = True,
+    allow_long: bool = False,
+    attn_implementation: str | None = "sdpa",
+) -> PrefillResult:
+    """Run the history once (fast kernel, plain ``DynamicCache``) and return its keys, values and window queries.
+
+    The history runs at positions ``0..L-1`` with ``logits_to_keep=1``, optionally in chunks of ``chunk_size`` tokens
+    that continue the cache. Queries of the last ``w = window_size`` tokens are rebuilt per layer from the attention
+    module's inputs (``q_proj`` -> optional query norm -> the modeling module's own rotary function, with the cos/sin
+    the model passed to that layer) by forward pre-hooks that exist only during this call. The rebuilt keys of the
+    same tokens are checked against the cache, so an architecture whose attention differs fails loudly.
+
+    Memory: the cache is ``O(L)``; unchunked, sdpa runs causally without an ``L x L`` mask (except sliding-window
+    models, whose mask is ``L x L`` booleans); with ``chunk_size=c`` every mask is at most ``c x L``.
+
+    Args:
+        model: a Hugging Face causal LM with rotary attention (``model.model.layers[i].self_attn``).
+        history_ids: ``[L]`` or ``[1, L]`` token ids.
+        window_size: ``w``, the number of final history tokens whose queries are captured (SnapKV-style selectors).
+        chunk_size: tokens per forward pass, or None for one pass.
+        capture_window_queries: False skips the hooks and returns ``window_queries=None`` and ``window_size=0``.
+        allow_long: permit ``L > config.max_position_embeddings``.
+        attn_implementation: kernel used during the prefill (restored afterwards); None keeps the model's.
+
+    Example:
+        >>> from relaylens.testing import tiny_model
+        >>> res = prefill_history(tiny_model("llama"), torch.arange(3, 43), window_size=8)
+        >>> res.keys[0].shape, res.window_queries[0].shape, res.num_key_value_groups
+        (torch.Size([2, 40, 16]), torch.Size([4, 8, 16]), 2)
+    """
+    from transformers import DynamicCache
+
+    ids = _check_history(model, history_ids, window_size, chunk_size, capture_window_queries, allow_long)  # [L]
+    L = int(ids.numel())
+    layers = decoder_layers(model)
+    device = next(model.parameters()).device
+    chunk = chunk_size or L
+    window_start = L - window_size if capture_window_queries else L
+    cache = DynamicCache()  # plain: DynamicCache(config=...) would drop sliding-layer history (Gemma-3)
+    with _attn_implementation(model, attn_implementation), torch.inference_mode():
+        capture = _WindowQueryCapture(layers, window_start) if capture_window_queries else contextlib.nullcontext()
+        with capture:
+            for start in range(0, L, chunk):
+                stop = min(start + chunk, L)
+                if capture_window_queries:
+                    capture.chunk_start = start
+                model(
+                    input_ids=ids[None, start:stop].to(device),  # [1, c]
+                    position_ids=torch.arange(start, stop, device=device)[None],  # [1, c]
+                    cache=cache,
+                    use_cache=True,
+                    logits_to_keep=1,
+                )
+    # Clones leave inference mode: later stages may edit them in place or use them under autograd.
+    keys = [layer.keys[0].clone() for layer in cache.layers]  # per layer [kv_head, L, head_dim]
+    values = [layer.values[0].clone() for layer in cache.layers]  # per layer [kv_head, L, head_dim]
+    del cache
+    if len(keys) != len(layers) or any(k.shape[1] != L for k in keys):
+        raise ShapeError(f"the cache holds {[k.shape[1] for k in keys]} positions per layer after a {L}-token prefill "
+                         f"of {len(layers)} layers; expected {L} in each. The model may use a cache layer that drops "
+                         "history.")
+    window_queries = None
+    if capture_window_queries:
+        window_queries = capture.result(keys)  # per layer [q_head, w, head_dim]
+    attn = layers[0].self_attn
+    return PrefillResult(
+        history_ids=ids.cpu(),
+        keys=keys,
+        values=values,
+        window_queries=window_queries,
+        window_size=window_size if capture_window_queries else 0,
+        scaling=float(attn.scaling),
+        num_key_value_groups=int(attn.num_key_value_groups),
+    )
+
+
+def decoder_layers(model) -> list:
+    """The decoder layers of a causal LM (``model.model.layers``), each with a ``self_attn`` module."""
+    inner = getattr(model, "model", None)
+    layers = getattr(inner, "layers", None)
+    if layers is None or not all(hasattr(layer, "self_attn") for layer in layers):
+        raise RopeError(f"{type(model).__name__} has no model.model.layers[i].self_attn; relaylens supports decoder-only "
+                        "Hugging Face causal LMs laid out like Llama.")
+    return list(layers)
+
+
+def _check_history(model, history_ids, window_size, chunk_size, capture, allow_long) -> torch.Tensor:
+    ids = torch.as_tensor(history_ids)
+    if ids.dim() == 2 and ids.shape[0] == 1:
+        ids = ids[0]
+    if ids.dim() != 1:
+        raise ShapeError(f"history_ids must be [L] or [1, L] token ids; got shape {tuple(ids.shape)}")
+    if ids.dtype not in (torch.long, torch.int, torch.int32, torch.int64):
+        raise ShapeError(f"history_ids must be integer token ids; got dtype {ids.dtype}")
+    L = int(ids.numel())
+    if L == 0:
+        raise ShapeError("history_ids is empty; prefill needs at least one history token (and at least window_size "
+                         "tokens when window queries are captured)")
+    limit = getattr(model.config, "max_position_embeddings", None)
+    if limit is not None and L > limit and not allow_long:
+        raise PositionError(f"history of {L} tokens exceeds the model's max_position_embeddings={limit}; positions "
+                            f"past it are outside the trained rotary range. Fix: truncate the history, or pass "
+                            f"allow_long=True to run it anyway.")
+    if chunk_size is not None and chunk_size <= 0:
+        raise ShapeError(f"chunk_size must be a positive number of tokens or None; got {chunk_size}")
+    if capture:
+        if window_size <= 0:
+            raise ShapeError(f"window_size must be >= 1 when capturing window queries; got {window_size}. "
+                             "Fix: pass capture_window_queries=False to skip them.")
+        if L < window_size:
+            raise ShapeError(f"history of {L} tokens is shorter than window_size={window_size}; expected L >= w. "
+                             "Fix: lower window_size or pass capture_window_queries=False.")
+    return ids.long()
+
+
+@contextlib.contextmanager
+def _attn_implementation(model, name: str | None):
+    """Temporarily switch the model's attention kernel (restored on exit, also on errors)."""
+    before = model.config._attn_implementation
+    if name is None or name == before:
+        yield
+        return
+    model.set_attn_implementation(name)
+    try:
+        yield
+    finally:
+        model.set_attn_implementation(before)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# window queries: rebuilt from each attention module's inputs, exactly as its forward computes them
+
+
+def _rotary_fn(attn) -> Callable:
+    """The ``apply_rotary_pos_emb`` of the module that defines ``attn``'s class (the model's own rotary code)."""
+    fn = getattr(sys.modules[type(attn).__module__], "apply_rotary_pos_emb", None)
+    if fn is None:
+        raise RopeError(f"{type(attn).__module__} defines no apply_rotary_pos_emb; cannot rebuild queries of "
+                        f"{type(attn).__name__}. Fix: pass capture_window_queries=False.")
+    return fn
+
+
+def _split_heads(proj: torch.Tensor, head_dim: int) -> torch.Tensor:
+    return proj.view(*proj.shape[:-1], -1, head_dim)  # [B, n, H, head_dim]
+
+
+def _qk_standard(attn, hidden, cos, sin):
+    """Llama / Mistral / Qwen2 / Qwen3 / Gemma-2/3 / GLM / Cohere: project, per-head norm (if any), rotate."""
+    q = _split_heads(attn.q_proj(hidden), attn.head_dim)  # [B, n, q_head, head_dim]
+    k = _split_heads(attn.k_proj(hidden), attn.head_dim)  # [B, n, kv_head, head_dim]
+    if getattr(attn, "q_norm", None) is not None and getattr(attn, "use_qk_norm", True):
+        q, k = attn.q_norm(q), attn.k_norm(k)  # norms over head_dim (Cohere: over [head, head_dim]) before transpose
+    q, k = q.transpose(1, 2), k.transpose(1, 2)  # [B, H, n, head_dim]
+    return _rotary_fn(attn)(q, k, cos, sin)
+
+
+def _qk_phi(attn, hidden, cos, sin):
+    """Phi: optional LayerNorm, rotary on the first ``rotary_ndims`` dims only (the rest pass through)."""
+    q = _split_heads(attn.q_proj(hidden), attn.head_dim).transpose(1, 2)  # [B, q_head, n, head_dim]
+    k = _split_heads(attn.k_proj(hidden), attn.head_dim).transpose(1, 2)  # [B, kv_head, n, head_dim]
+    if attn.qk_layernorm:
+        q, k = attn.q_layernorm(q), attn.k_layernorm(k)
+    r = attn.rotary_ndims
+    q_rot, k_rot = _rotary_fn(attn)(q[..., :r], k[..., :r], cos, sin)
+    return torch.cat((q_rot, q[..., r:]), dim=-1), torch.cat((k_rot, k[..., r:]), dim=-1)
+
+
+#: Attention classes whose forward computes queries as the recipe does. Add an entry to support another family;
+#: the rebuilt keys are checked against the cache, so a wrong recipe fails loudly.
+QUERY_RECIPES: dict[str, Callable] = {
+    **{name: _qk_standard for name in (
+        "LlamaAttention", "MistralAttention", "Qwen2Attention", "Qwen3Attention", "Gemma2Attention",
+        "Gemma3Attention", "GlmAttention", "CohereAttention")},
+    "PhiAttention": _qk_phi,
+}
+
+
+class _WindowQueryCapture:
+    """Forward pre-hooks on every ``self_attn`` that rebuild post-rotary queries (and keys, for the check) of the
+    positions ``>= window_start``. Hooks exist only inside ``with``; set ``chunk_start`` before each forward."""
+
+    def __init__(self, layers: list, window_start: int):
+        self.layers, self.window_start, self.chunk_start = layers, window_start, 0
+        self.recipes = []
+        for layer in layers:
+            name = type(layer.self_attn).__name__
+            if name not in QUERY_RECIPES:
+                raise RopeError(f"cannot rebuild window queries for attention class {name}; supported: "
+                                f"{', '.join(sorted(QUERY_RECIPES))}. Fix: add a recipe to relaylens.prefill.QUERY_RECIPES "
+                                "or pass capture_window_queries=False.")
+            self.recipes.append(QUERY_RECIPES[name])
+        self.queries: list[list[torch.Tensor]] = [[] for _ in layers]  # per layer, pieces [q_head, n, head_dim]
+        self.keys: list[list[torch.Tensor]] = [[] for _ in layers]  # per layer, pieces [kv_head, n, head_dim]
+        self.handles: list = []
+
+    def __enter__(self):
+        try:
+            for i, layer in enumerate(self.layers):
+                self.handles.append(layer.self_attn.register_forward_pre_hook(self._hook(i), with_kwargs=True))
+        except BaseException:
+            self.__exit__()
+            raise
+        return self
+
+    def __exit__(self, *exc):
+        for handle in self.handles:
+            handle.remove()
+        self.handles.clear()
+        return False
+
+    def _hook(self, i: int):
+        def hook(module, args, kwargs):
+            hidden = kwargs["hidden_states"] if "hidden_states" in kwargs else args[0]  # [1, c, hidden]
+            cos, sin = kwargs["position_embeddings"]  # [1, c, rot_dim] each
+            first = max(self.window_start - self.chunk_start, 0)
+            if first >= hidden.shape[1]:
+                return None
+            q, k = self.recipes[i](module, hidden[:, first:], cos[:, first:], sin[:, first:])
+            self.queries[i].append(q[0])  # [q_head, n, head_dim]
+            self.keys[i].append(k[0])  # [kv_head, n, head_dim]
+            return None
+
+        return hook
+
+    def result(self, cached_keys: list[torch.Tensor]) -> list[torch.Tensor]:
+        """Concatenated window queries per layer ``[q_head, w, head_dim]``, after checking the rebuilt keys."""
+        out = []
+        for i, (qs, ks) in enumerate(zip(self.queries, self.keys)):
+            q, k = torch.cat(qs, dim=1), torch.cat(ks, dim=1)  # [q_head, w, D], [kv_head, w, D]
+            ref = cached_keys[i][:, self.window_start:]  # [kv_head, w, D]
+            err = (k.float() - ref.float()).abs().max().item()
+            # Same ops on a slice: equal up to kernel blocking, i.e. a few ulps of the model dtype.
+            tol = max(1e-4, 8 * torch.finfo(ref.dtype).eps) * (1.0 + ref.float().abs().max().item())
+            if k.shape != ref.shape or not err <= tol:
+                raise RopeError(f"layer {i}: keys rebuilt by the {type(self.layers[i].self_attn).__name__} recipe differ "
+                                f"from the cached keys (max abs {err:.3g}, tolerance {tol:.3g}), so its rebuilt queries "
+                                "cannot be trusted. Fix: correct relaylens.prefill.QUERY_RECIPES for this class or pass "
+                                "capture_window_queries=False.")
+            out.append(q.clone())
+        return out

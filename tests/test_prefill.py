@@ -1,0 +1,241 @@
+"""History prefill on tiny random models (every rope variant) and on the embedded SmolLM2 (``-m model``)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from relaylens import prefill as prefill_mod
+from relaylens.errors import PositionError, RelaylensError, RopeError, ShapeError
+from relaylens.prefill import PrefillResult, decoder_layers, prefill_history
+from relaylens.testing import ROPE_VARIANTS, tiny_model
+
+L, W = 40, 8
+
+
+def _ids(n: int = L, seed: int = 0, vocab: int = 384) -> torch.Tensor:
+    return torch.randint(3, vocab, (n,), generator=torch.Generator().manual_seed(seed))  # [n]
+
+
+def _plain_forward_cache(model, ids):
+    """Keys/values per layer ``[kv_head, n, head_dim]`` from an ordinary ``model(ids, use_cache=True)``."""
+    with torch.inference_mode():
+        out = model(ids[None], use_cache=True)
+    cache = out.past_key_values
+    return [layer.keys[0] for layer in cache.layers], [layer.values[0] for layer in cache.layers]
+
+
+def _rows_from_queries(res: PrefillResult, layer: int, sliding_window: int | None) -> torch.Tensor:
+    """softmax(q k^T * scaling + causal (and window) mask) of the captured window queries: ``[q_head, w, L]``."""
+    q = res.window_queries[layer].float()  # [q_head, w, D]
+    k = res.keys[layer].float().repeat_interleave(res.num_key_value_groups, dim=0)  # [q_head, L, D]
+    scores = q @ k.transpose(1, 2) * res.scaling  # [q_head, w, L]
+    qpos = torch.arange(res.history_length - res.window_size, res.history_length)[:, None]  # [w, 1]
+    kpos = torch.arange(res.history_length)[None]  # [1, L]
+    allow = kpos <= qpos
+    if sliding_window is not None:
+        allow &= kpos > qpos - sliding_window
+    return scores.masked_fill(~allow, float("-inf")).softmax(-1)
+
+
+def _eager_rows(model, ids):
+    """The real attention rows of an eager forward, per layer ``[q_head, L, L]``."""
+    model.set_attn_implementation("eager")
+    try:
+        with torch.inference_mode():
+            out = model(ids[None], output_attentions=True, use_cache=False)
+    finally:
+        model.set_attn_implementation("sdpa")
+    return [a[0].float() for a in out.attentions]
+
+
+@pytest.mark.parametrize("variant", ROPE_VARIANTS)
+def test_cache_equals_plain_forward(variant):
+    model, ids = tiny_model(variant), _ids()
+    res = prefill_history(model, ids, window_size=W)
+    ref_k, ref_v = _plain_forward_cache(model, ids)
+    assert res.num_layers == model.config.num_hidden_layers
+    for got_k, got_v, k, v in zip(res.keys, res.values, ref_k, ref_v):
+        assert got_k.shape == (model.config.num_key_value_heads, L, got_k.shape[-1])
+        n = k.shape[1]  # Gemma-3's own cache keeps only the window in sliding layers: compare what it kept
+        torch.testing.assert_close(got_k[:, -n:], k, rtol=0, atol=1e-5)
+        torch.testing.assert_close(got_v[:, -n:], v, rtol=0, atol=1e-5)
+    attn = decoder_layers(model)[0].self_attn
+    assert res.scaling == attn.scaling and res.num_key_value_groups == attn.num_key_value_groups
+    assert torch.equal(res.history_ids, ids) and res.window_size == W
+
+
+def test_gemma3_keeps_sliding_layer_history():
+    model = tiny_model("gemma3")
+    assert model.config.sliding_window < L
+    res = prefill_history(model, _ids(), window_size=W)
+    assert all(k.shape[1] == L for k in res.keys)  # the default Gemma-3 cache would keep only the window
+
+
+@pytest.mark.parametrize("variant", ["llama", "qwen2_yarn", "gemma3", "phi_partial"])
+@pytest.mark.parametrize("chunk", [1, 7, 16, 64])
+def test_chunked_equals_unchunked(variant, chunk):
+    model, ids = tiny_model(variant), _ids()
+    full = prefill_history(model, ids, window_size=W)
+    part = prefill_history(model, ids, window_size=W, chunk_size=chunk)  # w=8 straddles chunk borders for 7 and 1
+    for a, b in zip(full.keys + full.values + full.window_queries, part.keys + part.values + part.window_queries):
+        torch.testing.assert_close(b, a, rtol=0, atol=1e-5)
+
+
+EXTRA_ATTENTION_CASES = [  # query norms and a non-default attention scaling
+    ("cohere_interleaved", {"use_qk_norm": True}),
+    ("phi_partial", {"qk_layernorm": True}),
+    ("gemma3", {"query_pre_attn_scalar": 64}),
+]
+
+
+@pytest.mark.parametrize("variant, overrides", [(v, {}) for v in ROPE_VARIANTS] + EXTRA_ATTENTION_CASES)
+def test_window_queries_reproduce_eager_attention_rows(variant, overrides):
+    model, ids = tiny_model(variant, **overrides), _ids()
+    res = prefill_history(model, ids, window_size=W, chunk_size=13)
+    real = _eager_rows(model, ids)
+    for layer, block in enumerate(decoder_layers(model)):
+        rows = _rows_from_queries(res, layer, getattr(block.self_attn, "sliding_window", None))  # [q_head, w, L]
+        torch.testing.assert_close(rows, real[layer][:, L - W:], rtol=0, atol=1e-5)
+
+
+def test_row_check_detects_queries_one_position_off():
+    """The row comparison is sensitive: queries of the wrong positions miss by far more than the tolerance."""
+    model, ids = tiny_model("llama"), _ids()
+    res = prefill_history(model, ids, window_size=W)
+    shifted = prefill_history(model, ids[:-1], window_size=W)  # queries of positions L-W-1 .. L-2
+    res.window_queries = shifted.window_queries
+    real = _eager_rows(model, ids)
+    assert (_rows_from_queries(res, 1, None) - real[1][:, L - W:]).abs().max() > 1e-3  # tolerance is 1e-5
+
+
+def test_never_materialises_full_logits_and_restores_kernel():
+    model = tiny_model("llama", attn_implementation="eager")
+    seen = []
+    handle = model.lm_head.register_forward_hook(lambda m, i, o: seen.append(tuple(o.shape)))
+    try:
+        prefill_history(model, _ids(), window_size=W, chunk_size=16)
+    finally:
+        handle.remove()
+    assert seen == [(1, 1, model.config.vocab_size)] * 3  # logits_to_keep=1 in each of the 3 chunks
+    assert model.config._attn_implementation == "eager"
+
+
+def test_hooks_are_removed_after_success_and_error():
+    model = tiny_model("llama")
+    attns = [layer.self_attn for layer in decoder_layers(model)]
+    prefill_history(model, _ids(), window_size=W)
+    assert all(not a._forward_pre_hooks for a in attns)
+
+    def boom(module, args, output):
+        raise RuntimeError("boom")
+
+    handle = decoder_layers(model)[1].mlp.register_forward_hook(boom)
+    try:
+        with pytest.raises(RuntimeError, match="boom"):
+            prefill_history(model, _ids(), window_size=W)
+    finally:
+        handle.remove()
+    assert all(not a._forward_pre_hooks for a in attns)
+    assert model.config._attn_implementation == "sdpa"
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_half_precision_models(dtype):
+    model, ids = tiny_model("qwen2_yarn", dtype=dtype), _ids()
+    res = prefill_history(model, ids, window_size=W, chunk_size=16)
+    assert res.keys[0].dtype == dtype and res.window_queries[0].dtype == dtype
+    ref_k, _ = _plain_forward_cache(model, ids)
+    torch.testing.assert_close(res.keys[1], ref_k[1])  # dtype-aware default tolerances
+
+
+def test_outputs_are_ordinary_tensors():
+    res = prefill_history(tiny_model("llama"), _ids(), window_size=W)
+    assert not res.keys[0].is_inference() and not res.window_queries[0].is_inference()
+    res.keys[0][:, 0] = 0  # in-place edits outside inference mode work
+
+
+def test_without_window_queries():
+    res = prefill_history(tiny_model("llama"), _ids(5), window_size=W, capture_window_queries=False)
+    assert res.window_queries is None and res.window_size == 0 and res.keys[0].shape[1] == 5
+
+
+def test_accepts_batch_of_one():
+    model, ids = tiny_model("llama"), _ids()
+    a, b = prefill_history(model, ids, window_size=W), prefill_history(model, ids[None], window_size=W)
+    torch.testing.assert_close(a.keys[0], b.keys[0], rtol=0, atol=0)
+
+
+@pytest.mark.parametrize(
+    "ids, kw, err, match",
+    [
+        (torch.zeros(0, dtype=torch.long), {}, ShapeError, "empty"),
+        (_ids(5), {"window_size": 8}, ShapeError, "shorter than window_size=8"),
+        (_ids(5), {"window_size": 0}, ShapeError, "window_size must be >= 1"),
+        (_ids(12).reshape(3, 4), {}, ShapeError, r"\[L\] or \[1, L\]"),
+        (_ids(12).float(), {}, ShapeError, "integer token ids"),
+        (_ids(12), {"window_size": 4, "chunk_size": 0}, ShapeError, "chunk_size"),
+    ],
+)
+def test_input_errors(ids, kw, err, match):
+    with pytest.raises(err, match=match):
+        prefill_history(tiny_model("llama"), ids, **kw)
+
+
+def test_too_long_history_needs_allow_long():
+    model = tiny_model("llama", max_position_embeddings=16)
+    with pytest.raises(PositionError, match="max_position_embeddings=16.*allow_long=True"):
+        prefill_history(model, _ids(20), window_size=4)
+    assert prefill_history(model, _ids(20), window_size=4, allow_long=True).keys[0].shape[1] == 20
+
+
+def test_unsupported_attention_class_is_a_clear_error(monkeypatch):
+    monkeypatch.delitem(prefill_mod.QUERY_RECIPES, "LlamaAttention")
+    with pytest.raises(RopeError, match="LlamaAttention.*capture_window_queries=False"):
+        prefill_history(tiny_model("llama"), _ids(), window_size=W)
+    assert prefill_history(tiny_model("llama"), _ids(), capture_window_queries=False).window_queries is None
+
+
+def test_wrong_recipe_is_caught_by_key_check(monkeypatch):
+    def no_rotary(attn, hidden, cos, sin):  # forgets the rotation: keys will not match the cache
+        q = attn.q_proj(hidden).view(1, hidden.shape[1], -1, attn.head_dim).transpose(1, 2)
+        k = attn.k_proj(hidden).view(1, hidden.shape[1], -1, attn.head_dim).transpose(1, 2)
+        return q, k
+
+    monkeypatch.setitem(prefill_mod.QUERY_RECIPES, "LlamaAttention", no_rotary)
+    with pytest.raises(RopeError, match="differ from the cached keys"):
+        prefill_history(tiny_model("llama"), _ids(), window_size=W)
+
+
+def test_errors_are_value_errors():
+    assert issubclass(ShapeError, RelaylensError) and issubclass(ShapeError, ValueError)
+
+
+# ---------------------------------------------------------------------------------------------------- real model
+
+
+@pytest.mark.model
+def test_smollm2_prefill_cache_equals_plain_forward(smollm2):
+    model, tok = smollm2
+    text = "User: I adopted a Vizsla called Biscuit last spring and we walk by the river every morning.\n" * 60
+    ids = torch.tensor(tok(text)["input_ids"][:1000])  # [1000]
+    assert ids.numel() == 1000
+    res = prefill_history(model, ids, window_size=32, chunk_size=500)  # two chunks
+    with torch.inference_mode():
+        out = model(ids[None], use_cache=True, logits_to_keep=1)
+    for layer, (k, v) in enumerate(zip(res.keys, res.values)):
+        torch.testing.assert_close(k, out.past_key_values.layers[layer].keys[0], rtol=0, atol=1e-4)
+        torch.testing.assert_close(v, out.past_key_values.layers[layer].values[0], rtol=0, atol=1e-4)
+    assert res.keys[0].shape == (3, 1000, 64) and res.window_queries[0].shape == (9, 32, 64)
+    assert res.scaling == 64**-0.5 and res.num_key_value_groups == 3
+
+
+@pytest.mark.model
+def test_smollm2_window_queries_reproduce_eager_rows(smollm2):
+    model, tok = smollm2
+    ids = torch.tensor(tok("Session 1: my dog Biscuit likes the river. " * 30)["input_ids"][:200])  # [200]
+    res = prefill_history(model, ids, window_size=16)
+    real = _eager_rows(model, ids)
+    n = res.history_length
+    for layer in (0, 14, 29):
+        torch.testing.assert_close(_rows_from_queries(res, layer, None), real[layer][:, n - 16:], rtol=0, atol=1e-5)
