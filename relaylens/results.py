@@ -1,0 +1,537 @@
+"""The resumable result store: one run directory per sweep, crash-safe, shardable, consolidated into parquet.
+
+Layout of a run directory::
+
+    run_dir/
+      manifest.json          what produced the run (build_manifest); written atomically, compared on re-open
+      units/<hash>.json.gz   one committed unit of work = all conditions of one (record_id, selector, budget)
+      answers.parquet        consolidated tables (columns of relaylens.tables), sorted by key
+      scores.parquet
+      probes.parquet
+      consolidated.json      written last by consolidate(): the unit hashes the parquet files contain
+
+**Commit protocol.** A unit's rows (every condition of one shared selection) are serialised into one JSON document
+(column lists, with a sha256 checksum of the content), gzip-compressed (``mtime=0``: identical content gives
+identical bytes), written to ``units/.tmp-<hash>.json.gz-<pid>``, flushed, fsynced, then ``os.replace`` d onto
+``units/<hash>.json.gz`` and the directory fsynced. The rename is the commit marker: a crash leaves at most a
+``.tmp-*`` file, which readers never look at (re-opening deletes it), so a partially written unit is never read;
+the checksum catches files damaged afterwards. Re-running the same command skips units whose file exists
+(:meth:`RunStore.is_done`). The parquet files are derived data, rewritten whole (temp file + rename) by
+:meth:`RunStore.consolidate`; :func:`load_tables` rebuilds from the units when ``consolidated.json`` is stale.
+
+Example:
+    >>> import tempfile
+    >>> run = RunStore.create_or_open(tempfile.mkdtemp() + "/run", {"analysis": "demo", "config": {"seed": 0}})
+    >>> key = UnitKey("q1", "bm25", 0.1)
+    >>> run.is_done(key)
+    False
+    >>> run.write_unit(key, [], [dict(record_id="q1", selector="bm25", budget=0.1, condition="relay",
+    ...     question_type="t", is_abstention=False, cluster_id=None, metric="f1", value=1.0)], [])
+    >>> run.is_done(key), len(run.consolidate()["scores"])
+    (True, 1)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import errno
+import gzip
+import hashlib
+import io
+import json
+import math
+import numbers
+import os
+import subprocess
+import warnings
+from pathlib import Path
+from typing import Any, Callable, NamedTuple
+
+import numpy as np
+import pandas as pd
+
+from relaylens.errors import RelaylensError
+from relaylens.tables import KEY_COLUMNS, TABLES
+
+__all__ = ["UnitKey", "RunStore", "ResultStoreError", "StoreWriteError", "build_manifest", "file_sha256",
+           "load_tables", "shard_records", "parse_shard", "merge_runs", "SORT_COLUMNS", "DTYPES"]
+
+FORMAT_VERSION = 1
+UNITS = "units"
+_IGNORED_ON_COMPARE = {"created_at", "merged_from", "forced", "dataset.path"}
+
+_INT, _FLOAT, _BOOL, _STR, _OPT_STR = "int", "float", "bool", "str", "str?"
+DTYPES: dict[str, str] = {
+    "record_id": _STR, "selector": _STR, "budget": _FLOAT, "condition": _STR, "question_type": _STR,
+    "is_abstention": _BOOL, "cluster_id": _OPT_STR, "prompt_mode": _STR, "answer": _STR, "stop_reason": _STR,
+    "hit_limit": _BOOL, "new_tokens": _INT, "history_length": _INT, "max_count": _INT, "mean_count": _FLOAT,
+    "question_start": _INT, "gold_units_total": _INT, "gold_units_kept": _INT, "references": _STR,
+    "elapsed_s": _FLOAT, "metric": _STR, "value": _FLOAT, "probe_point": _STR, "source": _STR, "layer": _INT,
+    "head": _INT,
+}
+"""Column kinds: ``int`` (int64), ``float`` (float64, None -> NaN), ``bool``, ``str``, ``str?`` (None allowed)."""
+
+SORT_COLUMNS = {
+    "answers": KEY_COLUMNS,
+    "scores": KEY_COLUMNS + ["metric"],
+    "probes": KEY_COLUMNS + ["probe_point", "source", "layer", "head", "metric"],
+}
+"""Each table's row identity: the deterministic sort order, and no two rows may share these values."""
+
+
+class ResultStoreError(RelaylensError):
+    """A run directory whose manifest, unit files or rows are not what the store expects."""
+
+
+class StoreWriteError(OSError):
+    """Writing into a run directory failed (unwritable, disk full); nothing partial was left behind."""
+
+
+class UnitKey(NamedTuple):
+    """One unit of work: every condition of one (record, selector, budget) selection."""
+
+    record_id: str
+    selector: str
+    budget: float
+
+    def normalised(self) -> "UnitKey":
+        return UnitKey(str(self.record_id), str(self.selector), float(self.budget))
+
+    @property
+    def hash(self) -> str:
+        k = self.normalised()
+        return hashlib.sha256(json.dumps([k.record_id, k.selector, repr(k.budget)]).encode()).hexdigest()[:24]
+
+
+# ---------------------------------------------------------------------------------------------------- manifest
+
+def file_sha256(path: str | Path, chunk: int = 1 << 20) -> str:
+    """sha256 hex digest of a file, streamed."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _versions() -> dict[str, str | None]:
+    import platform
+    from importlib import metadata
+
+    out: dict[str, str | None] = {"python": platform.python_version()}
+    for name in ("relaylens", "torch", "transformers", "accelerate", "numpy", "pandas", "pyarrow"):
+        try:
+            out[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            out[name] = None
+    return out
+
+
+def _git_commit() -> str | None:
+    """``git rev-parse HEAD`` of the repository holding this package, else None (installed wheel, no git)."""
+    pkg = Path(__file__).resolve().parent
+    try:
+        top = subprocess.run(["git", "-C", str(pkg), "rev-parse", "--show-toplevel", "HEAD"], capture_output=True,
+                             text=True, timeout=10, check=True).stdout.split()
+    except (OSError, subprocess.SubprocessError):
+        return None
+    if len(top) != 2 or not (Path(top[0]) / "relaylens" / "__init__.py").resolve() == pkg / "__init__.py":
+        return None
+    return top[1]
+
+
+def build_manifest(analysis: str, config: dict, model_spec: str | None = None, weights_hash: str | None = None,
+                   dataset_path: str | Path | None = None, shard: tuple[int, int] | None = None) -> dict:
+    """The manifest of a run: analysis, full config, package versions, model, dataset hash, git commit, shard.
+
+    >>> m = build_manifest("coordinate_ablation", {"budget": 0.1}, "smollm2-135m-instruct", "ab12")
+    >>> m["model"], m["dataset"], m["shard"]
+    ({'spec': 'smollm2-135m-instruct', 'weights_hash': 'ab12'}, None, None)
+    """
+    import datetime
+
+    dataset = None
+    if dataset_path is not None:
+        dataset = {"path": str(dataset_path), "sha256": file_sha256(dataset_path)}
+    return {
+        "format_version": FORMAT_VERSION, "analysis": analysis, "config": config,
+        "model": {"spec": model_spec, "weights_hash": weights_hash}, "dataset": dataset,
+        "versions": _versions(), "git_commit": _git_commit(),
+        "shard": None if shard is None else {"index": int(shard[0]), "count": int(shard[1])},
+        "created_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+    }
+
+
+def _json_default(obj: Any) -> Any:
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return dataclasses.asdict(obj)
+    if isinstance(obj, (Path, os.PathLike)):
+        return str(obj)
+    if hasattr(obj, "item") and callable(obj.item):  # numpy scalars
+        return obj.item()
+    if isinstance(obj, (set, frozenset)):
+        return sorted(obj)
+    raise TypeError(f"{type(obj).__name__} {obj!r} is not JSON-serialisable")
+
+
+def _canonical(manifest: dict) -> dict:
+    try:
+        return json.loads(json.dumps(manifest, default=_json_default, sort_keys=True))
+    except (TypeError, ValueError) as exc:
+        raise ResultStoreError(f"the manifest must be JSON-serialisable: {exc}. Fix: pass plain dicts, lists, "
+                               "strings and numbers (dataclasses and paths are converted)") from None
+
+
+def _flatten(d: Any, prefix: str = "") -> dict[str, Any]:
+    if isinstance(d, dict) and d:
+        out: dict[str, Any] = {}
+        for k, v in d.items():
+            out.update(_flatten(v, f"{prefix}{k}."))
+        return out
+    return {prefix[:-1]: d}
+
+
+def manifest_diff(a: dict, b: dict, ignore: set[str] = frozenset()) -> list[str]:
+    """Dotted keys whose values differ between two manifests (``created_at`` and friends ignored)."""
+    fa, fb = _flatten(_canonical(a)), _flatten(_canonical(b))
+    skip = _IGNORED_ON_COMPARE | set(ignore)
+    return sorted(k for k in set(fa) | set(fb)
+                  if fa.get(k, "<absent>") != fb.get(k, "<absent>") and not any(k == s or k.startswith(s + ".") for s in skip))
+
+
+# ------------------------------------------------------------------------------------------------ atomic write
+
+def _default_writer(f: io.BufferedWriter, data: bytes) -> None:
+    f.write(data)
+
+
+def _atomic_write(path: Path, data: bytes, run_dir: Path, writer: Callable = _default_writer) -> None:
+    """Write ``data`` to ``path`` via a fsynced temp file and ``os.replace``; on failure nothing is left."""
+    tmp = path.parent / f".tmp-{path.name}-{os.getpid()}"
+    try:
+        with open(tmp, "wb") as f:
+            writer(f, data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+        _fsync_dir(path.parent)
+    except OSError as exc:
+        try:
+            tmp.unlink(missing_ok=True)
+        except OSError:
+            pass
+        hint = ("the disk is full: free space or choose another --out" if exc.errno == errno.ENOSPC else
+                "check that the directory is writable, or choose another --out")
+        raise StoreWriteError(exc.errno, f"cannot write {path.name} into run directory {run_dir}: "
+                              f"{exc.strerror or exc}; nothing partial was kept. Fix: {hint}") from exc
+
+
+def _fsync_dir(path: Path) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+# ------------------------------------------------------------------------------------------------- row checks
+
+def _check_value(kind: str, v: Any) -> Any:
+    """The JSON-native value of ``v`` for a column kind; raises TypeError when it does not fit."""
+    if kind == _INT:
+        if isinstance(v, numbers.Integral) and not isinstance(v, (bool, np.bool_)):
+            return int(v)
+    elif kind == _FLOAT:
+        if v is None:
+            return None
+        if isinstance(v, numbers.Real) and not isinstance(v, (bool, np.bool_)):
+            v = float(v)
+            return None if math.isnan(v) else v  # NaN is stored as JSON null
+    elif kind == _BOOL:
+        if isinstance(v, (bool, np.bool_)):
+            return bool(v)
+    elif isinstance(v, str) or (kind == _OPT_STR and v is None):
+        return v
+    raise TypeError(kind)
+
+
+def _columns(name: str, rows: Any, key: "UnitKey", where: str) -> dict[str, list]:
+    """Rows (list of dicts or a DataFrame) -> ``{column: values}`` with exactly the table's columns, every value
+    of its column's kind (:data:`DTYPES`), the unit's key, and no duplicate row identity."""
+    columns = TABLES[name]
+    if isinstance(rows, pd.DataFrame):
+        rows = rows.to_dict("records")
+    out: dict[str, list] = {c: [] for c in columns}
+    want = set(columns)
+    kinds = [(c, DTYPES[c]) for c in columns]
+    for row in rows:
+        if row.keys() != want:
+            missing, extra = sorted(want - row.keys()), sorted(row.keys() - want)
+            raise ResultStoreError(f"{where}: {name} rows must have exactly the columns of relaylens.tables "
+                                   f"({name}); missing {missing}, unexpected {extra}")
+        for c, kind in kinds:
+            try:
+                out[c].append(_check_value(kind, row[c]))
+            except TypeError:
+                raise ResultStoreError(f"{where}: {name} column {c!r} expects {kind} values; got {row[c]!r} "
+                                       f"({type(row[c]).__name__}). Fix: convert the value before write_unit") from None
+        for c, k in zip(("record_id", "selector", "budget"), key):
+            if out[c][-1] != k:
+                raise ResultStoreError(f"{where}: a {name} row has {c}={out[c][-1]!r}, expected {k!r}; a unit holds "
+                                       "only its own (record_id, selector, budget)")
+    ident = list(zip(*(out[c] for c in SORT_COLUMNS[name])))
+    if len(set(ident)) != len(ident):
+        seen: set = set()
+        dup = next(i for i in ident if i in seen or seen.add(i))
+        raise ResultStoreError(f"{where}: duplicate {name} rows for {list(dup)}; each {SORT_COLUMNS[name]} must "
+                               "appear once")
+    return out
+
+
+def _table(name: str, columns: dict[str, list]) -> pd.DataFrame:
+    """Column lists -> the canonical, sorted DataFrame of a table."""
+    return _sorted(name, _coerce(name, pd.DataFrame({c: columns[c] for c in TABLES[name]})))
+
+
+def _coerce(name: str, df: pd.DataFrame) -> pd.DataFrame:
+    """The canonical dtypes of a table (the same for fresh, consolidated and re-loaded tables)."""
+    out = {}
+    for col in TABLES[name]:
+        kind, s = DTYPES[col], df[col]
+        if kind == _INT:
+            out[col] = s.astype("int64")
+        elif kind == _FLOAT:
+            out[col] = pd.to_numeric(s, errors="coerce").astype("float64")
+        elif kind == _BOOL:
+            out[col] = s.astype(bool)
+        else:
+            out[col] = s.astype(object).where(s.notna(), None).astype("str")
+    return pd.DataFrame(out, index=df.index)
+
+
+def _sorted(name: str, df: pd.DataFrame) -> pd.DataFrame:
+    return df.sort_values(SORT_COLUMNS[name], kind="mergesort", na_position="first").reset_index(drop=True)
+
+
+# ------------------------------------------------------------------------------------------------------ store
+
+class RunStore:
+    """A run directory (see the module docstring). Create with :meth:`create_or_open` or :meth:`open`."""
+
+    def __init__(self, run_dir: Path, manifest: dict, writer: Callable = _default_writer):
+        self.run_dir = Path(run_dir)
+        self.manifest = manifest
+        self.writer = writer  # (binary file, bytes) -> None; tests inject a failing writer
+
+    # -- opening
+    @classmethod
+    def create_or_open(cls, run_dir: str | Path, manifest: dict, force: bool = False,
+                       writer: Callable = _default_writer) -> "RunStore":
+        """Start a run in ``run_dir`` or resume it. An existing manifest must equal ``manifest`` (ignoring
+        ``created_at``/``dataset.path``); ``force=True`` keeps the finished units, adopts the new manifest and
+        records the differing keys under ``manifest["forced"]``."""
+        run_dir = Path(run_dir)
+        manifest = _canonical(manifest)
+        try:
+            (run_dir / UNITS).mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise StoreWriteError(exc.errno, f"cannot create run directory {run_dir}: {exc.strerror or exc}. "
+                                  "Fix: choose a writable --out directory") from exc
+        if not os.access(run_dir, os.W_OK | os.X_OK):
+            raise StoreWriteError(errno.EACCES, f"run directory {run_dir} is not writable. Fix: choose another --out")
+        path = run_dir / "manifest.json"
+        store = cls(run_dir, manifest, writer)
+        if path.exists():
+            old = _read_manifest(run_dir)
+            diff = manifest_diff(old, manifest)
+            if diff and not force:
+                shown = ", ".join(f"{k}: {_flatten(old).get(k, '<absent>')!r} -> {_flatten(manifest).get(k, '<absent>')!r}"
+                                  for k in diff[:8])
+                raise ResultStoreError(f"run directory {run_dir} was started with a different manifest; differing keys: "
+                                       f"{shown}{' ...' if len(diff) > 8 else ''}. Fix: re-run with the original settings, "
+                                       "choose a new --out, or pass --force to continue with the new settings")
+            if not diff:
+                store.manifest = old
+                store._clean_temp()
+                return store
+            manifest = {**manifest, "forced": old.get("forced", []) + [{"keys": diff, "at": manifest.get("created_at")}]}
+            store.manifest = manifest
+        store._clean_temp()
+        _atomic_write(path, _dumps(manifest, indent=2), run_dir, writer)
+        return store
+
+    @classmethod
+    def open(cls, run_dir: str | Path) -> "RunStore":
+        """Open an existing run directory for reading (and appending) without comparing manifests."""
+        run_dir = Path(run_dir)
+        return cls(run_dir, _read_manifest(run_dir))
+
+    def _clean_temp(self) -> None:
+        for p in (self.run_dir / UNITS).glob(".tmp-*"):
+            p.unlink(missing_ok=True)
+        for p in self.run_dir.glob(".tmp-*"):
+            p.unlink(missing_ok=True)
+
+    # -- units
+    def unit_path(self, key: UnitKey | tuple) -> Path:
+        return self.run_dir / UNITS / f"{UnitKey(*key).hash}.json.gz"
+
+    def is_done(self, key: UnitKey | tuple) -> bool:
+        """True when the unit ``(record_id, selector, budget)`` has been committed."""
+        return self.unit_path(key).exists()
+
+    def unit_paths(self) -> list[Path]:
+        return sorted((self.run_dir / UNITS).glob("[0-9a-f]*.json.gz"))
+
+    def write_unit(self, key: UnitKey | tuple, answers_rows: Any, scores_rows: Any, probes_rows: Any,
+                   replace: bool = False) -> None:
+        """Commit all rows of one unit atomically. Rows are lists of dicts (or DataFrames) with the columns of
+        :mod:`relaylens.tables`; their key columns must match ``key``; no two rows may share an identity
+        (:data:`SORT_COLUMNS`). Float NaN / None are stored as null and read back as NaN."""
+        key = UnitKey(*key).normalised()
+        where = f"unit {tuple(key)}"
+        if self.is_done(key) and not replace:
+            raise ResultStoreError(f"{where} is already committed in {self.run_dir}; the runner should skip done units "
+                                   "(is_done). Fix: pass replace=True to overwrite it deliberately")
+        tables = {name: _columns(name, rows, key, where)
+                  for name, rows in (("answers", answers_rows), ("scores", scores_rows), ("probes", probes_rows))}
+        checksum = hashlib.sha256(_dumps({"unit": list(key), "tables": tables})).hexdigest()
+        doc = {"unit": list(key), "sha256": checksum, "tables": tables}
+        _atomic_write(self.unit_path(key), gzip.compress(_dumps(doc), compresslevel=6, mtime=0), self.run_dir, self.writer)
+
+    def _load_unit(self, path: Path) -> dict[str, dict[str, list]]:
+        fix = "delete it and re-run the same command to recompute that unit"
+        try:
+            doc = json.loads(gzip.decompress(path.read_bytes()))
+            key = UnitKey(*doc["unit"])
+            tables = doc["tables"]
+            payload = _dumps({"unit": doc["unit"], "tables": tables})
+        except (OSError, EOFError, ValueError, KeyError, TypeError) as exc:
+            raise ResultStoreError(f"corrupt unit file {path}: {type(exc).__name__}: {exc}. Fix: {fix}") from None
+        if hashlib.sha256(payload).hexdigest() != doc.get("sha256") or f"{key.hash}.json.gz" != path.name:
+            raise ResultStoreError(f"corrupt unit file {path}: checksum or unit key does not match its content. Fix: {fix}")
+        for name, cols in TABLES.items():
+            if not isinstance(tables.get(name), dict) or set(tables[name]) != set(cols):
+                raise ResultStoreError(f"corrupt unit file {path}: table {name} does not have the columns of "
+                                       f"relaylens.tables (written by another relaylens version?). Fix: {fix}")
+        return tables
+
+    def read_unit(self, path: Path) -> dict[str, pd.DataFrame]:
+        """The three tables of one committed unit file; a damaged file raises naming it."""
+        return {name: _table(name, cols) for name, cols in self._load_unit(path).items()}
+
+    def build_tables(self) -> dict[str, pd.DataFrame]:
+        """All committed units as the three sorted tables (in memory; nothing written)."""
+        acc: dict[str, dict[str, list]] = {name: {c: [] for c in cols} for name, cols in TABLES.items()}
+        for path in self.unit_paths():
+            for name, cols in self._load_unit(path).items():
+                for c, values in cols.items():
+                    acc[name][c].extend(values)
+        return {name: _table(name, cols) for name, cols in acc.items()}
+
+    def consolidate(self) -> dict[str, pd.DataFrame]:
+        """Write ``answers/scores/probes.parquet`` (each atomically) then ``consolidated.json``; return the tables."""
+        hashes = [p.stem for p in self.unit_paths()]
+        tables = self.build_tables()
+        for name, df in tables.items():
+            buf = io.BytesIO()
+            df.to_parquet(buf, index=False)
+            _atomic_write(self.run_dir / f"{name}.parquet", buf.getvalue(), self.run_dir, self.writer)
+        marker = {"units": hashes, "rows": {n: len(df) for n, df in tables.items()}}
+        _atomic_write(self.run_dir / "consolidated.json", _dumps(marker), self.run_dir, self.writer)
+        return tables
+
+
+def _dumps(obj: Any, indent: int | None = None) -> bytes:
+    return json.dumps(obj, default=_json_default, sort_keys=True, indent=indent).encode("utf-8")
+
+
+def _read_manifest(run_dir: Path) -> dict:
+    path = run_dir / "manifest.json"
+    if not path.exists():
+        raise ResultStoreError(f"{run_dir} is not a run directory (no manifest.json). Fix: pass the --out "
+                               "directory of a `relaylens run`")
+    try:
+        return json.loads(path.read_text("utf-8"))
+    except (OSError, ValueError) as exc:
+        raise ResultStoreError(f"corrupt manifest {path}: {exc}. Fix: restore it or start a new run directory") from None
+
+
+def load_tables(run_dir: str | Path) -> dict[str, pd.DataFrame]:
+    """The consolidated tables of a run; rebuilt from the committed units (in memory) when the parquet files are
+    missing or older than the units (an interrupted run)."""
+    store = RunStore.open(run_dir)
+    run_dir = store.run_dir
+    try:
+        marker = json.loads((run_dir / "consolidated.json").read_text("utf-8"))
+    except (OSError, ValueError):
+        marker = None
+    if marker is None or marker.get("units") != [p.stem for p in store.unit_paths()]:
+        return store.build_tables()
+    return {name: _sorted(name, _coerce(name, pd.read_parquet(run_dir / f"{name}.parquet"))) for name in TABLES}
+
+
+# ---------------------------------------------------------------------------------------------------- shards
+
+def parse_shard(text: str) -> tuple[int, int]:
+    """``"i/n"`` -> ``(i, n)``; shards are numbered ``0..n-1``.
+
+    >>> parse_shard("1/4")
+    (1, 4)
+    """
+    try:
+        i, n = (int(x) for x in text.split("/"))
+    except ValueError:
+        raise ValueError(f"--shard expects 'i/n' with integers (e.g. 0/2); got {text!r}") from None
+    if n < 1 or not 0 <= i < n:
+        raise ValueError(f"--shard {text}: expected 0 <= i < n (shards are numbered 0..n-1); got i={i}, n={n}")
+    return i, n
+
+
+def shard_records(record_ids: list[str], i: int, n: int) -> list[str]:
+    """The ids of shard ``i`` of ``n`` (input order kept): ``sha256(id) mod n == i``, stable across runs and machines.
+
+    >>> ids = [f"q{k}" for k in range(10)]
+    >>> sorted(shard_records(ids, 0, 2) + shard_records(ids, 1, 2)) == sorted(ids)
+    True
+    """
+    parse_shard(f"{i}/{n}")
+    return [r for r in record_ids if int(hashlib.sha256(str(r).encode("utf-8")).hexdigest()[:16], 16) % n == i]
+
+
+def merge_runs(shard_dirs: list[str | Path], out_dir: str | Path) -> dict[str, pd.DataFrame]:
+    """Combine shard run directories into ``out_dir`` and consolidate it. Manifests must agree except ``shard``;
+    a unit present in two shards must have identical content. Returns the merged tables."""
+    if not shard_dirs:
+        raise ValueError("merge_runs needs at least one shard directory")
+    stores = [RunStore.open(d) for d in shard_dirs]
+    base = stores[0]
+    for s in stores[1:]:
+        diff = manifest_diff(base.manifest, s.manifest, ignore={"shard"})
+        if diff:
+            raise ResultStoreError(f"cannot merge {s.run_dir} with {base.run_dir}: manifests differ in {diff}. "
+                                   "Fix: merge only shards of one command (same analysis, config, model, data, code)")
+    shards = [s.manifest.get("shard") for s in stores]
+    counts = {sh["count"] for sh in shards if sh}
+    if len(counts) == 1 and len({sh["index"] for sh in shards if sh}) < counts.pop():
+        warnings.warn(f"merging {len(stores)} directories that do not cover every shard: {shards}", stacklevel=2)
+    manifest = {**base.manifest, "shard": None,
+                "merged_from": [{"dir": str(s.run_dir), "shard": s.manifest.get("shard")} for s in stores]}
+    out = RunStore.create_or_open(out_dir, manifest)
+    seen: dict[str, Path] = {p.name: p for p in out.unit_paths()}
+    for s in stores:
+        for path in s.unit_paths():
+            content = s._load_unit(path)  # validates the checksum before copying
+            if path.name in seen:
+                if out._load_unit(seen[path.name]) != content:
+                    raise ResultStoreError(f"unit {path.name} differs between {seen[path.name]} and {path}: the same "
+                                           "(record, selector, budget) has different results. Fix: drop one shard's copy")
+                continue
+            _atomic_write(out.run_dir / UNITS / path.name, path.read_bytes(), out.run_dir, out.writer)
+            seen[path.name] = path
+    return out.consolidate()
