@@ -71,7 +71,7 @@ class AttentionState:
 _ACTIVE: contextvars.ContextVar[AttentionState | None] = contextvars.ContextVar("relaylens_attention", default=None)
 
 
-def _window_allow(state: AttentionState, layer: int, history: int, total: int, q_len: int, window: int, device) -> torch.Tensor | None:
+def window_allow(state: AttentionState, layer: int, history: int, total: int, q_len: int, window: int, device) -> torch.Tensor | None:
     """``[kv_head or 1, query, key]`` bool: keys inside the sliding window of each query, or None (no limit)."""
     if state.window_mode == "source" and state.new_source_positions is not None:
         hist, new = state.source_positions.get(layer), state.new_source_positions
@@ -114,7 +114,7 @@ def relaylens_attention(module, query, key, value, attention_mask, scaling=None,
         allow[..., :history] &= valid.to(query.device)[:, None, :]
     window = kwargs.get("sliding_window") or getattr(module, "sliding_window", None)
     if window:
-        allow &= _window_allow(state, layer, history, total, q_len, int(window), query.device)
+        allow &= window_allow(state, layer, history, total, q_len, int(window), query.device)
 
     grouped = query.reshape(batch, kv_heads, groups * q_len, head_dim)  # q_head h*groups+g → kv_head h
     scores = torch.matmul(grouped.float(), key.float().transpose(-1, -2)) * scale  # [B, kv_head, groups*query, key]

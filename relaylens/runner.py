@@ -162,7 +162,7 @@ def run_analysis(spec: ExperimentSpec, config: RunConfig, progress: bool = True,
     out = Path(config.out or f"runs/{spec.name}")
     model, tokenizer = model_and_tokenizer or load_model(config.model)
     factors = RotaryFactors.from_model(model)
-    manifest = build_manifest(spec.name, {"spec": spec.to_dict(), "run": vars(config) | {"out": None, "force": None}},
+    manifest = build_manifest(spec.name, {"spec": spec.to_dict(), "run": vars(config) | {"out": None, "force": None, "shard": None}},
                               config.model, model_fingerprint(model), data_path, shard)
     store = RunStore.create_or_open(out, manifest, force=config.force)
     selectors = _selector_objects(spec, config.seed)
