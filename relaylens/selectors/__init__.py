@@ -1,0 +1,83 @@
+"""KV-cache selectors on one interface: ``selector.select(prefill, prompt, budget) -> Selection``.
+
+Each selector is a small frozen dataclass of hyperparameters (defaults documented on the class). Only BM25 reads
+``prompt`` (the question text); the attention-based selectors read the prefill's window queries (SnapKV, PyramidKV,
+AdaKV, ChunkKV, CaM) or its captured column sums (H2O, see :func:`capture_column_sums`). The specification is
+``reference/selectors.md``.
+
+Example:
+    >>> from relaylens.selectors.synthetic import random_prefill
+    >>> sel = make_selector("snapkv", window=8).select(random_prefill(length=96), None, 0.25)
+    >>> sel.counts.tolist()
+    [[24, 24], [24, 24]]
+    >>> sorted(REGISTRY)
+    ['adakv', 'bm25', 'cam', 'chunkkv', 'full', 'h2o', 'pyramidkv', 'random', 'snapkv', 'streaming']
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from relaylens.errors import RelaylensError
+from relaylens.selectors.adakv import AdaKV
+from relaylens.selectors.attention_stats import ColumnSumStats, capture_column_sums, causal_column_sums, rebuild_query_key
+from relaylens.selectors.base import Budget, Selector, WindowScore
+from relaylens.selectors.bm25 import BM25
+from relaylens.selectors.cam import CaM
+from relaylens.selectors.chunkkv import ChunkKV
+from relaylens.selectors.full import FullKV
+from relaylens.selectors.h2o import H2O
+from relaylens.selectors.pyramidkv import PyramidKV
+from relaylens.selectors.random_selector import RandomSelector
+from relaylens.selectors.snapkv import SnapKV
+from relaylens.selectors.streaming import StreamingLLM
+
+REGISTRY: dict[str, type[Selector]] = {
+    "bm25": BM25,
+    "snapkv": SnapKV,
+    "h2o": H2O,
+    "pyramidkv": PyramidKV,
+    "adakv": AdaKV,
+    "chunkkv": ChunkKV,
+    "cam": CaM,
+    "streaming": StreamingLLM,
+    "random": RandomSelector,
+    "full": FullKV,
+}
+
+
+def make_selector(name: str, **kwargs) -> Selector:
+    """Build a registered selector by name with hyperparameter overrides, e.g. ``make_selector("adakv",
+    floor_alpha=0.5)``."""
+    key = name.strip().lower()
+    if key not in REGISTRY:
+        raise RelaylensError(f"unknown selector {name!r}; choose one of {sorted(REGISTRY)}")
+    cls = REGISTRY[key]
+    fields = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(kwargs) - fields)
+    if unknown:
+        raise RelaylensError(f"selector {key!r} has no hyperparameter(s) {unknown}; it takes {sorted(fields)}")
+    return cls(**kwargs)
+
+
+__all__ = [
+    "REGISTRY",
+    "make_selector",
+    "Budget",
+    "Selector",
+    "WindowScore",
+    "BM25",
+    "SnapKV",
+    "H2O",
+    "PyramidKV",
+    "AdaKV",
+    "ChunkKV",
+    "CaM",
+    "StreamingLLM",
+    "RandomSelector",
+    "FullKV",
+    "capture_column_sums",
+    "causal_column_sums",
+    "rebuild_query_key",
+    "ColumnSumStats",
+]

@@ -1,0 +1,165 @@
+"""BM25 unit retrieval: rank the history's sessions (or turns) against the question text and keep whole units.
+
+The only selector that reads the question (as text; the question is not in the history). Follows
+xiaowu0162/LongMemEval ``src/retrieval/run_retrieval.py`` in spirit with a pinned library and settings:
+``bm25s`` (Lucene variant: IDF ``ln(1 + (N - df + .5)/(df + .5))``, never negative, and no constant ``k1 + 1``
+factor in the term weight) with ``k1 = 1.5``, ``b = 0.75`` and a lowercase ``\\w+`` word tokeniser
+applied identically to the question and the units (no stopwords, no stemming). ``reference/selectors.md`` §2 BM25.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import ClassVar
+
+import torch
+
+from relaylens.errors import BudgetError, RecordError, RelaylensError, ShapeError
+from relaylens.prefill import PrefillResult
+from relaylens.selection import Selection
+from relaylens.selectors.base import Budget, Selector, resolve_budget
+from relaylens.selectors.streaming import uniform_selection
+from relaylens.spans import RenderedPrompt, Span
+
+GRANULARITIES = ("session", "turn")
+INDEXED_TEXTS = ("all", "user")
+_WORD = re.compile(r"\w+")
+
+
+def word_tokens(text: str) -> list[str]:
+    """Lowercase ``\\w+`` words (one-character words kept). ``word_tokens("My dog's name?") == ['my', 'dog', 's',
+    'name']``."""
+    return _WORD.findall(text.lower())
+
+
+def bm25_scores(query: str, documents: list[str], k1: float = 1.5, b: float = 0.75) -> torch.Tensor:
+    """BM25 (bm25s, Lucene variant) score of every document for the query, ``[n_docs]`` float32.
+
+    Example:
+        >>> bm25_scores("my dog", ["my dog is Biscuit", "cats are nice", "dog dog walk"]).gt(0).tolist()
+        [True, False, True]
+    """
+    import bm25s
+
+    corpus = [word_tokens(d) for d in documents]
+    query_tokens = word_tokens(query)
+    if not query_tokens or not any(corpus):
+        return torch.zeros(len(documents), dtype=torch.float32)
+    retriever = bm25s.BM25(k1=k1, b=b, method="lucene")
+    retriever.index(corpus, show_progress=False)
+    return torch.as_tensor(retriever.get_scores(query_tokens), dtype=torch.float32)
+
+
+@dataclass(frozen=True)
+class BM25(Selector):
+    """Greedy first-fit of whole units, ranked by BM25 score (ties: the more recent unit first), into ``K`` tokens.
+
+    The kept set is the union of the chosen units' token spans, identical for every layer and head; each state's
+    score is its unit's BM25 score. A unit that does not fit is skipped (never truncated) and the next one tried.
+
+    Parameters:
+        granularity: ``"session"`` (default) or ``"turn"`` (``prompt.sessions`` / ``prompt.turns`` spans).
+        indexed_text: ``"all"`` (the whole unit's text, default) or ``"user"`` (user turns only, as LongMemEval's
+            retrieval; assistant turns then score 0 at turn granularity).
+        k1, b: BM25 parameters, pinned at 1.5 and 0.75.
+        fill_zero_score: let units with score 0 fill leftover budget (most recent first); default True.
+        keep_prefix: force-keep the tokens before the first unit (system prompt / instructions), counted in ``K``;
+            default False. Their score is ``1 + max`` unit score.
+
+    Example:
+        >>> from relaylens.selectors.synthetic import random_prefill
+        >>> from relaylens.spans import RenderedPrompt, Span
+        >>> units = tuple(Span("session", i, f"s{i}", 10 * i, 10 * i + 10, False, None, t)
+        ...               for i, t in enumerate(["my dog Biscuit", "the weather", "dog food"]))
+        >>> prompt = RenderedPrompt("r", torch.zeros(30, dtype=torch.long), torch.zeros(2, dtype=torch.long), "", "",
+        ...                         "What is my dog called?", units, ())
+        >>> sel = BM25(fill_zero_score=False).select(random_prefill(length=30, window=8), prompt, 20)
+        >>> sel.info["units_kept"], sel.counts.unique().tolist()
+        ([0, 2], [20])
+    """
+
+    granularity: str = "session"
+    indexed_text: str = "all"
+    k1: float = 1.5
+    b: float = 0.75
+    fill_zero_score: bool = True
+    keep_prefix: bool = False
+
+    name: ClassVar[str] = "bm25"
+    needs_prompt: ClassVar[bool] = True
+
+    def __post_init__(self) -> None:
+        if self.granularity not in GRANULARITIES:
+            raise RelaylensError(f"BM25 granularity must be one of {GRANULARITIES}; got {self.granularity!r}")
+        if self.indexed_text not in INDEXED_TEXTS:
+            raise RelaylensError(f"BM25 indexed_text must be one of {INDEXED_TEXTS}; got {self.indexed_text!r}")
+
+    def unit_texts(self, prompt: RenderedPrompt, units: tuple[Span, ...]) -> list[str]:
+        """The text indexed for each unit."""
+        if self.indexed_text == "all":
+            return [u.text for u in units]
+        if self.granularity == "turn":
+            return [u.text if u.role == "user" else "" for u in units]
+        if not prompt.turns:
+            raise RecordError(f"record {prompt.record_id}: indexed_text='user' needs turn spans, but the prompt has none")
+        user = {}
+        for t in prompt.turns:
+            if t.role == "user":
+                user.setdefault(t.session_id, []).append(t.text)
+        return ["\n".join(user.get(u.session_id, [])) for u in units]
+
+    def select(self, prefill: PrefillResult, prompt: RenderedPrompt | None = None, budget: Budget | float | int | str = 0.10) -> Selection:
+        if prompt is None:
+            raise RecordError("BM25 needs the rendered prompt (its unit spans and question); got prompt=None")
+        length = prefill.history_length
+        if prompt.history_length != length:
+            raise ShapeError(f"prompt history has {prompt.history_length} tokens but the prefill has {length}")
+        units = prompt.units(self.granularity)
+        if not units:
+            raise RecordError(
+                f"record {prompt.record_id} has no {self.granularity} spans; use the granularity the prompt was rendered "
+                f"with (sessions: {len(prompt.sessions)}, turns: {len(prompt.turns)})"
+            )
+        for u in units:
+            if not 0 <= u.start < u.end <= length:
+                raise ShapeError(f"record {prompt.record_id}: {u.kind} {u.index} span [{u.start}, {u.end}) is outside [0, {length})")
+        k = resolve_budget(budget, length)
+        scores = bm25_scores(prompt.question, self.unit_texts(prompt, units), self.k1, self.b)  # [n_units]
+        prefix = min(u.start for u in units) if self.keep_prefix else 0
+        capacity = k - prefix
+        if capacity < 0:
+            raise BudgetError(f"BM25 budget K={k} is smaller than the force-kept {prefix}-token prefix; raise the budget")
+        order = sorted(range(len(units)), key=lambda i: (-float(scores[i]), -units[i].start))  # score, then recency
+        chosen, used = [], 0
+        for i in order:
+            if scores[i] <= 0 and not self.fill_zero_score:
+                continue
+            if used + units[i].length <= capacity:
+                chosen.append(i)
+                used += units[i].length
+        if not chosen and prefix == 0:
+            if not self.fill_zero_score and not bool((scores > 0).any()):
+                raise RecordError(
+                    f"record {prompt.record_id}: no {self.granularity} shares a word with the question and "
+                    "fill_zero_score=False, so BM25 keeps nothing; allow zero-score units or check the question text"
+                )
+            shortest = min(u.length for u in units)
+            raise BudgetError(
+                f"BM25 budget K={k} tokens fits no whole {self.granularity} (the shortest has {shortest} tokens); raise "
+                "the budget or use turn granularity"
+            )
+        state_scores = torch.full((length,), float("nan"))
+        if prefix:
+            state_scores[:prefix] = float(scores.max()) + 1.0
+        for i in chosen:
+            state_scores[units[i].start : units[i].end] = scores[i]
+        keep = torch.nonzero(~torch.isnan(state_scores)).flatten()  # [m] sorted
+        info = {
+            "selector": self.name,
+            "budget": k,
+            "granularity": self.granularity,
+            "units_kept": sorted(chosen),
+            "unit_scores": scores.tolist(),
+        }
+        return uniform_selection(keep, prefill, state_scores[keep], info)
