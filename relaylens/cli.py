@@ -127,6 +127,47 @@ def merge(shards: list[Path] = typer.Argument(..., help="shard run directories")
     console.print(f"[green]merged[/] {len(shards)} shards into {out}")
 
 
+# --- figures and report (relaylens.figures, relaylens.report: result tables only, no model) -------------------
+
+@app.command("figures")
+def figures_command(
+    run_dir: Path = typer.Argument(..., help="run directory (the --out of `relaylens run`)"),
+    only: str = typer.Option(None, help="draw only these figures/tables (comma-separated), e.g. figure6,table8"),
+    formats: str = typer.Option("png,pdf,svg", "--format", help="comma-separated figure formats: png, pdf, svg"),
+    all_supported: bool = typer.Option(False, "--all", help="draw every figure the tables support, not only the "
+                                       "analysis's SPEC.figures"),
+) -> None:
+    """Draw the run's figures and tables into RUN_DIR/figures/ from its result tables (byte-stable output)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from relaylens.figures import write_figures
+
+    fmts = [f.strip() for f in formats.split(",") if f.strip()]
+    paths = _guard(write_figures, run_dir, only=only, formats=fmts, all_supported=all_supported,
+                   progress=lambda name: console.print(f"drawing {name} ..."))
+    for path in paths:
+        print(path)
+    console.print(f"[green]wrote[/] {len(paths)} files to {Path(run_dir) / 'figures'}")
+
+
+@app.command("report")
+def report_command(
+    run_dir: Path = typer.Argument(..., help="run directory (the --out of `relaylens run`)"),
+    out: Path = typer.Option(None, help="output HTML file (default RUN_DIR/report.html)"),
+) -> None:
+    """Render the self-contained per-layer HTML report of a run (offline; figures and data inline)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from relaylens.report import write_report
+
+    with console.status("rendering report ..."):
+        path = _guard(write_report, run_dir, out)
+    print(path)
+    console.print(f"[green]wrote[/] {path}")
+
+
 def main() -> None:  # pragma: no cover - console entry point
     app(prog_name="relaylens")
 

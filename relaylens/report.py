@@ -1,0 +1,349 @@
+"""The per-layer HTML report of a run: one self-contained file rendered from the result tables.
+
+``relaylens report RUN_DIR`` writes ``RUN_DIR/report.html``: run summary and manifest, the condition table with
+95% paired intervals, the run's figures (base64 PNG), a layer x head heat map of the evidence-share change vs
+``original``, one ``<section id="layer-{L}">`` per layer with every readout per condition and its band, and a
+per-record drill-down (gold units kept by the selection, the answer under each condition, correctness). The data
+behind the page is embedded as JSON in ``<script type="application/json" id="relaylens-data">``. Nothing is loaded
+from the network: no CDN, no external URL (strings that contain ``://`` are written with an entity / JSON escape),
+and ids are deterministic, so the same run renders to the same bytes.
+
+Example:
+    >>> html = render_report(example_tables(), {"analysis": "demo"})
+    >>> html.count('<section id="layer-'), "http://" in html, "https://" in html
+    (3, False, False)
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+from markupsafe import Markup, escape
+from matplotlib.figure import Figure
+
+from relaylens import figures as figs
+from relaylens import plots
+
+__all__ = ["render_report", "write_report", "report_context", "example_tables", "TEMPLATE"]
+
+TEMPLATE = "report.html.j2"
+HEATMAP_METRIC = ("question_final", "forward", "evidence_share")
+
+
+# ------------------------------------------------------------------------------------------------- formatting
+
+def _defang(text: str) -> str:
+    return text.replace("://", ":&#47;&#47;")
+
+
+def _finalize(value: Any) -> Any:
+    """Jinja ``finalize``: escape, then write ``://`` as ``:&#47;&#47;`` (renders the same, is no URL)."""
+    if value is None:
+        return ""
+    if isinstance(value, Markup):
+        return value
+    if isinstance(value, str):
+        return Markup(_defang(str(escape(value))))
+    return value
+
+
+def _num(v: Any, digits: int = 3) -> str:
+    if v is None or (isinstance(v, float) and not math.isfinite(v)):
+        return ""
+    if isinstance(v, (int, np.integer)) and not isinstance(v, bool):
+        return str(int(v))
+    v = float(v)
+    return f"{v:.{digits}f}" if abs(v) >= 10 ** -digits or v == 0 else f"{v:.2e}"
+
+
+def _interval(row: pd.Series, col: str, signed: bool = False) -> str:
+    v = row.get(col)
+    if v is None or not np.isfinite(v):
+        return ""
+    lo, hi = row.get(f"{col}_low"), row.get(f"{col}_high")
+    head = f"{v:+.3f}" if signed else f"{v:.3f}"
+    return head + (f" [{lo:.3f}, {hi:.3f}]" if lo is not None and np.isfinite(lo) and np.isfinite(hi) else "")
+
+
+def _json_script(data: Any) -> Markup:
+    """JSON safe inside ``<script type="application/json">``: ``<``, ``>``, ``&`` and ``/`` escaped."""
+    text = json.dumps(data, sort_keys=True, allow_nan=False, default=str, separators=(",", ":"))
+    for a, b in (("<", "\\u003c"), (">", "\\u003e"), ("&", "\\u0026"), ("/", "\\/")):
+        text = text.replace(a, b)
+    return Markup(text)
+
+
+def _clean(obj: Any) -> Any:
+    """Replace NaN/inf with None and numpy scalars with Python ones (strict JSON)."""
+    if isinstance(obj, dict):
+        return {str(k): _clean(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_clean(v) for v in obj]
+    if isinstance(obj, (np.integer,)):
+        return int(obj)
+    if isinstance(obj, (float, np.floating)):
+        return float(obj) if math.isfinite(obj) else None
+    if isinstance(obj, (np.bool_,)):
+        return bool(obj)
+    return obj
+
+
+def _records(df: pd.DataFrame) -> list[dict]:
+    return _clean(df.to_dict(orient="records"))
+
+
+def _png(fig: Figure, dpi: int = 100) -> str:
+    with plots.style():
+        return plots.figure_png_base64(fig, dpi=dpi)
+
+
+# ---------------------------------------------------------------------------------------------------- context
+
+def _summary(tables: dict, manifest: dict) -> list[tuple[str, str]]:
+    answers, probes = tables["answers"], tables["probes"]
+    scores = figs._accuracy_scores(tables)
+    keyed = answers if len(answers) else scores
+    model = manifest.get("model") or {}
+    dataset = manifest.get("dataset") or {}
+    rows = [
+        ("analysis", manifest.get("analysis") or "?"),
+        ("model", f"{model.get('spec') or '?'}" + (f" (weights {str(model['weights_hash'])[:12]})"
+                                                  if model.get("weights_hash") else "")),
+        ("dataset", f"{dataset.get('path', '?')}" + (f" (sha256 {str(dataset['sha256'])[:12]})"
+                                                     if dataset.get("sha256") else "") if dataset else "?"),
+        ("git commit", str(manifest.get("git_commit") or "?")),
+        ("created", str(manifest.get("created_at") or "?")),
+        ("records", str(keyed["record_id"].nunique())),
+        ("selectors", ", ".join(sorted(keyed["selector"].unique()))),
+        ("budgets", ", ".join(figs._budget_label(b) for b in sorted(keyed["budget"].unique()))),
+        ("conditions", ", ".join(plots.condition_order(keyed["condition"].unique()))),
+    ]
+    if "question_type" in keyed and len(keyed):
+        rows.append(("question types", ", ".join(sorted(keyed["question_type"].unique()))))
+    if len(probes):
+        rows.append(("probes", f"{int(probes['layer'].max()) + 1} layers x {int(probes['head'].max()) + 1} heads; "
+                     + ", ".join(sorted(probes["probe_point"].unique()))))
+    return rows
+
+
+def _condition_table(tables: dict) -> tuple[list[dict], pd.DataFrame | None]:
+    if not len(figs._accuracy_scores(tables)):
+        return [], None
+    table = figs.accuracy_table(tables)
+    rows = []
+    for _, r in table.iterrows():
+        rows.append({"selector": r["selector"], "budget": figs._budget_label(float(r["budget"])),
+                     "condition": r["condition"], "n": int(r["n"]),
+                     "cells": [_interval(r, m) for m in figs.METRICS if m in table]
+                     + [_interval(r, f"{m}_delta", signed=True) for m in figs.METRICS if m in table]})
+    return rows, table
+
+
+def _point_label(point: str) -> str:
+    return {"question_final": "final question token", "first_answer_token": "first answer token (teacher-forced)"}.get(
+        point, point)
+
+
+def _readout_name(point: str, source: str, metric: str) -> str:
+    return f"{metric} ({source}), {_point_label(point)}"
+
+
+def _with_delta(value: float, delta: float, delta_pp: float, reference: bool) -> str:
+    text = _num(value)
+    if not reference and np.isfinite(delta):
+        text += f" ({delta_pp:+.1f}pp)" if np.isfinite(delta_pp) else f" ({delta:+.3f})"
+    return text
+
+
+def _layers(layer_table: pd.DataFrame) -> list[dict]:
+    """One entry per layer: its band and a readout x condition grid of ``value (delta)`` strings."""
+    conditions = plots.condition_order(layer_table["condition"].unique())
+    point_rank = {"question_final": 0, "first_answer_token": 1}
+    readouts = sorted(set(layer_table[["probe_point", "source", "metric"]].itertuples(index=False, name=None)),
+                      key=lambda t: (point_rank.get(t[0], 2), t[0], t[1], t[2]))
+    index = {(r.probe_point, r.source, r.metric, r.condition, r.layer): r
+             for r in layer_table.itertuples(index=False)}
+    out = []
+    for layer in sorted(layer_table["layer"].unique()):
+        band = layer_table.loc[layer_table["layer"] == layer, "band"].iloc[0]
+        grid = []
+        for point, source, metric in readouts:
+            cells = []
+            for cond in conditions:
+                r = index.get((point, source, metric, cond, layer))
+                if r is None:
+                    cells.append("")
+                    continue
+                cells.append(_with_delta(r.value, r.delta, r.delta_pp, cond == figs.REFERENCE))
+            grid.append({"group": _point_label(point), "readout": f"{metric} ({source})", "cells": cells})
+        out.append({"layer": int(layer), "band": band, "conditions": conditions, "grid": grid})
+    return out
+
+
+def _band_rows(tables: dict) -> list[dict]:
+    t8 = figs.build("table8", tables)
+    t8 = t8[t8["selector"] == "all"]
+    rows = []
+    for (point, source, metric, cond), g in t8.groupby(["probe_point", "source", "metric", "condition"], sort=False):
+        by_band = {r["band"]: r for _, r in g.iterrows()}
+        cells = []
+        for band in ("early", "middle", "late"):
+            r = by_band.get(band)
+            if r is None:
+                cells.append("")
+                continue
+            cells.append(_with_delta(r["value"], r["delta"], r["delta_pp"], cond == figs.REFERENCE))
+        rows.append({"readout": _readout_name(point, source, metric), "condition": cond, "cells": cells})
+    return rows
+
+
+def _heatmap(probes: pd.DataFrame) -> str | None:
+    """Layer x head heat maps of the evidence-share change vs original (pp), one panel per condition."""
+    point, source, metric = HEATMAP_METRIC
+    data = probes[(probes["probe_point"] == point) & (probes["source"] == source) & (probes["metric"] == metric)]
+    if data.empty or figs.REFERENCE not in set(data["condition"]):
+        return None
+    grid = data.groupby(["condition", "layer", "head"])["value"].mean().unstack(["layer", "head"])
+    delta = 100 * (grid - grid.loc[figs.REFERENCE])
+    conditions = [c for c in plots.condition_order(grid.index) if c != figs.REFERENCE]
+    if not conditions:
+        return None
+    num_layers, num_heads = int(probes["layer"].max()) + 1, int(probes["head"].max()) + 1
+    mats = {c: delta.loc[c].reindex(pd.MultiIndex.from_product([range(num_layers), range(num_heads)]))
+            .to_numpy().reshape(num_layers, num_heads) for c in conditions}
+    finite = np.concatenate([np.abs(m[np.isfinite(m)]) for m in mats.values()])
+    vmax = float(np.quantile(finite, 0.99)) if finite.size else 0.0  # robust scale: one head cannot wash out the rest
+    vmax = vmax if vmax > 0 else 1.0
+    cols = min(len(conditions), 4)
+    rows = math.ceil(len(conditions) / cols)
+    with plots.style():
+        fig = Figure(figsize=(2.6 * cols + 0.8, max(2.4, 0.11 * num_layers + 1.0) * rows), layout="constrained")
+        axes = fig.subplots(rows, cols, squeeze=False)
+        image = None
+        for ax, cond in zip(axes.flat, conditions):
+            image = plots.heatmap(ax, mats[cond], f"{cond} - original", vmax=vmax)
+        for ax in list(axes.flat)[len(conditions):]:
+            ax.set_axis_off()
+        fig.colorbar(image, ax=axes, shrink=0.8, label="evidence share change (pp)", extend="both")
+        return plots.figure_png_base64(fig, dpi=100)
+
+
+def _drilldown(tables: dict) -> list[dict]:
+    answers, scores = tables["answers"], tables["scores"]
+    wide = (scores[scores["metric"].isin(figs.METRICS)]
+            .pivot_table(index=["record_id", "selector", "budget", "condition"], columns="metric", values="value",
+                         aggfunc="first"))
+    units = []
+    for (rid, sel, budget), g in answers.groupby(["record_id", "selector", "budget"], sort=True):
+        first = g.iloc[0]
+        try:
+            refs = json.loads(first["references"])
+            refs = refs if isinstance(refs, list) else [refs]
+        except (TypeError, ValueError):
+            refs = [str(first["references"])]
+        rows = []
+        order = {c: i for i, c in enumerate(plots.condition_order(g["condition"]))}
+        for _, r in g.assign(_o=g["condition"].map(order)).sort_values("_o").iterrows():
+            key = (rid, sel, budget, r["condition"])
+            metrics = wide.loc[key].to_dict() if key in wide.index else {}
+            contains = metrics.get("contains")
+            correct = None if contains is None or not np.isfinite(contains) else bool(contains >= 0.5)
+            rows.append({"condition": r["condition"], "answer": r["answer"], "stop": r["stop_reason"],
+                         "tokens": int(r["new_tokens"]), "contains": _num(contains), "f1": _num(metrics.get("f1")),
+                         "correct": correct})
+        n_correct = sum(1 for r in rows if r["correct"])
+        units.append({"id": f"rec-{len(units)}", "record_id": rid, "selector": sel,
+                      "budget": figs._budget_label(float(budget)), "question_type": first["question_type"],
+                      "kept": int(first["gold_units_kept"]), "total": int(first["gold_units_total"]),
+                      "references": ", ".join(map(str, refs)), "rows": rows, "n_correct": n_correct})
+    return units
+
+
+def report_context(tables: dict, manifest: dict, figure_names: list[str] | None = None) -> dict:
+    """Everything the template needs (plain strings, numbers and base64 PNGs)."""
+    figs._check_not_empty(tables)
+    tables = {name: figs._table(tables, name) for name in ("answers", "scores", "probes")}
+    probes = tables["probes"]
+    condition_rows, condition_table = _condition_table(tables)
+    names = figure_names if figure_names is not None else figs.select_figures(tables, manifest)
+    rendered = []
+    for name in names:
+        entry = figs.REGISTRY[name]
+        if entry.kind != "figure":
+            continue
+        rendered.append({"name": name, "title": entry.title, "png": _png(figs.build(name, tables))})
+    has_probes = figs._needs_probes(tables) is None
+    layer_table = figs.layer_table(probes) if has_probes else None
+    data = {
+        "analysis": manifest.get("analysis"),
+        "conditions": _records(condition_table) if condition_table is not None else [],
+        "layers": _records(layer_table) if layer_table is not None else [],
+    }
+    return {
+        "title": f"relaylens report: {manifest.get('analysis') or 'run'}",
+        "summary": _summary(tables, manifest),
+        "manifest_json": json.dumps(manifest, indent=2, sort_keys=True, default=str),
+        "metrics": [m for m in figs.METRICS if condition_table is not None and m in condition_table],
+        "condition_rows": condition_rows,
+        "figures": rendered,
+        "has_probes": has_probes,
+        "no_probes_reason": figs._needs_probes(tables),
+        "heatmap": _heatmap(probes) if has_probes else None,
+        "heatmap_readout": " / ".join(HEATMAP_METRIC),
+        "band_rows": _band_rows(tables) if has_probes else [],
+        "layers": _layers(layer_table) if has_probes else [],
+        "records": _drilldown(tables) if len(tables["answers"]) else [],
+        "data_json": _json_script(_clean(data)),
+    }
+
+
+def _environment():
+    import jinja2
+
+    return jinja2.Environment(loader=jinja2.PackageLoader("relaylens", "templates"), autoescape=True,
+                              finalize=_finalize, undefined=jinja2.StrictUndefined, keep_trailing_newline=True)
+
+
+def render_report(tables: dict, manifest: dict, figure_names: list[str] | None = None) -> str:
+    """The report as one HTML string (self-contained, deterministic)."""
+    return _environment().get_template(TEMPLATE).render(**report_context(tables, manifest, figure_names))
+
+
+def write_report(run_dir: str | Path, out: str | Path | None = None) -> Path:
+    """Render ``RUN_DIR/report.html`` (or ``out``) from the run's tables and manifest; returns the path."""
+    from relaylens.results import RunStore, load_tables
+
+    run_dir = Path(run_dir)
+    manifest = RunStore.open(run_dir).manifest
+    html = render_report(load_tables(run_dir), manifest)
+    path = Path(out) if out else run_dir / "report.html"
+    path.write_text(html, encoding="utf-8")
+    return path
+
+
+def example_tables(records: int = 2, layers: int = 3, heads: int = 2, seed: int = 0) -> dict[str, pd.DataFrame]:
+    """Small constructed result tables (original / relay, forward probes) for examples and smoke checks."""
+    rng = np.random.default_rng(seed)
+    answers, scores, probes = [], [], []
+    for r in range(records):
+        key = dict(record_id=f"r{r}", selector="bm25", budget=0.1)
+        for cond in ("original", "relay"):
+            ok = bool(rng.random() < 0.5)
+            answers.append(key | dict(condition=cond, question_type="single-session-user", is_abstention=False,
+                                      cluster_id=None, prompt_mode="completion", answer="harp" if ok else "piano",
+                                      stop_reason="newline", hit_limit=False, new_tokens=2, history_length=100,
+                                      max_count=10, mean_count=10.0, question_start=100, gold_units_total=1,
+                                      gold_units_kept=1, references='["harp"]', elapsed_s=0.1))
+            for metric in figs.METRICS:
+                scores.append(key | dict(condition=cond, question_type="single-session-user", is_abstention=False,
+                                         cluster_id=None, metric=metric, value=float(ok)))
+            for layer in range(layers):
+                for head in range(heads):
+                    probes.append(key | dict(condition=cond, probe_point="question_final", source="forward",
+                                             layer=layer, head=head, metric="evidence_share", value=float(rng.random())))
+    return {"answers": pd.DataFrame(answers), "scores": pd.DataFrame(scores), "probes": pd.DataFrame(probes)}

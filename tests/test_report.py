@@ -1,0 +1,189 @@
+"""The per-layer HTML report from constructed tables: structure, exact per-layer data, offline-only content,
+escaping, missing pieces, and a real render in headless Chromium (screenshot not blank, no console errors)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from relaylens import figures, report
+from test_figures import fabricate_tables, write_run  # noqa: E402  (tests/ is on sys.path under pytest)
+
+LAYERS, HEADS = 4, 2
+MANIFEST = {"analysis": "evidence_reading", "config": {"spec": {"figures": ["figure6"]}},
+            "model": {"spec": "https://example.org/tiny-model", "weights_hash": "ab" * 32},
+            "dataset": {"path": "/data/lme.json", "sha256": "cd" * 32}, "created_at": "2026-01-01T00:00:00+00:00"}
+
+
+@pytest.fixture(autouse=True)
+def fast_bootstrap(monkeypatch):
+    monkeypatch.setattr(figures, "N_RESAMPLES", 200)
+
+
+@pytest.fixture(scope="module")
+def tables():
+    t = fabricate_tables(records=3, selectors=("snapkv",), budgets=(0.1,), layers=LAYERS, heads=HEADS,
+                         conditions=("original", "half_gap", "relay"))
+    t["answers"].loc[0, "answer"] = "<script>alert('x')</script> see http://evil.example/x"
+    return t
+
+
+@pytest.fixture(scope="module")
+def html(tables):
+    return report.render_report(tables, MANIFEST)
+
+
+def _data(html: str) -> dict:
+    m = re.search(r'<script type="application/json" id="relaylens-data">(.*?)</script>', html, re.S)
+    assert m, "embedded data block missing"
+    return json.loads(m.group(1))
+
+
+def test_one_section_per_layer(html):
+    ids = re.findall(r'<section id="layer-(\d+)"', html)
+    assert ids == [str(layer) for layer in range(LAYERS)]
+    assert len(set(re.findall(r'\bid="([^"]+)"', html))) == len(re.findall(r'\bid="([^"]+)"', html)), "duplicate ids"
+
+
+def test_nothing_points_to_the_network(html):
+    assert "http://" not in html and "https://" not in html and "://" not in html
+    assert "example.org" in html and "evil.example" in html  # the strings are shown, just not as URLs
+    for attr, value in re.findall(r'\b(src|href)="([^"]*)"', html):
+        assert value.startswith(("data:image/png;base64,", "#")), f"{attr}={value[:40]} would load a resource"
+    assert "<link" not in html and "@import" not in html and "url(" not in html
+    assert "uuid" not in html.lower()
+
+
+def test_answers_are_escaped(html):
+    assert "<script>alert" not in html and "&lt;script&gt;alert" in html
+
+
+def test_embedded_layer_data_is_exact(tables, html):
+    data = _data(html)
+    probes = tables["probes"]
+    sel = (probes["probe_point"] == "question_final") & (probes["source"] == "forward") & (
+        probes["metric"] == "evidence_share")
+    for layer in range(LAYERS):
+        for cond in ("original", "relay"):
+            want = probes[sel & (probes["layer"] == layer) & (probes["condition"] == cond)]["value"].mean()
+            got = [r for r in data["layers"] if r["layer"] == layer and r["condition"] == cond and
+                   r["metric"] == "evidence_share" and r["probe_point"] == "question_final" and r["source"] == "forward"]
+            assert len(got) == 1 and got[0]["value"] == pytest.approx(want)
+        base = [r for r in data["layers"] if r["layer"] == layer and r["condition"] == "original"
+                and r["metric"] == "evidence_share" and r["probe_point"] == "question_final"][0]
+        relay = [r for r in data["layers"] if r["layer"] == layer and r["condition"] == "relay"
+                 and r["metric"] == "evidence_share" and r["probe_point"] == "question_final"
+                 and r["source"] == "forward"][0]
+        assert relay["delta_pp"] == pytest.approx(100 * (relay["value"] - base["value"]))
+    bands = {r["layer"]: r["band"] for r in data["layers"]}
+    assert [bands[layer] for layer in range(LAYERS)] == ["early", "early", "middle", "late"]
+    section = html.split('<section id="layer-3"')[1].split("</section>")[0]
+    assert "late band" in section and "evidence_share (forward)" in section and "final question token" in section
+
+
+def test_condition_table_and_drilldown(tables, html):
+    data = _data(html)
+    assert {r["condition"] for r in data["conditions"]} == {"original", "half_gap", "relay"}
+    answers = tables["answers"]
+    first = answers.iloc[0]
+    assert f"gold units kept {first['gold_units_kept']}/{first['gold_units_total']}" in html
+    assert html.count('<details id="rec-') == answers[["record_id", "selector", "budget"]].drop_duplicates().shape[0]
+    assert 'id="heatmap"' in html and 'id="figure-figure6"' in html
+
+
+def test_deterministic(tables, html):
+    assert report.render_report(tables, MANIFEST) == html
+
+
+def test_run_without_probes_has_a_note_and_no_layer_sections(tables):
+    no_probes = {**tables, "probes": tables["probes"].iloc[:0]}
+    out = report.render_report(no_probes, {"analysis": "main_table", "config": {"spec": {"figures": ["table1"]}}})
+    assert '<section id="layer-' not in out and 'id="no-probes"' in out and "no per-layer sections" in out
+    assert _data(out)["layers"] == []
+
+
+def test_empty_tables_are_a_clear_error(tmp_path):
+    from typer.testing import CliRunner
+
+    from relaylens.cli import app
+    from relaylens.results import RunStore
+
+    RunStore.create_or_open(tmp_path / "empty", {"analysis": "evidence_reading", "config": {}})
+    result = CliRunner().invoke(app, ["report", str(tmp_path / "empty")])
+    assert result.exit_code == 2 and "empty" in result.output
+    with pytest.raises(figures.FigureError, match="empty"):
+        report.render_report({n: df.iloc[:0] for n, df in fabricate_tables(records=1, probes=False).items()}, {})
+
+
+# ------------------------------------------------------------------------------------------- headless Chromium
+
+def _chromium() -> str:
+    for name in ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable"):
+        path = shutil.which(name)
+        if path:
+            return path
+    reason = ("headless Chromium not found (looked for chromium, chromium-browser, google-chrome). Install it with: "
+              "apt-get update && apt-get install -y chromium")
+    if os.environ.get("CI", "").strip().lower() in {"1", "true", "yes"}:
+        pytest.fail(f"CI=true requires Chromium for the report render test; {reason}", pytrace=False)
+    pytest.skip(reason)
+
+
+def _run_chromium(binary: str, page: Path, tmp: Path, *mode: str) -> subprocess.CompletedProcess:
+    args = [binary, "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+            "--disable-component-update", "--no-first-run", "--disable-extensions", "--mute-audio",
+            f"--user-data-dir={tmp / 'profile'}", "--enable-logging=stderr", "--v=0", "--window-size=1200,2000",
+            *mode, page.resolve().as_uri()]
+    return subprocess.run(args, capture_output=True, text=True, timeout=90)
+
+
+def console_errors(log: str) -> list[str]:
+    """Console output of the page (our page logs nothing) and uncaught exceptions, from Chromium's stderr."""
+    return [line for line in log.splitlines() if ":CONSOLE" in line or "Uncaught" in line]
+
+
+def _not_blank(png: Path) -> tuple[int, float]:
+    from PIL import Image
+
+    image = np.asarray(Image.open(png).convert("RGB"))
+    colours = len(np.unique(image.reshape(-1, 3), axis=0))
+    non_white = float((image.min(axis=-1) < 245).mean())
+    return colours, non_white
+
+
+def test_console_check_catches_a_broken_page(tmp_path):
+    binary = _chromium()
+    page = tmp_path / "broken.html"
+    page.write_text("<html><body><p>x</p><script>JSON.parse('{oops');</script></body></html>")
+    result = _run_chromium(binary, page, tmp_path, "--dump-dom")
+    assert any("Uncaught" in line for line in console_errors(result.stderr)), result.stderr[-2000:]
+
+
+def test_report_renders_in_headless_chromium(tmp_path, tables):
+    binary = _chromium()
+    run = write_run(tmp_path / "run", tables, spec_figures=("figure6",))
+    from typer.testing import CliRunner
+
+    from relaylens.cli import app
+
+    result = CliRunner().invoke(app, ["report", str(run)])
+    assert result.exit_code == 0, result.output
+    page = run / "report.html"
+    dom = _run_chromium(binary, page, tmp_path, "--dump-dom")
+    assert dom.returncode == 0, dom.stderr[-2000:]
+    assert not console_errors(dom.stderr), console_errors(dom.stderr)
+    # the embedded script ran and parsed the data
+    assert f"3 condition rows, {LAYERS} layers" in dom.stdout
+    shot = tmp_path / "report.png"
+    rendered = _run_chromium(binary, page, tmp_path, f"--screenshot={shot}")
+    assert rendered.returncode == 0 and shot.exists(), rendered.stderr[-2000:]
+    assert not console_errors(rendered.stderr), console_errors(rendered.stderr)
+    colours, non_white = _not_blank(shot)
+    assert colours > 50 and non_white > 0.05, f"blank-looking screenshot: {colours} colours, {non_white:.3f} non-white"
