@@ -168,6 +168,19 @@ def report_command(
     console.print(f"[green]wrote[/] {path}")
 
 
+@app.command("demo")
+def demo(
+    limit: int = typer.Option(6, help="records of the bundled sample per analysis"),
+    out: Path = typer.Option(Path("runs/demo"), help="directory for the three run directories"),
+    model: str = typer.Option("smollm2-135m-instruct", help="model spec (embedded name, local dir, .gguf, hub id)"),
+    data: str = typer.Option("sample", help="dataset file or 'sample'"),
+) -> None:
+    """evidence_reading, coordinate_ablation and ordering on the bundled sample, with figures and HTML reports."""
+    from relaylens.demo import run_demo
+
+    _guard(run_demo, out=out, limit=limit, model=model, data=data, console=console)
+
+
 def main() -> None:  # pragma: no cover - console entry point
     app(prog_name="relaylens")
 
