@@ -123,7 +123,20 @@ def run_geometry(repeats: int = 5, include_large: bool = True) -> list[dict]:
     return rows
 
 
-BENCHMARKS: dict[str, Callable[..., list[dict]]] = {"geometry": run_geometry}
+def _model_benchmark(name: str) -> Callable[..., list[dict]]:
+    def run(**kwargs) -> list[dict]:
+        from relaylens import bench_model
+
+        kwargs.pop("include_large", None)
+        return getattr(bench_model, f"run_{name}")(**kwargs)
+
+    return run
+
+
+BENCHMARKS: dict[str, Callable[..., list[dict]]] = {
+    "geometry": run_geometry,
+    **{name: _model_benchmark(name) for name in ("overhead", "probes", "prefill", "selectors", "scaling")},
+}
 
 
 def write_results(rows: list[dict], out_dir: Path, name: str) -> tuple[Path, Path]:

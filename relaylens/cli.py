@@ -70,7 +70,7 @@ def data_synth(
 
 @app.command("bench")
 def bench(
-    which: str = typer.Argument("geometry", help="geometry"),
+    which: str = typer.Argument("geometry", help="geometry, overhead, probes, prefill, selectors, scaling or all"),
     out: Path = typer.Option(Path("runs/bench"), help="directory for the CSV and Markdown tables"),
     repeats: int = typer.Option(5, help="repetitions per timing (median reported)"),
     small: bool = typer.Option(False, help="skip the Llama-3.1-8B-sized cache (1.6 GB of keys)"),
@@ -78,13 +78,16 @@ def bench(
     """Benchmarks: ratios are measured in the same run; results go to a CSV and a Markdown table."""
     from relaylens import bench as bench_module
 
-    if which not in bench_module.BENCHMARKS:
-        _fail(f"unknown benchmark {which!r}; choose one of {sorted(bench_module.BENCHMARKS)}")
-    with console.status(f"running benchmark {which} ..."):
-        rows = bench_module.BENCHMARKS[which](repeats=repeats, include_large=not small)
-    csv_path, md_path = bench_module.write_results(rows, out, which)
-    print(md_path.read_text())
-    console.print(f"[green]wrote[/] {csv_path} and {md_path}")
+    names = list(bench_module.BENCHMARKS) if which == "all" else [which]
+    for name in names:
+        if name not in bench_module.BENCHMARKS:
+            _fail(f"unknown benchmark {name!r}; choose one of {sorted(bench_module.BENCHMARKS)} or all")
+    for name in names:
+        with console.status(f"running benchmark {name} ..."):
+            rows = bench_module.BENCHMARKS[name](repeats=repeats, include_large=not small)
+        csv_path, md_path = bench_module.write_results(rows, out, name)
+        print(md_path.read_text())
+        console.print(f"[green]wrote[/] {csv_path} and {md_path}")
 
 
 @app.command("run")
