@@ -17,7 +17,7 @@ model_app = typer.Typer(no_args_is_help=True, help="Embedded models.")
 data_app = typer.Typer(no_args_is_help=True, help="Datasets.")
 app.add_typer(model_app, name="model")
 app.add_typer(data_app, name="data")
-console = Console(stderr=True)
+console = Console(stderr=True, soft_wrap=True)  # one clear line per error, never wrapped mid-message
 
 
 def _fail(message: str) -> None:
