@@ -28,10 +28,13 @@ def _fail(message: str) -> None:
 def _guard(fn, *args, **kwargs):
     """Run ``fn`` and turn relaylens input errors and OS errors into one clear line (exit 2)."""
     from relaylens.errors import RelaylensError
+    from relaylens.results import StoreWriteError
 
     try:
         return fn(*args, **kwargs)
     except (RelaylensError, ValueError, FileNotFoundError, PermissionError, IsADirectoryError) as err:
+        _fail(str(err))
+    except StoreWriteError as err:  # already names the run directory and the fix
         _fail(str(err))
     except OSError as err:
         _fail(f"{err.strerror or err} ({getattr(err, 'filename', '') or 'output'}); free space or choose another --out")

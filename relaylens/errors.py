@@ -29,3 +29,7 @@ class BudgetError(RelaylensError):
 
 class RecordError(RelaylensError):
     """A malformed dataset record; the message names the file, the record and the field."""
+
+
+class NonFiniteError(RelaylensError):
+    """A cache (keys or values) holding NaN or inf, or a relocation whose result would overflow the cache dtype."""

@@ -70,6 +70,8 @@ class ExperimentSpec:
         for budget in self.budgets:
             if not (0 < budget <= 1 or (budget > 1 and float(budget).is_integer())):
                 raise RelaylensError(f"analysis {self.name!r}: budget {budget} must be a ratio in (0, 1] or a whole number of states")
+        # a whole number > 1 arriving as a float (``--budget 64``) is a state count: selectors read floats as ratios
+        object.__setattr__(self, "budgets", tuple(int(b) if b > 1 else b for b in self.budgets))
         if self.prompt_mode not in ("chat", "completion"):
             raise RelaylensError(f"prompt_mode must be 'chat' or 'completion'; got {self.prompt_mode!r}")
         if self.max_new_tokens < 0:

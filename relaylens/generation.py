@@ -32,7 +32,7 @@ from transformers import DynamicCache
 
 from relaylens.attention import AttentionState, attention_context
 from relaylens.conditions import Condition, Coordinates, get_condition
-from relaylens.errors import PositionError, ShapeError
+from relaylens.errors import NonFiniteError, PositionError, ShapeError
 from relaylens.geometry import RotaryFactors, relocate_keys
 from relaylens.prefill import PrefillResult
 from relaylens.selection import Selection
@@ -122,10 +122,14 @@ def build_cache(
             kept_values = selection.values[layer, :, :width].to(prefill.values[layer])
         else:
             kept_values = prefill.values[layer].gather(1, index)
-        moved = relocate_keys(kept_keys, source, target, factors, layer=layer if factors.per_layer else None)
+        try:
+            moved = relocate_keys(kept_keys, source, target, factors, layer=layer if factors.per_layer else None)
+        except NonFiniteError as err:
+            raise NonFiniteError(f"layer {layer}: {err}") from None
         pad = (~valid)[..., None].to(moved.device)
         moved, kept_values = moved.masked_fill(pad, 0.0), kept_values.masked_fill(pad, 0.0)
         _check_finite(moved, layer, "relocated keys")
+        _check_finite(kept_values, layer, "kept values")
         data.append((moved[None], kept_values[None]))  # [1, kv_head, slot, head_dim]
         state.valid[layer] = valid
         state.key_positions[layer] = torch.where(valid, target, torch.full_like(target, -(10**9)))
@@ -136,7 +140,9 @@ def build_cache(
 
 def _check_finite(tensor: torch.Tensor, layer: int, what: str) -> None:
     if not bool(torch.isfinite(tensor).all()):
-        raise ValueError(f"layer {layer}: {what} contain NaN or inf; check the prefill cache (the input had them or overflowed)")
+        raise NonFiniteError(f"layer {layer}: {what} contain NaN or inf; relaylens refuses to build a cache from them. "
+                             "Fix: check the prefill cache (a float16 forward pass that overflowed, or replacement values "
+                             "of a merging selector); run the model in float32 or bfloat16")
 
 
 def _forward(model, ids: torch.Tensor, positions: torch.Tensor, relocated: RelocatedCache, source_positions: torch.Tensor):

@@ -31,13 +31,14 @@ Example:
 from __future__ import annotations
 
 import inspect
+import math
 import sys
 from dataclasses import dataclass, field
 
 import torch
 from torch import nn
 
-from relaylens.errors import PositionError, RopeError, ShapeError
+from relaylens.errors import NonFiniteError, PositionError, RopeError, ShapeError
 
 #: Rope types whose frequencies do not depend on the sequence length: relocation is exact for them.
 STATIC_ROPE_TYPES = ("default", "linear", "yarn", "llama3")
@@ -265,6 +266,9 @@ def relocate_keys(
         ``[..., n, head_dim]`` in the input dtype. Arithmetic runs in float32 (undo the model's exact phase at
         ``p`` including the amplitude ``a^2``, apply the phase at ``p'``, fused into one complex multiplier per
         plane); non-rotary features are copied bit for bit; values are never touched.
+
+    Raises:
+        NonFiniteError: the keys hold NaN/inf, or the result would overflow the keys' dtype (never propagated).
     """
     if keys.shape[-1] != factors.head_dim:
         raise ShapeError(f"keys have head_dim {keys.shape[-1]}, the model's is {factors.head_dim}")
@@ -296,7 +300,34 @@ def relocate_keys(
         src, dst = flat_src[rows], flat_dst[rows]
         multiplier = torch.where((src == dst)[:, None], one, forward[dst] * inverse[src])  # [chunk, plane]
         out[rows, :rotary] = _multiply_planes(flat_keys[rows, :rotary], multiplier, factors.layout)
+        if not math.isfinite(float(out[rows].sum(dtype=torch.float32))):  # one pass while the chunk is in cache
+            _raise_non_finite(flat_keys[rows], out[rows], start, keys.shape)  # (a finite sum proves every entry finite)
     return out.reshape(keys.shape)
+
+
+def _raise_non_finite(flat_keys: torch.Tensor, out: torch.Tensor, start: int, shape: torch.Size) -> None:
+    """Refuse a relocation that produced NaN/inf: name the first bad slot and whether the input already had it.
+
+    ``flat_keys`` and ``out`` are one chunk ``[rows, head_dim]`` starting at flattened slot ``start``. Returns quietly
+    when every entry is finite (the chunk's float32 sum overflowed on huge but finite keys).
+    """
+    bad_in = ~torch.isfinite(flat_keys).all(-1)  # [rows]
+    if bool(bad_in.any()):
+        slot = start + int(torch.nonzero(bad_in)[0])
+        raise NonFiniteError(
+            f"keys {tuple(shape)} contain NaN or inf (first at flattened slot {slot}); relocation refuses to propagate "
+            "them. Fix: check the prefill cache (an overflowing float16 forward pass, or a corrupted cache); run the "
+            "model in float32 or bfloat16"
+        )
+    bad_out = torch.nonzero(~torch.isfinite(out).all(-1))
+    if bad_out.numel() == 0:
+        return
+    slot = start + int(bad_out[0])
+    raise NonFiniteError(
+        f"relocated keys {tuple(shape)} overflow {out.dtype} (first at flattened slot {slot}, largest input magnitude "
+        f"{float(flat_keys.abs().max()):g}): a rotated feature exceeds the dtype's range although the input was finite. "
+        "Fix: keep the cache in float32 or bfloat16"
+    )
 
 
 def _multiply_planes(x: torch.Tensor, multiplier: torch.Tensor, layout: str) -> torch.Tensor:

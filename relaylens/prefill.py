@@ -162,6 +162,13 @@ def _check_history(model, history_ids, window_size, chunk_size, capture, allow_l
     if L == 0:
         raise ShapeError("history_ids is empty; prefill needs at least one history token (and at least window_size "
                          "tokens when window queries are captured)")
+    embeddings = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
+    vocab = getattr(embeddings, "num_embeddings", None)  # rows of the embedding table (>= config.vocab_size)
+    low, high = int(ids.min()), int(ids.max())
+    if low < 0 or (vocab is not None and high >= vocab):
+        raise ShapeError(f"history_ids hold token ids {low}..{high}, outside the model's vocabulary "
+                         f"0..{vocab - 1 if vocab else '?'}; the tokenizer does not belong to this model. Fix: load "
+                         "the tokenizer saved with the model")
     limit = getattr(model.config, "max_position_embeddings", None)
     if limit is not None and L > limit and not allow_long:
         raise PositionError(f"history of {L} tokens exceeds the model's max_position_embeddings={limit}; positions "

@@ -48,6 +48,7 @@ from itertools import accumulate
 
 import torch
 
+from relaylens.errors import RecordError
 from relaylens.records import Record, Session
 from relaylens.spans import RenderedPrompt, Span
 
@@ -156,6 +157,10 @@ def render_prompt(record: Record, tokenizer, mode: str = "chat", history_format:
     concatenate to the joint tokenisation of ``history_text + question_text``.
     """
     _check(mode, MODES, "mode")
+    if not any(session.turns for session in record.sessions):
+        raise RecordError(f"record {record.record_id!r} has an empty history ({len(record.sessions)} sessions, no turns); "
+                          "there is nothing to cache or select. Fix: drop the record or give it at least one session "
+                          "with a turn")
     layout = layout_prompt(record, mode, history_format)
     if mode == "chat":
         if not getattr(tokenizer, "chat_template", None):

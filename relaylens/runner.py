@@ -44,6 +44,21 @@ class RunConfig:
     force: bool = False
 
 
+def check_config(config: RunConfig) -> None:
+    """Refuse a :class:`RunConfig` that would silently misbehave, before any file is written."""
+    from relaylens.attention import WINDOW_MODES
+
+    if config.limit is not None and (isinstance(config.limit, bool) or not isinstance(config.limit, int) or config.limit < 1):
+        raise RelaylensError(f"limit must be a positive number of records; got {config.limit!r}. Fix: pass --limit N "
+                             "with N >= 1, or omit it for the analysis's default")
+    if isinstance(config.window_size, bool) or not isinstance(config.window_size, int) or config.window_size < 1:
+        raise RelaylensError(f"window_size must be a positive number of tokens; got {config.window_size!r}")
+    if config.chunk_size is not None and (not isinstance(config.chunk_size, int) or config.chunk_size < 1):
+        raise RelaylensError(f"chunk_size must be a positive number of tokens or None; got {config.chunk_size!r}")
+    if config.window_mode not in WINDOW_MODES:
+        raise RelaylensError(f"window_mode must be one of {WINDOW_MODES}; got {config.window_mode!r}")
+
+
 def resolve_data(data: str) -> Path:
     """``sample`` → the bundled LongMemEval-schema sample; anything else is a path."""
     if data == SAMPLE:
@@ -149,6 +164,7 @@ def run_analysis(spec: ExperimentSpec, config: RunConfig, progress: bool = True,
     from relaylens.results import RunStore, UnitKey, build_manifest, parse_shard, shard_records
     from relaylens.selectors.attention_stats import capture_column_sums
 
+    check_config(config)
     data_path = resolve_data(config.data)
     records = load_records(data_path, format=config.data_format)
     if not records:

@@ -45,8 +45,30 @@ def detect_format(path: str | Path) -> str:
                 return "longmtbench"
             if any(t in path.name for t in INFINITEBENCH_TASKS) or ('"context"' in head and '"input"' in head):
                 return "infinitebench"
+    _refuse_empty_or_broken_json(path)
     raise ValueError(f"cannot tell the dataset format of {path} from its name and first bytes. Fix: pass "
                      f"format= one of {tuple(READERS)} (PersonaMem: the questions_*.csv; Long-MT-Bench+: the parquet)")
+
+
+def _refuse_empty_or_broken_json(path: Path) -> None:
+    """Name the real problem of an unrecognised file when it is empty or JSON that does not parse."""
+    import json
+
+    from relaylens.errors import RecordError
+
+    text = peek_text(path, 1 << 26).strip()  # unrecognised files only: reading them is the cheap part of an error
+    if not text:
+        raise RecordError(f"dataset file {path} is empty. Fix: pass a LongMemEval / PersonaMem / Long-MT-Bench+ / "
+                          "InfiniteBench file (re-download it if a transfer was cut short)")
+    if path.suffix not in (".csv", ".parquet") and text[:1] in "[{":
+        try:
+            json.loads(text)
+        except json.JSONDecodeError as err:
+            first = text.splitlines()[0]
+            try:
+                json.loads(first)  # JSON Lines: the first line alone parses
+            except json.JSONDecodeError:
+                raise RecordError(f"{path}: not valid JSON ({err}). Fix: repair the file or re-download it") from None
 
 
 __all__ = ["READERS", "detect_format", "INFINITEBENCH_TASKS"]

@@ -1,0 +1,543 @@
+"""Reliability: every bad input gets a clear relaylens error naming the input and the fix, raised by relaylens code
+(never a bare error from deep inside torch / transformers), and no partial result is left behind.
+
+Cases run in process on the tiny random Llama and tokenizer (``relaylens.testing``); CLI cases run the typer app in
+process (``CliRunner``), except the unwritable ``--out`` case, which starts the real CLI once.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import errno
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from relaylens.errors import RelaylensError
+
+ERRORS = (RelaylensError, ValueError, OSError)  # OSError: StoreWriteError, FileNotFoundError (the CLI maps all to exit 2)
+
+
+# ---------------------------------------------------------------------------------------------------- fixtures
+
+@pytest.fixture(scope="module", autouse=True)
+def _one_thread():
+    """Tiny models on two shared cores: one torch thread is ~20x faster than the default pool."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@dataclasses.dataclass
+class Env:
+    root: Path
+    model: object
+    tokenizer: object
+    model_dir: Path
+    records: list  # LongMemEval dicts
+    data: Path  # the records as a file
+    record: object  # the first record, parsed
+    prompt: object
+    prefill: object
+    factors: object
+    selection: object
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory):
+    from relaylens.datasets.synthetic import generate_records
+    from relaylens.geometry import RotaryFactors
+    from relaylens.prefill import prefill_history
+    from relaylens.prompting import render_prompt
+    from relaylens.records import load_records
+    from relaylens.selectors import make_selector
+    from relaylens.testing import tiny_model, tiny_tokenizer
+
+    root = tmp_path_factory.mktemp("reliability")
+    model, tokenizer = tiny_model("llama", seed=0), tiny_tokenizer()
+    model_dir = root / "tiny-llama"
+    model.save_pretrained(model_dir)
+    tokenizer.save_pretrained(model_dir)
+    records = generate_records(n=2, seed=3, history_tokens=800)
+    data = root / "records.json"
+    data.write_text(json.dumps(records))
+    record = load_records(data)[0]
+    prompt = render_prompt(record, tokenizer, mode="completion")
+    prefill = prefill_history(model, prompt.history_ids, window_size=32)
+    selection = make_selector("snapkv").select(prefill, prompt, 0.4)
+    return Env(root, model, tokenizer, model_dir, records, data, record, prompt, prefill,
+               RotaryFactors.from_model(model), selection)
+
+
+def _write(env: Env, name: str, text: str) -> Path:
+    path = env.root / name
+    path.write_text(text)
+    return path
+
+
+def _record(env: Env, **changes) -> dict:
+    rec = copy.deepcopy(env.records[0])
+    rec.update(changes)
+    return rec
+
+
+def _load_path(path: Path, fmt: str = "auto"):
+    from relaylens.records import load_records
+
+    return load_records(path, format=fmt)
+
+
+def _load_text(env: Env, name: str, text: str, fmt: str = "auto"):
+    return _load_path(_write(env, name, text), fmt)
+
+
+def _load(env: Env, name: str, objects, fmt: str = "auto"):
+    return _load_text(env, name, json.dumps(objects), fmt)
+
+
+def _assert_no_results(out: Path) -> None:
+    """No committed unit, no table, no temp file: a failed run leaves nothing a reader could take for a result."""
+    if not out.exists():
+        return
+    left = [p for p in out.rglob("*") if p.is_file() and p.name not in ("manifest.json",)]
+    assert not left, f"partial results left behind in {out}: {left}"
+
+
+def _run(env: Env, out: Path, spec=None, model_and_tokenizer=None, **config):
+    from relaylens.experiments import load_analysis
+    from relaylens.runner import RunConfig, run_analysis
+
+    spec = spec or load_analysis("ordering").SPEC.replace(budgets=(0.4,), max_new_tokens=2)
+    config = RunConfig(model=str(env.model_dir), data=str(config.pop("data", env.data)), out=str(out), **config)
+    return run_analysis(spec, config, progress=False, model_and_tokenizer=model_and_tokenizer or (env.model, env.tokenizer))
+
+
+# ------------------------------------------------------------------------------------------ in-process cases
+# Each case: (id, fn(env, tmp_path) that must raise, message fragments). Fragments name the input and the fix.
+
+def _keys(n=5, dtype=torch.float32):
+    return torch.randn(2, n, 16, dtype=dtype)
+
+
+def _relocate(env, keys, src, dst, **kw):
+    from relaylens.geometry import relocate_keys
+
+    return relocate_keys(keys, src, dst, env.factors, **kw)
+
+
+def _relocate_with(factors, keys, src, dst):
+    from relaylens.geometry import relocate_keys
+
+    return relocate_keys(keys, src, dst, factors)
+
+
+def _tiny(variant, **overrides):
+    from relaylens.testing import tiny_model
+
+    return tiny_model(variant, **overrides)
+
+
+def _nan_keys(value):
+    keys = _keys()
+    keys[1, 3, 5] = value
+    return keys
+
+
+def _factors_of(variant, **overrides):
+    from relaylens.geometry import RotaryFactors
+    from relaylens.testing import tiny_model
+
+    return RotaryFactors.from_model(tiny_model(variant, **overrides))
+
+
+def _weird_rope(env):
+    from relaylens.geometry import RotaryFactors
+    from relaylens.testing import tiny_model
+
+    model = tiny_model("llama")
+    model.model.rotary_emb.rope_type = "ntk_by_parts"
+    return RotaryFactors.from_model(model)
+
+
+def _selection(positions, history_length=10):
+    from relaylens.selection import Selection
+
+    pos = torch.tensor([[positions]])
+    return Selection(pos, torch.ones_like(pos, dtype=torch.bool), history_length)
+
+
+def _poisoned_prefill(env, what, layer, value):
+    pre = copy.copy(env.prefill)
+    tensors = [t.clone() for t in getattr(pre, what)]
+    tensors[layer][0, int(env.selection.positions[layer, 0, 1])] = value
+    setattr(pre, what, tensors)
+    return pre
+
+
+def _build(env, prefill, condition="relay"):
+    from relaylens.generation import build_cache
+
+    return build_cache(prefill, env.selection, condition, env.factors)
+
+
+def _select(env, budget, selector="snapkv"):
+    from relaylens.selectors import make_selector
+
+    return make_selector(selector).select(env.prefill, env.prompt, budget)
+
+
+def _prefill(model, ids, **kw):
+    from relaylens.prefill import prefill_history
+
+    return prefill_history(model, ids, **kw)
+
+
+def _render(env, record=None, **kw):
+    from relaylens.prompting import render_prompt
+
+    return render_prompt(record or env.record, kw.pop("tokenizer", env.tokenizer), **kw)
+
+
+def _no_template_tokenizer(env):
+    tok = copy.deepcopy(env.tokenizer)
+    tok.chat_template = None
+    return tok
+
+
+def _spec(**kw):
+    from relaylens.experiments import ExperimentSpec
+
+    base = dict(name="bad", selectors=("snapkv",), budgets=(0.1,), conditions=("original", "relay"))
+    return ExperimentSpec(**{**base, **kw})
+
+
+def _condition(spec):
+    from relaylens.conditions import get_condition
+
+    return get_condition(spec)
+
+
+def _make_selector(name, **kw):
+    from relaylens.selectors import make_selector
+
+    return make_selector(name, **kw)
+
+
+IN_PROCESS = [
+    # --- dataset readers
+    ("reader-truncated-json", lambda e, t: _load_text(e, "trunc.json", json.dumps(e.records)[:400]),
+        ["trunc.json", "not valid JSON", "Fix"]),
+    ("reader-jsonl-bad-line", lambda e, t: _load_text(
+        e, "bad.jsonl", json.dumps(e.records[0]) + "\n{\"question_id\": \n", fmt="longmemeval"),
+        ["bad.jsonl", "line 2", "not valid JSON", "Fix"]),
+    ("reader-broken-json-of-unknown-shape", lambda e, t: _load_text(e, "broken.json", '[{"question_id": "q1", '),
+        ["broken.json", "not valid JSON", "Fix"]),
+    ("reader-empty-file", lambda e, t: _load_text(e, "empty.json", ""), ["empty.json", "is empty", "Fix"]),
+    ("reader-question-id-int", lambda e, t: _load(e, "qid.json", [_record(e, question_id=17)]),
+        ["qid.json", "'question_id'", "expected a str", "got 17", "Fix"]),
+    ("reader-answer-list", lambda e, t: _load(e, "ans.json", [_record(e, answer=["a", "b"])]),
+        ["'answer'", "string or a bare JSON number"]),
+    ("reader-has-answer-string", lambda e, t: _load(e, "has.json", [_record(e, haystack_sessions=[
+        [{"role": "user", "content": "hi", "has_answer": "yes"}]] + e.records[0]["haystack_sessions"][1:])]),
+        ["has_answer", "'yes'", "JSON bool"]),
+    ("reader-bad-date", lambda e, t: _load(e, "date.json", [_record(e, question_date="30 May 2023")]),
+        ["question_date", "'30 May 2023'", "LongMemEval's format"]),
+    ("reader-evidence-id-matches-nothing", lambda e, t: _load(e, "ev.json", [_record(e, answer_session_ids=["nope"])]),
+        ["answer_session_ids[0]", "'nope'", "haystack_session_ids", "Fix"]),
+    ("reader-unaligned-haystack", lambda e, t: _load(e, "align.json", [_record(
+        e, haystack_dates=e.records[0]["haystack_dates"][:-1])]), ["haystack_sessions", "equal length", "Fix"]),
+    ("reader-unknown-role", lambda e, t: _load(e, "role.json", [_record(e, haystack_sessions=[
+        [{"role": "system", "content": "hi"}]] + e.records[0]["haystack_sessions"][1:])]),
+        ["role", "'system'", "'user' or 'assistant'"]),
+    ("reader-record-not-object", lambda e, t: _load(e, "list.json", [[1, 2, 3]], fmt="longmemeval"),
+        ["list.json", "a JSON object"]),
+    ("reader-unknown-format", lambda e, t: _load(e, "fmt.json", e.records, fmt="csvx"),
+        ["unknown dataset format", "'csvx'", "longmemeval"]),
+    ("reader-missing-file", lambda e, t: _load_path(t / "absent.json"),
+        ["absent.json", "does not exist"]),
+    # --- prompt rendering
+    ("prompt-empty-history", lambda e, t: _render(e, dataclasses.replace(e.record, sessions=()), mode="completion"),
+        ["empty history", "0 sessions", "Fix"]),
+    ("prompt-sessions-without-turns", lambda e, t: _render(e, dataclasses.replace(
+        e.record, sessions=tuple(dataclasses.replace(s, turns=()) for s in e.record.sessions)), mode="chat"),
+        ["empty history", "at least one session"]),
+    ("prompt-unknown-mode", lambda e, t: _render(e, mode="poem"), ["mode", "'poem'", "chat", "completion"]),
+    ("prompt-no-chat-template", lambda e, t: _render(e, mode="chat", tokenizer=_no_template_tokenizer(e)),
+        ["no chat template", "mode='completion'"]),
+    ("prompt-history-format", lambda e, t: _render(e, mode="completion", history_format="xml"),
+        ["history_format", "'xml'", "nl"]),
+    # --- prefill
+    ("prefill-history-beyond-context", lambda e, t: _prefill(
+        _tiny("llama", max_position_embeddings=64), torch.arange(3, 200)),
+        ["197 tokens", "max_position_embeddings=64", "Fix"]),
+    ("prefill-empty-history", lambda e, t: _prefill(e.model, torch.zeros(0, dtype=torch.long)), ["empty"]),
+    ("prefill-float-token-ids", lambda e, t: _prefill(e.model, torch.rand(40)), ["integer token ids", "float32"]),
+    ("prefill-ids-outside-vocabulary", lambda e, t: _prefill(e.model, torch.arange(1000, 1040)),
+        ["1000..1039", "vocabulary 0..383", "tokenizer", "Fix"]),
+    ("prefill-window-longer-than-history", lambda e, t: _prefill(e.model, torch.arange(3, 10), window_size=32),
+        ["shorter than window_size=32", "Fix"]),
+    # --- geometry
+    ("geometry-nan-keys", lambda e, t: _relocate(e, _nan_keys(float("nan")), torch.arange(5), torch.arange(5) + 3),
+        ["NaN or inf", "flattened slot 8", "Fix"]),
+    ("geometry-inf-keys-identity-move", lambda e, t: _relocate(e, _nan_keys(float("inf")), torch.arange(5), torch.arange(5)),
+        ["NaN or inf", "Fix"]),
+    ("geometry-float16-overflow", lambda e, t: _relocate(e, torch.full((1, 1, 16), 60000.0, dtype=torch.float16),
+        torch.tensor([0]), torch.tensor([7])), ["overflow", "float16", "Fix", "float32 or bfloat16"]),
+    ("geometry-negative-position", lambda e, t: _relocate(e, _keys(), torch.tensor([0, 1, 2, 3, -4]), torch.arange(5)),
+        ["source positions", "negative position (-4)"]),
+    ("geometry-position-past-rotary", lambda e, t: _relocate(e, _keys(), torch.arange(5), torch.arange(5) + 131070),
+        ["target positions", "131074", "max_position_embeddings=131072"]),
+    ("geometry-float-positions", lambda e, t: _relocate(e, _keys(), torch.arange(5.0), torch.arange(5)),
+        ["integer positions", "float32"]),
+    ("geometry-head-dim-mismatch", lambda e, t: _relocate(e, torch.randn(2, 5, 8), torch.arange(5), torch.arange(5)),
+        ["head_dim 8", "16"]),
+    ("geometry-positions-do-not-broadcast", lambda e, t: _relocate(e, _keys(), torch.arange(4), torch.arange(4)),
+        ["do not broadcast", "one position per slot"]),
+    ("geometry-dynamic-rope", lambda e, t: _factors_of("llama", rope_parameters={
+        "rope_type": "dynamic", "factor": 2.0, "rope_theta": 10000.0}), ["'dynamic'", "refuses", "default"]),
+    ("geometry-longrope", lambda e, t: _factors_of("llama", rope_parameters={
+        "rope_type": "longrope", "rope_theta": 10000.0, "short_factor": [1.0] * 8, "long_factor": [2.0] * 8,
+        "original_max_position_embeddings": 4096}), ["'longrope'", "refuses"]),
+    ("geometry-unsupported-rope-type", lambda e, t: _weird_rope(e), ["unsupported rope type", "'ntk_by_parts'", "yarn"]),
+    ("geometry-per-layer-rope-needs-layer", lambda e, t: _relocate_with(
+        _factors_of("gemma3"), torch.randn(1, 3, 16), torch.arange(3), torch.arange(3) + 1), ["layer=<index>"]),
+    # --- selections (kept positions)
+    ("selection-unsorted-positions", lambda e, t: _selection([3, 1, 7]), ["strictly ascending", "[3, 1, 7]"]),
+    ("selection-duplicate-positions", lambda e, t: _selection([1, 1, 4]), ["no duplicates", "[1, 1, 4]"]),
+    ("selection-position-past-history", lambda e, t: _selection([2, 12]), ["history_length (10)", "[2, 12]"]),
+    # --- conditions and the cache they build
+    ("condition-unknown-name", lambda e, t: _condition("relax"), ["unknown condition 'relax'", "relay", "query_only(2048)"]),
+    ("condition-alpha-out-of-range", lambda e, t: _condition("compaction(1.5)"), ["alpha", "[0, 1]", "1.5"]),
+    ("condition-parameter-on-plain", lambda e, t: _condition("relay(3)"), ["'relay' takes no parameter"]),
+    ("condition-wrong-keyword", lambda e, t: _condition("query_only(seed=3)"), ["takes shift=", "seed="]),
+    ("cache-nan-values", lambda e, t: _build(e, _poisoned_prefill(e, "values", 0, float("nan"))),
+        ["layer 0", "values", "NaN or inf", "Fix"]),
+    ("cache-inf-keys", lambda e, t: _build(e, _poisoned_prefill(e, "keys", 1, float("-inf")), "original"),
+        ["layer 1", "keys", "NaN or inf", "Fix"]),
+    # --- selectors and budgets
+    ("selector-unknown-name", lambda e, t: _make_selector("snapkvv"), ["unknown selector 'snapkvv'", "snapkv"]),
+    ("selector-unknown-hyperparameter", lambda e, t: _make_selector("snapkv", windw=8), ["'windw'", "window"]),
+    ("selector-even-kernel", lambda e, t: _make_selector("snapkv", kernel_size=4), ["kernel_size", "odd", "4"]),
+    ("budget-zero-ratio", lambda e, t: _select(e, 0.0), ["(0, 1]", "0.0"]),
+    ("budget-zero-states", lambda e, t: _select(e, 0), ["positive int", "0"]),
+    ("budget-ratio-above-one", lambda e, t: _select(e, 1.5), ["(0, 1]", "1.5", "Budget(states=N)"]),
+    ("budget-nan", lambda e, t: _select(e, float("nan")), ["budget ratio", "nan"]),
+    ("budget-unreadable-text", lambda e, t: _select(e, "ten percent"), ["'ten percent'", "'B2048'"]),
+    ("budget-below-observation-window", lambda e, t: _select(e, 8), ["K=8", "window w=32", "raise the budget"]),
+    # --- experiment specs (runner configuration)
+    ("spec-unknown-selector", lambda e, t: _spec(selectors=("h2o", "nope")), ["unknown selector 'nope'"]),
+    ("spec-unknown-condition", lambda e, t: _spec(conditions=("original", "bogus")), ["unknown condition 'bogus'"]),
+    ("spec-without-original", lambda e, t: _spec(conditions=("relay",)), ["must include 'original'"]),
+    ("spec-budget-zero", lambda e, t: _spec(budgets=(0,)), ["budget 0", "(0, 1]"]),
+    ("spec-budget-fraction-above-one", lambda e, t: _spec(budgets=(2.5,)), ["budget 2.5", "whole number of states"]),
+    ("spec-negative-max-new-tokens", lambda e, t: _spec(max_new_tokens=-1), ["max_new_tokens", "-1"]),
+]
+
+
+@pytest.mark.parametrize(("fn", "fragments"), [pytest.param(fn, frags, id=name) for name, fn, frags in IN_PROCESS])
+def test_bad_input_raises_a_clear_relaylens_error(env, tmp_path, fn, fragments):
+    with pytest.raises(ERRORS) as info:
+        fn(env, tmp_path)
+    message = str(info.value)
+    for fragment in fragments:
+        assert fragment in message, f"{fragment!r} missing from: {message}"
+    raised_in = Path(info.traceback[-1].path)
+    assert "relaylens" in raised_in.parts, f"raised from {raised_in} (deep inside a library), not by relaylens: {message}"
+
+
+def test_relocation_error_leaves_input_untouched(env):
+    keys = _nan_keys(float("nan"))
+    before = keys.clone()
+    with pytest.raises(RelaylensError):
+        _relocate(env, keys, torch.arange(5), torch.arange(5) + 9)
+    assert torch.equal(keys.isnan(), before.isnan()) and torch.equal(keys.nan_to_num(), before.nan_to_num())
+
+
+def test_whole_number_budget_is_a_state_count_not_a_ratio(env, tmp_path):
+    """``--budget 64`` reaches the spec as 64.0: it must select 64 states, not fail mid-run as 'ratio 64.0'."""
+    spec = _spec(budgets=(64.0, 0.25))
+    assert spec.budgets == (64, 0.25) and isinstance(spec.budgets[0], int)
+    selection = _select(env, spec.budgets[0])
+    assert int(selection.counts.max()) == 64
+
+
+# ------------------------------------------------------------------------------------------ runner configuration
+
+def _bad_record_file(env):
+    return _write(env, "empty-history.json", json.dumps([_record(
+        env, haystack_session_ids=[], haystack_dates=[], haystack_sessions=[], answer_session_ids=[])]))
+
+
+RUN_CASES = [
+    ("run-negative-limit", dict(limit=-1), ["limit", "-1", "Fix"]),
+    ("run-zero-limit", dict(limit=0), ["limit", "got 0"]),
+    ("run-unknown-window-mode", dict(window_mode="sliding"), ["window_mode", "'sliding'", "condition"]),
+    ("run-zero-window", dict(window_size=0), ["window_size", "0"]),
+    ("run-zero-chunk", dict(chunk_size=0), ["chunk_size", "0"]),
+    ("run-missing-data", dict(data="/nonexistent/records.json"), ["/nonexistent/records.json", "does not exist"]),
+    ("run-unknown-format", dict(data_format="xlsx"), ["unknown dataset format 'xlsx'"]),
+    ("run-bad-shard", dict(shard="2/2"), ["--shard 2/2", "0 <= i < n"]),
+    ("run-empty-history-record", dict(data="@empty-history"), ["empty history", "Fix"]),
+    ("run-zero-records", dict(data="@zero"), ["holds no records"]),
+    ("run-history-beyond-context", dict(model="@short-context"), ["exceeds the model's max_position_embeddings=64", "Fix"]),
+    ("run-out-under-a-file", dict(out="@under-file"), ["cannot create run directory", "Fix", "--out"]),
+]
+
+
+@pytest.mark.parametrize(("config", "fragments"), [pytest.param(c, f, id=n) for n, c, f in RUN_CASES])
+def test_bad_run_configuration_fails_before_any_result(env, tmp_path, config, fragments):
+    from relaylens.testing import tiny_model
+
+    config = dict(config)
+    out = tmp_path / "run"
+    if config.get("data") == "@empty-history":
+        config["data"] = _bad_record_file(env)
+    if config.get("data") == "@zero":
+        config["data"], config["data_format"] = _write(env, "zero.json", "[]"), "longmemeval"
+    model_and_tokenizer = None
+    if config.pop("model", None) == "@short-context":
+        model_and_tokenizer = (tiny_model("llama", max_position_embeddings=64), env.tokenizer)
+    if config.pop("out", None) == "@under-file":
+        (tmp_path / "a-file").write_text("not a directory")
+        out = tmp_path / "a-file" / "run"
+    with pytest.raises(ERRORS) as info:
+        _run(env, out, model_and_tokenizer=model_and_tokenizer, **config)
+    for fragment in fragments:
+        assert fragment in str(info.value), f"{fragment!r} missing from: {info.value}"
+    _assert_no_results(out)
+
+
+# ------------------------------------------------------------------------------------------------ full disk
+
+def _enospc_after_half(f, data):
+    """A writer whose disk fills half way through the file."""
+    f.write(data[: len(data) // 2])
+    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+
+def test_failing_writer_leaves_no_partial_unit(tmp_path):
+    from relaylens.results import RunStore, StoreWriteError, UnitKey
+
+    store = RunStore.create_or_open(tmp_path / "run", {"analysis": "demo", "config": {}})
+    store.writer = _enospc_after_half
+    with pytest.raises(StoreWriteError) as info:
+        store.write_unit(UnitKey("q1", "snapkv", 0.1), [], [], [])
+    assert "disk is full" in str(info.value) and "nothing partial was kept" in str(info.value)
+    assert info.value.errno == errno.ENOSPC
+    _assert_no_results(tmp_path / "run")
+
+
+def test_full_disk_mid_run_leaves_no_partial_result(env, tmp_path, monkeypatch):
+    """The whole runner on a disk that fills at the first unit: a clear error, no unit, no table, no temp file."""
+    from relaylens.results import RunStore, StoreWriteError
+
+    create_or_open = RunStore.create_or_open.__func__
+
+    def full_disk_store(cls, run_dir, manifest, force=False, writer=None):
+        store = create_or_open(cls, run_dir, manifest, force=force)
+        store.writer = _enospc_after_half  # the manifest fit; the first unit does not
+        return store
+
+    monkeypatch.setattr(RunStore, "create_or_open", classmethod(full_disk_store))
+    out = tmp_path / "run"
+    with pytest.raises(StoreWriteError) as info:
+        _run(env, out, limit=1)
+    assert "disk is full" in str(info.value) and "--out" in str(info.value)
+    _assert_no_results(out)
+
+
+def test_tiny_filesystem_fills_with_a_clear_error(tmp_path):
+    """A real 48 KiB tmpfs (needs mount privileges, else skipped): the unit that does not fit is not kept."""
+    from relaylens.results import RunStore, StoreWriteError, UnitKey
+
+    mount = tmp_path / "tiny"
+    mount.mkdir()
+    command = ["mount", "-t", "tmpfs", "-o", "size=48k", "tmpfs", str(mount)]
+    if not shutil.which("mount") or subprocess.run(command, capture_output=True).returncode:
+        pytest.skip("cannot mount a tmpfs here (no privileges)")
+    try:
+        store = RunStore.create_or_open(mount / "run", {"analysis": "demo", "config": {}})
+        rows = [dict(record_id="q1", selector="s", budget=0.1, condition="relay", probe_point="question_final",
+                     source="forward", layer=i, head=0, metric=os.urandom(16).hex(), value=float(i))
+                for i in range(4000)]  # random metric names: incompressible, far more than 48 KiB
+        with pytest.raises(StoreWriteError) as info:
+            store.write_unit(UnitKey("q1", "s", 0.1), [], [], rows)
+        assert "disk is full" in str(info.value)
+        _assert_no_results(mount / "run")
+    finally:
+        subprocess.run(["umount", str(mount)], check=False)
+
+
+# ---------------------------------------------------------------------------------------------------- CLI
+
+CLI_CASES = [
+    ("cli-budget-zero", ["--budget", "0"], ["budget 0.0", "(0, 1]"]),
+    ("cli-budget-negative", ["--budget", "-0.5"], ["budget -0.5"]),
+    ("cli-budget-nan", ["--budget", "nan"], ["budget nan"]),
+    ("cli-unknown-analysis", ["@analysis", "no_such_analysis"], ["unknown analysis 'no_such_analysis'", "ordering"]),
+    ("cli-malformed-json", ["--data", "@truncated"], ["not valid JSON", "Fix"]),
+    ("cli-empty-data-file", ["--data", "@empty"], ["is empty", "Fix"]),
+    ("cli-negative-limit", ["--limit", "-3"], ["limit", "-3", "Fix"]),
+    ("cli-shard-garbage", ["--shard", "a/b"], ["--shard", "'a/b'"]),
+    ("cli-prompt-mode", ["--prompt-mode", "poem"], ["prompt_mode", "'poem'"]),
+    ("cli-model-missing", ["--model", "/nonexistent/model"], ["/nonexistent/model", "does not exist"]),
+    ("cli-out-under-a-file", ["--out", "@under-file"], ["cannot create run directory", "--out"]),
+    ("cli-merge-not-a-run", ["@merge"], ["not a run directory", "Fix"]),
+]
+
+
+@pytest.mark.parametrize(("args", "fragments"), [pytest.param(a, f, id=n) for n, a, f in CLI_CASES])
+def test_bad_cli_arguments_exit_2_with_one_clear_line(env, tmp_path, args, fragments):
+    from typer.testing import CliRunner
+
+    from relaylens.cli import app
+
+    out = tmp_path / "out"
+    analysis = "ordering"
+    args = list(args)
+    if args[0] == "@analysis":
+        analysis, args = args[1], []
+    if "@truncated" in args:
+        args[args.index("@truncated")] = str(_write(env, "cli-trunc.json", json.dumps(env.records)[:300]))
+    if "@empty" in args:
+        args[args.index("@empty")] = str(_write(env, "cli-empty.json", ""))
+    if "@under-file" in args:
+        (tmp_path / "a-file").write_text("x")
+        out = tmp_path / "a-file" / "run"
+        args[args.index("@under-file")] = str(out)
+    if args[:1] == ["@merge"]:
+        command = ["merge", str(tmp_path / "not-a-run"), "--out", str(out)]
+    else:
+        command = ["run", analysis, "--model", str(env.model_dir), "--data", str(env.data), "--limit", "1",
+                   "--max-new-tokens", "2", "--out", str(out), *args]
+    result = CliRunner().invoke(app, command, env={"COLUMNS": "80"})  # a narrow terminal must not wrap the line
+    assert result.exception is None or isinstance(result.exception, SystemExit), repr(result.exception)
+    assert result.exit_code == 2, result.output
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1, result.stderr
+    for fragment in fragments:
+        assert fragment in errors[0], f"{fragment!r} missing from: {errors[0]}"
+    assert "Traceback" not in result.stderr
+    _assert_no_results(out)
+
+
+def test_real_cli_unwritable_out_under_proc(env):
+    """The real entry point: ``--out`` inside /proc (not writable even by root) exits 2 with one line, no traceback."""
+    out = "/proc/relaylens-reliability/run"
+    result = subprocess.run([sys.executable, "-m", "relaylens.cli", "run", "ordering", "--model", str(env.model_dir),
+                             "--data", str(env.data), "--limit", "1", "--max-new-tokens", "2", "--out", out],
+                            capture_output=True, text=True, timeout=300,
+                            env={**os.environ, "COLUMNS": "80", "OMP_NUM_THREADS": "1"})
+    assert result.returncode == 2, result.stderr[-2000:]
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "cannot create run directory /proc/relaylens-reliability/run" in errors[0], result.stderr
+    assert "--out" in errors[0] and "Traceback" not in result.stderr
+    assert not Path(out).exists()
