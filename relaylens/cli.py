@@ -107,6 +107,9 @@ def run(
     shard: str = typer.Option(None, help="i/n: run the i-th of n deterministic record shards"),
     seed: int = typer.Option(0, help="seed for random selectors and orders"),
     force: bool = typer.Option(False, help="reuse a run directory whose manifest differs"),
+    judge_url: str = typer.Option(None, "--judge-url", help="OpenAI-compatible base URL of an LLM judge (optional)"),
+    judge_model: str = typer.Option(None, "--judge-model", help="judge model: name at --judge-url, or a local HF model spec"),
+    judge_key_env: str = typer.Option(None, "--judge-key-env", help="environment variable with the judge's API key"),
 ) -> None:
     """Run (or resume) an analysis; every condition of a record shares one prefill and one selection."""
     from relaylens.experiments import load_analysis
@@ -117,7 +120,8 @@ def run(
     spec = _guard(module.SPEC.replace, budgets=tuple(budget) if budget else None, max_new_tokens=max_new_tokens,
                   prompt_mode=prompt_mode)
     config = RunConfig(model=model, data=data, data_format=data_format, limit=limit, out=str(out) if out else None,
-                       shard=shard, seed=seed, force=force)
+                       shard=shard, seed=seed, force=force, judge_url=judge_url, judge_model=judge_model,
+                       judge_key_env=judge_key_env)
     run_dir = _guard(run_analysis, spec, config)
     table = accuracy_table(load_tables(run_dir))
     print(table.to_string(index=False, float_format=lambda v: f"{v:.3f}"))

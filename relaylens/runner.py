@@ -42,6 +42,27 @@ class RunConfig:
     chunk_size: int | None = 2048
     window_mode: str = "condition"
     force: bool = False
+    judge_url: str | None = None  # OpenAI-compatible endpoint for the memory_judge_v1 judge (optional)
+    judge_model: str | None = None  # model name at that endpoint, or a local HF judge model spec
+    judge_key_env: str | None = None  # environment variable holding the endpoint's API key
+
+
+def make_judge(config: RunConfig, run_dir: Path):
+    """The optional LLM judge of a run (None without one), cached in ``RUN_DIR/judge_cache.jsonl``."""
+    from relaylens.judge import HFBackend, Judge, OpenAIBackend
+
+    if not config.judge_model and not config.judge_url:
+        return None
+    if config.judge_url:
+        if not config.judge_model:
+            raise RelaylensError("--judge-url needs --judge-model (the model name the endpoint serves)")
+        backend = OpenAIBackend(config.judge_url, config.judge_model, api_key_env=config.judge_key_env)
+    else:
+        from relaylens.models import load_model
+
+        model, tokenizer = load_model(config.judge_model)
+        backend = HFBackend(model, tokenizer, model_id=config.judge_model)
+    return Judge(backend, cache_path=run_dir / "judge_cache.jsonl")
 
 
 def check_config(config: RunConfig) -> None:
@@ -104,7 +125,7 @@ def _gold_units(prompt, selection, granularity: str) -> tuple[int, int]:
 
 
 def process_unit(model, tokenizer, factors, record: Record, prompt, prefill, selector_name: str, selector, budget: float,
-                 spec: ExperimentSpec, config: RunConfig) -> tuple[list[dict], list[dict], pd.DataFrame]:
+                 spec: ExperimentSpec, config: RunConfig, judge=None) -> tuple[list[dict], list[dict], pd.DataFrame]:
     """All conditions of one (record, selector, budget): rows for the answers, scores and probes tables."""
     from relaylens.generation import run_condition
     from relaylens.probes import probe_condition, replay_conditions
@@ -144,7 +165,10 @@ def process_unit(model, tokenizer, factors, record: Record, prompt, prefill, sel
             "question_start": generation.question_start, "gold_units_total": gold_total, "gold_units_kept": gold_kept,
             "references": json.dumps(list(record.answers)), "elapsed_s": elapsed,
         })
-        for metric, value in score_answer(record, generation.text).items():
+        metrics = score_answer(record, generation.text)
+        if judge is not None:  # blinded: the judge sees question, references and answer, never selector or condition
+            metrics.update(judge.judge(record, generation.text).scores())
+        for metric, value in metrics.items():
             scores.append({**key, "condition": label, **meta, "metric": metric, "value": float(value)})
     if do_probes and reference is not None and spec.replay_conditions:
         replay = replay_conditions(reference, prefill, selection, evidence, list(spec.replay_conditions),
@@ -181,6 +205,7 @@ def run_analysis(spec: ExperimentSpec, config: RunConfig, progress: bool = True,
     manifest = build_manifest(spec.name, {"spec": spec.to_dict(), "run": vars(config) | {"out": None, "force": None, "shard": None}},
                               config.model, model_fingerprint(model), data_path, shard)
     store = RunStore.create_or_open(out, manifest, force=config.force)
+    judge = make_judge(config, out)
     selectors = _selector_objects(spec, config.seed)
     units = spec.units([r.record_id for r in records])
     needs_columns = any(getattr(s, "needs_column_sums", False) for s in selectors.values())
@@ -201,7 +226,7 @@ def run_analysis(spec: ExperimentSpec, config: RunConfig, progress: bool = True,
             for name, budget in pending:
                 _advance(live, task, 0, record.record_id, f"{name} @ {budget:g}")
                 answers, scores, probes = process_unit(model, tokenizer, factors, record, prompt, prefill, name,
-                                                       selectors[name], budget, spec, config)
+                                                       selectors[name], budget, spec, config, judge)
                 store.write_unit(UnitKey(record.record_id, name, budget), answers, scores, probes)
                 _advance(live, task, 1, record.record_id, "committed")
     store.consolidate()

@@ -37,7 +37,7 @@ def workspace(tmp_path_factory):
 
 def _command(model_dir, data, out, *extra):
     return [sys.executable, "-m", "relaylens.cli", "run", ANALYSIS, "--model", str(model_dir), "--data", str(data),
-            "--limit", "6", "--max-new-tokens", "4", "--budget", "0.4", "--out", str(out), *extra]
+            "--max-new-tokens", "4", "--budget", "0.4", "--out", str(out), "--limit", "6", *extra]
 
 
 def _run(model_dir, data, out, *extra):
@@ -137,3 +137,45 @@ def test_bad_cli_arguments_give_one_clear_line(args, message):
     assert result.returncode == 2
     assert message in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_run_with_an_openai_compatible_judge(workspace):
+    """The judge sees question, references and candidate only; its verdicts land in the scores table."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    seen = []
+
+    class Stub(BaseHTTPRequestHandler):
+        def do_POST(self):  # noqa: N802 - http.server naming
+            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            seen.append(body["messages"][-1]["content"])
+            verdict = '{"correct": true}' if len(seen) % 2 else "not json"
+            reply = {"choices": [{"message": {"role": "assistant", "content": verdict}}]}
+            data = json.dumps(reply).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Stub)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        root, model_dir, data = workspace
+        out = root / "judged"
+        _run(model_dir, data, out, "--limit", "2", "--judge-url", f"http://127.0.0.1:{server.server_port}/v1",
+             "--judge-model", "stub-judge")
+    finally:
+        server.shutdown()
+    scores = load_tables(out)["scores"]
+    judged = scores[scores.metric == "judge"]
+    failed = scores[scores.metric == "judge_failed"]
+    assert len(judged) == len(failed) == 2 * 5
+    assert set(failed.value) == {0.0, 1.0}, "malformed verdicts are recorded as failures"
+    assert judged[failed.value.to_numpy() == 1.0].value.isna().all(), "a failed verdict never counts as correct"
+    assert not any("relay" in message or "original" in message or "bm25" in message for message in seen)
