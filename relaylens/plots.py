@@ -30,12 +30,13 @@ import pandas as pd
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
+from relaylens.bands import SHARE_METRICS, band_of, band_table, bands
+
 __all__ = ["style", "save_figure", "figure_png_base64", "bands", "band_of", "band_table", "condition_color",
            "condition_order", "shade_bands", "interval_bars", "layer_lines", "heatmap", "note_axis", "FORMATS",
            "SHARE_METRICS"]
 
 FORMATS = ("png", "pdf", "svg")
-SHARE_METRICS = ("evidence_share", "history_share", "replay_gold_share")
 """Metrics that are probability mass: their deltas are reported in percentage points."""
 
 RC = {
@@ -150,45 +151,6 @@ def figure_png_base64(fig: Figure, dpi: int = 110) -> str:
     with matplotlib.rc_context(rc()):
         fig.savefig(buf, format="png", dpi=dpi, metadata=METADATA["png"])
     return base64.b64encode(buf.getvalue()).decode("ascii")
-
-
-# ------------------------------------------------------------------------------------------------------ bands
-
-def bands(num_layers: int, boundaries: tuple[int, int] | None = None) -> dict[str, list[int]]:
-    """Early / middle / late layer bands: thirds by default, or ``boundaries=(b1, b2)`` as ``[0,b1) [b1,b2) [b2,N)``.
-
-    Same rule as :func:`relaylens.probes.bands`, without importing torch.
-    """
-    if boundaries is None:
-        parts = np.array_split(np.arange(num_layers), 3)
-    else:
-        b1, b2 = boundaries
-        if not 0 < b1 < b2 < num_layers:
-            raise ValueError(f"band boundaries must satisfy 0 < b1 < b2 < {num_layers}; got {boundaries}")
-        parts = [np.arange(0, b1), np.arange(b1, b2), np.arange(b2, num_layers)]
-    return {name: [int(i) for i in part] for name, part in zip(("early", "middle", "late"), parts)}
-
-
-def band_of(num_layers: int, boundaries: tuple[int, int] | None = None) -> dict[int, str]:
-    """``layer -> band name``."""
-    return {layer: name for name, layers in bands(num_layers, boundaries).items() for layer in layers}
-
-
-def band_table(frame: pd.DataFrame, num_layers: int, keys: list[str], boundaries: tuple[int, int] | None = None,
-               reference: str = "original") -> pd.DataFrame:
-    """Mean of each metric per band (layers, then heads pooled) and its difference against ``reference``.
-
-    Same definition as :func:`relaylens.probes.band_table` (torch-free): ``delta`` in the metric's units,
-    ``delta_pp`` = 100 x delta for share metrics (NaN otherwise).
-    """
-    data = frame.assign(band=frame["layer"].map(band_of(num_layers, boundaries)))
-    per_layer = data.groupby(keys + ["condition", "metric", "band", "layer"], dropna=False)["value"].mean().reset_index()
-    table = per_layer.groupby(keys + ["condition", "metric", "band"], dropna=False)["value"].mean().reset_index()
-    base = table[table["condition"] == reference].drop(columns="condition").rename(columns={"value": "reference_value"})
-    table = table.merge(base, on=keys + ["metric", "band"], how="left")
-    table["delta"] = table["value"] - table["reference_value"]
-    table["delta_pp"] = np.where(table["metric"].isin(SHARE_METRICS), 100.0 * table["delta"], np.nan)
-    return table
 
 
 # ------------------------------------------------------------------------------------------------- primitives

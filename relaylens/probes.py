@@ -21,10 +21,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-import numpy as np
 import pandas as pd
 import torch
 
+from relaylens.bands import SHARE_METRICS, band_table, bands  # noqa: F401 - re-exported
 from relaylens.conditions import Condition, get_condition
 from relaylens.errors import RelaylensError
 from relaylens.geometry import RotaryFactors, rotate_keys, unrotate_keys
@@ -33,7 +33,6 @@ from relaylens.selection import Selection
 
 READOUTS = ("evidence_share", "history_share", "evidence_value_norm", "evidence_weighted_value", "best_gold_rank")
 REPLAY_READOUTS = ("replay_gold_share", "replay_gold_logit_gap")
-SHARE_METRICS = ("evidence_share", "history_share", "replay_gold_share")
 
 
 def gold_slots(selection: Selection, evidence_mask: torch.Tensor) -> torch.Tensor:
@@ -147,37 +146,6 @@ def phase_replay(content: ReplayContent, selection: Selection, gold: torch.Tenso
             records.append((layer, head, "replay_gold_share", float(share[head])))
             records.append((layer, head, "replay_gold_logit_gap", float(gap[head])))
     return pd.DataFrame(records, columns=["layer", "head", "metric", "value"])
-
-
-def bands(num_layers: int, boundaries: tuple[int, int] | None = None) -> dict[str, list[int]]:
-    """Early / middle / late layer bands: thirds by default, or ``boundaries=(b1, b2)`` as ``[0,b1) [b1,b2) [b2,N)``."""
-    if boundaries is None:
-        parts = np.array_split(np.arange(num_layers), 3)
-    else:
-        b1, b2 = boundaries
-        if not 0 < b1 < b2 < num_layers:
-            raise RelaylensError(f"band boundaries must satisfy 0 < b1 < b2 < {num_layers}; got {boundaries}")
-        parts = [np.arange(0, b1), np.arange(b1, b2), np.arange(b2, num_layers)]
-    return {name: [int(i) for i in part] for name, part in zip(("early", "middle", "late"), parts)}
-
-
-def band_table(frame: pd.DataFrame, num_layers: int, keys: list[str], boundaries: tuple[int, int] | None = None,
-               reference: str = "original") -> pd.DataFrame:
-    """Mean of each metric per band (over its layers and heads), and the difference against ``reference``.
-
-    ``frame`` has columns ``keys + ["condition", "layer", "head", "metric", "value"]``; shares' deltas are in
-    percentage points (``delta_pp``), other metrics' deltas in their own units (``delta``).
-    """
-    layer_band = {layer: name for name, layers in bands(num_layers, boundaries).items() for layer in layers}
-    data = frame.assign(band=frame["layer"].map(layer_band))
-    per_layer = data.groupby(keys + ["condition", "metric", "band", "layer"], dropna=False)["value"].mean().reset_index()
-    table = per_layer.groupby(keys + ["condition", "metric", "band"], dropna=False)["value"].mean().reset_index()
-    base = table[table["condition"] == reference].drop(columns="condition").rename(columns={"value": "reference_value"})
-    table = table.merge(base, on=keys + ["metric", "band"], how="left")
-    delta = table["value"] - table["reference_value"]
-    table["delta"] = delta
-    table["delta_pp"] = np.where(table["metric"].isin(SHARE_METRICS), 100.0 * delta, np.nan)
-    return table
 
 
 @dataclass

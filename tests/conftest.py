@@ -12,13 +12,12 @@ import os
 
 import pytest
 
-if os.environ.get("PYTEST_XDIST_WORKER"):
-    # `make test` runs two workers on two cores: one torch thread each avoids oversubscription, under which small
-    # tensor operations were measured to slow down by two orders of magnitude.
-    import torch
+# `make test` runs two workers on two cores, and the tests' tensors are small: one torch thread per process avoids
+# oversubscription, under which small tensor operations were measured to slow down by two orders of magnitude.
+import torch
 
-    torch.set_num_threads(1)
-    os.environ.setdefault("OMP_NUM_THREADS", "1")  # inherited by the CLI subprocesses some tests start
+torch.set_num_threads(1)
+os.environ.setdefault("OMP_NUM_THREADS", "1")  # inherited by the CLI subprocesses some tests start
 
 
 def _in_ci() -> bool:

@@ -7,7 +7,9 @@ import importlib
 
 import pytest
 
-MODULES = ["relaylens.selection", "relaylens.geometry", "relaylens.conditions", "relaylens.testing"]
+MODULES = ["relaylens.selection", "relaylens.geometry", "relaylens.conditions", "relaylens.testing", "relaylens.bands",
+           "relaylens.attention", "relaylens.generation", "relaylens.experiments", "relaylens.probes", "relaylens.prefill",
+           "relaylens.results", "relaylens.scoring"]
 
 
 @pytest.mark.parametrize("name", MODULES)

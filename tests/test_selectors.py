@@ -21,14 +21,6 @@ L, W, K = 96, 8, 24  # history, observation window, budget (states per layer and
 GROUP = 2
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _single_thread():
-    """Tiny tensors: one intra-op thread avoids OpenMP spin-waits when the CPUs are shared (200x slowdowns seen)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
 
 def _peaked_model(attn: str = "eager", layers: int = 4):
     model = tiny_model("llama", attn_implementation=attn, num_hidden_layers=layers)

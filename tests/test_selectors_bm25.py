@@ -24,14 +24,6 @@ SESSIONS = [
 PREFIX, HEADER, TURN = 12, 6, 10
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _single_thread():
-    """Tiny tensors: one intra-op thread avoids OpenMP spin-waits when the CPUs are shared (200x slowdowns seen)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
 
 def make_prompt(sessions=SESSIONS, question="What is the name of my dog?", with_turns=True) -> RenderedPrompt:
     spans, turns, pos = [], [], PREFIX

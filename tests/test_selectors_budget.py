@@ -31,14 +31,6 @@ from relaylens.spans import RenderedPrompt, Span
 L = 400
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _single_thread():
-    """Tiny tensors: one intra-op thread avoids OpenMP spin-waits when the CPUs are shared (200x slowdowns seen)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
 
 @pytest.fixture(scope="module")
 def pre():

@@ -11,14 +11,6 @@ from relaylens.testing import ROPE_VARIANTS, tiny_model
 L = 40
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _single_thread():
-    """Tiny tensors: one intra-op thread avoids OpenMP spin-waits when the CPUs are shared (200x slowdowns seen)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
 
 def _ids(n: int = L) -> torch.Tensor:
     return torch.randint(3, 384, (n,), generator=torch.Generator().manual_seed(5))
