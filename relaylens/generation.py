@@ -74,8 +74,8 @@ def prefill_from_cache(history_ids: torch.Tensor, cache, model) -> PrefillResult
     attn = model.model.layers[0].self_attn
     return PrefillResult(
         history_ids=history_ids.reshape(-1),
-        keys=[layer.keys[0] for layer in layers],
-        values=[layer.values[0] for layer in layers],
+        keys=[layer.keys[0].detach() for layer in layers],
+        values=[layer.values[0].detach() for layer in layers],
         window_queries=None,
         window_size=0,
         scaling=float(attn.scaling),
@@ -97,6 +97,7 @@ def _check_selection(prefill: PrefillResult, selection: Selection) -> None:
         raise ShapeError(f"replacement values have head_dim {selection.values.shape[-1]}, the cache {prefill.values[0].shape[-1]}")
 
 
+@torch.no_grad()
 def build_cache(
     prefill: PrefillResult,
     selection: Selection,

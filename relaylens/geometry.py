@@ -245,6 +245,7 @@ def _call_rotary(rotary: nn.Module, position_ids: torch.Tensor, layer_type: str 
     return cos.float(), sin.float()
 
 
+@torch.no_grad()
 def relocate_keys(
     keys: torch.Tensor,
     source_positions: torch.Tensor,
@@ -346,6 +347,7 @@ def _rotate_planes(x: torch.Tensor, real: torch.Tensor, imag: torch.Tensor, layo
     return _multiply_planes(x, torch.complex(real.float(), imag.float()), layout)
 
 
+@torch.no_grad()
 def rotate_keys(keys: torch.Tensor, positions: torch.Tensor, factors: RotaryFactors, layer: int | None = None) -> torch.Tensor:
     """Apply ``R_a(p)`` to *un-rotated* key or query content ``[..., n, head_dim]`` (used by phase replay)."""
     lead = keys.shape[:-1]
@@ -358,6 +360,7 @@ def rotate_keys(keys: torch.Tensor, positions: torch.Tensor, factors: RotaryFact
     return out.reshape(keys.shape)
 
 
+@torch.no_grad()
 def unrotate_keys(keys: torch.Tensor, positions: torch.Tensor, factors: RotaryFactors, layer: int | None = None) -> torch.Tensor:
     """Apply ``R_a(p)^-1``: recover the un-rotated content of post-rotary keys or queries ``[..., n, head_dim]``."""
     lead = keys.shape[:-1]
