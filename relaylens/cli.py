@@ -87,7 +87,7 @@ def bench(
             _fail(f"unknown benchmark {name!r}; choose one of {sorted(bench_module.BENCHMARKS)} or all")
     for name in names:
         with console.status(f"running benchmark {name} ..."):
-            rows = bench_module.BENCHMARKS[name](repeats=repeats, include_large=not small)
+            rows = _guard(bench_module.BENCHMARKS[name], repeats=repeats, include_large=not small)
         csv_path, md_path = bench_module.write_results(rows, out, name)
         print(md_path.read_text())
         console.print(f"[green]wrote[/] {csv_path} and {md_path}")
