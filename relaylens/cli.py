@@ -56,6 +56,20 @@ def model_pull(
     console.print(f"[green]cached[/] {name} at {path}")
 
 
+@model_app.command("check")
+def model_check(
+    name: str = typer.Argument("smollm2-135m-instruct", help="model spec (embedded name, local dir, .gguf, hub id)"),
+    history_tokens: int = typer.Option(700, "--history-tokens", help="history length of the check prompt"),
+) -> None:
+    """Exactness checks on a real model (keep-all vs full forward, relocated keys vs direct rotation, windows)."""
+    from relaylens.checks import run_checks
+    from relaylens.models import load_model
+
+    model, tokenizer = _guard(load_model, name)
+    for check, value in _guard(run_checks, model, tokenizer, history_tokens=history_tokens):
+        print(f"{value:12.4g}  {check}")
+
+
 @data_app.command("synth")
 def data_synth(
     n: int = typer.Option(24, "--n", help="number of records"),
@@ -180,7 +194,7 @@ def report_command(
 
 @app.command("demo")
 def demo(
-    limit: int = typer.Option(6, help="records of the bundled sample per analysis"),
+    limit: int = typer.Option(12, help="records of the bundled sample per analysis"),
     out: Path = typer.Option(Path("runs/demo"), help="directory for the three run directories"),
     model: str = typer.Option("smollm2-135m-instruct", help="model spec (embedded name, local dir, .gguf, hub id)"),
     data: str = typer.Option("sample", help="dataset file or 'sample'"),

@@ -4,7 +4,7 @@ a per-layer HTML report for each run.
 CPU-sized by default (SmolLM2-135M-Instruct, a few records of ~2k tokens); every size knob stays open.
 
 Example:
-    $ relaylens demo --limit 6 --out runs/demo
+    $ relaylens demo --limit 12 --out runs/demo
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from rich.console import Console
 DEMO_ANALYSES = ("evidence_reading", "coordinate_ablation", "ordering")
 
 
-def run_demo(out: str | Path = "runs/demo", limit: int = 6, model: str = "smollm2-135m-instruct", data: str = "sample",
+def run_demo(out: str | Path = "runs/demo", limit: int = 12, model: str = "smollm2-135m-instruct", data: str = "sample",
              analyses: tuple[str, ...] = DEMO_ANALYSES, console: Console | None = None) -> dict[str, Path]:
     """Run the demo analyses (resumable), draw their figures and write their reports; returns run dirs by analysis."""
     from relaylens.experiments import load_analysis

@@ -1,0 +1,98 @@
+"""``relaylens model check NAME``: exactness checks on a real model, for models too slow to pull in CI (Gemma-3).
+
+The test suite runs the same checks on tiny random configs of every architecture and on the embedded SmolLM2; this
+command repeats them on any loadable model and prints the numbers:
+
+* keep-everything + ``original`` vs a plain full forward over history + question (max abs logit difference);
+* keep-everything + ``relay`` vs keep-everything + ``original`` (nothing to compact: must agree);
+* relocated keys vs the model rotating the captured pre-rotary keys directly at the target positions;
+* for sliding-window models, how many retained states each sliding layer sees under ``original`` and ``relay``.
+
+Example:
+    $ relaylens model check gemma3-270m --history-tokens 700
+"""
+
+from __future__ import annotations
+
+import sys
+
+import torch
+from transformers import DynamicCache
+
+
+def _pre_rotary_keys(model, ids: torch.Tensor) -> dict[int, torch.Tensor]:
+    captured, handles = {}, []
+    for index, layer in enumerate(model.model.layers):
+        attn = layer.self_attn
+        source = getattr(attn, "k_norm", None) or attn.k_proj
+
+        def hook(module, args, output, index=index, head_dim=attn.head_dim):
+            if output.dim() == 4:  # k_norm output [B, kv_head, T, D]
+                captured[index] = output.detach()
+            else:  # k_proj output [B, T, kv_head * D]
+                captured[index] = output.detach().reshape(1, output.shape[1], -1, head_dim).transpose(1, 2)
+
+        handles.append(source.register_forward_hook(hook))
+    try:
+        with torch.no_grad():
+            model(ids[None], use_cache=True, cache=DynamicCache())
+    finally:
+        for handle in handles:
+            handle.remove()
+    return captured
+
+
+def run_checks(model, tokenizer, history_tokens: int = 700, keep_every: int = 5) -> list[tuple[str, float]]:
+    """The checks above on the first bundled record, history cut to ``history_tokens``; returns ``(name, value)``."""
+    from relaylens.datasets.synthetic import bundled_sample_path
+    from relaylens.generation import build_cache, run_condition
+    from relaylens.geometry import RotaryFactors
+    from relaylens.prefill import prefill_history
+    from relaylens.probes import FinalTokenRecorder
+    from relaylens.prompting import render_prompt
+    from relaylens.records import load_records
+    from relaylens.selection import Selection
+
+    prompt = render_prompt(load_records(bundled_sample_path())[0], tokenizer, mode="completion")
+    history, question = prompt.history_ids[:history_tokens], prompt.question_ids
+    factors = RotaryFactors.from_model(model)
+    prefill = prefill_history(model, history, capture_window_queries=False)
+    full = Selection.full(prefill.history_length, prefill.num_layers, prefill.num_kv_heads)
+    results = []
+    original = run_condition(model, prefill, full, "original", question, max_new_tokens=0, factors=factors, keep_question_logits=True)
+    with torch.no_grad():
+        reference = model(torch.cat((history, question))[None]).logits[0, history.numel():].float()
+    results.append(("keep-all original vs full forward, max |logit diff|", float((original.question_logits - reference).abs().max())))
+    relay = run_condition(model, prefill, full, "relay", question, max_new_tokens=0, factors=factors, keep_question_logits=True)
+    results.append(("keep-all relay vs keep-all original, max |logit diff|", float((relay.question_logits - original.question_logits).abs().max())))
+
+    kept = list(range(0, prefill.history_length, keep_every))
+    sparse = Selection.from_lists([[kept] * prefill.num_kv_heads] * prefill.num_layers, prefill.history_length)
+    relocated = build_cache(prefill, sparse, "relay", factors)
+    pre_keys = _pre_rotary_keys(model, history)
+    apply = sys.modules[type(model.model.layers[0].self_attn).__module__].apply_rotary_pos_emb
+    worst = 0.0
+    for layer in range(prefill.num_layers):
+        target = relocated.coordinates.key_positions[layer, 0]
+        args = (torch.zeros(1), target[None]) + ((factors.layer_types[layer],) if factors.per_layer else ())
+        cos, sin = model.model.rotary_emb(*args)
+        content = pre_keys[layer][:, :, kept]
+        _, direct = apply(content, content, cos, sin)
+        worst = max(worst, float((relocated.cache.layers[layer].keys - direct).abs().max()))
+    results.append(("relocated keys vs direct rotation at p', max |diff|", worst))
+
+    windows = {i: getattr(layer.self_attn, "sliding_window", None) for i, layer in enumerate(model.model.layers)}
+    sliding = [i for i, w in windows.items() if w]
+    if sliding:
+        for condition in ("original", "relay"):
+            recorder = FinalTokenRecorder()
+            run_condition(model, prefill, sparse, condition, question, max_new_tokens=0, factors=factors, observers=[recorder])
+            visible = visible_states(recorder, sliding)
+            results.append((f"{condition}: retained states visible to the final token in sliding layers (mean)", visible))
+    return results
+
+
+def visible_states(recorder, layers: list[int]) -> float:
+    """Mean number of retained history states with non-zero weight in the given layers' final-token rows."""
+    counts = [float((recorder.rows[layer][:, : recorder.widths[layer]] > 0).sum(-1).float().mean()) for layer in layers]
+    return sum(counts) / len(counts)
