@@ -20,7 +20,8 @@ import torch
 from transformers import DynamicCache
 
 
-def _pre_rotary_keys(model, ids: torch.Tensor) -> dict[int, torch.Tensor]:
+def pre_rotary_keys(model, ids: torch.Tensor) -> dict[int, torch.Tensor]:
+    """Per layer ``[1, kv_head, T, head_dim]``: keys after ``k_proj`` (and ``k_norm``), before rotary, for ``ids``."""
     captured, handles = {}, []
     for index, layer in enumerate(model.model.layers):
         attn = layer.self_attn
@@ -69,7 +70,7 @@ def run_checks(model, tokenizer, history_tokens: int = 700, keep_every: int = 5)
     kept = list(range(0, prefill.history_length, keep_every))
     sparse = Selection.from_lists([[kept] * prefill.num_kv_heads] * prefill.num_layers, prefill.history_length)
     relocated = build_cache(prefill, sparse, "relay", factors)
-    pre_keys = _pre_rotary_keys(model, history)
+    pre_keys = pre_rotary_keys(model, history)
     apply = sys.modules[type(model.model.layers[0].self_attn).__module__].apply_rotary_pos_emb
     worst = 0.0
     for layer in range(prefill.num_layers):

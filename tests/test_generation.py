@@ -8,6 +8,7 @@ import pytest
 import torch
 from transformers import DynamicCache
 
+from relaylens.checks import pre_rotary_keys
 from relaylens.errors import PositionError, ShapeError
 from relaylens.generation import build_cache, prefill_from_cache, run_condition
 from relaylens.geometry import RotaryFactors
@@ -151,26 +152,6 @@ def test_positions_seen_inside_the_model(condition, first_question_position):
     assert result.positions == list(range(start + QUESTION, start + QUESTION + 3))
 
 
-def _pre_rotary_keys(model, ids):
-    captured, handles = {}, []
-    head_dim = model.model.layers[0].self_attn.head_dim
-    for index, layer in enumerate(model.model.layers):
-        attn = layer.self_attn
-        source = getattr(attn, "k_norm", None) or attn.k_proj
-
-        def hook(module, args, output, index=index):
-            captured[index] = output if output.dim() == 4 else output.reshape(1, output.shape[1], -1, head_dim).transpose(1, 2)
-
-        handles.append(source.register_forward_hook(hook))
-    try:
-        with torch.no_grad():
-            model(ids[None], use_cache=True, cache=DynamicCache())
-    finally:
-        for handle in handles:
-            handle.remove()
-    return captured
-
-
 @pytest.mark.parametrize("condition", ["relay", "half_gap", "common_shift(300)", "score_order"])
 def test_relocated_cache_equals_direct_rotation(setup, condition):
     variant, model, history, question, pre = setup
@@ -178,7 +159,7 @@ def test_relocated_cache_equals_direct_rotation(setup, condition):
     sel = Selection(sel.positions, sel.valid, sel.history_length, scores=torch.rand(sel.positions.shape))
     factors = RotaryFactors.from_model(model)
     relocated = build_cache(pre, sel, condition, factors)
-    pre_keys = _pre_rotary_keys(model, history)
+    pre_keys = pre_rotary_keys(model, history)
     apply = sys.modules[type(model.model.layers[0].self_attn).__module__].apply_rotary_pos_emb
     types = getattr(model.config, "layer_types", None)
     for layer in range(pre.num_layers):
