@@ -179,6 +179,8 @@ def test_relocated_cache_equals_direct_rotation(setup, condition):
                 _, direct = apply(content, content, cos, sin)
             cached = relocated.cache.layers[layer].keys[0, head, : int(valid[head].sum())]
             assert float((cached - direct[0, 0]).abs().max()) <= 1e-5, (variant, condition, layer, head)
+            values = relocated.cache.layers[layer].values[0, head, : int(valid[head].sum())]
+            assert torch.equal(values, pre.values[layer][head, kept]), "conditions never touch values"
 
 
 def test_bad_inputs():
