@@ -15,7 +15,7 @@ import pandas as pd
 import pytest
 from matplotlib.figure import Figure
 
-from relaylens import figures, plots
+from relaylens import figures, plots, summaries
 from relaylens.tables import TABLES
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -74,7 +74,7 @@ def fabricate_tables(records: int = 6, selectors=("bm25", "snapkv"), budgets=(0.
 
 @pytest.fixture(autouse=True)
 def fast_bootstrap(monkeypatch):
-    monkeypatch.setattr(figures, "N_RESAMPLES", 300)
+    monkeypatch.setattr(summaries, "N_RESAMPLES", 300)
 
 
 @pytest.fixture(scope="module")
@@ -212,7 +212,7 @@ def test_paired_deltas_equal_the_bootstrap_module(tables):
     ours = figures.paired_deltas(scores, ["selector", "budget"], metrics=("f1",))
     row = ours[(ours["selector"] == "snapkv") & (ours["budget"] == 0.2) & (ours["condition"] == "score_order")].iloc[0]
     group = scores[(scores["selector"] == "snapkv") & (scores["budget"] == 0.2) & (scores["metric"] == "f1")]
-    ref = paired_difference(group, None, "score_order", "original", n_resamples=figures.N_RESAMPLES)
+    ref = paired_difference(group, None, "score_order", "original", n_resamples=summaries.N_RESAMPLES)
     assert (row["mean"], row["low"], row["high"], row["n"]) == pytest.approx((ref.mean, ref.low, ref.high, ref.n))
 
 
@@ -244,7 +244,7 @@ def test_figures_command_twice_gives_byte_identical_files(tmp_path):
     # a fresh process (no shared matplotlib state, other hash seed) must write the same bytes
     env = {**os.environ, "PYTHONHASHSEED": "123"}
     env.pop("SOURCE_DATE_EPOCH", None)
-    code = "import relaylens.figures as f, sys; f.N_RESAMPLES = 300; f.write_figures(sys.argv[1], only=sys.argv[2])"
+    code = "import relaylens.figures as f, relaylens.summaries as s, sys; s.N_RESAMPLES = 300; f.write_figures(sys.argv[1], only=sys.argv[2])"
     subprocess.run([sys.executable, "-c", code, str(run), only], check=True, cwd=ROOT, env=env, timeout=300)
     second = _files(run / "figures")
     changed = sorted(name for name in first if first[name] != second[name])

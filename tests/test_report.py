@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from relaylens import figures, report
+from relaylens import figures, report, summaries
 from test_figures import fabricate_tables, write_run  # noqa: E402  (tests/ is on sys.path under pytest)
 
 LAYERS, HEADS = 4, 2
@@ -24,7 +24,7 @@ MANIFEST = {"analysis": "evidence_reading", "config": {"spec": {"figures": ["fig
 
 @pytest.fixture(autouse=True)
 def fast_bootstrap(monkeypatch):
-    monkeypatch.setattr(figures, "N_RESAMPLES", 200)
+    monkeypatch.setattr(summaries, "N_RESAMPLES", 200)
 
 
 @pytest.fixture(scope="module")
