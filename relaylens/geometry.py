@@ -342,33 +342,27 @@ def _multiply_planes(x: torch.Tensor, multiplier: torch.Tensor, layout: str) -> 
     return torch.view_as_real(z).reshape(x.shape[0], -1)
 
 
-def _rotate_planes(x: torch.Tensor, real: torch.Tensor, imag: torch.Tensor, layout: str) -> torch.Tensor:
-    """Multiply every plane of ``x`` ``[rows, rotary_dim]`` by ``real + i imag`` ``[rows, plane]``."""
-    return _multiply_planes(x, torch.complex(real.float(), imag.float()), layout)
-
-
 @torch.no_grad()
 def rotate_keys(keys: torch.Tensor, positions: torch.Tensor, factors: RotaryFactors, layer: int | None = None) -> torch.Tensor:
     """Apply ``R_a(p)`` to *un-rotated* key or query content ``[..., n, head_dim]`` (used by phase replay)."""
-    lead = keys.shape[:-1]
-    positions = torch.broadcast_to(positions, lead)
-    factors.check_positions(positions, "positions")
-    cos, sin = factors.plane_factors(positions.reshape(-1).to(keys.device), layer)  # [slots, plane]
-    flat = keys.reshape(-1, keys.shape[-1])
-    out = flat.clone()
-    out[:, : factors.rotary_dim] = _rotate_planes(flat[:, : factors.rotary_dim].float(), cos, sin, factors.layout).to(keys.dtype)
-    return out.reshape(keys.shape)
+    return _apply_phases(keys, positions, factors, layer, inverse=False)
 
 
 @torch.no_grad()
 def unrotate_keys(keys: torch.Tensor, positions: torch.Tensor, factors: RotaryFactors, layer: int | None = None) -> torch.Tensor:
     """Apply ``R_a(p)^-1``: recover the un-rotated content of post-rotary keys or queries ``[..., n, head_dim]``."""
-    lead = keys.shape[:-1]
-    positions = torch.broadcast_to(positions, lead)
+    return _apply_phases(keys, positions, factors, layer, inverse=True)
+
+
+def _apply_phases(keys: torch.Tensor, positions: torch.Tensor, factors: RotaryFactors, layer: int | None, inverse: bool) -> torch.Tensor:
+    """``R_a(p)`` or its exact inverse ``(c - is) / (c^2 + s^2)`` on every plane; pass-through features copied."""
+    positions = torch.broadcast_to(positions, keys.shape[:-1])
     factors.check_positions(positions, "positions")
     cos, sin = factors.plane_factors(positions.reshape(-1).to(keys.device), layer)  # [slots, plane]
-    amplitude_sq = cos * cos + sin * sin
-    flat = keys.reshape(-1, keys.shape[-1])
-    out = flat.float().clone()
-    out[:, : factors.rotary_dim] = _rotate_planes(flat[:, : factors.rotary_dim].float(), cos / amplitude_sq, -sin / amplitude_sq, factors.layout)
-    return out.to(keys.dtype).reshape(keys.shape)
+    multiplier = torch.complex(cos, sin)
+    if inverse:
+        multiplier = multiplier.conj() / (cos * cos + sin * sin)
+    flat = keys.reshape(-1, keys.shape[-1])  # [slots, head_dim]
+    out = flat.clone()
+    out[:, : factors.rotary_dim] = _multiply_planes(flat[:, : factors.rotary_dim], multiplier, factors.layout).to(keys.dtype)
+    return out.reshape(keys.shape)
