@@ -145,7 +145,7 @@ def run(
 @app.command("merge")
 def merge(shards: list[Path] = typer.Argument(..., help="shard run directories"), out: Path = typer.Option(..., help="merged run directory")) -> None:
     """Combine shard run directories into one (manifests must agree; keys must not conflict)."""
-    from relaylens.results import merge_runs
+    from relaylens.shards import merge_runs
 
     _guard(merge_runs, [str(s) for s in shards], str(out))
     console.print(f"[green]merged[/] {len(shards)} shards into {out}")

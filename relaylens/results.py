@@ -43,7 +43,6 @@ import math
 import numbers
 import os
 import subprocess
-import warnings
 from pathlib import Path
 from typing import Any, Callable, NamedTuple
 
@@ -54,7 +53,7 @@ from relaylens.errors import RelaylensError
 from relaylens.tables import KEY_COLUMNS, TABLES
 
 __all__ = ["UnitKey", "RunStore", "ResultStoreError", "StoreWriteError", "build_manifest", "file_sha256",
-           "load_tables", "shard_records", "parse_shard", "merge_runs", "SORT_COLUMNS", "DTYPES"]
+           "load_tables", "SORT_COLUMNS", "DTYPES"]
 
 FORMAT_VERSION = 1
 UNITS = "units"
@@ -475,63 +474,3 @@ def load_tables(run_dir: str | Path) -> dict[str, pd.DataFrame]:
         return store.build_tables()
     return {name: _sorted(name, _coerce(name, pd.read_parquet(run_dir / f"{name}.parquet"))) for name in TABLES}
 
-
-# ---------------------------------------------------------------------------------------------------- shards
-
-def parse_shard(text: str) -> tuple[int, int]:
-    """``"i/n"`` -> ``(i, n)``; shards are numbered ``0..n-1``.
-
-    >>> parse_shard("1/4")
-    (1, 4)
-    """
-    try:
-        i, n = (int(x) for x in text.split("/"))
-    except ValueError:
-        raise ValueError(f"--shard expects 'i/n' with integers (e.g. 0/2); got {text!r}") from None
-    if n < 1 or not 0 <= i < n:
-        raise ValueError(f"--shard {text}: expected 0 <= i < n (shards are numbered 0..n-1); got i={i}, n={n}")
-    return i, n
-
-
-def shard_records(record_ids: list[str], i: int, n: int) -> list[str]:
-    """The ids of shard ``i`` of ``n`` (input order kept): ``sha256(id) mod n == i``, stable across runs and machines.
-
-    >>> ids = [f"q{k}" for k in range(10)]
-    >>> sorted(shard_records(ids, 0, 2) + shard_records(ids, 1, 2)) == sorted(ids)
-    True
-    """
-    parse_shard(f"{i}/{n}")
-    return [r for r in record_ids if int(hashlib.sha256(str(r).encode("utf-8")).hexdigest()[:16], 16) % n == i]
-
-
-def merge_runs(shard_dirs: list[str | Path], out_dir: str | Path) -> dict[str, pd.DataFrame]:
-    """Combine shard run directories into ``out_dir`` and consolidate it. Manifests must agree except ``shard``;
-    a unit present in two shards must have identical content. Returns the merged tables."""
-    if not shard_dirs:
-        raise ValueError("merge_runs needs at least one shard directory")
-    stores = [RunStore.open(d) for d in shard_dirs]
-    base = stores[0]
-    for s in stores[1:]:
-        diff = manifest_diff(base.manifest, s.manifest, ignore={"shard"})
-        if diff:
-            raise ResultStoreError(f"cannot merge {s.run_dir} with {base.run_dir}: manifests differ in {diff}. "
-                                   "Fix: merge only shards of one command (same analysis, config, model, data, code)")
-    shards = [s.manifest.get("shard") for s in stores]
-    counts = {sh["count"] for sh in shards if sh}
-    if len(counts) == 1 and len({sh["index"] for sh in shards if sh}) < counts.pop():
-        warnings.warn(f"merging {len(stores)} directories that do not cover every shard: {shards}", stacklevel=2)
-    manifest = {**base.manifest, "shard": None,
-                "merged_from": [{"dir": str(s.run_dir), "shard": s.manifest.get("shard")} for s in stores]}
-    out = RunStore.create_or_open(out_dir, manifest)
-    seen: dict[str, Path] = {p.name: p for p in out.unit_paths()}
-    for s in stores:
-        for path in s.unit_paths():
-            content = s._load_unit(path)  # validates the checksum before copying
-            if path.name in seen:
-                if out._load_unit(seen[path.name]) != content:
-                    raise ResultStoreError(f"unit {path.name} differs between {seen[path.name]} and {path}: the same "
-                                           "(record, selector, budget) has different results. Fix: drop one shard's copy")
-                continue
-            _atomic_write(out.run_dir / UNITS / path.name, path.read_bytes(), out.run_dir, out.writer)
-            seen[path.name] = path
-    return out.consolidate()

@@ -185,7 +185,8 @@ def run_analysis(spec: ExperimentSpec, config: RunConfig, progress: bool = True,
     from relaylens.prefill import prefill_history
     from relaylens.prompting import render_prompt
     from relaylens.records import load_records
-    from relaylens.results import RunStore, UnitKey, build_manifest, parse_shard, shard_records
+    from relaylens.results import RunStore, UnitKey, build_manifest
+    from relaylens.shards import parse_shard, shard_records
     from relaylens.selectors.attention_stats import capture_column_sums
 
     check_config(config)

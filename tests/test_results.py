@@ -19,10 +19,8 @@ import pandas as pd
 import pytest
 
 import relaylens.results as results
-from relaylens.results import (
-    ResultStoreError, RunStore, StoreWriteError, UnitKey, build_manifest, load_tables, merge_runs, parse_shard,
-    shard_records,
-)
+from relaylens.results import ResultStoreError, RunStore, StoreWriteError, UnitKey, build_manifest, load_tables
+from relaylens.shards import merge_runs, parse_shard, shard_records
 from relaylens.tables import TABLES
 
 CONDITIONS = ("original", "relay")
