@@ -27,14 +27,6 @@ ERRORS = (RelaylensError, ValueError, OSError)  # OSError: StoreWriteError, File
 
 # ---------------------------------------------------------------------------------------------------- fixtures
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    """Tiny models on two shared cores: one torch thread is ~20x faster than the default pool."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
 
 @dataclasses.dataclass
 class Env:

@@ -24,13 +24,6 @@ SMALLEST_SPACING = {torch.float16: 2.0**-24, torch.bfloat16: 2.0**-133}
 SETTINGS = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
 
 @functools.cache
 def factors_of(variant: str) -> RotaryFactors:
