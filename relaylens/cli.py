@@ -32,12 +32,35 @@ def _guard(fn, *args, **kwargs):
 
     try:
         return fn(*args, **kwargs)
-    except (RelaylensError, ValueError, FileNotFoundError, PermissionError, IsADirectoryError) as err:
+    except (RelaylensError, ValueError) as err:
         _fail(str(err))
     except StoreWriteError as err:  # already names the run directory and the fix
         _fail(str(err))
     except OSError as err:
-        _fail(f"{err.strerror or err} ({getattr(err, 'filename', '') or 'output'}); free space or choose another --out")
+        _fail(os_error_line(err))
+    except RecursionError:
+        _fail("the input is nested too deeply to read (RecursionError). Fix: check that the file is what the "
+              "command expects")
+
+
+def os_error_line(err: OSError) -> str:
+    """One line for an operating-system error: what failed on which file, and a fix that fits the error
+    (only a full disk is told to free space)."""
+    import errno
+
+    what = err.strerror or str(err) or type(err).__name__
+    where = " -> ".join(str(f) for f in (err.filename, getattr(err, "filename2", None)) if f)
+    if err.errno == errno.ENOSPC:
+        fix = "free space or choose another output directory (--out)"
+    elif err.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+        fix = "check the permissions, or choose another directory"
+    elif isinstance(err, (FileNotFoundError, NotADirectoryError, IsADirectoryError)):
+        fix = "check the path"
+    else:
+        fix = "check the path, the network (for hub models) and the disk"
+    if not where and str(err) and not err.strerror:  # messages that already say everything (FileNotFoundError("..."))
+        return f"{err}" if "Fix" in str(err) else f"{err}. Fix: {fix}"
+    return f"{what}{f' ({where})' if where else ''}. Fix: {fix}"
 
 
 @model_app.command("pull")
@@ -81,6 +104,10 @@ def data_synth(
     """Write seeded LongMemEval-schema records (all seven question kinds)."""
     from relaylens.datasets.synthetic import synth_command
 
+    if n < 1:
+        _fail(f"--n must be a positive number of records; got {n}. Fix: pass --n 1 or more")
+    if history_tokens < 1:
+        _fail(f"--history-tokens must be positive; got {history_tokens}")
     path = _guard(synth_command, n, seed, history_tokens, tokenizer, out)
     console.print(f"[green]wrote[/] {n} records to {path}")
 
@@ -95,6 +122,8 @@ def bench(
     """Benchmarks: ratios are measured in the same run; results go to a CSV and a Markdown table."""
     from relaylens import bench as bench_module
 
+    if repeats < 1:
+        _fail(f"--repeats must be at least 1 (a median needs one timing); got {repeats}")
     names = list(bench_module.BENCHMARKS) if which == "all" else [which]
     for name in names:
         if name not in bench_module.BENCHMARKS:
@@ -143,11 +172,21 @@ def run(
 
 
 @app.command("merge")
-def merge(shards: list[Path] = typer.Argument(..., help="shard run directories"), out: Path = typer.Option(..., help="merged run directory")) -> None:
-    """Combine shard run directories into one (manifests must agree; keys must not conflict)."""
+def merge(shards: list[Path] = typer.Argument(..., help="shard run directories"),
+          out: Path = typer.Option(..., help="merged run directory"),
+          allow_incomplete: bool = typer.Option(False, "--allow-incomplete", help="merge even when shards or units "
+                                                "are missing (warned, and recorded in the manifest)")) -> None:
+    """Combine shard run directories into one (manifests must agree; keys must not conflict; complete unless
+    --allow-incomplete)."""
+    import warnings
+
     from relaylens.shards import merge_runs
 
-    _guard(merge_runs, [str(s) for s in shards], str(out))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        _guard(merge_runs, [str(s) for s in shards], str(out), allow_incomplete=allow_incomplete)
+    for w in caught:
+        console.print(f"[bold yellow]warning:[/] {w.message}")
     console.print(f"[green]merged[/] {len(shards)} shards into {out}")
 
 
@@ -168,6 +207,8 @@ def figures_command(
     from relaylens.figures import write_figures
 
     fmts = [f.strip() for f in formats.split(",") if f.strip()]
+    if not fmts:
+        _fail(f"--format {formats!r} names no figure format. Fix: pass one or more of png, pdf, svg (e.g. --format png)")
     paths = _guard(write_figures, run_dir, only=only, formats=fmts, all_supported=all_supported,
                    progress=lambda name: console.print(f"drawing {name} ..."))
     for path in paths:

@@ -181,13 +181,12 @@ def process_unit(model, tokenizer, factors, record: Record, prompt, prefill, sel
 def run_analysis(spec: ExperimentSpec, config: RunConfig, progress: bool = True, model_and_tokenizer=None) -> Path:
     """Run (or resume) ``spec`` under ``config``; returns the run directory with consolidated tables."""
     from relaylens.geometry import RotaryFactors
-    from relaylens.models import load_model, model_fingerprint
-    from relaylens.prefill import prefill_history
-    from relaylens.prompting import render_prompt
+    from relaylens.judge import redact_url
+    from relaylens.locks import run_lock
+    from relaylens.models import load_model, model_files_fingerprint, model_fingerprint
     from relaylens.records import load_records
-    from relaylens.results import RunStore, UnitKey, build_manifest
+    from relaylens.results import RunStore, build_manifest, prepare_run_dir
     from relaylens.shards import parse_shard, shard_records
-    from relaylens.selectors.attention_stats import capture_column_sums
 
     check_config(config)
     data_path = resolve_data(config.data)
@@ -203,10 +202,28 @@ def run_analysis(spec: ExperimentSpec, config: RunConfig, progress: bool = True,
     out = Path(config.out or f"runs/{spec.name}")
     model, tokenizer = model_and_tokenizer or load_model(config.model)
     factors = RotaryFactors.from_model(model)
-    manifest = build_manifest(spec.name, {"spec": spec.to_dict(), "run": vars(config) | {"out": None, "force": None, "shard": None}},
-                              config.model, model_fingerprint(model), data_path, shard)
-    store = RunStore.create_or_open(out, manifest, force=config.force)
-    judge = make_judge(config, out)
+    run_settings = vars(config) | {"out": None, "force": None, "shard": None,
+                                   "judge_url": redact_url(config.judge_url) if config.judge_url else None}
+    plan = {"record_ids": [r.record_id for r in records], "units": len(spec.units([r.record_id for r in records]))}
+    manifest = build_manifest(spec.name, {"spec": spec.to_dict(), "run": run_settings}, config.model,
+                              model_fingerprint(model), data_path, shard,
+                              model_info=model_files_fingerprint(model, tokenizer), plan=plan)
+    prepare_run_dir(out)
+    with run_lock(out, "run"):
+        judge = make_judge(config, out)  # a bad judge setting fails before the manifest is written
+        store = RunStore.create_or_open(out, manifest, force=config.force)
+        _run_units(model, tokenizer, factors, records, spec, config, store, judge, progress)
+        store.consolidate()
+    return out
+
+
+def _run_units(model, tokenizer, factors, records, spec: ExperimentSpec, config: RunConfig, store, judge,
+               progress: bool) -> None:
+    from relaylens.prefill import prefill_history
+    from relaylens.prompting import render_prompt
+    from relaylens.results import UnitKey
+    from relaylens.selectors.attention_stats import capture_column_sums
+
     selectors = _selector_objects(spec, config.seed)
     units = spec.units([r.record_id for r in records])
     needs_columns = any(getattr(s, "needs_column_sums", False) for s in selectors.values())
@@ -230,8 +247,6 @@ def run_analysis(spec: ExperimentSpec, config: RunConfig, progress: bool = True,
                                                        selectors[name], budget, spec, config, judge)
                 store.write_unit(UnitKey(record.record_id, name, budget), answers, scores, probes)
                 _advance(live, task, 1, record.record_id, "committed")
-    store.consolidate()
-    return out
 
 
 def _progress(enabled: bool):
