@@ -219,8 +219,9 @@ class RotaryFactors:
             raise ShapeError(f"layer {layer} out of range 0..{self.num_layers - 1}")
         return self.layer_types[layer]
 
-    def check_positions(self, positions: torch.Tensor, what: str) -> None:
-        """Raise :class:`PositionError` for non-integer, negative or out-of-range positions."""
+    def check_positions(self, positions: torch.Tensor, what: str, fix: str | None = None) -> None:
+        """Raise :class:`PositionError` for non-integer, negative or out-of-range positions; ``fix`` replaces the
+        default advice for out-of-range positions."""
         if positions.is_floating_point() or positions.dtype == torch.bool:
             raise PositionError(f"{what} must be integer positions; got dtype {positions.dtype}")
         if positions.numel() == 0:
@@ -231,7 +232,7 @@ class RotaryFactors:
         if self.max_position is not None and high >= self.max_position:
             raise PositionError(
                 f"{what} reach position {high}, past what this model's rotary supports (max_position_embeddings="
-                f"{self.max_position}); use a smaller shift or a model with a longer context"
+                f"{self.max_position}); {fix or 'use a smaller shift or a model with a longer context'}"
             )
 
 

@@ -485,7 +485,7 @@ def load_model(spec: str | os.PathLike = DEFAULT_MODEL, dtype: torch.dtype = tor
 
 
 def _load_failure(spec, kind: str, path, exc: OSError) -> str:
-    first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
+    first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300].rstrip(".")
     if kind == "hub":
         fix = ("check the hub id and the network (or the HF_HUB_OFFLINE / HF_HOME settings), or pass a local "
                "Hugging Face directory")

@@ -97,7 +97,9 @@ def first_answer_token(tokenizer, record: Record, mode: str) -> int | None:
     if not record.answers or record.is_abstention:
         return None
     prefix = " " if mode == "completion" else ""
-    ids = tokenizer(prefix + record.answers[0], add_special_tokens=False)["input_ids"]
+    from relaylens.prompting import encode_data_text
+
+    ids, _ = encode_data_text(tokenizer, prefix + record.answers[0])  # special-token strings in data stay text
     return int(ids[0]) if ids else None
 
 
