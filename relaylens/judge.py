@@ -250,8 +250,11 @@ class OpenAIBackend:
                  retries: int = 3, backoff: float = 1.0, model_id: str | None = None):
         if not base_url.startswith(("http://", "https://")):
             raise ValueError(f"judge base_url must start with http:// or https://; got {redact_url(base_url)!r}")
-        self.url = chat_completions_url(base_url)
-        self.shown_url = redact_url(self.url)  # what messages, manifests and reports show
+        full = urllib.parse.urlsplit(chat_completions_url(base_url))
+        self._userinfo = (urllib.parse.unquote(full.username or ""), urllib.parse.unquote(full.password or ""))
+        # urllib cannot send userinfo inside the URL: it goes into a Basic Authorization header instead
+        self.url = urllib.parse.urlunsplit(full._replace(netloc=full.netloc.rpartition("@")[2]))
+        self.shown_url = redact_url(urllib.parse.urlunsplit(full))  # what messages, manifests and reports show
         host = urllib.parse.urlsplit(self.url).hostname or ""
         # loopback servers (vLLM, llama.cpp, test stubs) are reached directly, never through an http_proxy
         handlers = [urllib.request.ProxyHandler({})] if host in ("127.0.0.1", "localhost", "::1") else []
@@ -273,6 +276,11 @@ class OpenAIBackend:
         headers = {"Content-Type": "application/json"}
         if self.api_key:
             headers["Authorization"] = f"Bearer {self.api_key}"
+        elif any(self._userinfo):
+            import base64
+
+            token = base64.b64encode(":".join(self._userinfo).encode()).decode()
+            headers["Authorization"] = f"Basic {token}"
         last = ""
         for attempt in range(self.retries + 1):
             if attempt:
@@ -302,7 +310,7 @@ class OpenAIBackend:
     def _redact(self, text: str) -> str:
         """``text`` with the API key and the URL's secrets (password, query values) replaced by ``***``."""
         parts = urllib.parse.urlsplit(self.url)
-        secrets = [self.api_key or "", parts.password or ""]
+        secrets = [self.api_key or "", self._userinfo[1]]
         secrets += [v for _, v in urllib.parse.parse_qsl(parts.query) if len(v) >= 4]
         for secret in sorted(filter(None, secrets), key=len, reverse=True):
             text = text.replace(secret, "***")
