@@ -84,13 +84,26 @@ def model_check(
     name: str = typer.Argument("smollm2-135m-instruct", help="model spec (embedded name, local dir, .gguf, hub id)"),
     history_tokens: int = typer.Option(700, "--history-tokens", help="history length of the check prompt"),
 ) -> None:
-    """Exactness checks on a real model (keep-all vs full forward, relocated keys vs direct rotation, windows)."""
-    from relaylens.checks import run_checks
-    from relaylens.models import load_model
+    """Exactness checks on a real model (keep-all vs full forward, relocated keys vs direct rotation and vs the
+    model's own keys at shifted positions, windows); each against a threshold, exit 1 when one fails. An embedded
+    model's cached files are fully re-hashed first."""
+    from relaylens.checks import run_checks, verdicts
+    from relaylens.models import EMBEDDED, load_model, verify_cached
 
+    if name in EMBEDDED:
+        _guard(verify_cached, name, full=True)
     model, tokenizer = _guard(load_model, name)
-    for check, value in _guard(run_checks, model, tokenizer, history_tokens=history_tokens):
-        print(f"{value:12.4g}  {check}")
+    failed = 0
+    dtype = next(model.parameters()).dtype
+    for check, value, limit, ok in verdicts(_guard(run_checks, model, tokenizer, history_tokens=history_tokens), dtype):
+        status = "    " if limit is None else ("PASS" if ok else "FAIL")
+        bound = "" if limit is None else f" (threshold {limit:g})"
+        print(f"{status}  {value:12.4g}  {check}{bound}")
+        failed += not ok
+    if failed:
+        _fail(f"{failed} exactness check(s) of {name} failed their thresholds (FAIL lines above). Fix: report the "
+              "model's architecture; do not use relaylens results for it until the checks pass")
+    console.print(f"[green]all exactness checks passed[/] for {name}")
 
 
 @data_app.command("synth")
