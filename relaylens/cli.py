@@ -1,4 +1,4 @@
-"""Command line: ``relaylens run | merge | figures | report | bench | demo | data synth | model pull``.
+"""Command line: ``relaylens run | merge | judge | figures | report | bench | demo | data synth | model pull``.
 
 Every command prints where its output went; long work shows a rich progress bar. Errors from relaylens (bad input)
 are printed as one clear line with exit status 2, never as a traceback from deep inside torch.
@@ -185,6 +185,10 @@ def run(
     if len(tables["answers"]):
         table = accuracy_table(tables)
         print(table.to_string(index=False, float_format=lambda v: f"{v:.3f}"))
+    from relaylens.retention import retention_lines
+
+    for line in retention_lines(tables["answers"]):
+        print(line)
     summary = skipped_summary(tables)
     if summary:
         print(summary)
@@ -198,6 +202,43 @@ def merge(shards: list[Path] = typer.Argument(..., help="shard run directories")
 
     _guard(merge_runs, [str(s) for s in shards], str(out))
     console.print(f"[green]merged[/] {len(shards)} shards into {out}")
+
+
+@app.command("judge")
+def judge_command(
+    run_dir: Path = typer.Argument(..., help="a finished run directory"),
+    judge_url: str = typer.Option(None, "--judge-url", help="OpenAI-compatible base URL of the judge"),
+    judge_model: str = typer.Option(..., "--judge-model", help="judge model: name at --judge-url, or a local HF model spec"),
+    judge_key_env: str = typer.Option(None, "--judge-key-env", help="environment variable with the judge's API key"),
+    max_tokens: int = typer.Option(32, "--max-tokens", help="judge output tokens (the paper's second judge: 2048)"),
+    reasoning_effort: str = typer.Option(None, "--reasoning-effort", help="low, medium or high (reasoning judges)"),
+    name: str = typer.Option(None, "--name", help="judge name: scores become judge_NAME (default: from the model)"),
+    data: str = typer.Option(None, help="the run's dataset file, when it moved since the run"),
+) -> None:
+    """Re-score a finished run's answers with another judge (generations untouched; adds judge_NAME scores)."""
+    from relaylens.judge import HFBackend, OpenAIBackend
+    from relaylens.rejudge import judge_name, rejudge_run
+
+    name = name or _guard(judge_name, judge_model)
+    if judge_url:
+        backend = _guard(OpenAIBackend, judge_url, judge_model, api_key_env=judge_key_env, max_tokens=max_tokens,
+                         reasoning_effort=reasoning_effort)
+    else:
+        from relaylens.models import load_model
+
+        model, tokenizer = _guard(load_model, judge_model)
+        backend = _guard(HFBackend, model, tokenizer, model_id=judge_model, max_tokens=max_tokens,
+                         reasoning_effort=reasoning_effort)
+    with console.status(f"judging the answers of {run_dir} as judge_{name} ..."):
+        result = _guard(rejudge_run, run_dir, backend, name, data)
+    print(f"judge_{name}: {result.judged} answers judged ({result.calls} calls, {result.cache_hits} cached), "
+          f"{len(result.failures)} failure(s)")
+    for failure in result.failures[:20]:
+        print(f"  failed: {failure['record_id']} {failure['selector']} @ {failure['budget']:g} {failure['condition']}: "
+              f"{failure['reply']!r}")
+    if len(result.failures) > 20:
+        print(f"  ... {len(result.failures) - 20} more in {Path(run_dir) / f'judge_{name}_failures.json'}")
+    console.print(f"[green]updated[/] {run_dir} (scores judge_{name}, judge_{name}_failed)")
 
 
 # --- figures and report (relaylens.figures, relaylens.report: result tables only, no model) -------------------
