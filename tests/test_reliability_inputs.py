@@ -495,7 +495,6 @@ RUN_CASES = [
     ("run-bad-shard", dict(shard="2/2"), ["--shard 2/2", "0 <= i < n"]),
     ("run-empty-history-record", dict(data="@empty-history"), ["empty history", "Fix"]),
     ("run-zero-records", dict(data="@zero"), ["holds no records"]),
-    ("run-history-beyond-context", dict(model="@short-context"), ["exceeds the model's max_position_embeddings=64", "Fix"]),
     ("run-out-under-a-file", dict(out="@under-file"), ["cannot create run directory", "Fix", "--out"]),
 ]
 
@@ -521,6 +520,18 @@ def test_bad_run_configuration_fails_before_any_result(env, tmp_path, config, fr
     for fragment in fragments:
         assert fragment in str(info.value), f"{fragment!r} missing from: {info.value}"
     _assert_no_results(out)
+
+
+def test_history_beyond_context_is_skipped_and_recorded(env, tmp_path):
+    """A record whose history passes the model's rotary range: skipped (issue 15), named, never a crash."""
+    from relaylens.results import load_tables
+    from relaylens.testing import tiny_model
+
+    out = _run(env, tmp_path / "run", limit=1,
+               model_and_tokenizer=(tiny_model("llama", max_position_embeddings=64), env.tokenizer))
+    skipped = load_tables(out)["skipped"]
+    assert set(skipped.reason) == {"too_long"} and "max_position_embeddings=64" in skipped.detail.iloc[0]
+    assert len(load_tables(out)["answers"]) == 0
 
 
 # ------------------------------------------------------------------------------------------------ full disk
