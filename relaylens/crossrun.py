@@ -62,10 +62,12 @@ def choose_metrics(scores: pd.DataFrame, requested: str | None = None) -> tuple[
         return FALLBACK, ""
     if _has(scores, "choice_accuracy") and not _has(scores, "judge"):
         return ("choice_accuracy",), ""
-    if _has(scores, "judge"):
+    judges = ["judge"] if _has(scores, "judge") else sorted(
+        m for m in scores["metric"].unique() if m.startswith("judge_") and not m.endswith("_failed") and _has(scores, m))
+    if judges:  # the run's inline judge, else the first judge added by `relaylens judge`
         if _has(scores, "choice_accuracy"):  # a grid of judged and multiple-choice datasets: each its own metric
-            return ("judge", "choice_accuracy"), ""
-        return ("judge",), ""
+            return (judges[0], "choice_accuracy"), ""
+        return (judges[0],), ""
     return FALLBACK, FALLBACK_NOTE
 
 
