@@ -65,9 +65,11 @@ def os_error_line(err: OSError) -> str:
     import errno
 
     what = err.strerror or str(err) or type(err).__name__
+    if "Fix:" in what:  # relaylens's own OSErrors (StoreWriteError, OutputWriteError) already name the file and fix
+        return what
     where = " -> ".join(str(f) for f in (err.filename, getattr(err, "filename2", None)) if f)
-    if err.errno == errno.ENOSPC:
-        fix = "free space or choose another output directory (--out)"
+    if err.errno in (errno.ENOSPC, errno.EFBIG, errno.EDQUOT):
+        fix = "free space (or raise the file-size limit) or choose another output directory (--out)"
     elif err.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
         fix = "check the permissions, or choose another directory"
     elif isinstance(err, (FileNotFoundError, NotADirectoryError, IsADirectoryError)):
