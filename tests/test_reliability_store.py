@@ -166,6 +166,17 @@ def test_every_writer_takes_the_lock(ws, tmp_path):
     with run_lock(merged, "run"):
         with pytest.raises(RunLockedError, match="in use"):
             merge_runs([run_dir], merged)
+    from relaylens.rejudge import rejudge_run
+
+    class NeverCalled:
+        model_id = "never-called"
+
+        def complete(self, system, user):
+            raise AssertionError("the judge must not run while another process writes the run")
+
+    with run_lock(run_dir, "figures"):
+        with pytest.raises(RunLockedError, match="relaylens figures"):
+            rejudge_run(run_dir, NeverCalled(), "locked")
     assert not (run_dir / ".relaylens.lock").exists()  # released and removed
 
 
