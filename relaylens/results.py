@@ -161,13 +161,10 @@ def source_state() -> dict:
     (64, True)
     """
     pkg = Path(__file__).resolve().parent
-    roots = [pkg]
-    try:
-        import analyses
-
-        roots += [Path(p).resolve() for p in analyses.__path__]
-    except ImportError:  # pragma: no cover - analyses not installed
-        pass
+    # the analyses beside the package (a checkout) or inside it; found by path, never imported (no foreign code runs)
+    roots = [pkg] + [d for d in (pkg.parent / "analyses", pkg / "analyses") if d.is_dir() and not d.is_symlink()]
+    if (pkg / "analyses").is_symlink():
+        roots.append((pkg / "analyses").resolve())
     digest = hashlib.sha256()
     for root in roots:
         for f in sorted(p for p in root.rglob("*") if p.is_file() and p.suffix in (".py", ".j2", ".json", ".jsonl")
