@@ -34,6 +34,8 @@ class ExperimentSpec:
         replay_conditions: conditions evaluated by phase replay only (content from the ``original`` pass).
         probes: record evidence-reading probes (needs evidence annotations).
         teacher_forcing: also probe the teacher-forced first answer token.
+        attribution: also attribute the answer to the evidence (gradient x input, direct logit attribution; needs
+            ``probes`` and ``teacher_forcing``): the question pass runs with autograd, see :mod:`relaylens.attribution`.
         max_new_tokens: greedy decoding limit (short answers: room for a restated question).
         prompt_mode: ``"completion"`` or ``"chat"``.
         granularity: gold evidence unit for probes (``"turn"`` or ``"session"``).
@@ -49,6 +51,7 @@ class ExperimentSpec:
     replay_conditions: tuple[str, ...] = ()
     probes: bool = False
     teacher_forcing: bool = False
+    attribution: bool = False
     max_new_tokens: int = 32
     prompt_mode: str = "completion"
     granularity: str = "turn"
@@ -74,6 +77,8 @@ class ExperimentSpec:
         object.__setattr__(self, "budgets", tuple(int(b) if b > 1 else b for b in self.budgets))
         if self.prompt_mode not in ("chat", "completion"):
             raise RelaylensError(f"prompt_mode must be 'chat' or 'completion'; got {self.prompt_mode!r}")
+        if self.attribution and not (self.probes and self.teacher_forcing):
+            raise RelaylensError(f"analysis {self.name!r}: attribution=True needs probes=True and teacher_forcing=True")
         if self.max_new_tokens < 0:
             raise RelaylensError(f"max_new_tokens must be >= 0; got {self.max_new_tokens}")
 

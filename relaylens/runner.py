@@ -94,11 +94,16 @@ def resolve_data(data: str) -> Path:
 
 def first_answer_token(tokenizer, record: Record, mode: str) -> int | None:
     """The first token of the first reference answer as it would follow the answer cue."""
+    ids = answer_tokens(tokenizer, record, mode)
+    return ids[0] if ids else None
+
+
+def answer_tokens(tokenizer, record: Record, mode: str) -> list[int]:
+    """The tokens of the first reference answer as they would follow the answer cue (empty for abstentions)."""
     if not record.answers or record.is_abstention:
-        return None
+        return []
     prefix = " " if mode == "completion" else ""
-    ids = tokenizer(prefix + record.answers[0], add_special_tokens=False)["input_ids"]
-    return int(ids[0]) if ids else None
+    return [int(i) for i in tokenizer(prefix + record.answers[0], add_special_tokens=False)["input_ids"]]
 
 
 def _selector_objects(spec: ExperimentSpec, seed: int) -> dict:
@@ -134,7 +139,10 @@ def process_unit(model, tokenizer, factors, record: Record, prompt, prefill, sel
     selection = selector.select(prefill, prompt, budget)
     evidence = prompt.evidence_mask(spec.granularity)
     do_probes = spec.probes and bool(evidence.any())
-    teacher = first_answer_token(tokenizer, record, spec.prompt_mode) if spec.teacher_forcing else None
+    answer_ids = answer_tokens(tokenizer, record, spec.prompt_mode)
+    teacher = answer_ids[0] if spec.teacher_forcing and answer_ids else None
+    attribution = dict(grad=True, next_answer_token=answer_ids[1] if len(answer_ids) > 1 else None) \
+        if spec.attribution and teacher is not None else {}
     stop_newline = spec.prompt_mode == "completion"
     gold_total, gold_kept = _gold_units(prompt, selection, spec.granularity)
     key = {"record_id": record.record_id, "selector": selector_name, "budget": float(budget)}
@@ -148,7 +156,7 @@ def process_unit(model, tokenizer, factors, record: Record, prompt, prefill, sel
                       window_mode=config.window_mode)
         if do_probes:
             probed = probe_condition(model, prefill, selection, condition, prompt.question_ids, evidence, factors=factors,
-                                     teacher_token=teacher, **common)
+                                     teacher_token=teacher, **attribution, **common)
             generation = probed.generation
             probe_frames.append(probed.readouts.assign(condition=generation.condition, source="forward"))
             if generation.condition == "original":

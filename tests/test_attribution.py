@@ -199,7 +199,8 @@ def test_share_lies_in_unit_interval_and_grad_needs_a_target():
 @pytest.mark.slow
 @pytest.mark.model
 def test_logit_attribution_on_smollm2(smollm2):
-    """SmolLM2 on a bundled record: DLA = linearised logit change of zeroing gold values, within 1e-3 relative."""
+    """SmolLM2, bundled record, bm25 at 0.2: DLA = linearised logit change of zeroing gold values, within 1e-3 relative
+    (observed: relative differences of about 1e-5 in float32, DLA values 1e-3 to 2e-2 logits)."""
     from relaylens.prefill import prefill_history
     from relaylens.prompting import render_prompt
     from relaylens.records import load_records
@@ -209,16 +210,12 @@ def test_logit_attribution_on_smollm2(smollm2):
     model, tokenizer = smollm2
     record = next(r for r in load_records(resolve_data("sample")) if r.answers and not r.is_abstention)
     prompt = render_prompt(record, tokenizer, mode="completion")
-    pre = prefill_history(model, prompt.history_ids[:600], window_size=32)
-    prompt_evidence = prompt.evidence_mask("session")[:600]
-    if not bool(prompt_evidence.any()):
-        prompt_evidence = torch.zeros(600, dtype=torch.bool)
-        prompt_evidence[100:200] = True
-    sel = make_selector("snapkv").select(pre, prompt, 0.2) if False else Selection.from_lists(
-        [[list(range(0, 600, 3))] * pre.num_kv_heads] * pre.num_layers, 600)
+    pre = prefill_history(model, prompt.history_ids, window_size=32)
+    sel = make_selector("bm25").select(pre, prompt, 0.2)
     target = answer_tokens(tokenizer, record, "completion")[0]
-    last = pre.num_layers - 1
-    pairs, _ = check_logit_attribution(model, pre, sel, prompt.question_ids, prompt_evidence, "relay", target,
-                                       [0, pre.num_layers // 2, last])
+    layers = [0, pre.num_layers // 2, pre.num_layers - 1]
+    pairs, _ = check_logit_attribution(model, pre, sel, prompt.question_ids, prompt.evidence_mask("turn"), "relay",
+                                       target, layers)
     for layer, (attributed, predicted) in pairs.items():
         assert attributed == pytest.approx(predicted, rel=1e-3, abs=1e-4), (layer, attributed, predicted)
+    assert any(abs(a) > 1e-3 for a, _ in pairs.values())
