@@ -124,6 +124,8 @@ def run(
     judge_url: str = typer.Option(None, "--judge-url", help="OpenAI-compatible base URL of an LLM judge (optional)"),
     judge_model: str = typer.Option(None, "--judge-model", help="judge model: name at --judge-url, or a local HF model spec"),
     judge_key_env: str = typer.Option(None, "--judge-key-env", help="environment variable with the judge's API key"),
+    view_records: int = typer.Option(3, "--view-records", min=0, help="store the token view (per-token attention of "
+                                     "the final question token) for the first N records with probes"),
 ) -> None:
     """Run (or resume) an analysis; every condition of a record shares one prefill and one selection."""
     from relaylens.experiments import load_analysis
@@ -135,7 +137,7 @@ def run(
                   prompt_mode=prompt_mode)
     config = RunConfig(model=model, data=data, data_format=data_format, limit=limit, out=str(out) if out else None,
                        shard=shard, seed=seed, force=force, judge_url=judge_url, judge_model=judge_model,
-                       judge_key_env=judge_key_env)
+                       judge_key_env=judge_key_env, view_records=view_records)
     run_dir = _guard(run_analysis, spec, config)
     table = accuracy_table(load_tables(run_dir))
     print(table.to_string(index=False, float_format=lambda v: f"{v:.3f}"))

@@ -45,6 +45,7 @@ class RunConfig:
     judge_url: str | None = None  # OpenAI-compatible endpoint for the memory_judge_v1 judge (optional)
     judge_model: str | None = None  # model name at that endpoint, or a local HF judge model spec
     judge_key_env: str | None = None  # environment variable holding the endpoint's API key
+    view_records: int = 3  # token view data (RUN_DIR/views) for the first N records with probes (0: none)
 
 
 def make_judge(config: RunConfig, run_dir: Path):
@@ -130,8 +131,12 @@ def _gold_units(prompt, selection, granularity: str) -> tuple[int, int]:
 
 
 def process_unit(model, tokenizer, factors, record: Record, prompt, prefill, selector_name: str, selector, budget: float,
-                 spec: ExperimentSpec, config: RunConfig, judge=None) -> tuple[list[dict], list[dict], pd.DataFrame]:
-    """All conditions of one (record, selector, budget): rows for the answers, scores and probes tables."""
+                 spec: ExperimentSpec, config: RunConfig, judge=None, views: list | None = None
+                 ) -> tuple[list[dict], list[dict], pd.DataFrame]:
+    """All conditions of one (record, selector, budget): rows for the answers, scores and probes tables.
+
+    ``views``: when a list, the unit's token view (:func:`relaylens.views.token_view`) is appended to it.
+    """
     from relaylens.generation import run_condition
     from relaylens.probes import probe_condition, replay_conditions
     from relaylens.scoring import score_answer
@@ -150,6 +155,7 @@ def process_unit(model, tokenizer, factors, record: Record, prompt, prefill, sel
             "cluster_id": record.cluster_id or record.record_id}
     answers, scores, probe_frames = [], [], []
     reference = None
+    recorders = {}
     for condition in spec.conditions:
         started = time.perf_counter()
         common = dict(max_new_tokens=spec.max_new_tokens, tokenizer=tokenizer, stop_at_newline=stop_newline,
@@ -158,6 +164,7 @@ def process_unit(model, tokenizer, factors, record: Record, prompt, prefill, sel
             probed = probe_condition(model, prefill, selection, condition, prompt.question_ids, evidence, factors=factors,
                                      teacher_token=teacher, **attribution, **common)
             generation = probed.generation
+            recorders[generation.condition] = probed.question_recorder
             probe_frames.append(probed.readouts.assign(condition=generation.condition, source="forward"))
             if generation.condition == "original":
                 reference = probed
@@ -183,6 +190,10 @@ def process_unit(model, tokenizer, factors, record: Record, prompt, prefill, sel
                                    int(prompt.question_ids.numel()), factors)
         probe_frames.append(replay.assign(source="replay"))
     probes = pd.concat(probe_frames, ignore_index=True).assign(**key) if probe_frames else pd.DataFrame()
+    if views is not None and recorders:
+        from relaylens.views import token_view
+
+        views.append(token_view(prompt, tokenizer, selection, spec.granularity, recorders, key))
     return answers, scores, probes
 
 
@@ -211,7 +222,7 @@ def run_analysis(spec: ExperimentSpec, config: RunConfig, progress: bool = True,
     out = Path(config.out or f"runs/{spec.name}")
     model, tokenizer = model_and_tokenizer or load_model(config.model)
     factors = RotaryFactors.from_model(model)
-    manifest = build_manifest(spec.name, {"spec": spec.to_dict(), "run": vars(config) | {"out": None, "force": None, "shard": None}},
+    manifest = build_manifest(spec.name, {"spec": spec.to_dict(), "run": vars(config) | {"out": None, "force": None, "shard": None, "view_records": None}},
                               config.model, model_fingerprint(model), data_path, shard)
     store = RunStore.create_or_open(out, manifest, force=config.force)
     judge = make_judge(config, out)
@@ -219,9 +230,11 @@ def run_analysis(spec: ExperimentSpec, config: RunConfig, progress: bool = True,
     units = spec.units([r.record_id for r in records])
     needs_columns = any(getattr(s, "needs_column_sums", False) for s in selectors.values())
     bar = _progress(progress)
+    from relaylens.views import write_view
+
     with bar as live:
         task = live.add_task(f"{spec.name}", total=len(units), stage="loading") if live else None
-        for record in records:
+        for order, record in enumerate(records):
             pending = [(name, b) for name in spec.selectors for b in spec.budgets if not store.is_done(UnitKey(record.record_id, name, b))]
             if not pending:
                 _advance(live, task, len(spec.selectors) * len(spec.budgets), record.record_id, "done earlier")
@@ -234,8 +247,11 @@ def run_analysis(spec: ExperimentSpec, config: RunConfig, progress: bool = True,
                 prefill.extras["column_sums"] = stats.column_sums
             for name, budget in pending:
                 _advance(live, task, 0, record.record_id, f"{name} @ {budget:g}")
+                views = [] if order < config.view_records else None
                 answers, scores, probes = process_unit(model, tokenizer, factors, record, prompt, prefill, name,
-                                                       selectors[name], budget, spec, config, judge)
+                                                       selectors[name], budget, spec, config, judge, views)
+                for view in views or []:
+                    write_view(out, view | {"order": order})
                 store.write_unit(UnitKey(record.record_id, name, budget), answers, scores, probes)
                 _advance(live, task, 1, record.record_id, "committed")
     store.consolidate()
