@@ -259,12 +259,25 @@ def run_analysis(spec: ExperimentSpec, config: RunConfig, progress: bool = True,
 
 
 def _progress(enabled: bool):
-    if not enabled:
-        return nullcontext(None)
+    if not enabled or _jupyter_without_widgets():
+        return nullcontext(None)  # in Jupyter without ipywidgets rich would warn once per refresh: no bar instead
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
     return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[stage]}"),
                     TimeElapsedColumn(), TimeRemainingColumn(), transient=False)
+
+
+def _jupyter_without_widgets() -> bool:
+    """True inside a Jupyter kernel where ipywidgets cannot be imported (rich's live display needs it there)."""
+    import sys
+
+    if "ipykernel" not in sys.modules:
+        return False
+    try:
+        import ipywidgets  # noqa: F401
+    except ImportError:
+        return True
+    return False
 
 
 def _advance(live, task, steps: int, record_id: str, stage: str) -> None:
