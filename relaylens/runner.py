@@ -269,13 +269,12 @@ def _run_units(model, tokenizer, factors, records, spec: ExperimentSpec, config:
                progress: bool) -> None:
     from relaylens.prompting import render_prompt
     from relaylens.results import UnitKey
+    from relaylens.views import write_view
 
     selectors = _selector_objects(spec, config.seed)
     units = spec.units([r.record_id for r in records])
     bar = _progress(progress)
     per_record = len(spec.selectors) * len(spec.budgets)
-    from relaylens.views import write_view
-
     with bar as live:
         task = live.add_task(f"{spec.name}", total=len(units), stage="loading") if live else None
         for order, record in enumerate(records):
@@ -309,7 +308,7 @@ def _run_units(model, tokenizer, factors, records, spec: ExperimentSpec, config:
                     _advance(live, task, 1, record.record_id, "skipped (too_short)")
                     continue
                 for view in views or []:
-                    write_view(out, view | {"order": order})
+                    write_view(store.run_dir, view | {"order": order})
                 store.write_unit(UnitKey(record.record_id, name, budget), answers, scores, probes)
                 _advance(live, task, 1, record.record_id, "committed")
 
