@@ -124,6 +124,9 @@ def run(
     judge_url: str = typer.Option(None, "--judge-url", help="OpenAI-compatible base URL of an LLM judge (optional)"),
     judge_model: str = typer.Option(None, "--judge-model", help="judge model: name at --judge-url, or a local HF model spec"),
     judge_key_env: str = typer.Option(None, "--judge-key-env", help="environment variable with the judge's API key"),
+    sweep: str = typer.Option(None, "--sweep", help="'layers': per-layer causal sweep (relay in layer l only, and in "
+                              "layers 0..l, for every l): costs one extra question pass per layer and curve for every "
+                              "record (about 2 x layers passes); off by default; recorded in the manifest"),
 ) -> None:
     """Run (or resume) an analysis; every condition of a record shares one prefill and one selection."""
     from relaylens.experiments import load_analysis
@@ -132,7 +135,7 @@ def run(
 
     module = _guard(load_analysis, analysis)
     spec = _guard(module.SPEC.replace, budgets=tuple(budget) if budget else None, max_new_tokens=max_new_tokens,
-                  prompt_mode=prompt_mode)
+                  prompt_mode=prompt_mode, sweep=sweep)
     config = RunConfig(model=model, data=data, data_format=data_format, limit=limit, out=str(out) if out else None,
                        shard=shard, seed=seed, force=force, judge_url=judge_url, judge_model=judge_model,
                        judge_key_env=judge_key_env)

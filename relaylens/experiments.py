@@ -40,6 +40,9 @@ class ExperimentSpec:
         selector_options: per-selector hyperparameter overrides, e.g. ``{"adakv": {"floor_alpha": 0.5}}``.
         limit: default number of records on CPU (``None``: all).
         figures: figure names this analysis feeds (``relaylens figures``).
+        sweep: ``"layers"`` adds the per-layer causal sweep (:mod:`relaylens.layer_sweep`: relay in each layer
+            alone and in layers ``0..l``, one question pass each, about ``2 x layers`` passes per record); ``""``
+            (the default) runs none.
     """
 
     name: str
@@ -56,6 +59,7 @@ class ExperimentSpec:
     limit: int | None = None
     figures: tuple[str, ...] = ()
     description: str = ""
+    sweep: str = ""
 
     def __post_init__(self) -> None:
         from relaylens.selectors import REGISTRY
@@ -76,6 +80,8 @@ class ExperimentSpec:
             raise RelaylensError(f"prompt_mode must be 'chat' or 'completion'; got {self.prompt_mode!r}")
         if self.max_new_tokens < 0:
             raise RelaylensError(f"max_new_tokens must be >= 0; got {self.max_new_tokens}")
+        if self.sweep not in ("", "layers"):
+            raise RelaylensError(f"sweep must be 'layers' or empty (none); got {self.sweep!r}")
 
     def units(self, record_ids: list[str]) -> list[tuple[str, str, float]]:
         """Units of work ``(record_id, selector, budget)``; each shares one selection across conditions."""
@@ -86,7 +92,10 @@ class ExperimentSpec:
         return dataclasses.replace(self, **{k: v for k, v in changes.items() if v is not None})
 
     def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
+        out = dataclasses.asdict(self)
+        if not out["sweep"]:  # manifests of runs without a sweep stay as they were before the field existed
+            del out["sweep"]
+        return out
 
 
 def load_analysis(name: str):
