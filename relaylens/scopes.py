@@ -116,6 +116,11 @@ class Scoped(Condition):
             parts.append(f"base={self.base.label}")
         return "@".join(parts)
 
+    @property
+    def shift(self) -> int:
+        """The largest position shift past the history of the two parts (the anchor never exceeds it)."""
+        return max(int(getattr(self.inner, "shift", 0)), int(getattr(self.base, "shift", 0)))
+
     def bind(self, model_or_config) -> Scoped:
         """A copy that knows the model's layer types (needed by ``layer_type=`` scopes)."""
         return dataclasses.replace(self, layer_types=model_layer_types(model_or_config))

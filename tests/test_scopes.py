@@ -312,3 +312,9 @@ def test_anchor_past_the_rotary_range_is_refused_with_the_label():
     model, prefill, sel, question = _setup("llama", num_layers=2)
     with pytest.raises(PositionError, match=r"relay@layers=0@base=query_only\(200000\)"):
         run_condition(model, prefill, sel, "relay@layers=0@base=query_only(200000)", question, max_new_tokens=2)
+
+
+def test_scoped_shift_is_the_largest_part_shift():
+    assert get_condition("relay@layers=0@base=query_only(2048)").shift == 2048
+    assert get_condition("common_shift(100)@band=late").shift == 100
+    assert get_condition("relay@band=late").shift == 0
