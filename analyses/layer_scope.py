@@ -5,18 +5,21 @@ middle or late third of the layers only (``relay@band=...``); relay in each laye
 several (``relay@layer_type=*`` expands to ``relay@layer_type=sliding_attention`` and
 ``relay@layer_type=full_attention`` on Gemma-3, to nothing on single-type models such as SmolLM2); ``key_only``
 everywhere. Answers, scores and the evidence probes as in the other analyses; ``--sweep layers`` adds the per-layer
-causal sweep (:mod:`relaylens.layer_sweep`).
+causal sweep (:mod:`relaylens.layer_sweep`). Not an experiment of the paper: its ``paper`` preset runs the same
+conditions with the paper's memory-task decoding and gold granularity.
 """
 
 from relaylens.experiments import ExperimentSpec
+from relaylens.presets import LLAMA, PAPER_DECODING, QWEN, Preset
 
 SCOPES = ("relay@band=early", "relay@band=middle", "relay@band=late", "relay@layer_type=*")
+CONDITIONS = ("original", "relay") + SCOPES + ("key_only",)
 
 SPEC = ExperimentSpec(
     "layer_scope",
     selectors=("bm25",),
     budgets=(0.10,),
-    conditions=("original", "relay") + SCOPES + ("key_only",),
+    conditions=CONDITIONS,
     probes=True,
     teacher_forcing=True,
     limit=8,
@@ -24,3 +27,9 @@ SPEC = ExperimentSpec(
     description="Relay in some layers only (per band, per layer type), original elsewhere: accuracy and final-token "
     "evidence share against original, with paired bootstrap intervals; optional per-layer causal sweep.",
 )
+
+PRESETS = {"paper": Preset(
+    dict(selectors=("bm25",), budgets=(0.10,), conditions=CONDITIONS, limit=0, **PAPER_DECODING),
+    paper_model=f"not in the paper; its models: {LLAMA}; {QWEN}", paper_data="LongMemEval-S (not in the paper)",
+    metric="judge, probes",
+    notes="Not an experiment of the paper (issue 17): the paper's decoding and session gold on the layer scopes.")}
