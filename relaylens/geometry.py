@@ -358,7 +358,8 @@ def _apply_phases(keys: torch.Tensor, positions: torch.Tensor, factors: RotaryFa
     """``R_a(p)`` or its exact inverse ``(c - is) / (c^2 + s^2)`` on every plane; pass-through features copied."""
     positions = torch.broadcast_to(positions, keys.shape[:-1])
     factors.check_positions(positions, "positions")
-    cos, sin = factors.plane_factors(positions.reshape(-1).to(keys.device), layer)  # [slots, plane]
+    cos, sin = factors.plane_factors(positions.reshape(-1), layer)  # [slots, plane] on the rotary's device
+    cos, sin = cos.to(keys.device), sin.to(keys.device)
     multiplier = torch.complex(cos, sin)
     if inverse:
         multiplier = multiplier.conj() / (cos * cos + sin * sin)
