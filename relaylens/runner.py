@@ -116,6 +116,13 @@ def _selector_objects(spec: ExperimentSpec, seed: int) -> dict:
     return objects
 
 
+def query_window(config: RunConfig, selectors: dict, history_length: int) -> int:
+    """Window queries the prefill captures: ``config.window_size``, or more when a selector votes with a longer
+    window of history queries (Scissorhands' ``query_window``), capped at the history length."""
+    extra = max([getattr(s, "query_window", 0) for s in selectors.values()] + [0])
+    return max(config.window_size, min(extra, history_length))
+
+
 def _gold_units(prompt, selection, granularity: str) -> tuple[int, int]:
     units = [u for u in prompt.units(granularity) if u.is_evidence]
     kept = selection.positions[selection.valid]
@@ -221,7 +228,8 @@ def run_analysis(spec: ExperimentSpec, config: RunConfig, progress: bool = True,
             _advance(live, task, len(spec.selectors) * len(spec.budgets) - len(pending), record.record_id, "prefill")
             prompt = render_prompt(record, tokenizer, mode=spec.prompt_mode)
             with capture_column_sums(model) if needs_columns else nullcontext() as stats:
-                prefill = prefill_history(model, prompt.history_ids, window_size=config.window_size, chunk_size=config.chunk_size)
+                prefill = prefill_history(model, prompt.history_ids, window_size=query_window(config, selectors, prompt.history_length),
+                                          chunk_size=config.chunk_size)
             if stats is not None:
                 prefill.extras["column_sums"] = stats.column_sums
             for name, budget in pending:

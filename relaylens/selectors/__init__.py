@@ -2,7 +2,7 @@
 
 Each selector is a small frozen dataclass of hyperparameters (defaults documented on the class). Only BM25 reads
 ``prompt`` (the question text); the attention-based selectors read the prefill's window queries (SnapKV, PyramidKV,
-AdaKV, ChunkKV, CaM) or its captured column sums (H2O, see :func:`capture_column_sums`). The specification is
+AdaKV, ChunkKV, CaM, Scissorhands) or its captured column sums (H2O, see :func:`capture_column_sums`). The specification is
 ``reference/selectors.md``.
 
 Example:
@@ -11,7 +11,7 @@ Example:
     >>> sel.counts.tolist()
     [[24, 24], [24, 24]]
     >>> sorted(REGISTRY)
-    ['adakv', 'bm25', 'cam', 'chunkkv', 'full', 'h2o', 'pyramidkv', 'random', 'snapkv', 'streaming']
+    ['adakv', 'bm25', 'cam', 'chunkkv', 'full', 'h2o', 'pyramidkv', 'random', 'scissorhands', 'snapkv', 'streaming']
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ from relaylens.selectors.full import FullKV
 from relaylens.selectors.h2o import H2O
 from relaylens.selectors.pyramidkv import PyramidKV
 from relaylens.selectors.random_selector import RandomSelector
+from relaylens.selectors.scissorhands import Scissorhands
 from relaylens.selectors.snapkv import SnapKV
 from relaylens.selectors.streaming import StreamingLLM
 
@@ -40,6 +41,7 @@ REGISTRY: dict[str, type[Selector]] = {
     "adakv": AdaKV,
     "chunkkv": ChunkKV,
     "cam": CaM,
+    "scissorhands": Scissorhands,
     "streaming": StreamingLLM,
     "random": RandomSelector,
     "full": FullKV,
@@ -73,6 +75,7 @@ __all__ = [
     "AdaKV",
     "ChunkKV",
     "CaM",
+    "Scissorhands",
     "StreamingLLM",
     "RandomSelector",
     "FullKV",
