@@ -232,6 +232,8 @@ def run_analysis(spec: ExperimentSpec, config: RunConfig, progress: bool = True,
                                           chunk_size=config.chunk_size)
             if stats is not None:
                 prefill.extras["column_sums"] = stats.column_sums
+            for name in dict.fromkeys(name for name, _ in pending):  # e.g. FINCH's question pass, once per record
+                selectors[name].prepare(model, prefill, prompt, factors)
             for name, budget in pending:
                 _advance(live, task, 0, record.record_id, f"{name} @ {budget:g}")
                 answers, scores, probes = process_unit(model, tokenizer, factors, record, prompt, prefill, name,

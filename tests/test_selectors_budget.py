@@ -37,6 +37,7 @@ def pre():
     p = random_prefill(length=L, num_layers=6, num_kv_heads=4, group=2, head_dim=16, window=32, seed=1)
     gen = torch.Generator().manual_seed(2)
     p.extras["column_sums"] = [torch.rand(8, L, generator=gen) * torch.arange(L, 0, -1) for _ in range(6)]
+    p.extras["finch_question_attention"] = [torch.rand(8, L, generator=gen) for _ in range(6)]
     return p
 
 
@@ -120,7 +121,7 @@ def test_bad_hyperparameters_raise(name, kwargs):
 
 def test_registry_and_unknown_name():
     assert set(REGISTRY) == {"bm25", "snapkv", "h2o", "pyramidkv", "adakv", "chunkkv", "cam", "streaming", "random", "full",
-                             "scissorhands"}
+                             "scissorhands", "finch"}
     assert make_selector("AdaKV", floor_alpha=0.5) == AdaKV(floor_alpha=0.5)
     with pytest.raises(RelaylensError, match="unknown selector 'snapkvv'.*adakv"):
         make_selector("snapkvv")
@@ -143,7 +144,7 @@ def test_every_selector_obeys_the_contract(pre, budget):
             for h in range(4):
                 p = sel.positions[l, h][sel.valid[l, h]]
                 assert (p[1:] > p[:-1]).all() and p.unique().numel() == p.numel(), name
-        if name in ("snapkv", "h2o", "cam", "streaming", "random", "scissorhands"):
+        if name in ("snapkv", "h2o", "cam", "streaming", "random", "scissorhands", "finch"):
             assert (sel.counts == k).all(), name  # exactly K per (layer, kv head)
         elif name == "pyramidkv":
             assert int(sel.counts.sum()) == 6 * 4 * k and (sel.counts == sel.counts[:, :1]).all()
@@ -159,7 +160,7 @@ def test_every_selector_obeys_the_contract(pre, budget):
 def test_head_structure(pre):
     """Per-head sets where the method says so; one shared set per layer where it does not."""
     sels = _all_selections(pre, 0.25)
-    for name in ("snapkv", "h2o", "adakv", "pyramidkv", "cam", "random", "scissorhands"):
+    for name in ("snapkv", "h2o", "adakv", "pyramidkv", "cam", "random", "scissorhands", "finch"):
         pos = sels[name].positions
         assert not (pos == pos[:, :1]).all(), f"{name} should differ across kv heads"
     for name in ("chunkkv", "streaming", "bm25", "full"):
