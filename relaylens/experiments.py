@@ -40,6 +40,8 @@ class ExperimentSpec:
         selector_options: per-selector hyperparameter overrides, e.g. ``{"adakv": {"floor_alpha": 0.5}}``.
         limit: default number of records on CPU (``None``: all).
         figures: figure names this analysis feeds (``relaylens figures``).
+        data: the bundled sample the analysis runs on when ``--data`` is ``sample``: ``"sample"`` (LongMemEval
+            schema) or ``"sample:infinitebench"`` (InfiniteBench format).
     """
 
     name: str
@@ -56,6 +58,7 @@ class ExperimentSpec:
     limit: int | None = None
     figures: tuple[str, ...] = ()
     description: str = ""
+    data: str = "sample"
 
     def __post_init__(self) -> None:
         from relaylens.selectors import REGISTRY

@@ -81,11 +81,16 @@ def check_config(config: RunConfig) -> None:
 
 
 def resolve_data(data: str) -> Path:
-    """``sample`` → the bundled LongMemEval-schema sample; anything else is a path."""
+    """``sample`` → the bundled LongMemEval-schema sample; ``sample:infinitebench`` → the bundled InfiniteBench-format
+    sample; anything else is a path."""
     if data == SAMPLE:
         from relaylens.datasets.synthetic import bundled_sample_path
 
         return Path(bundled_sample_path())
+    if data == "sample:infinitebench":
+        from relaylens.datasets.synthetic_infinitebench import bundled_infinitebench_path
+
+        return bundled_infinitebench_path()
     path = Path(data)
     if not path.exists():
         raise RelaylensError(f"dataset {data!r} does not exist; pass a file path or 'sample' for the bundled sample")
@@ -197,7 +202,7 @@ def run_analysis(spec: ExperimentSpec, config: RunConfig, progress: bool = True,
     from relaylens.selectors.attention_stats import capture_column_sums
 
     check_config(config)
-    data_path = resolve_data(config.data)
+    data_path = resolve_data(spec.data if config.data == SAMPLE else config.data)  # an analysis may bring its own sample
     records = load_records(data_path, format=config.data_format)
     if not records:
         raise RelaylensError(f"{data_path} holds no records")
