@@ -9,6 +9,7 @@ InfiniteBench-format sample (3 records per task, ~2k-token contexts) with SmolLM
 """
 
 from relaylens.experiments import ExperimentSpec
+from relaylens.presets import LLAMA, Preset
 
 #: InfiniteBench's official metric per task, as named in the scores table (relaylens.scoring.score_answer):
 #: En.Dia: the label is one of the answer's words (``contains`` for this task); En.MC: choice accuracy;
@@ -33,3 +34,13 @@ SPEC = ExperimentSpec(
                 "original vs RoPERelay.",
     data="sample:infinitebench",
 )
+
+PRESETS = {"paper": Preset(
+    dict(selectors=("snapkv",), budgets=(0.01,), conditions=("original", "relay"), selector_options={}, limit=0,
+         max_new_tokens=40, stop="eos", prompt_mode="auto"),
+    paper_model=LLAMA,
+    paper_data="InfiniteBench En.Dia, En.MC, En.QA, 50 each, length-filtered within 128K (records past the model's "
+               "range are skipped and listed)",
+    metric="the benchmark's objective metrics (En.Dia label match, En.MC choice accuracy, En.QA token F1)",
+    notes="SnapKV with its default window 32; 40 new tokens, InfiniteBench's own limit for these tasks (the paper "
+          "gives none); chat templates of the benchmark in chat mode.")}
