@@ -267,13 +267,13 @@ def run_analysis(spec: ExperimentSpec, config: RunConfig, progress: bool = True,
                 _advance(live, task, len(pending), record.record_id, f"skipped ({reason[0]})")
                 continue
             prefill = _prefill(model, prompt, config, selectors.values())
-            for name in dict.fromkeys(name for name, _ in pending):  # e.g. FINCH's question pass, once per record
-                selectors[name].prepare(model, prefill, prompt, factors)
+            prepared = {name: selectors[name].prepare(model, prefill, prompt, factors)  # FINCH: its question pass
+                        for name in dict.fromkeys(name for name, _ in pending)}
             for name, budget in pending:
                 _advance(live, task, 0, record.record_id, f"{name} @ {budget:g}")
                 try:
                     answers, scores, probes = process_unit(model, tokenizer, factors, record, prompt, prefill, name,
-                                                           selectors[name], budget, spec, config, judge)
+                                                           prepared[name], budget, spec, config, judge)
                 except (BudgetError, ShapeError) as err:
                     if not _is_too_short(err):
                         raise

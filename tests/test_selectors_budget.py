@@ -24,6 +24,7 @@ from relaylens.selectors import (
     make_selector,
 )
 from relaylens.selectors.adakv import adaptive_head_budgets
+from relaylens.selectors.finch import QuestionAttention
 from relaylens.selectors.base import largest_remainder, pool_scores, top_positions
 from relaylens.selectors.pyramidkv import pyramid_schedule
 from relaylens.selectors.synthetic import random_prefill
@@ -37,7 +38,6 @@ def pre():
     p = random_prefill(length=L, num_layers=6, num_kv_heads=4, group=2, head_dim=16, window=32, seed=1)
     gen = torch.Generator().manual_seed(2)
     p.extras["column_sums"] = [torch.rand(8, L, generator=gen) * torch.arange(L, 0, -1) for _ in range(6)]
-    p.extras["finch_question_attention"] = [torch.rand(8, L, generator=gen) for _ in range(6)]
     return p
 
 
@@ -50,8 +50,11 @@ def _prompt(length: int = L) -> RenderedPrompt:
                           "what is my dog called", sessions, ())
 
 
-#: hyperparameters that fit the fixture (32 window queries captured)
-FIXTURE_OPTIONS = {"scissorhands": {"history_window": 32}}
+_GEN = torch.Generator().manual_seed(3)
+#: hyperparameters that fit the fixture (32 window queries captured; FINCH's question attention for 6 layers)
+FIXTURE_OPTIONS = {"scissorhands": {"history_window": 32},
+                   "finch": {"question_attention": QuestionAttention([torch.rand(8, L, generator=_GEN) for _ in range(6)],
+                                                                     [torch.rand(8, L, generator=_GEN) for _ in range(6)])}}
 
 
 def _all_selections(pre, budget):

@@ -9,6 +9,7 @@ rows and over the query heads of a kv head, chunks from position 0 with largest-
 
 from __future__ import annotations
 
+from dataclasses import replace
 from fractions import Fraction
 from types import SimpleNamespace
 
@@ -22,7 +23,7 @@ from relaylens.generation import build_cache, run_condition
 from relaylens.geometry import RotaryFactors
 from relaylens.prefill import prefill_history
 from relaylens.selectors import REGISTRY, Finch, make_selector
-from relaylens.selectors.finch import FINCH_COORDINATES, chunk_quotas
+from relaylens.selectors.finch import FINCH_COORDINATES, QuestionAttention, chunk_quotas
 from relaylens.selectors.synthetic import random_prefill
 from relaylens.testing import tiny_model
 
@@ -44,14 +45,12 @@ def run():
     gen = torch.Generator().manual_seed(7)
     history, question = torch.randint(3, 384, (L,), generator=gen), torch.randint(3, 384, (Q,), generator=gen)
     pre = prefill_history(model, history, window_size=8)
-    prompt = SimpleNamespace(question_ids=question)
-    for normalize in (True, False):
-        Finch(normalize=normalize).prepare(model, pre, prompt)
+    prepared = Finch().prepare(model, pre, SimpleNamespace(question_ids=question))
     model.set_attn_implementation("eager")
     with torch.no_grad():
         out = model(torch.cat([history, question])[None], output_attentions=True, use_cache=False)
     model.set_attn_implementation("sdpa")
-    return model, pre, question, [a[0].double() for a in out.attentions]  # per layer [q_head, L+Q, L+Q]
+    return model, pre, question, [a[0].double() for a in out.attentions], prepared  # attentions: per layer [q_head, L+Q, L+Q]
 
 
 def ref_quotas(chunk: int | None, k: int) -> list[tuple[int, int, int]]:
@@ -85,8 +84,8 @@ def reference(att: torch.Tensor, k: int, chunk: int | None, normalize: bool) -> 
 @pytest.mark.parametrize("normalize", [True, False])
 @pytest.mark.parametrize("k", [18, 7])
 def test_finch_equals_bruteforce(run, chunk, normalize, k):
-    _, pre, _, att = run
-    sel = Finch(chunk_size=chunk, normalize=normalize).select(pre, None, k)
+    _, pre, _, att, prepared = run
+    sel = replace(prepared, chunk_size=chunk, normalize=normalize).select(pre, None, k)
     for l in range(pre.num_layers):
         want = reference(att[l], k, chunk, normalize)
         for h in range(pre.num_kv_heads):
@@ -96,30 +95,31 @@ def test_finch_equals_bruteforce(run, chunk, normalize, k):
 
 
 def test_question_attention_equals_eager_rows(run):
-    _, pre, _, att = run
+    _, pre, _, att, prepared = run
     for l in range(pre.num_layers):
         rows = att[l][:, L:, :L]  # [q_head, Q, L]
         want = (rows * (L + torch.arange(Q, dtype=torch.float64))[None, :, None]).mean(1)
-        torch.testing.assert_close(pre.extras["finch_question_attention"][l].double(), want, atol=1e-5, rtol=1e-5)
-        torch.testing.assert_close(pre.extras["finch_question_attention_raw"][l].double(), rows.mean(1), atol=1e-6, rtol=1e-5)
+        torch.testing.assert_close(prepared.question_attention.weighted[l].double(), want, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(prepared.question_attention.plain[l].double(), rows.mean(1), atol=1e-6, rtol=1e-5)
 
 
 def test_chunking_and_normalisation_matter(run):
     """The reference discriminates: other chunkings / no normalisation keep other states."""
-    _, pre, _, _ = run
-    base = Finch(chunk_size=16).select(pre, None, 18).positions
-    assert not torch.equal(base, Finch(chunk_size=None).select(pre, None, 18).positions)
+    _, pre, _, _, prepared = run
+    base = replace(prepared, chunk_size=16).select(pre, None, 18).positions
+    assert not torch.equal(base, replace(prepared, chunk_size=None).select(pre, None, 18).positions)
     # row weights L + r vary by under 10% over a 6-token question: the sets differ only at some budgets
-    assert any(not torch.equal(Finch(chunk_size=None).select(pre, None, k).positions,
-                               Finch(chunk_size=None, normalize=False).select(pre, None, k).positions) for k in range(4, 60))
+    assert any(not torch.equal(replace(prepared, chunk_size=None).select(pre, None, k).positions,
+                               replace(prepared, chunk_size=None, normalize=False).select(pre, None, k).positions)
+               for k in range(4, 60))
     assert not (base == base[:, :1]).all()  # per-head sets
 
 
 def test_coordinates_are_compact(run):
     """FINCH's coordinates: kept states at 0..K-1 in source order, question from K; identical to relay here."""
-    model, pre, question, _ = run
+    model, pre, question, _, prepared = run
     k = 18
-    sel = Finch(chunk_size=16).select(pre, None, k)
+    sel = replace(prepared, chunk_size=16).select(pre, None, k)
     assert Finch.coordinates == FINCH_COORDINATES == "rank_sync"
     coords = get_condition(sel.info["coordinates"]).coordinates(sel)
     assert coords.question_start == k
@@ -134,9 +134,9 @@ def test_coordinates_are_compact(run):
 def test_cached_keys_sit_at_compact_positions(run):
     """Independent of relaylens's rotary code: the cache's keys are transformers' RoPE at 0..K-1 of the pre-rotary
     keys of the kept source tokens."""
-    model, pre, _, _ = run
+    model, pre, _, _, prepared = run
     k = 12
-    sel = Finch(chunk_size=None).select(pre, None, k)
+    sel = replace(prepared, chunk_size=None).select(pre, None, k)
     relocated = build_cache(pre, sel, "rank_sync", RotaryFactors.from_model(model))
     pre_rotary = {}
 
@@ -173,9 +173,11 @@ def test_quotas_sum_to_the_budget(length, chunk, k):
 
 def test_budget_exact_on_synthetic_prefill():
     pre = random_prefill(length=97, num_layers=2, num_kv_heads=3)
-    pre.extras["finch_question_attention"] = [torch.rand(6, 97) for _ in range(2)]
+    captured = QuestionAttention([torch.rand(6, 97) for _ in range(2)], [torch.rand(6, 97) for _ in range(2)])
     for budget, want in ((0.1, 9), (0.5, 48), (97, 97), ("B20", 20)):
-        assert (Finch(chunk_size=10).select(pre, None, budget).counts == want).all()
+        assert (Finch(chunk_size=10, question_attention=captured).select(pre, None, budget).counts == want).all()
+    with pytest.raises(ShapeError, match="same record"):
+        Finch(question_attention=captured).select(random_prefill(length=50, num_kv_heads=3), None, 0.5)
 
 
 def test_registered_and_bad_input():
@@ -183,6 +185,7 @@ def test_registered_and_bad_input():
     for bad in ({"chunk_size": 0}, {"chunk_size": 2.5}, {"normalize": "yes"}, {"gqa_reduction": "min"}):
         with pytest.raises(RelaylensError):
             Finch(**bad)
+    assert Finch() == Finch(question_attention=QuestionAttention([], []))  # captured data is not a hyperparameter
     with pytest.raises(ShapeError, match="Finch.prepare"):
         Finch().select(random_prefill(length=40), None, 0.5)
     with pytest.raises(RelaylensError, match="rendered prompt"):

@@ -31,7 +31,7 @@ Axes: ``layer``, ``kv_head``, ``q_head``, ``row`` (question token), ``pos`` (his
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import ClassVar
 
 import torch
@@ -55,30 +55,37 @@ from relaylens.selectors.base import (
 FINCH_COORDINATES = "rank_sync"
 
 
-def question_attention(model, prefill: PrefillResult, question_ids: torch.Tensor, normalize: bool = True,
-                       factors=None) -> list[torch.Tensor]:
-    """Step 1-2 before the GQA reduction: per layer ``[q_head, L]`` float32 ``mean_r w_r * a[r, j]``.
+@dataclass(frozen=True)
+class QuestionAttention:
+    """The question-window attention of one record (steps 1-2 before the GQA reduction), per layer ``[q_head, L]``
+    float32: ``plain`` = ``mean_r a[r, j]``, ``weighted`` = ``mean_r (L + r) * a[r, j]``."""
 
-    Runs the question once at ``L .. L+Q-1`` over the full cache (the ``original`` condition of a keep-everything
-    selection, through the same attention function as every question pass) and reads the softmax rows of the
-    question tokens over the history keys from an attention observer.
-    """
+    plain: list[torch.Tensor]
+    weighted: list[torch.Tensor]
+
+
+def question_attention(model, prefill: PrefillResult, question_ids: torch.Tensor, factors=None) -> QuestionAttention:
+    """Run the question once at ``L .. L+Q-1`` over the full cache (the ``original`` condition of a keep-everything
+    selection, through the same attention function as every question pass) and average the question tokens'
+    softmax rows over the history keys, read from an attention observer."""
     from relaylens.generation import run_condition
 
     length = prefill.history_length
     question_ids = torch.as_tensor(question_ids, dtype=torch.long).reshape(-1)
-    weights = (torch.arange(question_ids.numel(), dtype=torch.float32) + length) if normalize else torch.ones(question_ids.numel())
-    sums: dict[int, torch.Tensor] = {}
+    weights = torch.arange(question_ids.numel(), dtype=torch.float32) + length  # [Q] keys before each question row
+    plain: dict[int, torch.Tensor] = {}
+    weighted: dict[int, torch.Tensor] = {}
 
     def observe(layer, query, key, value, probs, state):  # probs [1, q_head, Q, L + Q]
         rows = probs[0, :, :, :length].float()  # [q_head, Q, L]
-        sums[layer] = (rows * weights.to(rows.device)[None, :, None]).mean(1).cpu()  # [q_head, L]
+        plain[layer] = rows.mean(1).cpu()  # [q_head, L]
+        weighted[layer] = (rows * weights.to(rows.device)[None, :, None]).mean(1).cpu()  # [q_head, L]
 
     full = Selection.full(length, prefill.num_layers, prefill.num_kv_heads)
     run_condition(model, prefill, full, "original", question_ids, max_new_tokens=0, factors=factors, observers=[observe])
-    if sorted(sums) != list(range(prefill.num_layers)):
-        raise ShapeError(f"the question pass reported attention for layers {sorted(sums)} of {prefill.num_layers}")
-    return [sums[l] for l in range(prefill.num_layers)]
+    if sorted(plain) != list(range(prefill.num_layers)):
+        raise ShapeError(f"the question pass reported attention for layers {sorted(plain)} of {prefill.num_layers}")
+    return QuestionAttention([plain[l] for l in range(prefill.num_layers)], [weighted[l] for l in range(prefill.num_layers)])
 
 
 def chunk_quotas(history_length: int, chunk_size: int | None, budget: int) -> list[tuple[int, int, int]]:
@@ -104,14 +111,15 @@ class Finch(Selector):
         normalize: weight question row ``r`` by its ``L + r`` preceding keys before averaging (True, as FinchPress).
         gqa_reduction: ``"mean"`` (default, as FinchPress), ``"max"`` or ``"sum"`` over a kv head's query heads.
 
-    The question-window attention is captured by :meth:`prepare` (the runner calls it once per record, after the
-    prefill) into ``prefill.extras``; :meth:`select` reads it from there.
+    The question-window attention of a record is captured by :meth:`prepare` (the runner calls it once per record,
+    after the prefill), which returns a copy of the selector carrying it (``question_attention``); :meth:`select`
+    reads it from there. Both row weightings are kept, so any ``normalize`` / ``chunk_size`` copy
+    (``dataclasses.replace``) selects from one capture.
 
     Example:
         >>> from relaylens.selectors.synthetic import random_prefill
-        >>> pre = random_prefill(length=64)
-        >>> pre.extras[Finch().extras_key] = [torch.rand(4, 64) for _ in range(2)]
-        >>> sel = Finch(chunk_size=16).select(pre, None, 0.25)
+        >>> captured = QuestionAttention([torch.rand(4, 64) for _ in range(2)], [torch.rand(4, 64) for _ in range(2)])
+        >>> sel = Finch(chunk_size=16, question_attention=captured).select(random_prefill(length=64), None, 0.25)
         >>> sel.counts.tolist(), sel.info["coordinates"]
         ([[16, 16], [16, 16]], 'rank_sync')
     """
@@ -119,6 +127,7 @@ class Finch(Selector):
     chunk_size: int | None = 512
     normalize: bool = True
     gqa_reduction: str = "mean"
+    question_attention: QuestionAttention | None = field(default=None, repr=False, compare=False)
 
     name: ClassVar[str] = "finch"
     needs_prompt: ClassVar[bool] = True
@@ -132,29 +141,25 @@ class Finch(Selector):
             raise RelaylensError(f"FINCH normalize must be True or False; got {self.normalize!r}")
         check_choice("gqa_reduction", self.gqa_reduction, GQA_REDUCTIONS)
 
-    @property
-    def extras_key(self) -> str:
-        """Where :meth:`prepare` stores the question attention in ``prefill.extras``."""
-        return "finch_question_attention" + ("" if self.normalize else "_raw")
-
-    def prepare(self, model, prefill: PrefillResult, prompt, factors=None) -> None:
-        """Run the question over the full cache and store its attention (steps 1-2) in ``prefill.extras``."""
+    def prepare(self, model, prefill: PrefillResult, prompt, factors=None) -> Finch:
+        """A copy of this selector carrying the record's question attention (steps 1-2): one question pass over
+        the full cache."""
         if prompt is None:
             raise RelaylensError("FINCH needs the rendered prompt: its question tokens score the history")
-        if self.extras_key not in prefill.extras:
-            prefill.extras[self.extras_key] = question_attention(model, prefill, prompt.question_ids, self.normalize, factors)
+        return replace(self, question_attention=question_attention(model, prefill, prompt.question_ids, factors))
 
     def scores(self, prefill: PrefillResult) -> torch.Tensor:
         """``s_h(j)``: ``[layer, kv_head, L]`` float32."""
-        sums = prefill.extras.get(self.extras_key)
-        if sums is None:
-            raise ShapeError(f"FINCH needs prefill.extras[{self.extras_key!r}]; call Finch.prepare(model, prefill, "
-                             "prompt) after the prefill (the runner does)")
+        if self.question_attention is None:
+            raise ShapeError("FINCH has no question attention for this record; select with the copy returned by "
+                             "Finch.prepare(model, prefill, prompt) (the runner does this)")
+        sums = self.question_attention.weighted if self.normalize else self.question_attention.plain
         length, kv_heads = prefill.history_length, prefill.num_kv_heads
         q_heads = kv_heads * prefill.num_key_value_groups
         if len(sums) != prefill.num_layers or any(tuple(s.shape) != (q_heads, length) for s in sums):
             raise ShapeError(f"FINCH question attention must be {prefill.num_layers} layers of [{q_heads}, {length}] "
-                             f"([q_head, L]); got {[tuple(s.shape) for s in sums]}")
+                             f"([q_head, L]) for this prefill; got {[tuple(s.shape) for s in sums]}. Prepare FINCH "
+                             "on the same record's prefill")
         return torch.stack([reduce_gqa(s.float().view(kv_heads, -1, length), self.gqa_reduction) for s in sums]).cpu()
 
     def select(self, prefill: PrefillResult, prompt=None, budget: Budget | float | int | str = 0.10) -> Selection:
