@@ -50,3 +50,22 @@ def test_finch_comparison_runs_with_finch_coordinates(tmp_path, model_and_tokeni
         assert finch.loc[(rid, "rank_sync"), "answer"] == finch.loc[(rid, "relay"), "answer"]
         assert finch.loc[(rid, "rank_sync"), "question_start"] == finch.loc[(rid, "rank_sync"), "max_count"]
         assert finch.loc[(rid, "original"), "question_start"] == finch.loc[(rid, "original"), "history_length"]
+
+
+def test_infinitebench_length_filter_skips_and_lists(tmp_path, model_and_tokenizer):
+    """Records over --max-history-tokens are skipped (listed in the skipped table), the others run."""
+    from relaylens.datasets.synthetic_infinitebench import bundled_infinitebench_path
+    from relaylens.prompting import render_prompt
+    from relaylens.records import load_records
+
+    _, tokenizer = model_and_tokenizer
+    spec = load_analysis("infinitebench").SPEC.replace(max_new_tokens=2)
+    lengths = {r.record_id: render_prompt(r, tokenizer, mode=spec.prompt_mode).history_length
+               for r in load_records(bundled_infinitebench_path())[:3]}
+    cut = sorted(lengths.values())[1]  # the shortest two fit, the longest does not
+    out = run_analysis(spec, RunConfig(out=str(tmp_path / "ib"), limit=3, max_history_tokens=cut), progress=False,
+                       model_and_tokenizer=model_and_tokenizer)
+    tables = load_tables(out)
+    too_long = {rid for rid, n in lengths.items() if n > cut}
+    assert set(tables["skipped"]["record_id"]) == too_long and set(tables["skipped"]["reason"]) == {"too_long"}
+    assert set(tables["answers"]["record_id"]) == set(lengths) - too_long
