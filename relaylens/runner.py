@@ -159,7 +159,9 @@ def process_unit(model, tokenizer, factors, record: Record, prompt, prefill, sel
                  spec: ExperimentSpec, config: RunConfig, judge=None) -> tuple[list[dict], list[dict], pd.DataFrame]:
     """All conditions of one (record, selector, budget): rows for the answers, scores and probes tables."""
     from relaylens.generation import run_condition
+    from relaylens.layer_sweep import layer_sweep
     from relaylens.probes import probe_condition, replay_conditions
+    from relaylens.scopes import expand_conditions
     from relaylens.scoring import score_answer
 
     selection = selector.select(prefill, prompt, budget)
@@ -174,7 +176,7 @@ def process_unit(model, tokenizer, factors, record: Record, prompt, prefill, sel
             "cluster_id": record.cluster_id or record.record_id}
     answers, scores, probe_frames = [], [], []
     reference = None
-    for condition in spec.conditions:
+    for condition in expand_conditions(spec.conditions, model):  # scoped conditions learn the model's layer types
         started = time.perf_counter()
         common = dict(max_new_tokens=spec.max_new_tokens, tokenizer=tokenizer, stop_at_newline=stop_newline,
                       window_mode=config.window_mode, eos_token_ids=eos)
@@ -203,9 +205,17 @@ def process_unit(model, tokenizer, factors, record: Record, prompt, prefill, sel
         for metric, value in metrics.items():
             scores.append({**key, "condition": label, **meta, "metric": metric, "value": float(value)})
     if do_probes and reference is not None and spec.replay_conditions:
-        replay = replay_conditions(reference, prefill, selection, evidence, list(spec.replay_conditions),
+        replay = replay_conditions(reference, prefill, selection, evidence, expand_conditions(spec.replay_conditions, model),
                                    int(prompt.question_ids.numel()), factors)
         probe_frames.append(replay.assign(source="replay"))
+    if spec.sweep == "layers":
+        sweep_scores, sweep_probes = layer_sweep(model, prefill, selection, prompt.question_ids, evidence if do_probes else None,
+                                                 first_answer_token(tokenizer, record, spec.prompt_mode), factors,
+                                                 config.window_mode)
+        scores.extend({**key, "condition": row["condition"], **meta, "metric": row["metric"], "value": row["value"]}
+                      for row in sweep_scores)
+        if len(sweep_probes):
+            probe_frames.append(sweep_probes)
     probes = pd.concat(probe_frames, ignore_index=True).assign(**key) if probe_frames else pd.DataFrame()
     return answers, scores, probes
 

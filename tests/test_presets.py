@@ -41,6 +41,9 @@ PAPER = {
     # Table 7: FINCH vs BM25 / PyramidKV / ChunkKV + RoPERelay at 10%, judge / F1 / choice accuracy
     "finch_comparison": {"selectors": ("finch", "bm25", "pyramidkv", "chunkkv"), "budgets": (0.10,),
                          "conditions_include": ("original", "relay"), **MEMORY_DECODING},
+    # not an experiment of the paper (issue 17): its decoding and gold unit on the layer scopes
+    "layer_scope": {"selectors": ("bm25",), "budgets": (0.10,), "conditions_include": ("original", "relay", "key_only"),
+                    "probes": True, "teacher_forcing": True, **MEMORY_DECODING, **SESSION_GOLD},
 }
 
 
