@@ -48,6 +48,8 @@ class ExperimentSpec:
         selector_options: per-selector hyperparameter overrides, e.g. ``{"adakv": {"floor_alpha": 0.5}}``.
         limit: default number of records on CPU (``None`` or 0: all).
         figures: figure names this analysis feeds (``relaylens figures``).
+        data: the bundled sample the analysis runs on when ``--data`` is ``sample``: ``"sample"`` (LongMemEval
+            schema) or ``"sample:infinitebench"`` (InfiniteBench format).
         sweep: ``"layers"`` adds the per-layer causal sweep (:mod:`relaylens.layer_sweep`: relay in each layer
             alone and in layers ``0..l``, one question pass each, about ``2 x layers`` passes per record); ``""``
             (the default) runs none.
@@ -69,6 +71,7 @@ class ExperimentSpec:
     limit: int | None = None
     figures: tuple[str, ...] = ()
     description: str = ""
+    data: str = "sample"
     sweep: str = ""
 
     def __post_init__(self) -> None:

@@ -99,11 +99,16 @@ def check_config(config: RunConfig) -> None:
 
 
 def resolve_data(data: str) -> Path:
-    """``sample`` → the bundled LongMemEval-schema sample; anything else is a path."""
+    """``sample`` → the bundled LongMemEval-schema sample; ``sample:infinitebench`` → the bundled InfiniteBench-format
+    sample; anything else is a path."""
     if data == SAMPLE:
         from relaylens.datasets.synthetic import bundled_sample_path
 
         return Path(bundled_sample_path())
+    if data == "sample:infinitebench":
+        from relaylens.datasets.synthetic_infinitebench import bundled_infinitebench_path
+
+        return bundled_infinitebench_path()
     path = Path(data)
     if not path.exists():
         raise RelaylensError(f"dataset {data!r} does not exist; pass a file path or 'sample' for the bundled sample")
@@ -140,6 +145,13 @@ def _selector_objects(spec: ExperimentSpec, seed: int) -> dict:
             options.setdefault("seed", seed)
         objects[name] = make_selector(name, **options)
     return objects
+
+
+def query_window(config: RunConfig, selectors, history_length: int) -> int:
+    """Window queries the prefill captures: ``config.window_size``, or more when a selector votes with a longer
+    window of history queries (Scissorhands' ``query_window``), capped at the history length."""
+    extra = max([getattr(s, "query_window", 0) for s in selectors] + [0])
+    return max(config.window_size, min(extra, history_length))
 
 
 def _gold_units(prompt, selection, granularity: str) -> tuple[int, int]:
@@ -244,7 +256,7 @@ def run_analysis(spec: ExperimentSpec, config: RunConfig, progress: bool = True,
 
     check_config(config)
     placement = config.placement()
-    data_path = resolve_data(config.data)
+    data_path = resolve_data(spec.data if config.data == SAMPLE else config.data)  # an analysis may bring its own sample
     records = load_records(data_path, format=config.data_format)
     if not records:
         raise RelaylensError(f"{data_path} holds no records")
@@ -304,12 +316,14 @@ def _run_units(model, tokenizer, factors, records, spec: ExperimentSpec, config:
                 _advance(live, task, len(pending), record.record_id, f"skipped ({reason[0]})")
                 continue
             prefill = _prefill(model, prompt, config, selectors.values())
+            prepared = {name: selectors[name].prepare(model, prefill, prompt, factors)  # FINCH: its question pass
+                        for name in dict.fromkeys(name for name, _ in pending)}
             for name, budget in pending:
                 _advance(live, task, 0, record.record_id, f"{name} @ {budget:g}")
                 views = [] if order < config.view_records else None
                 try:
                     answers, scores, probes = process_unit(model, tokenizer, factors, record, prompt, prefill, name,
-                                                           selectors[name], budget, spec, config, judge, views)
+                                                           prepared[name], budget, spec, config, judge, views)
                 except (BudgetError, ShapeError) as err:
                     if not _is_too_short(err):
                         raise
@@ -329,8 +343,8 @@ def _prefill(model, prompt, config: RunConfig, selectors):
 
     needs_columns = any(getattr(s, "needs_column_sums", False) for s in selectors)
     with capture_column_sums(model) if needs_columns else nullcontext() as stats:
-        prefill = prefill_history(model, prompt.history_ids, window_size=config.window_size, chunk_size=config.chunk_size,
-                                  attn_implementation=config.attn_implementation)
+        prefill = prefill_history(model, prompt.history_ids, window_size=query_window(config, selectors, prompt.history_length),
+                                  chunk_size=config.chunk_size, attn_implementation=config.attn_implementation)
     if stats is not None:
         prefill.extras["column_sums"] = stats.column_sums
     return prefill
