@@ -1,4 +1,4 @@
-"""Command line: ``relaylens run | merge | figures | report | bench | demo | data synth | model pull``.
+"""Command line: ``relaylens run | sweep | merge | figures | report | bench | demo | data synth | model pull``.
 
 Every command prints where its output went; long work shows a rich progress bar. Errors from relaylens (bad input)
 are printed as one clear line with exit status 2, never as a traceback from deep inside torch.
@@ -107,6 +107,21 @@ def bench(
         console.print(f"[green]wrote[/] {csv_path} and {md_path}")
 
 
+def _spec_and_config(analysis, model, data, data_format, limit, budget, max_new_tokens, prompt_mode, out, shard, seed,
+                     force, judge_url, judge_model, judge_key_env):
+    """The analysis spec and run config of the `run` options (shared by `run` and `sweep`)."""
+    from relaylens.experiments import load_analysis
+    from relaylens.runner import RunConfig
+
+    module = _guard(load_analysis, analysis)
+    spec = _guard(module.SPEC.replace, budgets=tuple(budget) if budget else None, max_new_tokens=max_new_tokens,
+                  prompt_mode=prompt_mode)
+    config = RunConfig(model=model, data=data, data_format=data_format, limit=limit, out=str(out) if out else None,
+                       shard=shard, seed=seed, force=force, judge_url=judge_url, judge_model=judge_model,
+                       judge_key_env=judge_key_env)
+    return spec, config
+
+
 @app.command("run")
 def run(
     analysis: str = typer.Argument(..., help="analysis name (analyses/NAME.py), e.g. coordinate_ablation"),
@@ -118,7 +133,8 @@ def run(
     max_new_tokens: int = typer.Option(None, "--max-new-tokens", help="override the decoding limit"),
     prompt_mode: str = typer.Option(None, "--prompt-mode", help="chat or completion"),
     out: Path = typer.Option(None, help="run directory (default runs/ANALYSIS)"),
-    shard: str = typer.Option(None, help="i/n: run the i-th of n deterministic record shards"),
+    shard: str = typer.Option(None, help="i/n: run the i-th of n deterministic record shards; auto: take i/n from "
+                              "torchrun/accelerate (RANK, WORLD_SIZE) or SLURM and write OUT/shards/I-of-N"),
     seed: int = typer.Option(0, help="seed for random selectors and orders"),
     force: bool = typer.Option(False, help="reuse a run directory whose manifest differs"),
     judge_url: str = typer.Option(None, "--judge-url", help="OpenAI-compatible base URL of an LLM judge (optional)"),
@@ -126,27 +142,76 @@ def run(
     judge_key_env: str = typer.Option(None, "--judge-key-env", help="environment variable with the judge's API key"),
 ) -> None:
     """Run (or resume) an analysis; every condition of a record shares one prefill and one selection."""
-    from relaylens.experiments import load_analysis
     from relaylens.results import load_tables
-    from relaylens.runner import RunConfig, accuracy_table, run_analysis
+    from relaylens.runner import accuracy_table, run_analysis
 
-    module = _guard(load_analysis, analysis)
-    spec = _guard(module.SPEC.replace, budgets=tuple(budget) if budget else None, max_new_tokens=max_new_tokens,
-                  prompt_mode=prompt_mode)
-    config = RunConfig(model=model, data=data, data_format=data_format, limit=limit, out=str(out) if out else None,
-                       shard=shard, seed=seed, force=force, judge_url=judge_url, judge_model=judge_model,
-                       judge_key_env=judge_key_env)
+    spec, config = _spec_and_config(analysis, model, data, data_format, limit, budget, max_new_tokens, prompt_mode, out,
+                                    shard, seed, force, judge_url, judge_model, judge_key_env)
     run_dir = _guard(run_analysis, spec, config)
     table = accuracy_table(load_tables(run_dir))
     print(table.to_string(index=False, float_format=lambda v: f"{v:.3f}"))
     console.print(f"[green]run directory[/] {run_dir}")
+    if shard and shard.strip().lower() == "auto":  # rank 0 does not merge on its own: the others may still run
+        console.print(f"this is shard {run_dir.name} of one run; when every shard has finished: "
+                      f"relaylens merge {run_dir.parent.parent}")
+
+
+@app.command("sweep", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+def sweep(
+    ctx: typer.Context,
+    analysis: str = typer.Argument(..., help="analysis name, e.g. coordinate_ablation; any option of "
+                                   "`relaylens run` may follow (--model, --data, --limit, --budget, --out, ...)"),
+    shards: int = typer.Option(..., "--shards", help="number of record shards, one Ray task each"),
+    gpus_per_shard: float = typer.Option(0, "--gpus-per-shard", help="GPUs each shard reserves"),
+    cpus_per_shard: float = typer.Option(1, "--cpus-per-shard", help="CPUs each shard reserves (its torch threads)"),
+    ray_address: str = typer.Option(None, "--ray-address", help="Ray cluster to join (auto, ray://HEAD:10001); "
+                                    "default: start a local Ray instance"),
+    max_retries: int = typer.Option(3, "--max-retries", help="restarts of a shard whose worker died (each resumes)"),
+    report: bool = typer.Option(True, help="draw the figures and write the HTML report after the merge"),
+) -> None:
+    """Run an analysis as N shards on Ray (local or a cluster), merge them, then draw figures and the report.
+
+    RUN_DIR (--out) must be on storage every Ray worker sees; each shard writes RUN_DIR/shards/I-of-N.
+    Needs the ray extra: pip install 'relaylens[ray]'."""
+    import click
+
+    from relaylens.results import load_tables
+    from relaylens.runner import accuracy_table
+    from relaylens.sweep import SweepOptions, run_sweep
+
+    command = typer.main.get_command(app).commands["run"]  # the run options, parsed exactly as `run` parses them
+    try:
+        params = command.make_context("relaylens sweep", [analysis, *ctx.args], resilient_parsing=False).params
+    except click.exceptions.Exit:
+        raise typer.Exit(0) from None
+    except click.ClickException as err:
+        _fail(f"relaylens sweep: {err.format_message()}")
+    spec, config = _spec_and_config(**params)
+    options = _guard(SweepOptions, shards=shards, gpus_per_shard=gpus_per_shard, cpus_per_shard=cpus_per_shard,
+                     ray_address=ray_address, max_retries=max_retries)
+    run_dir = _guard(run_sweep, spec, config, options, console=console, report=report)
+    table = accuracy_table(load_tables(run_dir))
+    print(table.to_string(index=False, float_format=lambda v: f"{v:.3f}"))
+    console.print(f"[green]run directory[/] {run_dir} (merged from {shards} shards"
+                  f"{'; figures and report.html written' if report else ''})")
 
 
 @app.command("merge")
-def merge(shards: list[Path] = typer.Argument(..., help="shard run directories"), out: Path = typer.Option(..., help="merged run directory")) -> None:
+def merge(
+    shards: list[Path] = typer.Argument(..., help="shard run directories, or one run directory whose shards/ "
+                                        "(from --shard auto or sweep) are merged into it"),
+    out: Path = typer.Option(None, help="merged run directory (needed when merging shard directories)"),
+) -> None:
     """Combine shard run directories into one (manifests must agree; keys must not conflict)."""
-    from relaylens.shards import merge_runs
+    from relaylens.shards import merge_run_dir, merge_runs
 
+    if out is None and len(shards) == 1:
+        merged = _guard(merge_run_dir, shards[0])
+        console.print(f"[green]merged[/] {len(merged)} shards into {shards[0]}")
+        return
+    if out is None:
+        _fail("relaylens merge: pass --out DIR to merge several shard directories, or one run directory whose "
+              "shards/ subdirectory holds the shards (relaylens merge RUN_DIR)")
     _guard(merge_runs, [str(s) for s in shards], str(out))
     console.print(f"[green]merged[/] {len(shards)} shards into {out}")
 

@@ -186,7 +186,8 @@ def run_analysis(spec: ExperimentSpec, config: RunConfig, progress: bool = True,
     from relaylens.prompting import render_prompt
     from relaylens.records import load_records
     from relaylens.results import RunStore, UnitKey, build_manifest
-    from relaylens.shards import parse_shard, shard_records
+    from relaylens.launch import resolve_shard, shard_dir
+    from relaylens.shards import shard_records
     from relaylens.selectors.attention_stats import capture_column_sums
 
     check_config(config)
@@ -196,11 +197,13 @@ def run_analysis(spec: ExperimentSpec, config: RunConfig, progress: bool = True,
         raise RelaylensError(f"{data_path} holds no records")
     limit = config.limit if config.limit is not None else spec.limit
     records = records[:limit] if limit else records
-    shard = parse_shard(config.shard) if config.shard else None
+    shard = resolve_shard(config.shard) if config.shard else None  # "auto": from torchrun / SLURM variables
     if shard:
         chosen = set(shard_records([r.record_id for r in records], *shard))
         records = [r for r in records if r.record_id in chosen]
     out = Path(config.out or f"runs/{spec.name}")
+    if shard and config.shard.strip().lower() == "auto":  # one run directory, one shard directory per process
+        out = shard_dir(out, *shard)
     model, tokenizer = model_and_tokenizer or load_model(config.model)
     factors = RotaryFactors.from_model(model)
     manifest = build_manifest(spec.name, {"spec": spec.to_dict(), "run": vars(config) | {"out": None, "force": None, "shard": None}},

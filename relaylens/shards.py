@@ -76,3 +76,54 @@ def merge_runs(shard_dirs: list[str | Path], out_dir: str | Path) -> dict[str, p
             _atomic_write(out.run_dir / UNITS / path.name, path.read_bytes(), out.run_dir, out.writer)
             seen[path.name] = path
     return out.consolidate()
+
+
+def merge_run_dir(run_dir: str | Path) -> list[Path]:
+    """Merge the shard directories ``RUN_DIR/shards/I-of-N`` (written by ``relaylens run --shard auto`` or
+    ``relaylens sweep``) into ``RUN_DIR`` itself; returns the shard directories merged.
+
+    Refuses, naming the shard and the fix: no shards, shards of different sweeps (two values of N), a missing shard,
+    a shard that has not finished (its run did not reach the final consolidation), and shards of different
+    configurations (:func:`merge_runs`)."""
+    import json
+    import re
+
+    from relaylens.launch import SHARDS
+
+    run_dir = Path(run_dir)
+    found = {}
+    for path in sorted((run_dir / SHARDS).glob("*-of-*")):
+        match = re.fullmatch(r"(\d+)-of-(\d+)", path.name)
+        if match and path.is_dir():
+            found[path] = (int(match[1]), int(match[2]))
+    if not found:
+        raise ResultStoreError(f"{run_dir / SHARDS} holds no shard directories (I-of-N). Fix: pass the --out of "
+                               "`relaylens run --shard auto` or `relaylens sweep`, or merge explicit shard "
+                               "directories with --out")
+    counts = sorted({n for _, n in found.values()})
+    if len(counts) > 1:
+        raise ResultStoreError(f"{run_dir / SHARDS} mixes shards of sweeps with {' and '.join(map(str, counts))} "
+                               "shards. Fix: delete the stale shard directories (or start a new --out) and merge again")
+    count = counts[0]
+    missing = sorted(set(range(count)) - {i for i, _ in found.values()})
+    if missing:
+        raise ResultStoreError(f"shard(s) {', '.join(f'{i}-of-{count}' for i in missing)} missing in {run_dir / SHARDS}: "
+                               "that process never started, or wrote to storage this machine does not see (the run "
+                               "directory must be on storage every process shares). Fix: run the missing ranks with "
+                               "the same command (finished units are kept), then merge again")
+    for path, (index, _) in found.items():
+        store = RunStore.open(path)
+        if store.manifest.get("shard") != {"index": index, "count": count}:
+            raise ResultStoreError(f"{path} holds shard {store.manifest.get('shard')}, not {index}-of-{count}. Fix: "
+                                   "move it to the directory its manifest names, or re-run that shard")
+        try:
+            marker = json.loads((path / "consolidated.json").read_text("utf-8"))
+        except (OSError, ValueError):
+            marker = None
+        units = [p.stem for p in store.unit_paths()]
+        if marker is None or marker.get("units") != units:
+            raise ResultStoreError(f"shard {path.name} in {run_dir / SHARDS} has not finished ({len(units)} units "
+                                   "committed, run not completed). Fix: re-run that rank with the same command (it "
+                                   "resumes from its committed units), then merge again")
+    merge_runs(list(found), run_dir)
+    return list(found)
