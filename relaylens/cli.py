@@ -21,7 +21,9 @@ console = Console(stderr=True, soft_wrap=True)  # one clear line per error, neve
 
 
 def _fail(message: str) -> None:
-    console.print(f"[bold red]error:[/] {message}")
+    from rich.markup import escape
+
+    console.print(f"[bold red]error:[/] {escape(message)}")  # messages may hold brackets: pip install 'relaylens[ray]'
     raise typer.Exit(2)
 
 
