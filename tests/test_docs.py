@@ -9,7 +9,7 @@ import pytest
 
 MODULES = ["relaylens.selection", "relaylens.geometry", "relaylens.conditions", "relaylens.testing", "relaylens.bands",
            "relaylens.attention", "relaylens.generation", "relaylens.experiments", "relaylens.probes", "relaylens.prefill",
-           "relaylens.results", "relaylens.scoring", "relaylens.summaries", "relaylens.shards"]
+           "relaylens.results", "relaylens.scoring", "relaylens.summaries", "relaylens.shards", "relaylens.launch"]
 
 
 @pytest.mark.parametrize("name", MODULES)
