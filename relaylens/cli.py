@@ -175,19 +175,12 @@ def sweep(
 
     RUN_DIR (--out) must be on storage every Ray worker sees; each shard writes RUN_DIR/shards/I-of-N.
     Needs the ray extra: pip install 'relaylens[ray]'."""
-    import click
-
     from relaylens.results import load_tables
     from relaylens.runner import accuracy_table
     from relaylens.sweep import SweepOptions, run_sweep
 
-    command = typer.main.get_command(app).commands["run"]  # the run options, parsed exactly as `run` parses them
-    try:
-        params = command.make_context("relaylens sweep", [analysis, *ctx.args], resilient_parsing=False).params
-    except click.exceptions.Exit:
-        raise typer.Exit(0) from None
-    except click.ClickException as err:
-        _fail(f"relaylens sweep: {err.format_message()}")
+    # the run options, parsed exactly as `run` parses them (a bad option is a usage error, as for `run`)
+    params = typer.main.get_command(app).commands["run"].make_context("relaylens sweep", [analysis, *ctx.args]).params
     spec, config = _spec_and_config(**params)
     options = _guard(SweepOptions, shards=shards, gpus_per_shard=gpus_per_shard, cpus_per_shard=cpus_per_shard,
                      ray_address=ray_address, max_retries=max_retries)

@@ -203,7 +203,10 @@ def run_sweep(spec, config, options: SweepOptions, console=None, report: bool = 
         if started:
             ray.shutdown()
     if failures:
-        lines = "; ".join(f"shard {i}-of-{options.shards}: {msg}" for i, msg in sorted(failures.items()))
+        by_cause: dict[str, list[str]] = {}
+        for i, msg in sorted(failures.items()):
+            by_cause.setdefault(msg.rstrip("."), []).append(f"{i}-of-{options.shards}")
+        lines = "; ".join(f"shard{'s' if len(names) > 1 else ''} {', '.join(names)}: {msg}" for msg, names in by_cause.items())
         raise SweepError(f"{len(failures)} of {options.shards} shards failed ({lines}). Nothing was merged; finished "
                          f"units are kept in {run_dir / 'shards'}. Fix the cause, then re-run the same command: it "
                          "resumes every shard")

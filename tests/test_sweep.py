@@ -193,3 +193,20 @@ def test_sweep_worker_killed_mid_run_is_retried_and_resumes(workspace, reference
     kept = {name: (shard / "units" / name).stat().st_mtime_ns for name in killed[1]}
     assert kept == killed[1], "the retried attempt recomputed units the killed one had committed"
     _assert_equal_to_reference(reference, out)
+
+
+def test_sweep_shard_errors_are_named_per_shard_and_nothing_is_merged(workspace):
+    """A relaylens error inside the tasks (a model path that does not exist) is not retried: the sweep ends with
+    one line naming the failed shards and the cause, merges nothing, and keeps the shard directories."""
+    _ray_available()
+    out = workspace[0] / "sweep-bad-model"
+    root, _, data = workspace
+    result = _cli(["sweep", ANALYSIS, "--model", str(root / "no-such-model"), "--data", str(data), *RUN_OPTIONS,
+                   "--out", str(out), "--shards", "2", "--no-report"], hide_ray=False, check=False)
+    assert result.returncode == 2, result.stderr[-3000:]
+    error = next(line for line in result.stderr.splitlines() if line.startswith("error:"))
+    assert "2 of 2 shards failed (shards 0-of-2, 1-of-2: model path" in error and "does not exist" in error
+    assert "re-run the same command" in error and "Traceback" not in result.stderr
+    assert not (out / "manifest.json").exists()
+    for i in range(2):  # one attempt each: an error of relaylens itself is not retried
+        assert len((out / "shards" / f"{i}-of-2" / "attempts.jsonl").read_text().splitlines()) == 1
