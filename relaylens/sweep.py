@@ -192,6 +192,8 @@ def run_sweep(spec, config, options: SweepOptions, console=None, report: bool = 
     ray = import_ray()
     run_dir = Path(config.out or f"runs/{spec.name}").resolve()
     config = _absolute(dataclasses.replace(config, out=str(run_dir)))
+    if options.gpus_per_shard > 0 and config.device is None and config.device_map is None:
+        config = dataclasses.replace(config, device="auto")  # the task's GPUs (Ray sets CUDA_VISIBLE_DEVICES)
     totals = _unit_totals(spec, config, options.shards)
     started = _start_ray(ray, options)
     try:
