@@ -104,3 +104,23 @@ def test_explicit_shards_still_parse_and_shard_dirs_are_named_by_index_and_count
     with pytest.raises(ValueError, match="--shard"):
         resolve_shard("5/5", {})
     assert shard_dir("/runs/x", 0, 2).as_posix() == "/runs/x/shards/0-of-2"
+
+
+@pytest.mark.parametrize(
+    ("env", "device"),
+    [
+        ({"RANK": "3", "WORLD_SIZE": "4", "LOCAL_RANK": "3"}, "cuda:3"),  # torchrun: LOCAL_RANK
+        ({"SLURM_PROCID": "5", "SLURM_NTASKS": "8", "SLURM_LOCALID": "1"}, "cuda:1"),  # srun: SLURM_LOCALID
+        ({"SLURM_ARRAY_TASK_ID": "2", "SLURM_ARRAY_TASK_COUNT": "4"}, "cuda:0"),  # an array task: its visible GPU
+    ],
+)
+def test_device_auto_uses_the_launchers_local_rank(monkeypatch, env, device):
+    """`--device auto` under a launcher: the process's GPU (CUDA faked as present with four devices)."""
+    import torch
+
+    from relaylens.runner import RunConfig
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 4)
+    monkeypatch.delenv("LOCAL_RANK", raising=False)
+    assert RunConfig(device="auto").placement(local_rank=detect_shard(env).local_rank).device == device
