@@ -36,12 +36,23 @@ from pathlib import Path
 from relaylens.errors import RelaylensError
 from relaylens.launch import shard_dir
 
-__all__ = ["SweepOptions", "SweepError", "RAY_MISSING", "import_ray", "run_sweep", "run_shard"]
+__all__ = ["SweepOptions", "SweepError", "RAY_MISSING", "import_ray", "run_sweep", "run_shard", "attempts_path"]
 
 RAY_MISSING = ("relaylens sweep runs its shards on Ray, which is not installed. Fix: pip install 'relaylens[ray]' "
                "(or pip install ray); everything else (run, --shard i/n or auto, merge) works without it")
-ATTEMPTS = "attempts.jsonl"
-"""One line per attempt of a shard task (host, pid, start time), in the shard directory: the progress view's source."""
+ATTEMPTS = ".attempts.jsonl"
+"""Suffix of ``RUN_DIR/shards/I-of-N.attempts.jsonl``: one line per attempt of a shard task (host, pid, start time),
+beside the shard directory (which holds only what the store writes); the progress view reads it."""
+
+
+def attempts_path(run_dir: str | Path, index: int, count: int) -> Path:
+    """Where the attempts of shard ``index`` of ``count`` are logged.
+
+    >>> attempts_path("runs/x", 0, 2).as_posix()
+    'runs/x/shards/0-of-2.attempts.jsonl'
+    """
+    path = shard_dir(run_dir, index, count)
+    return path.with_name(path.name + ATTEMPTS)
 
 
 class SweepError(RelaylensError):
@@ -93,9 +104,9 @@ def run_shard(spec, config, index: int, count: int, run_dir: str) -> dict:
     from relaylens.runner import run_analysis
 
     out = shard_dir(run_dir, index, count)
-    out.mkdir(parents=True, exist_ok=True)
+    out.parent.mkdir(parents=True, exist_ok=True)
     attempt = {"host": socket.gethostname(), "pid": os.getpid(), "started_at": time.time()}
-    with open(out / ATTEMPTS, "a", encoding="utf-8") as f:
+    with open(attempts_path(run_dir, index, count), "a", encoding="utf-8") as f:
         f.write(json.dumps(attempt) + "\n")
     run_analysis(spec, dataclasses.replace(config, shard=f"{index}/{count}", out=str(out)), progress=False)
     return {**attempt, "index": index, "units": len(list((out / "units").glob("[0-9a-f]*.json.gz")))}
@@ -133,14 +144,14 @@ def _start_ray(ray, options: SweepOptions) -> bool:
 
         root = str(Path(relaylens.__file__).resolve().parent.parent)
         runtime_env = {"env_vars": {"PYTHONPATH": os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)}}
-    for attempt in (1, 2):  # a local start can time out on a loaded machine (the node's agents start slowly)
+    for attempt in (1, 2, 3):  # a local start can time out on a loaded machine (the node's agents start slowly)
         try:
             ray.init(address=options.ray_address, runtime_env=runtime_env, include_dashboard=False,
                      log_to_driver=False, logging_level="WARNING")
             break
         except Exception as err:  # noqa: BLE001 - Ray raises plain Exception for a node that failed to start
             ray.shutdown()
-            if attempt == 2 or not local:
+            if attempt == 3 or not local:
                 where = options.ray_address or os.environ.get("RAY_ADDRESS") or "a new local instance"
                 raise SweepError(f"cannot start or reach Ray at {where}: {str(err).strip().splitlines()[0]}. Fix: "
                                  "check --ray-address (auto on a cluster node, or ray://HEAD:10001); Ray's logs are "
@@ -158,7 +169,7 @@ def _start_ray(ray, options: SweepOptions) -> bool:
 
 def _attempts(path: Path) -> list[dict]:
     try:
-        return [json.loads(line) for line in (path / ATTEMPTS).read_text("utf-8").splitlines() if line.strip()]
+        return [json.loads(line) for line in path.read_text("utf-8").splitlines() if line.strip()]
     except (OSError, ValueError):
         return []
 
@@ -253,7 +264,7 @@ def _watch(ray, refs: dict, run_dir: Path, totals: list[int], options: SweepOpti
                 path = shard_dir(run_dir, i, n)
                 units = len(list((path / "units").glob("[0-9a-f]*.json.gz"))) if path.exists() else 0
                 done_units += units
-                tries = _attempts(path)
+                tries = _attempts(attempts_path(run_dir, i, n))
                 stage = ("failed" if i in failures else "finished" if i in finished else
                          "queued" if not tries else f"attempt {len(tries)} on {tries[-1]['host']}")
                 view.update(bars[i], completed=units, stage=stage)

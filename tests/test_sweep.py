@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 
 from relaylens.results import load_tables
+from relaylens.sweep import attempts_path
 from relaylens.tables import TIMING_COLUMNS
 
 ANALYSIS = "coordinate_ablation"
@@ -129,7 +130,7 @@ def test_shard_auto_processes_then_merge_equal_single_process(workspace, referen
         stdout, stderr = process.communicate(timeout=600)
         assert process.returncode == 0, stderr[-3000:]
         assert f"shard {rank}-of-2" in stderr and f"relaylens merge {out}" in stderr
-    assert sorted(p.name for p in (out / "shards").iterdir()) == ["0-of-2", "1-of-2"]
+    assert sorted(p.name for p in (out / "shards").iterdir()) == ["0-of-2", "1-of-2"]  # no attempt logs: not Ray
     assert [_units(out / "shards" / f"{i}-of-2") for i in range(2)] == [4, 4]
     assert not (out / "manifest.json").exists(), "rank 0 must not merge on its own"
     _cli(["merge", str(out)])
@@ -174,7 +175,8 @@ def test_sweep_worker_killed_mid_run_is_retried_and_resumes(workspace, reference
             for i in range(2):
                 shard = out / "shards" / f"{i}-of-2"
                 units = _units(shard)
-                attempts = (shard / "attempts.jsonl").read_text().splitlines() if (shard / "attempts.jsonl").exists() else []
+                log = attempts_path(out, i, 2)
+                attempts = log.read_text().splitlines() if log.exists() else []
                 if 1 <= units < 4 and attempts:
                     os.kill(json.loads(attempts[-1])["pid"], signal.SIGKILL)
                     killed = (i, {p.name: p.stat().st_mtime_ns for p in (shard / "units").glob("[0-9a-f]*.json.gz")})
@@ -187,7 +189,7 @@ def test_sweep_worker_killed_mid_run_is_retried_and_resumes(workspace, reference
     assert killed is not None, "no shard was caught mid-run"
     assert process.returncode == 0, stderr[-4000:]
     shard = out / "shards" / f"{killed[0]}-of-2"
-    attempts = [json.loads(line) for line in (shard / "attempts.jsonl").read_text().splitlines()]
+    attempts = [json.loads(line) for line in attempts_path(out, killed[0], 2).read_text().splitlines()]
     assert len(attempts) == 2 and attempts[0]["pid"] != attempts[1]["pid"], "Ray did not retry the killed shard"
     assert _units(shard) == 4
     kept = {name: (shard / "units" / name).stat().st_mtime_ns for name in killed[1]}
@@ -209,4 +211,4 @@ def test_sweep_shard_errors_are_named_per_shard_and_nothing_is_merged(workspace)
     assert "re-run the same command" in error and "Traceback" not in result.stderr
     assert not (out / "manifest.json").exists()
     for i in range(2):  # one attempt each: an error of relaylens itself is not retried
-        assert len((out / "shards" / f"{i}-of-2" / "attempts.jsonl").read_text().splitlines()) == 1
+        assert len(attempts_path(out, i, 2).read_text().splitlines()) == 1
