@@ -117,7 +117,11 @@ class ExperimentSpec:
 
 
 def load_analysis(name: str):
-    """Import ``analyses.<name>`` and return the module (it has ``SPEC``)."""
+    """Import ``analyses.<name>`` and return the module (it has ``SPEC``). Names are Python identifiers only
+    (``.``, ``..`` or ``../x`` never reach the import system)."""
+    if not isinstance(name, str) or not name.isidentifier():
+        raise RelaylensError(f"analysis name {name!r} is not a plain name (letters, digits, underscores); available: "
+                             f"{', '.join(available_analyses())}")
     try:
         module = importlib.import_module(f"analyses.{name}")
     except ModuleNotFoundError as err:

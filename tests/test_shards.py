@@ -1,5 +1,5 @@
 """Merging one run directory's shards (RUN_DIR/shards/I-of-N, from --shard auto or sweep) into RUN_DIR, and the
-refusals: no shards, mixed sweeps, a missing shard, an unfinished shard, a misplaced shard, different configurations."""
+refusals: no shards, mixed sweeps, a missing shard, a shard lacking units, a misplaced shard, different configurations."""
 
 from __future__ import annotations
 
@@ -8,24 +8,27 @@ import json
 import pytest
 
 from relaylens.launch import shard_dir
-from relaylens.results import ResultStoreError, RunStore, load_tables
+from relaylens.results import ResultStoreError, RunStore, build_manifest, load_tables
 from relaylens.shards import merge_run_dir, shard_records
 from test_results import assert_tables_equal, fill, manifest  # tests/ is on sys.path under pytest
 
 IDS = [f"q{k}" for k in range(10)]
 
 
-def make_shard(run_dir, index, count, ids=IDS, finish=True, **config):
-    """A shard directory as the runner leaves it: its records' units, consolidated when the run finished."""
-    store = RunStore.create_or_open(shard_dir(run_dir, index, count), manifest(**config) | {"shard": {"index": index, "count": count}})
-    fill(store, shard_records(ids, index, count))
-    if finish:
-        store.consolidate()
+def make_shard(run_dir, index, count, finish=True, **config):
+    """A shard directory as the runner leaves it: a manifest with its plan (its records; one bm25 @ 0.1 unit
+    each), and every planned unit committed (``finish=False``: only the first, as a killed run leaves it)."""
+    ids = shard_records(IDS, index, count)
+    m = build_manifest("test_analysis", {"seed": 0, "spec": {"selectors": ["bm25"], "budgets": [0.1]}, **config},
+                       "tiny-llama", "deadbeef", shard=(index, count), plan={"record_ids": ids, "units": len(ids)})
+    store = RunStore.create_or_open(shard_dir(run_dir, index, count), m)
+    fill(store, ids if finish else ids[:1])
+    store.consolidate()
     return store
 
 
 def test_merge_run_dir_equals_unsharded_and_is_idempotent(tmp_path):
-    full = RunStore.create_or_open(tmp_path / "full", manifest())
+    full = RunStore.create_or_open(tmp_path / "full", manifest())  # the same units, unsharded
     fill(full, IDS)
     run = tmp_path / "run"
     for i in range(3):
@@ -51,7 +54,7 @@ def _shards(run, spec):
         ([], "holds no shard directories"),
         ([(0, 2, {}), (1, 2, {}), (0, 3, {})], "mixes shards of sweeps with 2 and 3 shards"),
         ([(0, 3, {}), (2, 3, {})], "shard(s) 1-of-3 missing"),
-        ([(0, 2, {}), (1, 2, {"finish": False})], "shard 1-of-2 in"),
+        ([(0, 2, {}), (1, 2, {"finish": False})], "1-of-2 lacks"),
         ([(0, 2, {}), (1, 2, {"seed": 1})], "manifests differ in ['config.seed']"),
     ],
     ids=["none", "mixed-counts", "missing", "unfinished", "different-config"],
@@ -77,13 +80,18 @@ def test_merge_run_dir_refuses_a_shard_in_the_wrong_directory(tmp_path):
         merge_run_dir(run)
 
 
-def test_a_killed_shard_that_resumed_and_finished_merges(tmp_path):
+@pytest.mark.parametrize("resume", [True, False], ids=["resumed", "allow-incomplete"])
+def test_a_killed_shard_merges_once_resumed_or_with_allow_incomplete(tmp_path, resume):
     run = tmp_path / "run"
     make_shard(run, 0, 2)
-    partial = make_shard(run, 1, 2, ids=IDS[:3], finish=True)  # an earlier, shorter attempt consolidated ...
-    fill(partial, [r for r in shard_records(IDS, 1, 2) if r not in IDS[:3]])  # ... then the resumed run added units
-    with pytest.raises(ResultStoreError, match="has not finished"):
+    partial = make_shard(run, 1, 2, finish=False)  # killed after its first unit
+    with pytest.raises(ResultStoreError, match="lacks"):
         merge_run_dir(run)
-    partial.consolidate()  # the resumed run's end
-    merge_run_dir(run)
-    assert sorted(load_tables(run)["answers"].record_id.unique()) == sorted(IDS)
+    if resume:
+        fill(partial, shard_records(IDS, 1, 2)[1:])  # the resumed run commits the rest
+        merge_run_dir(run)
+        assert sorted(load_tables(run)["answers"].record_id.unique()) == sorted(IDS)
+    else:
+        with pytest.warns(UserWarning, match="lacks"):
+            merge_run_dir(run, allow_incomplete=True)
+        assert len(load_tables(run)["answers"].record_id.unique()) == len(shard_records(IDS, 0, 2)) + 1
