@@ -188,7 +188,7 @@ def _spec_and_config(p: dict):
     spec = _guard(apply_overrides, spec, selectors=list(p["selector"] or []) or None,
                   conditions=list(p["condition"] or []) or None, budgets=tuple(p["budget"]) if p["budget"] else None,
                   max_new_tokens=p["max_new_tokens"], prompt_mode=p["prompt_mode"], granularity=p["granularity"],
-                  stop=p["stop"])
+                  stop=p["stop"], sweep=p["sweep"])
     placement = {k: p[k] for k in ("device", "dtype", "device_map", "attn_implementation", "rope_scaling", "max_position")}
     _load_kwargs(**placement)  # bad values: one line, early
     config = RunConfig(model=p["model"], data=p["data"], data_format=p["data_format"], limit=p["limit"],
@@ -245,6 +245,9 @@ def run(
     judge_url: str = typer.Option(None, "--judge-url", help="OpenAI-compatible base URL of an LLM judge (optional)"),
     judge_model: str = typer.Option(None, "--judge-model", help="judge model: name at --judge-url, or a local HF model spec"),
     judge_key_env: str = typer.Option(None, "--judge-key-env", help="environment variable with the judge's API key"),
+    sweep: str = typer.Option(None, "--sweep", help="'layers': per-layer causal sweep (relay in layer l only, and in "
+                              "layers 0..l, for every l): costs one extra question pass per layer and curve for every "
+                              "record (about 2 x layers passes); off by default; recorded in the manifest"),
 ) -> None:
     """Run (or resume) an analysis; every condition of a record shares one prefill and one selection."""
     params = dict(locals())  # exactly the options above; `sweep` passes the same dictionary

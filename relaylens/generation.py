@@ -127,6 +127,8 @@ def build_cache(
             moved = relocate_keys(kept_keys, source, target, factors, layer=layer if factors.per_layer else None)
         except NonFiniteError as err:
             raise NonFiniteError(f"layer {layer}: {err}") from None
+        except PositionError as err:
+            raise PositionError(f"condition {coords.condition}, layer {layer}: {err}") from None
         pad = (~valid)[..., None].to(moved.device)
         moved, kept_values = moved.masked_fill(pad, 0.0), kept_values.masked_fill(pad, 0.0)
         _check_finite(moved, layer, "relocated keys")

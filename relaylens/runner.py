@@ -99,11 +99,16 @@ def check_config(config: RunConfig) -> None:
 
 
 def resolve_data(data: str) -> Path:
-    """``sample`` → the bundled LongMemEval-schema sample; anything else is a path."""
+    """``sample`` → the bundled LongMemEval-schema sample; ``sample:infinitebench`` → the bundled InfiniteBench-format
+    sample; anything else is a path."""
     if data == SAMPLE:
         from relaylens.datasets.synthetic import bundled_sample_path
 
         return Path(bundled_sample_path())
+    if data == "sample:infinitebench":
+        from relaylens.datasets.synthetic_infinitebench import bundled_infinitebench_path
+
+        return bundled_infinitebench_path()
     path = Path(data)
     if not path.exists():
         raise RelaylensError(f"dataset {data!r} does not exist; pass a file path or 'sample' for the bundled sample")
@@ -136,6 +141,13 @@ def _selector_objects(spec: ExperimentSpec, seed: int) -> dict:
     return objects
 
 
+def query_window(config: RunConfig, selectors, history_length: int) -> int:
+    """Window queries the prefill captures: ``config.window_size``, or more when a selector votes with a longer
+    window of history queries (Scissorhands' ``query_window``), capped at the history length."""
+    extra = max([getattr(s, "query_window", 0) for s in selectors] + [0])
+    return max(config.window_size, min(extra, history_length))
+
+
 def _gold_units(prompt, selection, granularity: str) -> tuple[int, int]:
     units = [u for u in prompt.units(granularity) if u.is_evidence]
     kept = selection.positions[selection.valid]
@@ -148,7 +160,9 @@ def process_unit(model, tokenizer, factors, record: Record, prompt, prefill, sel
                  spec: ExperimentSpec, config: RunConfig, judge=None) -> tuple[list[dict], list[dict], pd.DataFrame]:
     """All conditions of one (record, selector, budget): rows for the answers, scores and probes tables."""
     from relaylens.generation import run_condition
+    from relaylens.layer_sweep import layer_sweep
     from relaylens.probes import probe_condition, replay_conditions
+    from relaylens.scopes import expand_conditions
     from relaylens.scoring import score_answer
 
     selection = selector.select(prefill, prompt, budget)
@@ -163,7 +177,7 @@ def process_unit(model, tokenizer, factors, record: Record, prompt, prefill, sel
             "cluster_id": record.cluster_id or record.record_id}
     answers, scores, probe_frames = [], [], []
     reference = None
-    for condition in spec.conditions:
+    for condition in expand_conditions(spec.conditions, model):  # scoped conditions learn the model's layer types
         started = time.perf_counter()
         common = dict(max_new_tokens=spec.max_new_tokens, tokenizer=tokenizer, stop_at_newline=stop_newline,
                       window_mode=config.window_mode, eos_token_ids=eos)
@@ -192,9 +206,17 @@ def process_unit(model, tokenizer, factors, record: Record, prompt, prefill, sel
         for metric, value in metrics.items():
             scores.append({**key, "condition": label, **meta, "metric": metric, "value": float(value)})
     if do_probes and reference is not None and spec.replay_conditions:
-        replay = replay_conditions(reference, prefill, selection, evidence, list(spec.replay_conditions),
+        replay = replay_conditions(reference, prefill, selection, evidence, expand_conditions(spec.replay_conditions, model),
                                    int(prompt.question_ids.numel()), factors)
         probe_frames.append(replay.assign(source="replay"))
+    if spec.sweep == "layers":
+        sweep_scores, sweep_probes = layer_sweep(model, prefill, selection, prompt.question_ids, evidence if do_probes else None,
+                                                 first_answer_token(tokenizer, record, spec.prompt_mode), factors,
+                                                 config.window_mode)
+        scores.extend({**key, "condition": row["condition"], **meta, "metric": row["metric"], "value": row["value"]}
+                      for row in sweep_scores)
+        if len(sweep_probes):
+            probe_frames.append(sweep_probes)
     probes = pd.concat(probe_frames, ignore_index=True).assign(**key) if probe_frames else pd.DataFrame()
     return answers, scores, probes
 
@@ -218,7 +240,7 @@ def run_analysis(spec: ExperimentSpec, config: RunConfig, progress: bool = True,
     auto = bool(config.shard) and config.shard.strip().lower() == "auto"
     launcher = detect_shard() if auto else None  # torchrun / accelerate / SLURM: the shard and the local rank
     placement = config.placement(local_rank=launcher.local_rank if launcher else None)
-    data_path = resolve_data(config.data)
+    data_path = resolve_data(spec.data if config.data == SAMPLE else config.data)  # an analysis may bring its own sample
     records = load_records(data_path, format=config.data_format)
     if not records:
         raise RelaylensError(f"{data_path} holds no records")
@@ -281,11 +303,13 @@ def _run_units(model, tokenizer, factors, records, spec: ExperimentSpec, config:
                 _advance(live, task, len(pending), record.record_id, f"skipped ({reason[0]})")
                 continue
             prefill = _prefill(model, prompt, config, selectors.values())
+            prepared = {name: selectors[name].prepare(model, prefill, prompt, factors)  # FINCH: its question pass
+                        for name in dict.fromkeys(name for name, _ in pending)}
             for name, budget in pending:
                 _advance(live, task, 0, record.record_id, f"{name} @ {budget:g}")
                 try:
                     answers, scores, probes = process_unit(model, tokenizer, factors, record, prompt, prefill, name,
-                                                           selectors[name], budget, spec, config, judge)
+                                                           prepared[name], budget, spec, config, judge)
                 except (BudgetError, ShapeError) as err:
                     if not _is_too_short(err):
                         raise
@@ -303,8 +327,8 @@ def _prefill(model, prompt, config: RunConfig, selectors):
 
     needs_columns = any(getattr(s, "needs_column_sums", False) for s in selectors)
     with capture_column_sums(model) if needs_columns else nullcontext() as stats:
-        prefill = prefill_history(model, prompt.history_ids, window_size=config.window_size, chunk_size=config.chunk_size,
-                                  attn_implementation=config.attn_implementation)
+        prefill = prefill_history(model, prompt.history_ids, window_size=query_window(config, selectors, prompt.history_length),
+                                  chunk_size=config.chunk_size, attn_implementation=config.attn_implementation)
     if stats is not None:
         prefill.extras["column_sums"] = stats.column_sums
     return prefill

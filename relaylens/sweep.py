@@ -127,7 +127,10 @@ def _unit_totals(spec, config, count: int) -> list[int]:
     from relaylens.runner import resolve_data
     from relaylens.shards import shard_records
 
-    records = load_records(resolve_data(config.data), format=config.data_format)
+    from relaylens.runner import SAMPLE
+
+    data = getattr(spec, "data", None) if config.data == SAMPLE else config.data  # as the runner resolves it
+    records = load_records(resolve_data(data or config.data), format=config.data_format)
     limit = config.limit if config.limit is not None else spec.limit
     ids = [r.record_id for r in (records[:limit] if limit else records)]
     return [len(spec.units(shard_records(ids, i, count))) for i in range(count)]
