@@ -55,12 +55,13 @@ class RunConfig:
     retry_skipped: bool = False  # recompute units recorded as skipped (e.g. after raising max_history_tokens)
     view_records: int = 3  # token view data (RUN_DIR/views) for the first N records with probes (0: none)
 
-    def placement(self):
-        """The resolved :class:`relaylens.placement.Placement` of this run."""
+    def placement(self, local_rank: int | None = None):
+        """The resolved :class:`relaylens.placement.Placement` of this run (``local_rank``: the launcher's, which
+        ``--device auto`` turns into ``cuda:LOCAL_RANK``)."""
         from relaylens.placement import Placement
 
         return Placement.resolve(self.device, self.dtype, self.device_map, self.attn_implementation, self.rope_scaling,
-                                 self.max_position)
+                                 self.max_position, local_rank=local_rank)
 
 
 def make_judge(config: RunConfig, run_dir: Path):
@@ -251,22 +252,27 @@ def run_analysis(spec: ExperimentSpec, config: RunConfig, progress: bool = True,
     from relaylens.locks import run_lock
     from relaylens.models import load_model, model_files_fingerprint, model_fingerprint
     from relaylens.records import load_records
+    from relaylens.launch import detect_shard, shard_dir
     from relaylens.results import RunStore, build_manifest, prepare_run_dir
     from relaylens.shards import parse_shard, shard_records
 
     check_config(config)
-    placement = config.placement()
+    auto = bool(config.shard) and config.shard.strip().lower() == "auto"
+    launcher = detect_shard() if auto else None  # torchrun / accelerate / SLURM: the shard and the local rank
+    placement = config.placement(local_rank=launcher.local_rank if launcher else None)
     data_path = resolve_data(spec.data if config.data == SAMPLE else config.data)  # an analysis may bring its own sample
     records = load_records(data_path, format=config.data_format)
     if not records:
         raise RelaylensError(f"{data_path} holds no records")
     limit = config.limit if config.limit is not None else spec.limit
     records = records[:limit] if limit else records
-    shard = parse_shard(config.shard) if config.shard else None
+    shard = (launcher.index, launcher.count) if launcher else parse_shard(config.shard) if config.shard else None
     if shard:
         chosen = set(shard_records([r.record_id for r in records], *shard))
         records = [r for r in records if r.record_id in chosen]
     out = Path(config.out or f"runs/{spec.name}")
+    if launcher:  # one run directory, one shard directory per process
+        out = shard_dir(out, *shard)
     model, tokenizer = model_and_tokenizer or load_model(config.model, **placement.load_kwargs())
     if spec.prompt_mode == "auto":
         spec = spec.replace(prompt_mode="chat" if getattr(tokenizer, "chat_template", None) else "completion")
@@ -274,7 +280,9 @@ def run_analysis(spec: ExperimentSpec, config: RunConfig, progress: bool = True,
     run = vars(config) | {"out": None, "force": None, "shard": None, "retry_skipped": None, "view_records": None,
                           "judge_url": redact_url(config.judge_url) if config.judge_url else None}
     plan = {"record_ids": [r.record_id for r in records], "units": len(spec.units([r.record_id for r in records]))}
-    manifest = build_manifest(spec.name, {"spec": spec.to_dict(), "run": run, "placement": placement.to_dict(),
+    # the device kind, not its index: shards on cuda:0 and cuda:1 (or a resumed shard on another GPU) still agree
+    recorded = placement.to_dict() | {"device": placement.device and placement.device.split(":")[0]}
+    manifest = build_manifest(spec.name, {"spec": spec.to_dict(), "run": run, "placement": recorded,
                                           "rope": _rope_summary(model)},
                               config.model, model_fingerprint(model), data_path, shard,
                               model_info=model_files_fingerprint(model, tokenizer), plan=plan)
