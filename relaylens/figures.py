@@ -38,6 +38,7 @@ import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 
+from relaylens.atomic import write_atomic
 from relaylens import plots
 from relaylens.errors import RelaylensError
 from relaylens.summaries import (  # noqa: F401 - re-exported for figure users
@@ -558,8 +559,8 @@ def write_entry(name: str, tables: dict, out_dir: str | Path, formats: Sequence[
     result = build(name, tables)
     if isinstance(result, pd.DataFrame):
         csv, md = out_dir / f"{name}.csv", out_dir / f"{name}.md"
-        csv.write_text(result.to_csv(index=False, float_format="%.6g", lineterminator="\n"), encoding="utf-8")
-        md.write_text(f"**{REGISTRY[name].title}**\n\n" + table_markdown(result), encoding="utf-8")
+        write_atomic(csv, result.to_csv(index=False, float_format="%.6g", lineterminator="\n"))
+        write_atomic(md, f"**{REGISTRY[name].title}**\n\n" + table_markdown(result))
         return [csv, md]
     return plots.save_figure(result, out_dir / name, formats)
 
@@ -573,9 +574,15 @@ def write_figures(run_dir: str | Path, only: str | Sequence[str] | None = None,
     for fmt in formats:
         if fmt not in plots.FORMATS:
             raise FigureError(f"unknown figure format {fmt!r}; choose from {', '.join(plots.FORMATS)}")
+    from relaylens.locks import run_lock
+
     run_dir = Path(run_dir)
     manifest = RunStore.open(run_dir).manifest
-    tables = load_tables(run_dir)
+    with run_lock(run_dir, "figures"):  # one writer per run directory; every file written atomically
+        return _write_figures(run_dir, manifest, load_tables(run_dir), only, formats, all_supported, progress)
+
+
+def _write_figures(run_dir: Path, manifest: dict, tables: dict, only, formats, all_supported, progress) -> list[Path]:
     names = select_figures(tables, manifest, only, all_supported)
     paths = []
     for name in names:
@@ -584,5 +591,5 @@ def write_figures(run_dir: str | Path, only: str | Sequence[str] | None = None,
         paths += write_entry(name, tables, run_dir / "figures", formats)
     index = {"analysis": manifest.get("analysis"), "entries": names,
              "files": [p.name for p in paths]}
-    (run_dir / "figures" / "index.json").write_text(json.dumps(index, indent=2, sort_keys=True) + "\n")
+    write_atomic(run_dir / "figures" / "index.json", json.dumps(index, indent=2, sort_keys=True) + "\n")
     return paths

@@ -30,6 +30,7 @@ import pandas as pd
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
+from relaylens.atomic import write_atomic
 from relaylens.bands import SHARE_METRICS, band_of, band_table, bands
 
 __all__ = ["style", "save_figure", "figure_png_base64", "bands", "band_of", "band_table", "condition_color",
@@ -137,7 +138,7 @@ def save_figure(fig: Figure, stem: str | Path, formats: Sequence[str] = FORMATS)
                 path = stem.with_suffix(f".{fmt}")
                 buf = io.BytesIO()
                 fig.savefig(buf, format=fmt, metadata=METADATA[fmt])
-                path.write_bytes(buf.getvalue())
+                write_atomic(path, buf.getvalue())  # a full disk keeps the previous file
                 paths.append(path)
     finally:
         if previous is None:

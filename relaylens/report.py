@@ -318,12 +318,15 @@ def write_report(run_dir: str | Path, out: str | Path | None = None) -> Path:
     """Render ``RUN_DIR/report.html`` (or ``out``) from the run's tables and manifest; returns the path."""
     from relaylens.results import RunStore, load_tables
 
+    from relaylens.atomic import write_atomic
+    from relaylens.locks import run_lock
+
     run_dir = Path(run_dir)
     manifest = RunStore.open(run_dir).manifest
-    html = render_report(load_tables(run_dir), manifest)
-    path = Path(out) if out else run_dir / "report.html"
-    path.write_text(html, encoding="utf-8")
-    return path
+    with run_lock(run_dir, "report"):  # one writer per run directory
+        html = render_report(load_tables(run_dir), manifest)
+        path = Path(out) if out else run_dir / "report.html"
+        return write_atomic(path, html)  # a full disk keeps the previous report
 
 
 def example_tables(records: int = 2, layers: int = 3, heads: int = 2, seed: int = 0) -> dict[str, pd.DataFrame]:
