@@ -23,16 +23,14 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import torch
-
-from relaylens.bands import bands
-
 VIEWS = "views"
 VIEW_CONDITIONS = ("original", "relay")  # shown first, side by side
 
 
 def final_token_attention(recorder, selection, history_length: int) -> dict[int, torch.Tensor]:
     """``layer -> [L]`` float32: the final question token's attention on each history position, mean over query heads."""
+    import torch
+
     out = {}
     for layer in sorted(recorder.rows):
         width = recorder.widths[layer]
@@ -55,6 +53,8 @@ def token_strings(tokenizer, ids: torch.Tensor) -> list[str]:
 
 def token_view(prompt, tokenizer, selection, granularity: str, recorders: dict[str, object], key: dict) -> dict:
     """The stored view of one (record, selector, budget): ``recorders`` maps condition -> FinalTokenRecorder."""
+    import torch
+
     length = prompt.history_length
     kept = []  # per layer: positions kept by at least one kv head, ascending
     for layer in range(selection.positions.shape[0]):
@@ -102,6 +102,8 @@ def load_views(run_dir: str | Path, records: int | None = 3) -> list[dict]:
 
 
 def _layer_options(num_layers: int) -> list[dict]:
+    from relaylens.bands import bands
+
     options = [{"label": f"band: {name} (layers {ls[0]}-{ls[-1]})", "layers": ls} for name, ls in bands(num_layers).items() if ls]
     return options + [{"label": f"layer {l}", "layers": [l]} for l in range(num_layers)]
 
