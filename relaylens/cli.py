@@ -128,7 +128,8 @@ def run(
     """Run (or resume) an analysis; every condition of a record shares one prefill and one selection."""
     from relaylens.experiments import load_analysis
     from relaylens.results import load_tables
-    from relaylens.runner import RunConfig, accuracy_table, run_analysis
+    from relaylens.runner import RunConfig, run_analysis
+    from relaylens.summaries import run_overview
 
     module = _guard(load_analysis, analysis)
     spec = _guard(module.SPEC.replace, budgets=tuple(budget) if budget else None, max_new_tokens=max_new_tokens,
@@ -137,7 +138,7 @@ def run(
                        shard=shard, seed=seed, force=force, judge_url=judge_url, judge_model=judge_model,
                        judge_key_env=judge_key_env)
     run_dir = _guard(run_analysis, spec, config)
-    table = accuracy_table(load_tables(run_dir))
+    table = run_overview(load_tables(run_dir))
     print(table.to_string(index=False, float_format=lambda v: f"{v:.3f}"))
     console.print(f"[green]run directory[/] {run_dir}")
 

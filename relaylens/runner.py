@@ -246,12 +246,3 @@ def _progress(enabled: bool):
 def _advance(live, task, steps: int, record_id: str, stage: str) -> None:
     if live is not None:
         live.update(task, advance=steps, stage=f"{record_id}: {stage}")
-
-
-def accuracy_table(tables: dict[str, pd.DataFrame], metric: str = "contains") -> pd.DataFrame:
-    """Mean of ``metric`` per (selector, budget, condition), with the answer-limit rate."""
-    scores = tables["scores"]
-    chosen = scores[scores.metric == metric].groupby(["selector", "budget", "condition"])["value"].mean().rename(metric)
-    f1 = scores[scores.metric == "f1"].groupby(["selector", "budget", "condition"])["value"].mean().rename("f1")
-    limit = tables["answers"].groupby(["selector", "budget", "condition"])["hit_limit"].mean().rename("hit_limit_rate")
-    return pd.concat([chosen, f1, limit], axis=1).reset_index()

@@ -35,3 +35,25 @@ def smollm2():
         if _in_ci():
             pytest.fail(f"CI=true requires the real model; {reason}", pytrace=False)
         pytest.skip(reason)
+
+
+def _write_run(run_dir, tables: dict, analysis: str = "evidence_reading", spec_figures=("figure6",)):
+    """A real run directory through the result store (manifest, committed units, consolidated parquet)."""
+    from relaylens.results import RunStore, UnitKey
+
+    manifest = {"analysis": analysis, "config": {"spec": {"figures": list(spec_figures)}},
+                "model": {"spec": "tiny", "weights_hash": None}}
+    store = RunStore.create_or_open(run_dir, manifest)
+    units = tables["answers"][["record_id", "selector", "budget"]].drop_duplicates().itertuples(index=False)
+    for rid, sel, budget in units:
+        part = {n: df[(df["record_id"] == rid) & (df["selector"] == sel) & (df["budget"] == budget)]
+                for n, df in tables.items()}
+        store.write_unit(UnitKey(rid, sel, budget), part["answers"], part["scores"], part["probes"])
+    store.consolidate()
+    return run_dir
+
+
+@pytest.fixture
+def write_run():
+    """``write_run(run_dir, tables, analysis=..., spec_figures=...)``: tables -> a committed, consolidated run dir."""
+    return _write_run

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from relaylens import figures, report, summaries
-from test_figures import fabricate_tables, write_run  # noqa: E402  (tests/ is on sys.path under pytest)
+from relaylens.tables import example_tables
 
 LAYERS, HEADS = 4, 2
 MANIFEST = {"analysis": "evidence_reading", "config": {"spec": {"figures": ["figure6"]}},
@@ -29,7 +29,7 @@ def fast_bootstrap(monkeypatch):
 
 @pytest.fixture(scope="module")
 def tables():
-    t = fabricate_tables(records=3, selectors=("snapkv",), budgets=(0.1,), layers=LAYERS, heads=HEADS,
+    t = example_tables(records=3, selectors=("snapkv",), budgets=(0.1,), layers=LAYERS, heads=HEADS,
                          conditions=("original", "half_gap", "relay"))
     t["answers"].loc[0, "answer"] = "<script>alert('x')</script> see http://evil.example/x"
     return t
@@ -119,7 +119,7 @@ def test_empty_tables_are_a_clear_error(tmp_path):
     result = CliRunner().invoke(app, ["report", str(tmp_path / "empty")])
     assert result.exit_code == 2 and "empty" in result.output
     with pytest.raises(figures.FigureError, match="empty"):
-        report.render_report({n: df.iloc[:0] for n, df in fabricate_tables(records=1, probes=False).items()}, {})
+        report.render_report({n: df.iloc[:0] for n, df in example_tables(records=1, probes=False).items()}, {})
 
 
 # ------------------------------------------------------------------------------------------- headless Chromium
@@ -166,7 +166,7 @@ def test_console_check_catches_a_broken_page(tmp_path):
     assert any("Uncaught" in line for line in console_errors(result.stderr)), result.stderr[-2000:]
 
 
-def test_report_renders_in_headless_chromium(tmp_path, tables):
+def test_report_renders_in_headless_chromium(tmp_path, tables, write_run):
     binary = _chromium()
     run = write_run(tmp_path / "run", tables, spec_figures=("figure6",))
     from typer.testing import CliRunner

@@ -13,7 +13,6 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -205,23 +204,24 @@ def test_corrupt_unit_file_is_named(tmp_path, damage):
 
 
 _KILL_SCRIPT = """
-import sys, time
+import json, time
 from relaylens.results import RunStore, UnitKey
-sys.path.insert(0, {tests!r})
-from test_results import unit_rows, manifest
+job = json.load(open({job!r}))
 def slow(f, data):
     for i in range(0, len(data), 512):
         f.write(data[i:i + 512]); f.flush(); time.sleep(0.002)
-store = RunStore.create_or_open({run!r}, manifest(), writer=slow)
-for k in range(1000):
-    store.write_unit(UnitKey(f"q{{k}}", "bm25", 0.1), *unit_rows(f"q{{k}}"))
+store = RunStore.create_or_open({run!r}, job["manifest"], writer=slow)
+for k, rows in enumerate(job["rows"]):
+    store.write_unit(UnitKey(f"q{{k}}", "bm25", 0.1), *rows)
     print(k, flush=True)
 """
 
 
 def test_sigkill_mid_write_then_resume_equals_uninterrupted(tmp_path):
     run = tmp_path / "run"
-    script = _KILL_SCRIPT.format(tests=str(Path(__file__).parent), run=str(run))
+    job = tmp_path / "job.json"  # the writer's rows and manifest, made here (no test module imported there)
+    job.write_text(json.dumps({"manifest": manifest(), "rows": [unit_rows(f"q{k}") for k in range(1000)]}))
+    script = _KILL_SCRIPT.format(job=str(job), run=str(run))
     proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
     try:
         for _ in range(3):  # wait until a few units are committed, then kill mid-way
