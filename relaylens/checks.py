@@ -14,33 +14,10 @@ Example:
 
 from __future__ import annotations
 
-import sys
-
 import torch
-from transformers import DynamicCache
 
-
-def pre_rotary_keys(model, ids: torch.Tensor) -> dict[int, torch.Tensor]:
-    """Per layer ``[1, kv_head, T, head_dim]``: keys after ``k_proj`` (and ``k_norm``), before rotary, for ``ids``."""
-    captured, handles = {}, []
-    for index, layer in enumerate(model.model.layers):
-        attn = layer.self_attn
-        source = getattr(attn, "k_norm", None) or attn.k_proj
-
-        def hook(module, args, output, index=index, head_dim=attn.head_dim):
-            if output.dim() == 4:  # k_norm output [B, kv_head, T, D]
-                captured[index] = output.detach()
-            else:  # k_proj output [B, T, kv_head * D]
-                captured[index] = output.detach().reshape(1, output.shape[1], -1, head_dim).transpose(1, 2)
-
-        handles.append(source.register_forward_hook(hook))
-    try:
-        with torch.no_grad():
-            model(ids[None], use_cache=True, cache=DynamicCache())
-    finally:
-        for handle in handles:
-            handle.remove()
-    return captured
+from relaylens.hf import (call_rotary, cached_keys, decoder_layers, find_rotary_embedding, pre_rotary_keys,
+                          rotary_function)
 
 
 def run_checks(model, tokenizer, history_tokens: int = 700, keep_every: int = 5) -> list[tuple[str, float]]:
@@ -71,18 +48,17 @@ def run_checks(model, tokenizer, history_tokens: int = 700, keep_every: int = 5)
     sparse = Selection.from_lists([[kept] * prefill.num_kv_heads] * prefill.num_layers, prefill.history_length)
     relocated = build_cache(prefill, sparse, "relay", factors)
     pre_keys = pre_rotary_keys(model, history)
-    apply = sys.modules[type(model.model.layers[0].self_attn).__module__].apply_rotary_pos_emb
+    apply = rotary_function(decoder_layers(model)[0].self_attn)
     worst = 0.0
     for layer in range(prefill.num_layers):
         target = relocated.coordinates.key_positions[layer, 0]
-        args = (torch.zeros(1), target[None]) + ((factors.layer_types[layer],) if factors.per_layer else ())
-        cos, sin = model.model.rotary_emb(*args)
+        cos, sin = call_rotary(find_rotary_embedding(model), target[None], factors.layer_types[layer] if factors.per_layer else None)
         content = pre_keys[layer][:, :, kept]
         _, direct = apply(content, content, cos, sin)
-        worst = max(worst, float((relocated.cache.layers[layer].keys - direct).abs().max()))
+        worst = max(worst, float((cached_keys(relocated.cache, layer) - direct).abs().max()))
     results.append(("relocated keys vs direct rotation at p', max |diff|", worst))
 
-    windows = {i: getattr(layer.self_attn, "sliding_window", None) for i, layer in enumerate(model.model.layers)}
+    windows = {i: getattr(layer.self_attn, "sliding_window", None) for i, layer in enumerate(decoder_layers(model))}
     sliding = [i for i, w in windows.items() if w]
     if sliding:
         for condition in ("original", "relay"):

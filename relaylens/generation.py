@@ -34,6 +34,7 @@ from relaylens.attention import AttentionState, attention_context
 from relaylens.conditions import Condition, Coordinates, get_condition
 from relaylens.errors import NonFiniteError, PositionError, ShapeError
 from relaylens.geometry import RotaryFactors, relocate_keys
+from relaylens.hf import attention_constants, cache_from_tensors, cache_tensors
 from relaylens.prefill import PrefillResult
 from relaylens.selection import Selection
 
@@ -70,16 +71,16 @@ class GenerationResult:
 
 def prefill_from_cache(history_ids: torch.Tensor, cache, model) -> PrefillResult:
     """Wrap a transformers cache filled by a plain forward over the history as a :class:`PrefillResult`."""
-    layers = cache.layers
-    attn = model.model.layers[0].self_attn
+    keys, values = cache_tensors(cache)
+    scaling, groups = attention_constants(model)
     return PrefillResult(
         history_ids=history_ids.reshape(-1),
-        keys=[layer.keys[0].detach() for layer in layers],
-        values=[layer.values[0].detach() for layer in layers],
+        keys=[k.detach() for k in keys],
+        values=[v.detach() for v in values],
         window_queries=None,
         window_size=0,
-        scaling=float(attn.scaling),
-        num_key_value_groups=int(attn.num_key_value_groups),
+        scaling=scaling,
+        num_key_value_groups=groups,
     )
 
 
@@ -136,7 +137,7 @@ def build_cache(
         state.key_positions[layer] = torch.where(valid, target, torch.full_like(target, -(10**9)))
         state.source_positions[layer] = torch.where(valid, source, torch.full_like(source, -(10**9)))
         widths.append(width)
-    return RelocatedCache(DynamicCache(ddp_cache_data=data), state, coords, widths)
+    return RelocatedCache(cache_from_tensors(data), state, coords, widths)
 
 
 def _check_finite(tensor: torch.Tensor, layer: int, what: str) -> None:

@@ -53,7 +53,8 @@ from relaylens.conditions import Condition
 from relaylens.errors import RelaylensError
 from relaylens.generation import GenerationResult, RelocatedCache, build_cache
 from relaylens.geometry import RotaryFactors
-from relaylens.prefill import PrefillResult, decoder_layers
+from relaylens.hf import decoder_layers
+from relaylens.prefill import PrefillResult
 from relaylens.probes import FinalTokenRecorder, ProbedCondition, gold_slots, readouts
 from relaylens.selection import Selection
 

@@ -187,7 +187,6 @@ def run_analysis(spec: ExperimentSpec, config: RunConfig, progress: bool = True,
     from relaylens.records import load_records
     from relaylens.results import RunStore, UnitKey, build_manifest
     from relaylens.shards import parse_shard, shard_records
-    from relaylens.selectors.attention_stats import capture_column_sums
 
     check_config(config)
     data_path = resolve_data(config.data)
@@ -220,10 +219,8 @@ def run_analysis(spec: ExperimentSpec, config: RunConfig, progress: bool = True,
                 continue
             _advance(live, task, len(spec.selectors) * len(spec.budgets) - len(pending), record.record_id, "prefill")
             prompt = render_prompt(record, tokenizer, mode=spec.prompt_mode)
-            with capture_column_sums(model) if needs_columns else nullcontext() as stats:
-                prefill = prefill_history(model, prompt.history_ids, window_size=config.window_size, chunk_size=config.chunk_size)
-            if stats is not None:
-                prefill.extras["column_sums"] = stats.column_sums
+            prefill = prefill_history(model, prompt.history_ids, window_size=config.window_size,
+                                      chunk_size=config.chunk_size, column_sums=needs_columns)
             for name, budget in pending:
                 _advance(live, task, 0, record.record_id, f"{name} @ {budget:g}")
                 answers, scores, probes = process_unit(model, tokenizer, factors, record, prompt, prefill, name,
