@@ -22,13 +22,12 @@ from relaylens.hf import (call_rotary, cached_keys, decoder_layers, find_rotary_
 
 def run_checks(model, tokenizer, history_tokens: int = 700, keep_every: int = 5) -> list[tuple[str, float]]:
     """The checks above on the first bundled record, history cut to ``history_tokens``; returns ``(name, value)``."""
-    from relaylens.datasets.synthetic import bundled_sample_path
+    from relaylens.datasets import bundled_sample_path, load_records
     from relaylens.generation import build_cache, run_condition
     from relaylens.geometry import RotaryFactors
     from relaylens.prefill import prefill_history
     from relaylens.probes import FinalTokenRecorder
     from relaylens.prompting import render_prompt
-    from relaylens.records import load_records
     from relaylens.selection import Selection
 
     prompt = render_prompt(load_records(bundled_sample_path())[0], tokenizer, mode="completion")

@@ -2,7 +2,7 @@
 
 A :class:`Record` holds the history as :class:`Session` s of :class:`Turn` s, the question, the reference answers
 and the gold evidence annotations (``Session.is_evidence`` / ``Turn.has_answer``). Readers for each dataset live
-in :mod:`relaylens.datasets`; :func:`load_records` picks one by file format.
+in :mod:`relaylens.datasets`, whose :func:`relaylens.datasets.load_records` picks one by file format.
 
 Example:
     >>> rec = Record(record_id="q1", question="What is my dog called?", answers=("Biscuit",),
@@ -15,15 +15,10 @@ Example:
 
 from __future__ import annotations
 
-import logging
-import warnings
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from relaylens.errors import RecordError
-
-log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -161,46 +156,3 @@ class RecordCollector:
         if not self.lenient:
             raise err
         self.skipped.append((where, str(err)))
-
-
-FORMATS = ("longmemeval", "personamem", "longmtbench", "infinitebench")
-
-
-def load_records_with_report(path: str | Path, format: str = "auto", lenient: bool = False, **options) -> tuple[list[Record], LoadReport]:
-    """Read a dataset file into records and report what was skipped.
-
-    Args:
-        path: the dataset file (PersonaMem: the questions CSV; the shared contexts are found beside it).
-        format: ``"auto"`` or one of :data:`FORMATS`.
-        lenient: skip malformed records (each skip is reported, warned and logged) instead of raising.
-        **options: reader options, e.g. ``contexts_path=`` (PersonaMem) or ``task=`` (InfiniteBench).
-    """
-    from relaylens import datasets
-
-    path = Path(path)
-    if not path.exists():
-        raise FileNotFoundError(f"dataset file {path} does not exist; pass the path of a LongMemEval / PersonaMem / "
-                                "Long-MT-Bench+ / InfiniteBench file")
-    fmt = datasets.detect_format(path) if format == "auto" else format
-    if fmt not in FORMATS:
-        raise ValueError(f"unknown dataset format {fmt!r}; expected 'auto' or one of {FORMATS}")
-    collector = RecordCollector(lenient)
-    datasets.READERS[fmt](path, collector, **options)
-    report = LoadReport(str(path), fmt, len(collector.records), tuple(collector.skipped))
-    if report.num_skipped:
-        msg = f"{path}: skipped {report.num_skipped} malformed {fmt} record(s) (lenient=True); first: {report.skipped[0][0]}: {report.skipped[0][1]}"
-        log.warning(msg)
-        warnings.warn(msg, stacklevel=2)
-    return collector.records, report
-
-
-def load_records(path: str | Path, format: str = "auto", lenient: bool = False, **options) -> list[Record]:
-    """Read a dataset file into :class:`Record` s (see :func:`load_records_with_report` for the arguments).
-
-    >>> from relaylens.datasets.synthetic import bundled_sample_path
-    >>> recs = load_records(bundled_sample_path())
-    >>> recs[0].source
-    'longmemeval'
-    """
-    records, _ = load_records_with_report(path, format=format, lenient=lenient, **options)
-    return records

@@ -83,7 +83,7 @@ def check_config(config: RunConfig) -> None:
 def resolve_data(data: str) -> Path:
     """``sample`` → the bundled LongMemEval-schema sample; anything else is a path."""
     if data == SAMPLE:
-        from relaylens.datasets.synthetic import bundled_sample_path
+        from relaylens.datasets import bundled_sample_path
 
         return Path(bundled_sample_path())
     path = Path(data)
@@ -184,7 +184,7 @@ def run_analysis(spec: ExperimentSpec, config: RunConfig, progress: bool = True,
     from relaylens.models import load_model, model_fingerprint
     from relaylens.prefill import prefill_history
     from relaylens.prompting import render_prompt
-    from relaylens.records import load_records
+    from relaylens.datasets import load_records
     from relaylens.results import RunStore, UnitKey, build_manifest
     from relaylens.shards import parse_shard, shard_records
 

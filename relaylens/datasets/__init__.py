@@ -1,16 +1,19 @@
-"""Dataset readers: LongMemEval, PersonaMem, Long-MT-Bench+, InfiniteBench, and the synthetic generator.
-
-Use :func:`relaylens.records.load_records`; it calls :func:`detect_format` and one of :data:`READERS`.
+"""Dataset readers (LongMemEval, PersonaMem, Long-MT-Bench+, InfiniteBench), the synthetic generator, and the
+loader: :func:`load_records` calls :func:`detect_format` and one of :data:`READERS`, each of which turns a file into
+:class:`relaylens.records.Record` s.
 
 Example:
-    >>> from relaylens.datasets.synthetic import bundled_sample_path
     >>> detect_format(bundled_sample_path())
     'longmemeval'
 """
 
 from __future__ import annotations
 
+import logging
+import warnings
 from pathlib import Path
+
+from relaylens.records import LoadReport, Record, RecordCollector
 
 from relaylens.datasets.common import peek_text
 from relaylens.datasets.infinitebench import TASKS as INFINITEBENCH_TASKS
@@ -18,6 +21,8 @@ from relaylens.datasets.infinitebench import read_infinitebench
 from relaylens.datasets.longmemeval import read_longmemeval
 from relaylens.datasets.longmtbench import read_longmtbench
 from relaylens.datasets.personamem import read_personamem
+
+log = logging.getLogger("relaylens.records")
 
 READERS = {
     "longmemeval": read_longmemeval,
@@ -71,4 +76,50 @@ def _refuse_empty_or_broken_json(path: Path) -> None:
                 raise RecordError(f"{path}: not valid JSON ({err}). Fix: repair the file or re-download it") from None
 
 
-__all__ = ["READERS", "detect_format", "INFINITEBENCH_TASKS"]
+def bundled_sample_path() -> Path:
+    """Path of the bundled ``sample_longmemeval.json`` (24 synthetic records, ~2k-token histories)."""
+    return Path(__file__).resolve().parent.parent / "data" / "sample_longmemeval.json"
+
+
+FORMATS = ("longmemeval", "personamem", "longmtbench", "infinitebench")
+
+
+def load_records_with_report(path: str | Path, format: str = "auto", lenient: bool = False, **options) -> tuple[list[Record], LoadReport]:
+    """Read a dataset file into records and report what was skipped.
+
+    Args:
+        path: the dataset file (PersonaMem: the questions CSV; the shared contexts are found beside it).
+        format: ``"auto"`` or one of :data:`FORMATS`.
+        lenient: skip malformed records (each skip is reported, warned and logged) instead of raising.
+        **options: reader options, e.g. ``contexts_path=`` (PersonaMem) or ``task=`` (InfiniteBench).
+    """
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"dataset file {path} does not exist; pass the path of a LongMemEval / PersonaMem / "
+                                "Long-MT-Bench+ / InfiniteBench file")
+    fmt = detect_format(path) if format == "auto" else format
+    if fmt not in FORMATS:
+        raise ValueError(f"unknown dataset format {fmt!r}; expected 'auto' or one of {FORMATS}")
+    collector = RecordCollector(lenient)
+    READERS[fmt](path, collector, **options)
+    report = LoadReport(str(path), fmt, len(collector.records), tuple(collector.skipped))
+    if report.num_skipped:
+        msg = f"{path}: skipped {report.num_skipped} malformed {fmt} record(s) (lenient=True); first: {report.skipped[0][0]}: {report.skipped[0][1]}"
+        log.warning(msg)
+        warnings.warn(msg, stacklevel=2)
+    return collector.records, report
+
+
+def load_records(path: str | Path, format: str = "auto", lenient: bool = False, **options) -> list[Record]:
+    """Read a dataset file into :class:`Record` s (see :func:`load_records_with_report` for the arguments).
+
+    >>> recs = load_records(bundled_sample_path())
+    >>> recs[0].source
+    'longmemeval'
+    """
+    records, _ = load_records_with_report(path, format=format, lenient=lenient, **options)
+    return records
+
+
+__all__ = ["READERS", "FORMATS", "detect_format", "INFINITEBENCH_TASKS", "load_records", "load_records_with_report",
+           "bundled_sample_path"]
