@@ -5,8 +5,13 @@ every condition on that selection (question pass with probes, greedy generation,
 budget) is one unit of work, committed atomically to the run directory; re-running the same command skips committed
 units, so a killed run resumes where it stopped.
 
-Example:
-    $ relaylens run coordinate_ablation --limit 4 --out runs/ablation
+Example (the CLI: ``relaylens run coordinate_ablation --limit 4 --out runs/ablation``; from Python):
+    >>> from relaylens.experiments import load_analysis
+    >>> config = RunConfig(limit=4, out="runs/ablation")
+    >>> run_analysis(load_analysis("coordinate_ablation").SPEC, config)  # doctest: +SKIP
+    PosixPath('runs/ablation')
+    >>> config.model, config.data, config.chunk_size
+    ('smollm2-135m-instruct', 'sample', 2048)
 """
 
 from __future__ import annotations

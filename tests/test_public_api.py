@@ -53,3 +53,14 @@ def test_readme_python_example_uses_the_public_face():
     assert imports and all(isinstance(n, ast.ImportFrom) and n.module == "relaylens" for n in imports)
     names = {alias.name for n in imports for alias in n.names}
     assert names <= set(relaylens.__all__), names - set(relaylens.__all__)
+
+
+@pytest.mark.parametrize("module", sorted(set(relaylens._EXPORTS.values())))
+def test_every_public_module_has_a_running_example(module):
+    """``--doctest-modules`` runs the examples; this checks each public module has at least one that is not skipped."""
+    import doctest
+
+    mod = importlib.import_module(module)
+    examples = [ex for test in doctest.DocTestFinder().find(mod) if test.name.startswith(module)
+                for ex in test.examples if not ex.options.get(doctest.SKIP)]
+    assert examples, f"{module} has no runnable docstring example"

@@ -278,17 +278,3 @@ def test_pooling_padding():
     assert pool_scores(s, 3, "max").tolist() == [[1.0, 1.0, 0.0, 5.0, 5.0]]
     assert pool_scores(s, 3, "avg")[0].tolist() == pytest.approx([1 / 3, 1 / 3, 0.0, 5 / 3, 5 / 3])
     assert pool_scores(s, 3, "none").tolist() == s.tolist()
-
-
-@pytest.mark.parametrize(
-    "module",
-    ["base", "snapkv", "pyramidkv", "adakv", "chunkkv", "h2o", "cam", "streaming", "random_selector", "full", "bm25",
-     "synthetic", "__init__"],
-)
-def test_docstring_examples_run(module):
-    import doctest
-    import importlib
-
-    name = "relaylens.selectors" if module == "__init__" else f"relaylens.selectors.{module}"
-    result = doctest.testmod(importlib.import_module(name), optionflags=doctest.ELLIPSIS)
-    assert result.attempted > 0 and result.failed == 0
