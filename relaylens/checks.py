@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import torch
 
-from relaylens.hf import (call_rotary, cached_keys, decoder_layers, find_rotary_embedding, pre_rotary_keys,
-                          rotary_function)
+from relaylens.hf import (attention_kernel, call_rotary, cached_keys, decoder_layers, find_rotary_embedding,
+                          pre_rotary_keys, rotary_function)
 
 
 def run_checks(model, tokenizer, history_tokens: int = 700, keep_every: int = 5) -> list[tuple[str, float]]:
@@ -37,9 +37,19 @@ def run_checks(model, tokenizer, history_tokens: int = 700, keep_every: int = 5)
     full = Selection.full(prefill.history_length, prefill.num_layers, prefill.num_kv_heads)
     results = []
     original = run_condition(model, prefill, full, "original", question, max_new_tokens=0, factors=factors, keep_question_logits=True)
+    device = next(model.parameters()).device
+    full_ids = torch.cat((history, question))[None].to(device)  # [1, L + Q]
     with torch.no_grad():
-        reference = model(torch.cat((history, question))[None]).logits[0, history.numel():].float()
-    results.append(("keep-all original vs full forward, max |logit diff|", float((original.question_logits - reference).abs().max())))
+        reference = model(full_ids).logits[0, history.numel():].float()
+    keep_all = float((original.question_logits.to(reference.device) - reference).abs().max())
+    results.append(("keep-all original vs full forward, max |logit diff|", keep_all))
+    if model.dtype != torch.float32:  # the tolerance of a reduced-precision forward: two kernels on the same input
+        before = model.config._attn_implementation
+        other_name = "eager" if before != "eager" else "sdpa"
+        with attention_kernel(model, other_name), torch.no_grad():
+            other = model(full_ids).logits[0, history.numel():].float()
+        results.append((f"tolerance: plain {str(model.dtype).removeprefix('torch.')} forward, {before} vs {other_name} "
+                        "kernel, max |logit diff|", float((other - reference).abs().max())))
     relay = run_condition(model, prefill, full, "relay", question, max_new_tokens=0, factors=factors, keep_question_logits=True)
     results.append(("keep-all relay vs keep-all original, max |logit diff|", float((relay.question_logits - original.question_logits).abs().max())))
 
@@ -48,14 +58,20 @@ def run_checks(model, tokenizer, history_tokens: int = 700, keep_every: int = 5)
     relocated = build_cache(prefill, sparse, "relay", factors)
     pre_keys = pre_rotary_keys(model, history)
     apply = rotary_function(decoder_layers(model)[0].self_attn)
-    worst = 0.0
+    rotary = find_rotary_embedding(model)
+    worst, worst_ulp = 0.0, 0.0
     for layer in range(prefill.num_layers):
         target = relocated.coordinates.key_positions[layer, 0]
-        cos, sin = call_rotary(find_rotary_embedding(model), target[None], factors.layer_types[layer] if factors.per_layer else None)
+        cos, sin = call_rotary(rotary, target[None].to(device), factors.layer_types[layer] if factors.per_layer else None)
         content = pre_keys[layer][:, :, kept]
-        _, direct = apply(content, content, cos, sin)
-        worst = max(worst, float((cached_keys(relocated.cache, layer) - direct).abs().max()))
+        _, direct = apply(content.float(), content.float(), cos.float(), sin.float())  # float32 rotation of the content
+        moved = cached_keys(relocated.cache, layer).float()
+        worst = max(worst, float((moved - direct.to(moved.dtype)).abs().max()))
+        if model.dtype != torch.float32:  # in units of the cache dtype's spacing at each plane's magnitude
+            worst_ulp = max(worst_ulp, _plane_ulps(moved, direct.to(model.dtype).float(), factors, model.dtype))
     results.append(("relocated keys vs direct rotation at p', max |diff|", worst))
+    if model.dtype != torch.float32:
+        results.append((f"relocated keys vs direct rotation rounded to {model.dtype}, max ulps at plane magnitude", worst_ulp))
 
     windows = {i: getattr(layer.self_attn, "sliding_window", None) for i, layer in enumerate(decoder_layers(model))}
     sliding = [i for i, w in windows.items() if w]
@@ -66,6 +82,23 @@ def run_checks(model, tokenizer, history_tokens: int = 700, keep_every: int = 5)
             visible = visible_states(recorder, sliding)
             results.append((f"{condition}: retained states visible to the final token in sliding layers (mean)", visible))
     return results
+
+
+def _plane_ulps(moved: torch.Tensor, direct: torch.Tensor, factors, dtype: torch.dtype) -> float:
+    """Largest ``|moved - direct|`` over the rotary features, in units of ``dtype``'s spacing at the magnitude of the
+    plane (pair of features) the feature belongs to: a rotation mixes the two features of a plane, so a small
+    feature's own spacing is not the scale of its rounding error."""
+    rot = factors.rotary_dim
+    d = direct[..., :rot]  # [..., rotary_dim]
+    if factors.layout == "split_half":
+        half = rot // 2
+        radius = torch.sqrt(d[..., :half] ** 2 + d[..., half:] ** 2)
+        radius = torch.cat((radius, radius), dim=-1)
+    else:
+        radius = torch.sqrt(d[..., 0::2] ** 2 + d[..., 1::2] ** 2).repeat_interleave(2, dim=-1)
+    eps = torch.finfo(dtype).eps  # spacing at 1.0 (2^-7 for bfloat16)
+    spacing = torch.pow(2.0, torch.floor(torch.log2(radius.clamp_min(torch.finfo(dtype).tiny)))) * eps
+    return float(((moved[..., :rot] - d).abs() / spacing).max())
 
 
 def visible_states(recorder, layers: list[int]) -> float:

@@ -8,7 +8,7 @@
   module from its inputs, exactly as its forward computes them);
 * the attention-kernel switch: :func:`attention_kernel` (a ``with`` block, restored on exit);
 * cache conversion: :func:`cache_tensors` (``DynamicCache`` -> per-layer keys/values), :func:`cache_from_tensors`,
-  :func:`cached_keys`;
+  :func:`cached_keys`, :func:`cached_values`, :func:`cache_lengths`;
 * pre-rotary capture: :func:`pre_rotary_keys` (keys after ``k_proj`` / ``k_norm``, before rotary).
 
 Axes: ``layer``, ``q_head``, ``kv_head``, ``n`` (tokens of one forward), ``head_dim``; ``B`` batch.
@@ -37,7 +37,7 @@ from relaylens.errors import RopeError
 
 __all__ = ["decoder_layers", "attention_module", "attention_constants", "find_rotary_embedding", "call_rotary",
            "rotary_function", "detect_layout", "QUERY_RECIPES", "rebuild_query_key", "attention_kernel",
-           "cache_tensors", "cache_from_tensors", "cached_keys", "pre_rotary_keys"]
+           "cache_tensors", "cache_from_tensors", "cached_keys", "cached_values", "cache_lengths", "pre_rotary_keys"]
 
 
 # ------------------------------------------------------------------------------------------------- layer access
@@ -213,6 +213,16 @@ def cached_keys(cache, layer: int) -> torch.Tensor:
     return cache.layers[layer].keys
 
 
+def cached_values(cache, layer: int) -> torch.Tensor:
+    """Values of one cache layer, ``[B, kv_head, n, head_dim]``."""
+    return cache.layers[layer].values
+
+
+def cache_lengths(cache) -> list[int]:
+    """Positions held per cache layer."""
+    return [int(layer.keys.shape[-2]) for layer in cache.layers]
+
+
 def cache_from_tensors(data: list[tuple[torch.Tensor, torch.Tensor]]):
     """A ``DynamicCache`` holding per layer ``(keys, values)``, each ``[B, kv_head, slot, head_dim]``."""
     from transformers import DynamicCache
@@ -240,7 +250,7 @@ def pre_rotary_keys(model, ids: torch.Tensor) -> dict[int, torch.Tensor]:
         handles.append(source.register_forward_hook(hook))
     try:
         with torch.no_grad():
-            model(ids[None], use_cache=True, cache=DynamicCache())
+            model(ids[None].to(next(model.parameters()).device), use_cache=True, cache=DynamicCache())
     finally:
         for handle in handles:
             handle.remove()

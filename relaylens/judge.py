@@ -211,6 +211,17 @@ class Judge:
         return Verdict(correct, raw, key, cached)
 
 
+REASONING_EFFORTS = ("low", "medium", "high")
+
+
+def _check_judge_settings(max_tokens: int, reasoning_effort: str | None) -> tuple[int, str | None]:
+    if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
+        raise JudgeBackendError(f"judge max_tokens must be a positive number of tokens; got {max_tokens!r}")
+    if reasoning_effort is not None and reasoning_effort not in REASONING_EFFORTS:
+        raise JudgeBackendError(f"judge reasoning_effort must be one of {REASONING_EFFORTS}; got {reasoning_effort!r}")
+    return max_tokens, reasoning_effort
+
+
 class OpenAIBackend:
     """Any OpenAI-compatible endpoint: ``POST {base_url}/chat/completions``, temperature 0, 32 tokens.
 
@@ -220,7 +231,8 @@ class OpenAIBackend:
     """
 
     def __init__(self, base_url: str, model: str, api_key_env: str | None = None, timeout: float = 60.0,
-                 retries: int = 3, backoff: float = 1.0, model_id: str | None = None):
+                 retries: int = 3, backoff: float = 1.0, model_id: str | None = None,
+                 max_tokens: int = MAX_NEW_TOKENS, reasoning_effort: str | None = None):
         if not base_url.startswith(("http://", "https://")):
             raise ValueError(f"judge base_url must start with http:// or https://; got {base_url!r}")
         self.url = base_url.rstrip("/") + "/chat/completions"
@@ -230,6 +242,9 @@ class OpenAIBackend:
         self._opener = urllib.request.build_opener(*handlers)
         self.model, self.timeout, self.retries, self.backoff = model, timeout, retries, backoff
         self.model_id = model_id or model
+        self.max_tokens, self.reasoning_effort = _check_judge_settings(max_tokens, reasoning_effort)
+        if (self.max_tokens, self.reasoning_effort) != (MAX_NEW_TOKENS, None):  # never reuse another setting's verdicts
+            self.model_id += f"|max_tokens={self.max_tokens}|reasoning_effort={self.reasoning_effort}"
         self.api_key = None
         if api_key_env is not None:
             self.api_key = os.environ.get(api_key_env)
@@ -238,8 +253,11 @@ class OpenAIBackend:
                                         "or pass api_key_env=None for an endpoint without authentication")
 
     def complete(self, system: str, user: str) -> str:
-        body = json.dumps({"model": self.model, "temperature": 0, "max_tokens": MAX_NEW_TOKENS,
-                           "messages": [{"role": "system", "content": system}, {"role": "user", "content": user}]})
+        request = {"model": self.model, "temperature": 0, "max_tokens": self.max_tokens,
+                   "messages": [{"role": "system", "content": system}, {"role": "user", "content": user}]}
+        if self.reasoning_effort is not None:
+            request["reasoning_effort"] = self.reasoning_effort
+        body = json.dumps(request)
         headers = {"Content-Type": "application/json"}
         if self.api_key:
             headers["Authorization"] = f"Bearer {self.api_key}"
@@ -272,13 +290,17 @@ class OpenAIBackend:
 class HFBackend:
     """A local Hugging Face causal LM judge: chat template, greedy, 32 new tokens, special tokens skipped."""
 
-    def __init__(self, model, tokenizer, model_id: str | None = None):
+    def __init__(self, model, tokenizer, model_id: str | None = None, max_tokens: int = MAX_NEW_TOKENS,
+                 reasoning_effort: str | None = None):
         self.model, self.tokenizer = model, tokenizer
+        self.max_tokens, self.reasoning_effort = _check_judge_settings(max_tokens, reasoning_effort)
         self.model_id = model_id or getattr(model, "name_or_path", "") or ""
         if not self.model_id:
             raise ValueError("HFBackend needs a model_id for the cache key (the model has no name_or_path). "
                              "Fix: pass model_id='...'")
         self.model_id = f"hf:{self.model_id}"
+        if (self.max_tokens, self.reasoning_effort) != (MAX_NEW_TOKENS, None):
+            self.model_id += f"|max_tokens={self.max_tokens}|reasoning_effort={self.reasoning_effort}"
 
     @classmethod
     def from_pretrained(cls, path: str, **kwargs) -> "HFBackend":
@@ -292,18 +314,19 @@ class HFBackend:
         import torch
 
         messages = [{"role": "system", "content": system}, {"role": "user", "content": user}]
+        extra = {} if self.reasoning_effort is None else {"reasoning_effort": self.reasoning_effort}  # gpt-oss templates
         try:
             ids = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_tensors="pt",
-                                                     return_dict=True)
+                                                     return_dict=True, **extra)
         except Exception:  # templates without a system role (e.g. Gemma): merge it into the user turn
             merged = [{"role": "user", "content": f"{system}\n\n{user}"}]
             ids = self.tokenizer.apply_chat_template(merged, add_generation_prompt=True, return_tensors="pt",
-                                                     return_dict=True)
+                                                     return_dict=True, **extra)
         device = next(self.model.parameters()).device
         input_ids = ids["input_ids"].to(device)
         mask = ids.get("attention_mask")
         pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.tokenizer.eos_token_id
         with torch.no_grad():
             out = self.model.generate(input_ids, attention_mask=None if mask is None else mask.to(device),
-                                      do_sample=False, max_new_tokens=MAX_NEW_TOKENS, pad_token_id=pad)
+                                      do_sample=False, max_new_tokens=self.max_tokens, pad_token_id=pad)
         return self.tokenizer.decode(out[0, input_ids.shape[1]:], skip_special_tokens=True)

@@ -356,25 +356,42 @@ def reference_logits(name: str = DEFAULT_MODEL) -> tuple[torch.Tensor, torch.Ten
 # load
 
 
-def load_model(spec: str | os.PathLike = DEFAULT_MODEL, dtype: torch.dtype = torch.float32, device=None, device_map=None,
-               attn_implementation: str = "sdpa", progress: Callable[[str], None] | None = None):
+def load_model(spec: str | os.PathLike = DEFAULT_MODEL, dtype: torch.dtype | str | None = torch.float32, device=None,
+               device_map=None, attn_implementation: str = "sdpa", progress: Callable[[str], None] | None = None,
+               rope_scaling: str | dict | None = None, max_position: int | None = None):
     """Load ``(model, tokenizer)`` in eval mode from an embedded name, a ``.gguf`` file, a local directory or a hub id.
 
     Embedded names are pulled on first use (see :func:`pull`). ``device_map`` (accelerate) and ``device`` are
-    exclusive; ``device`` moves the model after loading.
+    exclusive; ``device`` (``cpu``, ``cuda``, ``cuda:N``, ``mps``, ``auto``; see :func:`resolve_device`) moves the
+    model after loading. ``dtype`` is a torch dtype or its name (None: float32 on CPU, bfloat16 on CUDA).
+    ``rope_scaling`` (``"yarn:4:32768"`` or a parameter dict) and ``max_position`` change the config before the
+    weights load (:func:`relaylens.placement.apply_rope_override`).
 
     Example:
         >>> model, tok = load_model("smollm2-135m-instruct", attn_implementation="eager")  # doctest: +SKIP
-        >>> model, tok = load_model("/data/Llama-3.1-8B-Instruct", dtype=torch.bfloat16, device_map="auto")  # doctest: +SKIP
+        >>> model, tok = load_model("/data/Llama-3.1-8B-Instruct", dtype="bfloat16", device_map="auto")  # doctest: +SKIP
+        >>> model, tok = load_model("/data/Qwen2-7B-Instruct", dtype="bfloat16", device="cuda",
+        ...                         rope_scaling="yarn:4:32768", max_position=131072)  # doctest: +SKIP
     """
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from relaylens.placement import apply_rope_override, parse_rope_scaling, resolve_dtype
 
     if device is not None and device_map is not None:
         raise ModelError(f"pass either device ({device!r}) or device_map ({device_map!r}), not both")
+    if device is not None:
+        device = resolve_device(device)
+    dtype = resolve_dtype(dtype, device or ("cuda" if device_map is not None else "cpu"))
     kind, path = resolve_spec(spec, progress=progress)
     kw = dict(dtype=dtype, attn_implementation=attn_implementation)
     if device_map is not None:
         kw["device_map"] = device_map
+    rope = parse_rope_scaling(rope_scaling)
+    if rope or max_position is not None:
+        where = dict(gguf_file=path.name) if kind == "gguf" else {}
+        config = AutoConfig.from_pretrained(str(path.parent) if kind == "gguf" else str(path), **where)
+        apply_rope_override(config, rope, max_position)
+        kw["config"] = config
     if kind == "gguf":
         model, tok = _load_gguf(path, **kw)
     else:
@@ -383,6 +400,18 @@ def load_model(spec: str | os.PathLike = DEFAULT_MODEL, dtype: torch.dtype = tor
     if device is not None:
         model = model.to(device)
     return model.eval(), tok
+
+
+def resolve_device(spec: str | None = "auto", local_rank: int | None = None) -> str:
+    """The concrete device for ``spec`` (``auto`` -> ``cuda:LOCAL_RANK``, ``mps`` or ``cpu``); see
+    :func:`relaylens.placement.resolve_device`.
+
+    >>> resolve_device("cpu")
+    'cpu'
+    """
+    from relaylens.placement import resolve_device as _resolve
+
+    return _resolve(spec, local_rank)
 
 
 def load_tokenizer(spec: str | os.PathLike = DEFAULT_MODEL, progress: Callable[[str], None] | None = None):

@@ -50,8 +50,8 @@ import numpy as np
 import pandas as pd
 
 from relaylens.errors import RelaylensError
-from relaylens.tables import (BOOL, DTYPES, FLOAT, INT, KEY_COLUMNS, OPT_STR, SORT_COLUMNS, TABLES, coerce_table,
-                              sort_table)
+from relaylens.tables import (BOOL, DTYPES, FLOAT, INT, KEY_COLUMNS, OPT_STR, OPTIONAL_TABLES, SORT_COLUMNS, TABLES,
+                              coerce_table, sort_table)
 
 __all__ = ["UnitKey", "RunStore", "ResultStoreError", "StoreWriteError", "build_manifest", "file_sha256",
            "load_tables", "SORT_COLUMNS", "DTYPES"]
@@ -350,17 +350,19 @@ class RunStore:
         return sorted((self.run_dir / UNITS).glob("[0-9a-f]*.json.gz"))
 
     def write_unit(self, key: UnitKey | tuple, answers_rows: Any, scores_rows: Any, probes_rows: Any,
-                   replace: bool = False) -> None:
+                   replace: bool = False, skipped_rows: Any = ()) -> None:
         """Commit all rows of one unit atomically. Rows are lists of dicts (or DataFrames) with the columns of
         :mod:`relaylens.tables`; their key columns must match ``key``; no two rows may share an identity
-        (:data:`SORT_COLUMNS`). Float NaN / None are stored as null and read back as NaN."""
+        (:data:`SORT_COLUMNS`). Float NaN / None are stored as null and read back as NaN. A unit that was not run
+        commits one ``skipped_rows`` row (and no other rows): resuming does not retry it."""
         key = UnitKey(*key).normalised()
         where = f"unit {tuple(key)}"
         if self.is_done(key) and not replace:
             raise ResultStoreError(f"{where} is already committed in {self.run_dir}; the runner should skip done units "
                                    "(is_done). Fix: pass replace=True to overwrite it deliberately")
         tables = {name: _columns(name, rows, key, where)
-                  for name, rows in (("answers", answers_rows), ("scores", scores_rows), ("probes", probes_rows))}
+                  for name, rows in (("answers", answers_rows), ("scores", scores_rows), ("probes", probes_rows),
+                                     ("skipped", skipped_rows))}
         checksum = hashlib.sha256(_dumps({"unit": list(key), "tables": tables})).hexdigest()
         doc = {"unit": list(key), "sha256": checksum, "tables": tables}
         _atomic_write(self.unit_path(key), gzip.compress(_dumps(doc), compresslevel=6, mtime=0), self.run_dir, self.writer)
@@ -376,6 +378,8 @@ class RunStore:
             raise ResultStoreError(f"corrupt unit file {path}: {type(exc).__name__}: {exc}. Fix: {fix}") from None
         if hashlib.sha256(payload).hexdigest() != doc.get("sha256") or f"{key.hash}.json.gz" != path.name:
             raise ResultStoreError(f"corrupt unit file {path}: checksum or unit key does not match its content. Fix: {fix}")
+        for name in OPTIONAL_TABLES:
+            tables.setdefault(name, {c: [] for c in TABLES[name]})
         for name, cols in TABLES.items():
             if not isinstance(tables.get(name), dict) or set(tables[name]) != set(cols):
                 raise ResultStoreError(f"corrupt unit file {path}: table {name} does not have the columns of "
@@ -432,7 +436,8 @@ def load_tables(run_dir: str | Path) -> dict[str, pd.DataFrame]:
         marker = json.loads((run_dir / "consolidated.json").read_text("utf-8"))
     except (OSError, ValueError):
         marker = None
-    if marker is None or marker.get("units") != [p.stem for p in store.unit_paths()]:
+    if (marker is None or marker.get("units") != [p.stem for p in store.unit_paths()]
+            or not all((run_dir / f"{name}.parquet").exists() for name in TABLES)):  # stale, or an older layout
         return store.build_tables()
     return {name: sort_table(name, coerce_table(name, pd.read_parquet(run_dir / f"{name}.parquet"))) for name in TABLES}
 

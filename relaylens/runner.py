@@ -25,7 +25,7 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-from relaylens.errors import RelaylensError
+from relaylens.errors import BudgetError, RelaylensError, ShapeError
 from relaylens.experiments import ExperimentSpec
 from relaylens.records import Record
 
@@ -50,6 +50,21 @@ class RunConfig:
     judge_url: str | None = None  # OpenAI-compatible endpoint for the memory_judge_v1 judge (optional)
     judge_model: str | None = None  # model name at that endpoint, or a local HF judge model spec
     judge_key_env: str | None = None  # environment variable holding the endpoint's API key
+    device: str | None = None  # cpu, cuda, cuda:N, mps, auto (None: cpu); exclusive with device_map
+    dtype: str | None = None  # float32, bfloat16, float16 (None: float32 on CPU, bfloat16 on CUDA)
+    device_map: str | None = None  # accelerate device map ("auto") for models that do not fit one device
+    attn_implementation: str = "sdpa"  # kernel the model loads with and the history prefill runs with
+    rope_scaling: str | None = None  # rotary override applied before the weights load, e.g. "yarn:4:32768"
+    max_position: int | None = None  # max_position_embeddings override
+    max_history_tokens: int | None = None  # longer histories are skipped and recorded (None: the rotary range)
+    retry_skipped: bool = False  # recompute units recorded as skipped (e.g. after raising max_history_tokens)
+
+    def placement(self):
+        """The resolved :class:`relaylens.placement.Placement` of this run."""
+        from relaylens.placement import Placement
+
+        return Placement.resolve(self.device, self.dtype, self.device_map, self.attn_implementation, self.rope_scaling,
+                                 self.max_position)
 
 
 def make_judge(config: RunConfig, run_dir: Path):
@@ -83,6 +98,8 @@ def check_config(config: RunConfig) -> None:
         raise RelaylensError(f"chunk_size must be a positive number of tokens or None; got {config.chunk_size!r}")
     if config.window_mode not in WINDOW_MODES:
         raise RelaylensError(f"window_mode must be one of {WINDOW_MODES}; got {config.window_mode!r}")
+    if config.max_history_tokens is not None and (not isinstance(config.max_history_tokens, int) or config.max_history_tokens < 1):
+        raise RelaylensError(f"max_history_tokens must be a positive number of tokens; got {config.max_history_tokens!r}")
 
 
 def resolve_data(data: str) -> Path:
@@ -140,7 +157,8 @@ def process_unit(model, tokenizer, factors, record: Record, prompt, prefill, sel
     evidence = prompt.evidence_mask(spec.granularity)
     do_probes = spec.probes and bool(evidence.any())
     teacher = first_answer_token(tokenizer, record, spec.prompt_mode) if spec.teacher_forcing else None
-    stop_newline = spec.prompt_mode == "completion"
+    stop_newline = spec.stops_at_newline(spec.prompt_mode)
+    eos = set() if spec.stop == "none" else None  # None: the model's EOS ids
     gold_total, gold_kept = _gold_units(prompt, selection, spec.granularity)
     key = {"record_id": record.record_id, "selector": selector_name, "budget": float(budget)}
     meta = {"question_type": record.question_type, "is_abstention": bool(record.is_abstention),
@@ -150,7 +168,7 @@ def process_unit(model, tokenizer, factors, record: Record, prompt, prefill, sel
     for condition in spec.conditions:
         started = time.perf_counter()
         common = dict(max_new_tokens=spec.max_new_tokens, tokenizer=tokenizer, stop_at_newline=stop_newline,
-                      window_mode=config.window_mode)
+                      window_mode=config.window_mode, eos_token_ids=eos)
         if do_probes:
             probed = probe_condition(model, prefill, selection, condition, prompt.question_ids, evidence, factors=factors,
                                      teacher_token=teacher, **common)
@@ -184,16 +202,20 @@ def process_unit(model, tokenizer, factors, record: Record, prompt, prefill, sel
 
 
 def run_analysis(spec: ExperimentSpec, config: RunConfig, progress: bool = True, model_and_tokenizer=None) -> Path:
-    """Run (or resume) ``spec`` under ``config``; returns the run directory with consolidated tables."""
+    """Run (or resume) ``spec`` under ``config``; returns the run directory with consolidated tables.
+
+    Records that cannot run (history over ``max_history_tokens`` or the rotary range, or too short for a selector's
+    window or budget) are committed as ``skipped`` rows naming the record and the reason; the run goes on.
+    """
     from relaylens.geometry import RotaryFactors
     from relaylens.models import load_model, model_fingerprint
-    from relaylens.prefill import prefill_history
     from relaylens.prompting import render_prompt
     from relaylens.datasets import load_records
     from relaylens.results import RunStore, UnitKey, build_manifest
     from relaylens.shards import parse_shard, shard_records
 
     check_config(config)
+    placement = config.placement()
     data_path = resolve_data(config.data)
     records = load_records(data_path, format=config.data_format)
     if not records:
@@ -205,35 +227,124 @@ def run_analysis(spec: ExperimentSpec, config: RunConfig, progress: bool = True,
         chosen = set(shard_records([r.record_id for r in records], *shard))
         records = [r for r in records if r.record_id in chosen]
     out = Path(config.out or f"runs/{spec.name}")
-    model, tokenizer = model_and_tokenizer or load_model(config.model)
+    model, tokenizer = model_and_tokenizer or load_model(config.model, **placement.load_kwargs())
+    if spec.prompt_mode == "auto":
+        spec = spec.replace(prompt_mode="chat" if getattr(tokenizer, "chat_template", None) else "completion")
     factors = RotaryFactors.from_model(model)
-    manifest = build_manifest(spec.name, {"spec": spec.to_dict(), "run": vars(config) | {"out": None, "force": None, "shard": None}},
+    run = vars(config) | {"out": None, "force": None, "shard": None, "retry_skipped": None}
+    manifest = build_manifest(spec.name, {"spec": spec.to_dict(), "run": run, "placement": placement.to_dict(),
+                                          "rope": _rope_summary(model)},
                               config.model, model_fingerprint(model), data_path, shard)
     store = RunStore.create_or_open(out, manifest, force=config.force)
     judge = make_judge(config, out)
     selectors = _selector_objects(spec, config.seed)
     units = spec.units([r.record_id for r in records])
-    needs_columns = any(getattr(s, "needs_column_sums", False) for s in selectors.values())
     bar = _progress(progress)
+    per_record = len(spec.selectors) * len(spec.budgets)
     with bar as live:
         task = live.add_task(f"{spec.name}", total=len(units), stage="loading") if live else None
         for record in records:
-            pending = [(name, b) for name in spec.selectors for b in spec.budgets if not store.is_done(UnitKey(record.record_id, name, b))]
+            keys = [UnitKey(record.record_id, name, b) for name in spec.selectors for b in spec.budgets]
+            if config.retry_skipped:
+                _forget_skipped(store, keys)
+            pending = [(k.selector, k.budget) for k in keys if not store.is_done(k)]
             if not pending:
-                _advance(live, task, len(spec.selectors) * len(spec.budgets), record.record_id, "done earlier")
+                _advance(live, task, per_record, record.record_id, "done earlier")
                 continue
-            _advance(live, task, len(spec.selectors) * len(spec.budgets) - len(pending), record.record_id, "prefill")
+            _advance(live, task, per_record - len(pending), record.record_id, "prefill")
             prompt = render_prompt(record, tokenizer, mode=spec.prompt_mode)
-            prefill = prefill_history(model, prompt.history_ids, window_size=config.window_size,
-                                      chunk_size=config.chunk_size, column_sums=needs_columns)
+            reason = history_problem(prompt, spec, config, factors)
+            if reason is not None:
+                for name, budget in pending:
+                    _skip(store, record.record_id, name, budget, prompt.history_length, *reason)
+                _advance(live, task, len(pending), record.record_id, f"skipped ({reason[0]})")
+                continue
+            prefill = _prefill(model, prompt, config, selectors.values())
             for name, budget in pending:
                 _advance(live, task, 0, record.record_id, f"{name} @ {budget:g}")
-                answers, scores, probes = process_unit(model, tokenizer, factors, record, prompt, prefill, name,
-                                                       selectors[name], budget, spec, config, judge)
+                try:
+                    answers, scores, probes = process_unit(model, tokenizer, factors, record, prompt, prefill, name,
+                                                           selectors[name], budget, spec, config, judge)
+                except (BudgetError, ShapeError) as err:
+                    if not _is_too_short(err):
+                        raise
+                    _skip(store, record.record_id, name, budget, prompt.history_length, "too_short",
+                          f"record {record.record_id}: {name} @ {budget:g}: {err}")
+                    _advance(live, task, 1, record.record_id, "skipped (too_short)")
+                    continue
                 store.write_unit(UnitKey(record.record_id, name, budget), answers, scores, probes)
                 _advance(live, task, 1, record.record_id, "committed")
     store.consolidate()
     return out
+
+
+def _prefill(model, prompt, config: RunConfig, selectors):
+    from relaylens.prefill import prefill_history
+
+    needs_columns = any(getattr(s, "needs_column_sums", False) for s in selectors)
+    return prefill_history(model, prompt.history_ids, window_size=config.window_size, chunk_size=config.chunk_size,
+                           attn_implementation=config.attn_implementation, column_sums=needs_columns)
+
+
+def history_problem(prompt, spec: ExperimentSpec, config: RunConfig, factors) -> tuple[str, str] | None:
+    """``(reason, detail)`` when a record cannot run at all, else None.
+
+    * ``too_long``: the history exceeds ``config.max_history_tokens``, or the positions the run needs (history, the
+      largest condition shift, question, teacher token and ``max_new_tokens``) pass the model's rotary range.
+    * ``too_short``: the history is not longer than the observation window the prefill captures.
+    """
+    L, rid = prompt.history_length, prompt.record_id
+    if config.max_history_tokens is not None and L > config.max_history_tokens:
+        return "too_long", (f"record {rid}: history of {L} tokens exceeds --max-history-tokens "
+                            f"{config.max_history_tokens}")
+    needed = L + spec.max_shift + int(prompt.question_ids.numel()) + max(spec.max_new_tokens, 1) + 1
+    if factors.max_position is not None and needed > factors.max_position:
+        return "too_long", (f"record {rid}: history of {L} tokens needs positions up to {needed - 1} (largest condition "
+                            f"shift {spec.max_shift}, question and {spec.max_new_tokens} new tokens), past the model's "
+                            f"rotary range max_position_embeddings={factors.max_position}")
+    if L <= config.window_size:
+        return "too_short", (f"record {rid}: history of {L} tokens is not longer than the {config.window_size}-token "
+                             "observation window")
+    return None
+
+
+def _is_too_short(err: Exception) -> bool:
+    text = str(err)
+    return isinstance(err, BudgetError) or "observation window" in text or "history longer than" in text
+
+
+def _skip(store, record_id: str, selector: str, budget: float, history_length: int, reason: str, detail: str) -> None:
+    from relaylens.results import UnitKey
+
+    row = {"record_id": record_id, "selector": selector, "budget": float(budget), "reason": reason,
+           "history_length": int(history_length), "detail": detail}
+    store.write_unit(UnitKey(record_id, selector, budget), [], [], [], skipped_rows=[row])
+
+
+def _forget_skipped(store, keys) -> None:
+    """Delete committed units that only record a skip, so they run again (``--retry-skipped``)."""
+    for key in keys:
+        path = store.unit_path(key)
+        if path.exists() and len(store.read_unit(path)["skipped"]):
+            path.unlink()
+
+
+def _rope_summary(model) -> dict:
+    """Rotary settings of the loaded model (after any override), for the manifest."""
+    config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    return {"rope_parameters": getattr(config, "rope_parameters", None),
+            "max_position_embeddings": getattr(config, "max_position_embeddings", None)}
+
+
+def skipped_summary(tables: dict[str, pd.DataFrame]) -> str:
+    """One line per skipped record (reasons and the units affected), for the run summary; empty when none."""
+    skipped = tables.get("skipped")
+    if skipped is None or skipped.empty:
+        return ""
+    lines = [f"skipped {len(skipped)} unit(s) of {skipped.record_id.nunique()} record(s):"]
+    for rid, group in skipped.groupby("record_id", sort=True):
+        lines.append(f"  {rid}: {group.reason.iloc[0]} ({len(group)} unit(s)) - {group.detail.iloc[0]}")
+    return "\n".join(lines)
 
 
 def _progress(enabled: bool):

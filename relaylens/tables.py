@@ -27,6 +27,12 @@ is_abstention, cluster_id, metric, value``; metrics ``exact_match``, ``f1``, ``c
 condition, probe_point, source, layer, head, metric, value``; ``probe_point`` is ``question_final`` or
 ``first_answer_token``; ``source`` is ``forward`` (readouts of the real pass) or ``replay`` (phase replay).
 
+``skipped`` — one row per (record, selector, budget) unit that was not run: columns ``record_id, selector, budget,
+reason, history_length, detail``; ``reason`` is ``too_long`` (history over ``--max-history-tokens`` or the rotary
+range), ``too_short`` (history or budget smaller than a selector's observation window, or a budget that keeps no
+state); ``detail`` is the full one-line explanation. A skipped unit is committed like any other, so a resumed run
+does not retry it silently (``--retry-skipped`` does, on purpose).
+
 Column kinds are in :data:`DTYPES`, each table's row identity (and sort order) in :data:`SORT_COLUMNS`;
 :func:`example_tables` fabricates small seeded tables of this schema for examples and tests.
 
@@ -56,7 +62,10 @@ ANSWER_COLUMNS = KEY_COLUMNS + [
 ]
 SCORE_COLUMNS = KEY_COLUMNS + ["question_type", "is_abstention", "cluster_id", "metric", "value"]
 PROBE_COLUMNS = KEY_COLUMNS + ["probe_point", "source", "layer", "head", "metric", "value"]
-TABLES = {"answers": ANSWER_COLUMNS, "scores": SCORE_COLUMNS, "probes": PROBE_COLUMNS}
+SKIPPED_COLUMNS = ["record_id", "selector", "budget", "reason", "history_length", "detail"]
+TABLES = {"answers": ANSWER_COLUMNS, "scores": SCORE_COLUMNS, "probes": PROBE_COLUMNS, "skipped": SKIPPED_COLUMNS}
+OPTIONAL_TABLES = ("skipped",)
+"""Tables that unit files written before they existed may lack (read as empty)."""
 
 INT, FLOAT, BOOL, STR, OPT_STR = "int", "float", "bool", "str", "str?"
 DTYPES: dict[str, str] = {
@@ -65,7 +74,7 @@ DTYPES: dict[str, str] = {
     "hit_limit": BOOL, "new_tokens": INT, "history_length": INT, "max_count": INT, "mean_count": FLOAT,
     "question_start": INT, "gold_units_total": INT, "gold_units_kept": INT, "references": STR,
     "elapsed_s": FLOAT, "metric": STR, "value": FLOAT, "probe_point": STR, "source": STR, "layer": INT,
-    "head": INT,
+    "head": INT, "reason": STR, "detail": STR,
 }
 """Column kinds: ``int`` (int64), ``float`` (float64, None -> NaN), ``bool``, ``str``, ``str?`` (None allowed)."""
 
@@ -73,6 +82,7 @@ SORT_COLUMNS = {
     "answers": KEY_COLUMNS,
     "scores": KEY_COLUMNS + ["metric"],
     "probes": KEY_COLUMNS + ["probe_point", "source", "layer", "head", "metric"],
+    "skipped": ["record_id", "selector", "budget"],
 }
 """Each table's row identity: the deterministic sort order, and no two rows may share these values."""
 
