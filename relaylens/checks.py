@@ -6,7 +6,12 @@ command repeats them on any loadable model and prints the numbers:
 * keep-everything + ``original`` vs a plain full forward over history + question (max abs logit difference);
 * keep-everything + ``relay`` vs keep-everything + ``original`` (nothing to compact: must agree);
 * relocated keys vs the model rotating the captured pre-rotary keys directly at the target positions;
+* relocated keys vs the keys the model itself caches when the whole history runs at shifted positions (``p + k``):
+  an independent reference that also catches layers without positional encoding (NoPE), whose keys must not move;
 * for sliding-window models, how many retained states each sliding layer sees under ``original`` and ``relay``.
+
+Each exactness check has a threshold (:data:`THRESHOLDS`, relative to the magnitude of what is compared, looser for
+16-bit models); :func:`verdicts` marks each one pass or fail, and ``relaylens model check`` exits 1 when any fails.
 
 Example:
     $ relaylens model check gemma3-270m --history-tokens 700
@@ -16,8 +21,39 @@ from __future__ import annotations
 
 import torch
 
-from relaylens.hf import (attention_kernel, call_rotary, cached_keys, decoder_layers, find_rotary_embedding,
-                          pre_rotary_keys, rotary_function)
+from relaylens.hf import (attention_kernel, cache_lengths, call_rotary, cached_keys, decoder_layers,
+                          find_rotary_embedding, new_cache, pre_rotary_keys, rotary_function)
+
+
+#: Relative error allowed per check name prefix, for float32 models and for 16-bit models.
+THRESHOLDS = {"keep-all": (1e-4, 2e-2), "relocated keys": (1e-4, 2e-2)}
+SHIFT = 1000  # positions added for the shifted-forward reference
+
+
+def verdicts(results: list[tuple[str, float]], dtype: torch.dtype = torch.float32) -> list[tuple[str, float, float | None, bool]]:
+    """``(name, value, threshold or None, passed)`` for each check result; informational lines always pass.
+
+    >>> [ok for *_, ok in verdicts([("keep-all relay vs keep-all original, relative", 3e-6),
+    ...                             ("relocated keys vs the model's own keys at p + 1000, relative", 0.93)])]
+    [True, False]
+    """
+    wide = dtype == torch.float32 or dtype == torch.float64
+    kernel = max((v for n, v in results if n.startswith("tolerance:")), default=0.0)  # two kernels disagree this much
+    out = []
+    for name, value in results:
+        limit = next(((a if wide else b) for prefix, (a, b) in THRESHOLDS.items() if name.startswith(prefix)), None)
+        if limit is not None and name.startswith("keep-all") and not wide:
+            limit = max(limit, 2 * kernel)
+        out.append((name, value, limit, limit is None or value <= limit))
+    return out
+
+
+def shifted_keys(model, ids: torch.Tensor, shift: int) -> list[torch.Tensor]:
+    """Per layer ``[1, kv_head, T, head_dim]``: the keys the model caches for ``ids`` at positions ``shift..``."""
+    positions = torch.arange(ids.numel(), device=ids.device)[None] + shift  # [1, T]
+    with torch.no_grad():
+        cache = model(ids[None], position_ids=positions, use_cache=True, cache=new_cache()).past_key_values
+    return [cached_keys(cache, layer) for layer in range(len(cache_lengths(cache)))]
 
 
 def run_checks(model, tokenizer, history_tokens: int = 700, keep_every: int = 5) -> list[tuple[str, float]]:
@@ -41,17 +77,21 @@ def run_checks(model, tokenizer, history_tokens: int = 700, keep_every: int = 5)
     full_ids = torch.cat((history, question))[None].to(device)  # [1, L + Q]
     with torch.no_grad():
         reference = model(full_ids).logits[0, history.numel():].float()
+    scale = float(reference.abs().max())
     keep_all = float((original.question_logits.to(reference.device) - reference).abs().max())
-    results.append(("keep-all original vs full forward, max |logit diff|", keep_all))
+    results.append(("keep-all original vs full forward, max |logit diff| / max |logit|", keep_all / scale))
     if model.dtype != torch.float32:  # the tolerance of a reduced-precision forward: two kernels on the same input
         before = model.config._attn_implementation
         other_name = "eager" if before != "eager" else "sdpa"
         with attention_kernel(model, other_name), torch.no_grad():
             other = model(full_ids).logits[0, history.numel():].float()
         results.append((f"tolerance: plain {str(model.dtype).removeprefix('torch.')} forward, {before} vs {other_name} "
-                        "kernel, max |logit diff|", float((other - reference).abs().max())))
+                        "kernel, max |logit diff| / max |logit|", float((other - reference).abs().max()) / scale))
     relay = run_condition(model, prefill, full, "relay", question, max_new_tokens=0, factors=factors, keep_question_logits=True)
-    results.append(("keep-all relay vs keep-all original, max |logit diff|", float((relay.question_logits - original.question_logits).abs().max())))
+    results.append(("keep-all relay vs keep-all original, max |logit diff| / max |logit|",
+                    float((relay.question_logits - original.question_logits).abs().max()) / scale))
+    results.append((f"layers without positional encoding (NoPE), left unmoved: {sorted(factors.nope_layers) or 'none'}",
+                    float(len(factors.nope_layers))))
 
     kept = list(range(0, prefill.history_length, keep_every))
     sparse = Selection.from_lists([[kept] * prefill.num_kv_heads] * prefill.num_layers, prefill.history_length)
@@ -62,16 +102,30 @@ def run_checks(model, tokenizer, history_tokens: int = 700, keep_every: int = 5)
     worst, worst_ulp = 0.0, 0.0
     for layer in range(prefill.num_layers):
         target = relocated.coordinates.key_positions[layer, 0]
-        cos, sin = call_rotary(rotary, target[None].to(device), factors.layer_types[layer] if factors.per_layer else None)
+        cos, sin = call_rotary(rotary, target[None].to(device), factors.layer_types[layer])
         content = pre_keys[layer][:, :, kept]
         _, direct = apply(content.float(), content.float(), cos.float(), sin.float())  # float32 rotation of the content
+        if layer in factors.nope_layers:
+            direct = content.float()  # the model applies no rotary in this layer
         moved = cached_keys(relocated.cache, layer).float()
-        worst = max(worst, float((moved - direct.to(moved.dtype)).abs().max()))
+        worst = max(worst, float((moved - direct.to(moved.dtype)).abs().max() / direct.abs().max()))
         if model.dtype != torch.float32:  # in units of the cache dtype's spacing at each plane's magnitude
             worst_ulp = max(worst_ulp, _plane_ulps(moved, direct.to(model.dtype).float(), factors, model.dtype))
-    results.append(("relocated keys vs direct rotation at p', max |diff|", worst))
+    results.append(("relocated keys vs direct rotation at p', max |diff| / max |key|", worst))
     if model.dtype != torch.float32:
-        results.append((f"relocated keys vs direct rotation rounded to {model.dtype}, max ulps at plane magnitude", worst_ulp))
+        results.append((f"ulps: relocated keys vs direct rotation rounded to {model.dtype}, max at plane magnitude",
+                        worst_ulp))
+
+    from relaylens.geometry import relocate_keys
+
+    own = shifted_keys(model, history.to(device), SHIFT)
+    source = torch.arange(prefill.history_length)
+    worst = 0.0
+    for layer in range(prefill.num_layers):
+        moved = relocate_keys(prefill.keys[layer], source, source + SHIFT, factors, layer=layer if factors.per_layer else None)
+        reference_keys = own[layer].reshape(moved.shape).to(moved.device).float()
+        worst = max(worst, float((moved.float() - reference_keys).abs().max() / reference_keys.abs().max()))
+    results.append((f"relocated keys vs the model's own keys at p + {SHIFT}, max |diff| / max |key|", worst))
 
     windows = {i: getattr(layer.self_attn, "sliding_window", None) for i, layer in enumerate(decoder_layers(model))}
     sliding = [i for i, w in windows.items() if w]

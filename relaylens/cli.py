@@ -48,12 +48,35 @@ def _guard(fn, *args, **kwargs):
 
     try:
         return fn(*args, **kwargs)
-    except (RelaylensError, ValueError, FileNotFoundError, PermissionError, IsADirectoryError) as err:
+    except (RelaylensError, ValueError) as err:
         _fail(str(err))
     except StoreWriteError as err:  # already names the run directory and the fix
         _fail(str(err))
     except OSError as err:
-        _fail(f"{err.strerror or err} ({getattr(err, 'filename', '') or 'output'}); free space or choose another --out")
+        _fail(os_error_line(err))
+    except RecursionError:
+        _fail("the input is nested too deeply to read (RecursionError). Fix: check that the file is what the "
+              "command expects")
+
+
+def os_error_line(err: OSError) -> str:
+    """One line for an operating-system error: what failed on which file, and a fix that fits the error
+    (only a full disk is told to free space)."""
+    import errno
+
+    what = err.strerror or str(err) or type(err).__name__
+    where = " -> ".join(str(f) for f in (err.filename, getattr(err, "filename2", None)) if f)
+    if err.errno == errno.ENOSPC:
+        fix = "free space or choose another output directory (--out)"
+    elif err.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+        fix = "check the permissions, or choose another directory"
+    elif isinstance(err, (FileNotFoundError, NotADirectoryError, IsADirectoryError)):
+        fix = "check the path"
+    else:
+        fix = "check the path, the network (for hub models) and the disk"
+    if not where and str(err) and not err.strerror:  # messages that already say everything (FileNotFoundError("..."))
+        return f"{err}" if "Fix" in str(err) else f"{err}. Fix: {fix}"
+    return f"{what}{f' ({where})' if where else ''}. Fix: {fix}"
 
 
 @model_app.command("pull")
@@ -79,15 +102,28 @@ def model_check(
     device: str = _DEVICE, dtype: str = _DTYPE, device_map: str = _DEVICE_MAP, attn_implementation: str = _ATTN,
     rope_scaling: str = _ROPE, max_position: int = _MAX_POS,
 ) -> None:
-    """Exactness checks on a real model (keep-all vs full forward, relocated keys vs direct rotation, windows)."""
-    from relaylens.checks import run_checks
-    from relaylens.models import load_model
+    """Exactness checks on a real model (keep-all vs full forward, relocated keys vs direct rotation and vs the
+    model's own keys at shifted positions, windows); each against a threshold, exit 1 when one fails. An embedded
+    model's cached files are fully re-hashed first."""
+    from relaylens.checks import run_checks, verdicts
+    from relaylens.models import EMBEDDED, load_model, verify_cached
 
+    if name in EMBEDDED:
+        _guard(verify_cached, name, full=True)
     kwargs = _load_kwargs(device, dtype, device_map, attn_implementation, rope_scaling, max_position)
     model, tokenizer = _guard(load_model, name, **kwargs)
     print(f"model {name} on {model.device}, {model.dtype}, rope {getattr(model.config, 'rope_parameters', None)}")
-    for check, value in _guard(run_checks, model, tokenizer, history_tokens=history_tokens):
-        print(f"{value:12.4g}  {check}")
+    failed = 0
+    for check, value, limit, ok in verdicts(_guard(run_checks, model, tokenizer, history_tokens=history_tokens),
+                                            model.dtype):
+        status = "    " if limit is None else ("PASS" if ok else "FAIL")
+        bound = "" if limit is None else f" (threshold {limit:g})"
+        print(f"{status}  {value:12.4g}  {check}{bound}")
+        failed += not ok
+    if failed:
+        _fail(f"{failed} exactness check(s) of {name} failed their thresholds (FAIL lines above). Fix: report the "
+              "model's architecture; do not use relaylens results for it until the checks pass")
+    console.print(f"[green]all exactness checks passed[/] for {name}")
 
 
 @data_app.command("synth")
@@ -101,6 +137,10 @@ def data_synth(
     """Write seeded LongMemEval-schema records (all seven question kinds)."""
     from relaylens.datasets.synthetic import synth_command
 
+    if n < 1:
+        _fail(f"--n must be a positive number of records; got {n}. Fix: pass --n 1 or more")
+    if history_tokens < 1:
+        _fail(f"--history-tokens must be positive; got {history_tokens}")
     path = _guard(synth_command, n, seed, history_tokens, tokenizer, out)
     console.print(f"[green]wrote[/] {n} records to {path}")
 
@@ -118,6 +158,8 @@ def bench(
     """Benchmarks: ratios are measured in the same run; results go to a CSV and a Markdown table."""
     from relaylens import bench as bench_module
 
+    if repeats < 1:
+        _fail(f"--repeats must be at least 1 (a median needs one timing); got {repeats}")
     load_kwargs = _load_kwargs(device, dtype, device_map, attn_implementation, rope_scaling, max_position)
 
     names = list(bench_module.BENCHMARKS) if which == "all" else [which]
@@ -197,11 +239,21 @@ def run(
 
 
 @app.command("merge")
-def merge(shards: list[Path] = typer.Argument(..., help="shard run directories"), out: Path = typer.Option(..., help="merged run directory")) -> None:
-    """Combine shard run directories into one (manifests must agree; keys must not conflict)."""
+def merge(shards: list[Path] = typer.Argument(..., help="shard run directories"),
+          out: Path = typer.Option(..., help="merged run directory"),
+          allow_incomplete: bool = typer.Option(False, "--allow-incomplete", help="merge even when shards or units "
+                                                "are missing (warned, and recorded in the manifest)")) -> None:
+    """Combine shard run directories into one (manifests must agree; keys must not conflict; complete unless
+    --allow-incomplete)."""
+    import warnings
+
     from relaylens.shards import merge_runs
 
-    _guard(merge_runs, [str(s) for s in shards], str(out))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        _guard(merge_runs, [str(s) for s in shards], str(out), allow_incomplete=allow_incomplete)
+    for w in caught:
+        console.print(f"[bold yellow]warning:[/] {w.message}")
     console.print(f"[green]merged[/] {len(shards)} shards into {out}")
 
 
@@ -259,6 +311,8 @@ def figures_command(
     from relaylens.figures import write_figures
 
     fmts = [f.strip() for f in formats.split(",") if f.strip()]
+    if not fmts:
+        _fail(f"--format {formats!r} names no figure format. Fix: pass one or more of png, pdf, svg (e.g. --format png)")
     paths = _guard(write_figures, run_dir, only=only, formats=fmts, all_supported=all_supported,
                    progress=lambda name: console.print(f"drawing {name} ..."))
     for path in paths:

@@ -131,12 +131,16 @@ def available_analyses() -> list[str]:
 
 
 def load_analysis(name: str):
-    """Import ``relaylens.analyses.<name>`` and return the module (it has ``SPEC``); only shipped names load.
+    """Import ``relaylens.analyses.<name>`` and return the module (it has ``SPEC``); only shipped names load (a
+    name that is not a Python identifier, e.g. ``.``, ``..`` or ``../x``, never reaches the import system).
 
     Example:
         >>> load_analysis("ordering").SPEC.figures
         ('figure5',)
     """
+    if not isinstance(name, str) or not name.isidentifier():
+        raise RelaylensError(f"analysis name {name!r} is not a plain name (letters, digits, underscores); available: "
+                             f"{', '.join(available_analyses())}")
     known = available_analyses()
     if name not in known:
         raise RelaylensError(f"unknown analysis {name!r}; available: {', '.join(known)}")

@@ -198,7 +198,12 @@ def run_condition(
     relocated = build_cache(prefill, selection, condition, factors, window_mode)
     coords = relocated.coordinates
     positions = coords.question_positions(question_ids.numel())
-    factors.check_positions(positions[-1:] + max(max_new_tokens, 0), f"condition {coords.condition}: question/generation positions")
+    label = str(coords.condition)
+    fix = ("Fix: use a smaller shift, a shorter history or fewer --max-new-tokens, or a model with a longer context"
+           if "shift" in label else "Fix: use shorter records or fewer --max-new-tokens, or a model with a longer context "
+           "(this condition has no shift to reduce)")
+    factors.check_positions(positions[-1:] + max(max_new_tokens, 0), f"condition {label}: question/generation positions",
+                            fix=fix)
     source = torch.arange(question_ids.numel()) + prefill.history_length
     relocated.state.observers = list(observers or [])
     logits = _forward(model, question_ids, positions, relocated, source)  # [Q, vocab]

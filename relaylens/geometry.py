@@ -39,7 +39,7 @@ import torch
 from torch import nn
 
 from relaylens.errors import NonFiniteError, PositionError, RopeError, ShapeError
-from relaylens.hf import call_rotary, detect_layout, find_rotary_embedding
+from relaylens.hf import call_rotary, detect_layout, find_rotary_embedding, nope_layers
 
 #: Rope types whose frequencies do not depend on the sequence length: relocation is exact for them.
 STATIC_ROPE_TYPES = ("default", "linear", "yarn", "llama3")
@@ -47,6 +47,9 @@ STATIC_ROPE_TYPES = ("default", "linear", "yarn", "llama3")
 DYNAMIC_ROPE_TYPES = ("dynamic", "longrope")
 
 _CHUNK_SLOTS = 8192  # slots relocated per step: temporaries stay in cache, so the pass is close to a copy
+
+
+NOPE = "<no positional encoding>"  # the layer type of NoPE layers in RotaryFactors' tables
 
 
 @dataclass(frozen=True, eq=False)
@@ -73,6 +76,7 @@ class RotaryFactors:
     rope_types: dict
     max_position: int | None
     cat_form: bool
+    nope_layers: frozenset = frozenset()  # layers that apply no rotary: their keys carry no position (identity)
     _tables: dict = field(default_factory=dict, repr=False)  # layer type -> (cos, sin) [P, plane], filled lazily
 
     @classmethod
@@ -111,7 +115,8 @@ class RotaryFactors:
         if rotary_dim > head_dim or rotary_dim % 2:
             raise RopeError(f"rotary width {rotary_dim} does not fit head_dim {head_dim}")
         max_position = getattr(text_config, "max_position_embeddings", None)
-        return cls(rotary, layout, rotary_dim, int(head_dim), layer_types, dict(raw_types), max_position, cat_form)
+        return cls(rotary, layout, rotary_dim, int(head_dim), layer_types, dict(raw_types), max_position, cat_form,
+                   nope_layers(model))
 
     # ------------------------------------------------------------------------------------------------------
     @property
@@ -120,8 +125,8 @@ class RotaryFactors:
 
     @property
     def per_layer(self) -> bool:
-        """True when layers use different rotary settings (relocation then needs ``layer=``)."""
-        return self.layer_types[0] is not None
+        """True when layers use different rotary settings, or some layers none (relocation then needs ``layer=``)."""
+        return self.layer_types[0] is not None or bool(self.nope_layers)
 
     def plane_factors(self, positions: torch.Tensor, layer: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Per-plane ``(c, s)`` float32 of shape ``[*positions.shape, rotary_dim // 2]`` at integer ``positions``.
@@ -138,6 +143,11 @@ class RotaryFactors:
         """``(cos, sin)`` float32 ``[P >= size, plane]`` from the model's rotary embedding, cached per layer type."""
         layer_type = self._layer_type(layer)
         cached = self._tables.get(layer_type)
+        if layer_type == NOPE and (cached is None or cached[0].shape[0] < size):  # no rotary: the identity phase
+            device = next(self.rotary_emb.buffers(), torch.zeros(0)).device
+            cached = (torch.ones(size, self.rotary_dim // 2, device=device),
+                      torch.zeros(size, self.rotary_dim // 2, device=device))  # [P, plane]
+            self._tables[layer_type] = cached
         if cached is None or cached[0].shape[0] < size:
             capacity = max(size, 4096, 0 if cached is None else 2 * cached[0].shape[0])
             if self.max_position is not None:
@@ -165,6 +175,12 @@ class RotaryFactors:
     def _layer_type(self, layer: int | None) -> str | None:
         if not self.per_layer:
             return None
+        if layer is None and self.nope_layers:
+            raise RopeError(
+                f"this model has layers without positional encoding (NoPE: layers {sorted(self.nope_layers)}), whose "
+                "keys carry no position and must stay unmoved; pass layer=<index> so relocation treats each layer as "
+                "the model does"
+            )
         if layer is None:
             raise RopeError(
                 f"this model uses different rotary settings per layer ({sorted(set(self.layer_types))}); "
@@ -172,10 +188,11 @@ class RotaryFactors:
             )
         if not 0 <= layer < self.num_layers:
             raise ShapeError(f"layer {layer} out of range 0..{self.num_layers - 1}")
-        return self.layer_types[layer]
+        return NOPE if layer in self.nope_layers else self.layer_types[layer]
 
-    def check_positions(self, positions: torch.Tensor, what: str) -> None:
-        """Raise :class:`PositionError` for non-integer, negative or out-of-range positions."""
+    def check_positions(self, positions: torch.Tensor, what: str, fix: str | None = None) -> None:
+        """Raise :class:`PositionError` for non-integer, negative or out-of-range positions; ``fix`` replaces the
+        default advice for out-of-range positions."""
         if positions.is_floating_point() or positions.dtype == torch.bool:
             raise PositionError(f"{what} must be integer positions; got dtype {positions.dtype}")
         if positions.numel() == 0:
@@ -186,7 +203,7 @@ class RotaryFactors:
         if self.max_position is not None and high >= self.max_position:
             raise PositionError(
                 f"{what} reach position {high}, past what this model's rotary supports (max_position_embeddings="
-                f"{self.max_position}); use a smaller shift or a model with a longer context"
+                f"{self.max_position}); {fix or 'use a smaller shift or a model with a longer context'}"
             )
 
 
@@ -303,7 +320,8 @@ def _apply_phases(keys: torch.Tensor, positions: torch.Tensor, factors: RotaryFa
     """``R_a(p)`` or its exact inverse ``(c - is) / (c^2 + s^2)`` on every plane; pass-through features copied."""
     positions = torch.broadcast_to(positions, keys.shape[:-1])
     factors.check_positions(positions, "positions")
-    cos, sin = factors.plane_factors(positions.reshape(-1).to(keys.device), layer)  # [slots, plane]
+    cos, sin = factors.plane_factors(positions.reshape(-1), layer)  # [slots, plane] on the rotary's device
+    cos, sin = cos.to(keys.device), sin.to(keys.device)
     multiplier = torch.complex(cos, sin)
     if inverse:
         multiplier = multiplier.conj() / (cos * cos + sin * sin)

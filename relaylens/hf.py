@@ -3,11 +3,12 @@
 * layer access: :func:`decoder_layers` (``model.model.layers[i]`` with ``self_attn``), :func:`attention_module`,
   :func:`attention_constants` (scaling, query heads per kv head);
 * rotary lookup and layout: :func:`find_rotary_embedding`, :func:`call_rotary`, :func:`rotary_function` (the modeling
-  module's own ``apply_rotary_pos_emb``), :func:`detect_layout` (split-half vs interleaved ``rotate_half``);
+  module's own ``apply_rotary_pos_emb``), :func:`detect_layout` (split-half vs interleaved ``rotate_half``),
+  :func:`nope_layers` (layers that apply no rotary);
 * query/key rebuild recipes: :data:`QUERY_RECIPES`, :func:`rebuild_query_key` (post-rotary q/k of one attention
   module from its inputs, exactly as its forward computes them);
 * the attention-kernel switch: :func:`attention_kernel` (a ``with`` block, restored on exit);
-* cache conversion: :func:`cache_tensors` (``DynamicCache`` -> per-layer keys/values), :func:`cache_from_tensors`,
+* cache conversion: :func:`cache_tensors` (``DynamicCache`` -> per-layer keys/values), :func:`new_cache`, :func:`cache_from_tensors`,
   :func:`cached_keys`, :func:`cached_values`, :func:`cache_lengths`;
 * pre-rotary capture: :func:`pre_rotary_keys` (keys after ``k_proj`` / ``k_norm``, before rotary).
 
@@ -36,8 +37,8 @@ from torch import nn
 from relaylens.errors import RopeError
 
 __all__ = ["decoder_layers", "attention_module", "attention_constants", "find_rotary_embedding", "call_rotary",
-           "rotary_function", "detect_layout", "QUERY_RECIPES", "rebuild_query_key", "attention_kernel",
-           "cache_tensors", "cache_from_tensors", "cached_keys", "cached_values", "cache_lengths", "pre_rotary_keys"]
+           "rotary_function", "detect_layout", "nope_layers", "QUERY_RECIPES", "rebuild_query_key", "attention_kernel",
+           "cache_tensors", "new_cache", "cache_from_tensors", "cached_keys", "cached_values", "cache_lengths", "pre_rotary_keys"]
 
 
 # ------------------------------------------------------------------------------------------------- layer access
@@ -93,6 +94,39 @@ def call_rotary(rotary: nn.Module, position_ids: torch.Tensor, layer_type: str |
         else:
             cos, sin = rotary(dummy, position_ids, layer_type)
     return cos.float(), sin.float()
+
+
+def nope_layers(model: nn.Module) -> frozenset[int]:
+    """Indices of decoder layers whose attention applies no rotary to its keys and queries (NoPE layers).
+
+    Read from the attention modules the way the Hugging Face implementations decide it: a ``use_rope`` attribute
+    (SmolLM3 ``no_rope_layers``, Llama-4), Cohere-2's global layers (no ``sliding_window``), EXAONE-4's global layers
+    (a model with sliding windows rotates only its sliding layers). ``relaylens model check`` verifies the result
+    against the model's own forward pass at shifted positions.
+
+    >>> from relaylens.testing import tiny_model
+    >>> sorted(nope_layers(tiny_model("smollm3_nope"))), sorted(nope_layers(tiny_model("llama")))
+    ([1, 3], [])
+    """
+    config = getattr(model, "config", None)
+    text_config = config.get_text_config() if hasattr(config, "get_text_config") else config
+    model_type = getattr(text_config, "model_type", "")
+    flags = getattr(text_config, "no_rope_layers", None)
+    inner = getattr(model, "model", model)
+    out = set()
+    for index, layer in enumerate(getattr(inner, "layers", ())):
+        attn = getattr(layer, "self_attn", None)
+        use_rope = getattr(attn, "use_rope", None)
+        if use_rope is None and flags is not None and index < len(flags):
+            use_rope = flags[index]
+        if use_rope is not None and not use_rope:
+            out.add(index)
+        elif model_type == "cohere2" and getattr(attn, "sliding_window", None) is None:
+            out.add(index)
+        elif model_type.startswith("exaone4") and getattr(attn, "sliding_window", None) is not None \
+                and not getattr(attn, "is_sliding", True):
+            out.add(index)
+    return frozenset(out)
 
 
 def rotary_function(attn) -> Callable:
@@ -221,6 +255,13 @@ def cached_values(cache, layer: int) -> torch.Tensor:
 def cache_lengths(cache) -> list[int]:
     """Positions held per cache layer."""
     return [int(layer.keys.shape[-2]) for layer in cache.layers]
+
+
+def new_cache():
+    """An empty plain ``DynamicCache`` (a model-config cache would keep only the window in sliding layers)."""
+    from transformers import DynamicCache
+
+    return DynamicCache()
 
 
 def cache_from_tensors(data: list[tuple[torch.Tensor, torch.Tensor]]):

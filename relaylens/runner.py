@@ -119,7 +119,9 @@ def first_answer_token(tokenizer, record: Record, mode: str) -> int | None:
     if not record.answers or record.is_abstention:
         return None
     prefix = " " if mode == "completion" else ""
-    ids = tokenizer(prefix + record.answers[0], add_special_tokens=False)["input_ids"]
+    from relaylens.prompting import encode_data_text
+
+    ids, _ = encode_data_text(tokenizer, prefix + record.answers[0])  # special-token strings in data stay text
     return int(ids[0]) if ids else None
 
 
@@ -208,10 +210,11 @@ def run_analysis(spec: ExperimentSpec, config: RunConfig, progress: bool = True,
     window or budget) are committed as ``skipped`` rows naming the record and the reason; the run goes on.
     """
     from relaylens.geometry import RotaryFactors
-    from relaylens.models import load_model, model_fingerprint
-    from relaylens.prompting import render_prompt
+    from relaylens.judge import redact_url
+    from relaylens.locks import run_lock
+    from relaylens.models import load_model, model_files_fingerprint, model_fingerprint
     from relaylens.datasets import load_records
-    from relaylens.results import RunStore, UnitKey, build_manifest
+    from relaylens.results import RunStore, build_manifest, prepare_run_dir
     from relaylens.shards import parse_shard, shard_records
 
     check_config(config)
@@ -231,12 +234,27 @@ def run_analysis(spec: ExperimentSpec, config: RunConfig, progress: bool = True,
     if spec.prompt_mode == "auto":
         spec = spec.replace(prompt_mode="chat" if getattr(tokenizer, "chat_template", None) else "completion")
     factors = RotaryFactors.from_model(model)
-    run = vars(config) | {"out": None, "force": None, "shard": None, "retry_skipped": None}
+    run = vars(config) | {"out": None, "force": None, "shard": None, "retry_skipped": None,
+                          "judge_url": redact_url(config.judge_url) if config.judge_url else None}
+    plan = {"record_ids": [r.record_id for r in records], "units": len(spec.units([r.record_id for r in records]))}
     manifest = build_manifest(spec.name, {"spec": spec.to_dict(), "run": run, "placement": placement.to_dict(),
                                           "rope": _rope_summary(model)},
-                              config.model, model_fingerprint(model), data_path, shard)
-    store = RunStore.create_or_open(out, manifest, force=config.force)
-    judge = make_judge(config, out)
+                              config.model, model_fingerprint(model), data_path, shard,
+                              model_info=model_files_fingerprint(model, tokenizer), plan=plan)
+    prepare_run_dir(out)
+    with run_lock(out, "run"):
+        judge = make_judge(config, out)  # a bad judge setting fails before the manifest is written
+        store = RunStore.create_or_open(out, manifest, force=config.force)
+        _run_units(model, tokenizer, factors, records, spec, config, store, judge, progress)
+        store.consolidate()
+    return out
+
+
+def _run_units(model, tokenizer, factors, records, spec: ExperimentSpec, config: RunConfig, store, judge,
+               progress: bool) -> None:
+    from relaylens.prompting import render_prompt
+    from relaylens.results import UnitKey
+
     selectors = _selector_objects(spec, config.seed)
     units = spec.units([r.record_id for r in records])
     bar = _progress(progress)
@@ -274,8 +292,6 @@ def run_analysis(spec: ExperimentSpec, config: RunConfig, progress: bool = True,
                     continue
                 store.write_unit(UnitKey(record.record_id, name, budget), answers, scores, probes)
                 _advance(live, task, 1, record.record_id, "committed")
-    store.consolidate()
-    return out
 
 
 def _prefill(model, prompt, config: RunConfig, selectors):

@@ -58,5 +58,5 @@ def test_analyses_load_from_relaylens_only():
 
 @pytest.mark.parametrize("name", ["", ".", "..", "../x", "ordering.SPEC", "os", "__init__", "_private", "Ordering"])
 def test_bad_analysis_names_are_refused(name):
-    with pytest.raises(RelaylensError, match="unknown analysis"):
+    with pytest.raises(RelaylensError, match="unknown analysis|is not a plain name"):
         load_analysis(name)

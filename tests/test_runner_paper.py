@@ -144,3 +144,22 @@ def test_every_paper_preset_runs_end_to_end(workspace, tmp_path, analysis):
     assert spec["prompt_mode"] == "chat"  # the tiny tokenizer has a chat template: auto chose chat
     tables = load_tables(out)
     assert len(tables["answers"]) + len(tables["skipped"]) > 0
+
+
+def test_a_budget_too_small_for_a_record_is_skipped_not_fatal(workspace, tmp_path):
+    from relaylens.experiments import load_analysis
+    from relaylens.runner import RunConfig, run_analysis
+    from relaylens.testing import tiny_model, tiny_tokenizer
+
+    _, _, data = workspace
+    spec = load_analysis("main_table").SPEC.replace(selectors=("snapkv", "bm25"), budgets=(0.01,), max_new_tokens=2)
+    out = run_analysis(spec, RunConfig(data=str(data), out=str(tmp_path / "tiny_budget"), limit=2,
+                                       max_history_tokens=5000), progress=False,
+                       model_and_tokenizer=(tiny_model("llama"), tiny_tokenizer()))
+    tables = load_tables(out)
+    snap = tables["skipped"][tables["skipped"].selector == "snapkv"]
+    assert len(snap) == 2 and set(snap.reason) == {"too_short"}
+    assert all(d.startswith(f"record {r}: snapkv @ 0.01:") and "observation window" in d
+               for r, d in zip(snap.record_id, snap.detail))
+    # BM25 at 1% of an ~2,500-token history fits no whole session either: recorded, not fatal
+    assert set(tables["answers"].selector) | set(tables["skipped"].selector) == {"snapkv", "bm25"}

@@ -13,6 +13,7 @@ import logging
 import warnings
 from pathlib import Path
 
+from relaylens.errors import RecordError
 from relaylens.records import LoadReport, Record, RecordCollector
 
 from relaylens.datasets.common import peek_text
@@ -59,8 +60,6 @@ def _refuse_empty_or_broken_json(path: Path) -> None:
     """Name the real problem of an unrecognised file when it is empty or JSON that does not parse."""
     import json
 
-    from relaylens.errors import RecordError
-
     text = peek_text(path, 1 << 26).strip()  # unrecognised files only: reading them is the cheap part of an error
     if not text:
         raise RecordError(f"dataset file {path} is empty. Fix: pass a LongMemEval / PersonaMem / Long-MT-Bench+ / "
@@ -68,6 +67,9 @@ def _refuse_empty_or_broken_json(path: Path) -> None:
     if path.suffix not in (".csv", ".parquet") and text[:1] in "[{":
         try:
             json.loads(text)
+        except RecursionError:
+            raise RecordError(f"{path}: the JSON is nested too deeply to read. Fix: check that this is a dataset "
+                              "file; records are only a few levels deep") from None
         except json.JSONDecodeError as err:
             first = text.splitlines()[0]
             try:
@@ -100,8 +102,15 @@ def load_records_with_report(path: str | Path, format: str = "auto", lenient: bo
     fmt = detect_format(path) if format == "auto" else format
     if fmt not in FORMATS:
         raise ValueError(f"unknown dataset format {fmt!r}; expected 'auto' or one of {FORMATS}")
-    collector = RecordCollector(lenient)
-    READERS[fmt](path, collector, **options)
+    collector = RecordCollector(lenient, path)
+    try:
+        READERS[fmt](path, collector, **options)
+    except UnicodeDecodeError as err:
+        raise RecordError(f"{path}: not UTF-8 text (byte {err.object[err.start:err.start + 1]!r} at offset {err.start}: "
+                          f"{err.reason}). Fix: re-encode the file as UTF-8 (e.g. iconv -f latin1 -t utf-8)") from None
+    except RecursionError:
+        raise RecordError(f"{path}: the JSON is nested too deeply to read (more levels than Python's recursion "
+                          "limit). Fix: check that this is a dataset file; records are only a few levels deep") from None
     report = LoadReport(str(path), fmt, len(collector.records), tuple(collector.skipped))
     if report.num_skipped:
         msg = f"{path}: skipped {report.num_skipped} malformed {fmt} record(s) (lenient=True); first: {report.skipped[0][0]}: {report.skipped[0][1]}"
