@@ -27,7 +27,7 @@ METRICS = ("contains", "f1")
 """Accuracy metrics reported everywhere: ``contains`` (default) and ``f1``."""
 N_RESAMPLES = 10_000
 REFERENCE = "original"
-SHARE_METRICS = ("evidence_share", "history_share", "replay_gold_share")
+SHARE_METRICS = ("evidence_share", "history_share", "replay_gold_share", "evidence_grad_x_input_share")
 """Metrics that are probability shares: their band deltas are reported in percentage points."""
 CONDITION_FAMILIES = ["original", "relay", "half_gap", "key_only", "query_only", "common_shift", "rank_sync",
                       "score_order", "reverse_order", "RandomMean", "random_order", "compaction"]
