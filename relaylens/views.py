@@ -23,6 +23,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from relaylens.summaries import bands
+
 VIEWS = "views"
 VIEW_CONDITIONS = ("original", "relay")  # shown first, side by side
 
@@ -102,8 +104,6 @@ def load_views(run_dir: str | Path, records: int | None = 3) -> list[dict]:
 
 
 def _layer_options(num_layers: int) -> list[dict]:
-    from relaylens.bands import bands
-
     options = [{"label": f"band: {name} (layers {ls[0]}-{ls[-1]})", "layers": ls} for name, ls in bands(num_layers).items() if ls]
     return options + [{"label": f"layer {l}", "layers": [l]} for l in range(num_layers)]
 
