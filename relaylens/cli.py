@@ -394,6 +394,8 @@ def figures_command(
 def report_command(
     run_dir: Path = typer.Argument(..., help="run directory (the --out of `relaylens run`)"),
     out: Path = typer.Option(None, help="output HTML file (default RUN_DIR/report.html)"),
+    view_records: int = typer.Option(3, "--view-records", min=0, help="token view: show the first N records the run "
+                                     "stored views for (0: no token view)"),
 ) -> None:
     """Render the self-contained per-layer HTML report of a run (offline; figures and data inline)."""
     import matplotlib
@@ -402,7 +404,7 @@ def report_command(
     from relaylens.report import write_report
 
     with console.status("rendering report ..."):
-        path = _guard(write_report, run_dir, out)
+        path = _guard(write_report, run_dir, out, view_records)
     print(path)
     console.print(f"[green]wrote[/] {path}")
 

@@ -36,6 +36,7 @@ from relaylens.figures.registry import check_not_empty, needs_probes
 from relaylens.summaries import (METRICS, REFERENCE, accuracy_scores, accuracy_table, budget_label, condition_order,
                                  layer_table)
 from relaylens.tables import get_table
+from relaylens.views import view_html
 
 __all__ = ["render_report", "write_report", "report_context", "TEMPLATE"]
 
@@ -247,8 +248,12 @@ def _drilldown(tables: dict) -> list[dict]:
     return units
 
 
-def report_context(tables: dict, manifest: dict, figure_names: list[str] | None = None) -> dict:
-    """Everything the template needs (plain strings, numbers and base64 PNGs)."""
+def report_context(tables: dict, manifest: dict, figure_names: list[str] | None = None,
+                   views: list[dict] | None = None) -> dict:
+    """Everything the template needs (plain strings, numbers and base64 PNGs).
+
+    ``views``: stored token views (:func:`relaylens.views.load_views`) shown in the token-view section.
+    """
     check_not_empty(tables)
     tables = {name: get_table(tables, name) for name in ("answers", "scores", "probes")}
     probes = tables["probes"]
@@ -282,6 +287,8 @@ def report_context(tables: dict, manifest: dict, figure_names: list[str] | None 
         "layers": _layers(per_layer) if has_probes else [],
         "records": _drilldown(tables) if len(tables["answers"]) else [],
         "data_json": _json_script(_clean(data)),
+        "token_view": Markup(view_html(views)) if views else None,
+        "token_view_records": len({v["record_id"] for v in views or []}),
     }
 
 
@@ -292,18 +299,24 @@ def _environment():
                               finalize=_finalize, undefined=jinja2.StrictUndefined, keep_trailing_newline=True)
 
 
-def render_report(tables: dict, manifest: dict, figure_names: list[str] | None = None) -> str:
+def render_report(tables: dict, manifest: dict, figure_names: list[str] | None = None,
+                  views: list[dict] | None = None) -> str:
     """The report as one HTML string (self-contained, deterministic)."""
-    return _environment().get_template(TEMPLATE).render(**report_context(tables, manifest, figure_names))
+    return _environment().get_template(TEMPLATE).render(**report_context(tables, manifest, figure_names, views))
 
 
-def write_report(run_dir: str | Path, out: str | Path | None = None) -> Path:
-    """Render ``RUN_DIR/report.html`` (or ``out``) from the run's tables and manifest; returns the path."""
+def write_report(run_dir: str | Path, out: str | Path | None = None, view_records: int = 3) -> Path:
+    """Render ``RUN_DIR/report.html`` (or ``out``) from the run's tables and manifest; returns the path.
+
+    The token view shows the stored views (``RUN_DIR/views``) of the first ``view_records`` records (0: none).
+    """
     from relaylens.results import RunStore, load_tables
+    from relaylens.views import load_views
 
     run_dir = Path(run_dir)
     manifest = RunStore.open(run_dir).manifest
-    html = render_report(load_tables(run_dir), manifest)
+    views = load_views(run_dir, view_records) if view_records > 0 else []
+    html = render_report(load_tables(run_dir), manifest, views=views)
     path = Path(out) if out else run_dir / "report.html"
     path.write_text(html, encoding="utf-8")
     return path

@@ -19,18 +19,20 @@ figure3    figure  budget_curves           accuracy vs budget, one panel per sel
 figure4    figure  coordinate_ablation     per-condition means and paired differences vs original, band deltas
 figure5    figure  ordering                source / score / reverse / RandomMean and the seed spread
 figure6    figure  evidence_reading        evidence reading per layer + the compaction(alpha) curve
+figure6_attribution figure evidence_attribution Figure 6's companion: attribution of the answer to the evidence
 alignment  figure  alignment               relay (right-aligned) vs rank_sync (left-aligned)
 ========== ======= ======================= =========================================================================
 
 Example:
     >>> sorted(REGISTRY)
-    ['alignment', 'figure3', 'figure4', 'figure5', 'figure6', 'table1', 'table3', 'table6', 'table8']
+    ['alignment', 'figure3', 'figure4', 'figure5', 'figure6', 'figure6_attribution', 'table1', 'table3', 'table6', 'table8']
 """
 
 from __future__ import annotations
 
 from relaylens.figures import (  # noqa: F401 - importing a figure file registers its entries
-    alignment, budget_curves, coordinate_ablation, evidence_reading, main_table, ordering, overhead, question_types)
+    alignment, budget_curves, coordinate_ablation, evidence_attribution, evidence_reading, main_table, ordering, overhead,
+    question_types)
 from relaylens.figures.registry import (COMPANIONS, ORDER, REGISTRY, FigureEntry, FigureError, build, names,
                                         select_figures, supported, write_entry, write_figures)
 REGISTRY.update({name: REGISTRY.pop(name) for name in names()})  # iteration order = drawing order (ORDER first)
