@@ -20,17 +20,20 @@ figure4    figure  coordinate_ablation     per-condition means and paired differ
 figure5    figure  ordering                source / score / reverse / RandomMean and the seed spread
 figure6    figure  evidence_reading        evidence reading per layer + the compaction(alpha) curve
 alignment  figure  alignment               relay (right-aligned) vs rank_sync (left-aligned)
+table2     table   infinitebench           InfiniteBench per task: official metric, original vs relay, paired delta
+table7     table   finch_comparison        FINCH (own coordinates) vs selectors + relay, paired differences to FINCH
 ========== ======= ======================= =========================================================================
 
 Example:
     >>> sorted(REGISTRY)
-    ['alignment', 'figure3', 'figure4', 'figure5', 'figure6', 'table1', 'table3', 'table6', 'table8']
+    ['alignment', 'figure3', 'figure4', 'figure5', 'figure6', 'table1', 'table2', 'table3', 'table6', 'table7', 'table8']
 """
 
 from __future__ import annotations
 
 from relaylens.figures import (  # noqa: F401 - importing a figure file registers its entries
-    alignment, budget_curves, coordinate_ablation, evidence_reading, main_table, ordering, overhead, question_types)
+    alignment, budget_curves, coordinate_ablation, evidence_reading, finch_comparison, infinitebench, main_table, ordering,
+    overhead, question_types)
 from relaylens.figures.registry import (COMPANIONS, ORDER, REGISTRY, FigureEntry, FigureError, build, names,
                                         select_figures, supported, write_entry, write_figures)
 REGISTRY.update({name: REGISTRY.pop(name) for name in names()})  # iteration order = drawing order (ORDER first)
