@@ -84,6 +84,6 @@ def test_report_shows_paper_tables():
     ids = ["r0", "r1"]
     rows = _rows(ids, "finch", FINCH_COORDINATES, "f1", [0.5, 0.0]) + _rows(ids, "bm25", "relay", "f1", [1.0, 0.5])
     rows += _rows(ids, "finch", "original", "f1", [0.0, 0.0]) + _rows(ids, "bm25", "original", "f1", [0.0, 0.5])
-    html = render_report({"scores": pd.DataFrame(rows), "answers": pd.DataFrame(), "probes": pd.DataFrame()},
+    html = render_report({"scores": pd.DataFrame(rows)},
                          {"analysis": "finch_comparison"}, figure_names=["table7"])
     assert '<table id="table-table7">' in html and "0.500 [" in html
