@@ -34,13 +34,16 @@ from relaylens.figures import REGISTRY, build, select_figures
 from relaylens.figures.heatmap import HEATMAP_METRIC, evidence_heatmap
 from relaylens.figures.registry import check_not_empty, needs_probes
 from relaylens.summaries import (METRICS, REFERENCE, accuracy_scores, accuracy_table, budget_label, condition_order,
-                                 layer_table)
+                                 layer_table, table_cells)
 from relaylens.tables import get_table
 from relaylens.views import view_html
 
 __all__ = ["render_report", "write_report", "report_context", "TEMPLATE"]
 
 TEMPLATE = "report.html.j2"
+OWN_SECTIONS = ("table1", "table8")
+"""Registered tables the report shows in sections of its own (conditions, evidence bands); every other table a run
+draws (e.g. Table 2, Table 7) gets a table of its own in the "Tables" section."""
 
 
 # ------------------------------------------------------------------------------------------------- formatting
@@ -248,6 +251,31 @@ def _drilldown(tables: dict) -> list[dict]:
     return units
 
 
+def _scope_rows(tables: dict) -> tuple[list[dict], list[dict]]:
+    """Layer-scope rows (scoped conditions vs original, paired) and per-layer sweep rows, when the run has them."""
+    from relaylens.figures.layer_scope import layer_scope_table, sweep_curves
+
+    conditions = set(get_table(tables, "scores")["condition"])
+    scopes = []
+    if any("@" in c for c in conditions):
+        table = layer_scope_table(tables)
+        for cond, g in table.groupby("condition", sort=False):
+            by_metric = {r["metric"]: r for _, r in g.iterrows()}
+            cells = []
+            for metric in ("contains", "evidence_share"):
+                r = by_metric.get(metric)
+                cells.append("" if r is None else f"{r['mean']:+.3f} [{r['low']:.3f}, {r['high']:.3f}]")
+            scopes.append({"condition": cond, "n": int(g["n"].max()), "cells": cells})
+    curves = sweep_curves(tables)
+    sweep = []
+    if len(curves):
+        wide = curves.set_index(["layer", "metric", "kind"])["mean"]
+        for layer in sorted(curves["layer"].unique()):
+            sweep.append({"layer": int(layer), "cells": [_num(wide.get((layer, metric, kind))) for metric in
+                          ("first_answer_logprob", "evidence_share") for kind in ("single", "cumulative")]})
+    return scopes, sweep
+
+
 def report_context(tables: dict, manifest: dict, figure_names: list[str] | None = None,
                    views: list[dict] | None = None) -> dict:
     """Everything the template needs (plain strings, numbers and base64 PNGs).
@@ -255,17 +283,21 @@ def report_context(tables: dict, manifest: dict, figure_names: list[str] | None 
     ``views``: stored token views (:func:`relaylens.views.load_views`) shown in the token-view section.
     """
     check_not_empty(tables)
+    everything = tables  # paper tables may read more than the three main tables (Table 2: the skipped records)
     tables = {name: get_table(tables, name) for name in ("answers", "scores", "probes")}
     probes = tables["probes"]
     condition_rows, condition_table = _condition_table(tables)
     names = figure_names if figure_names is not None else select_figures(tables, manifest)
-    rendered = []
+    rendered, paper_tables = [], []
     for name in names:
         entry = REGISTRY[name]
-        if entry.kind != "figure":
-            continue
-        rendered.append({"name": name, "title": entry.title, "png": _png(build(name, tables))})
+        if entry.kind == "figure":
+            rendered.append({"name": name, "title": entry.title, "png": _png(build(name, tables))})
+        elif name not in OWN_SECTIONS:
+            head, rows = table_cells(build(name, everything))
+            paper_tables.append({"name": name, "title": entry.title, "head": head, "rows": rows})
     has_probes = needs_probes(tables) is None
+    scope_rows, sweep_rows = _scope_rows(tables)
     per_layer = layer_table(probes) if has_probes else None
     data = {
         "analysis": manifest.get("analysis"),
@@ -279,6 +311,7 @@ def report_context(tables: dict, manifest: dict, figure_names: list[str] | None 
         "metrics": [m for m in METRICS if condition_table is not None and m in condition_table],
         "condition_rows": condition_rows,
         "figures": rendered,
+        "paper_tables": paper_tables,
         "has_probes": has_probes,
         "no_probes_reason": needs_probes(tables),
         "heatmap": _heatmap(probes) if has_probes else None,
@@ -286,6 +319,8 @@ def report_context(tables: dict, manifest: dict, figure_names: list[str] | None 
         "band_rows": _band_rows(tables) if has_probes else [],
         "layers": _layers(per_layer) if has_probes else [],
         "records": _drilldown(tables) if len(tables["answers"]) else [],
+        "scope_rows": scope_rows,
+        "sweep_rows": sweep_rows,
         "data_json": _json_script(_clean(data)),
         "token_view": Markup(view_html(views)) if views else None,
         "token_view_records": len({v["record_id"] for v in views or []}),

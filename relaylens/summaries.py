@@ -21,7 +21,7 @@ import pandas as pd
 
 from relaylens.bootstrap import cluster_bootstrap, condition_means
 from relaylens.errors import RelaylensError
-from relaylens.tables import get_table
+from relaylens.tables import SWEEP_SOURCE, get_table
 
 METRICS = ("contains", "f1")
 """Accuracy metrics reported everywhere: ``contains`` (default) and ``f1``."""
@@ -167,7 +167,9 @@ def with_random_mean(scores: pd.DataFrame) -> pd.DataFrame:
 
 def layer_table(probes: pd.DataFrame) -> pd.DataFrame:
     """Per (probe_point, source, metric, condition, layer): mean over records and heads, band, and the difference
-    vs original (``delta``; ``delta_pp`` for share metrics)."""
+    vs original (``delta``; ``delta_pp`` for share metrics). Sweep rows (``source = "sweep"``) are left out: the
+    ``layer_scope`` figure draws them."""
+    probes = probes[probes["source"] != SWEEP_SOURCE]
     num_layers = int(probes["layer"].max()) + 1
     keys = ["probe_point", "source", "metric", "condition", "layer"]
     table = probes.groupby(keys, sort=True)["value"].mean().reset_index()
@@ -188,8 +190,8 @@ def alpha_of(condition: str) -> float | None:
     return float(m.group(1)) if m else None
 
 
-def table_markdown(df: pd.DataFrame, digits: int = 3) -> str:
-    """A Markdown table; ``x, x_low, x_high`` columns are shown together as ``x [low, high]``."""
+def table_cells(df: pd.DataFrame, digits: int = 3) -> tuple[list[str], list[list[str]]]:
+    """Header and formatted rows of a table; ``x, x_low, x_high`` columns become one ``x [low, high]`` cell."""
     cols = [c for c in df.columns if not re.search(r"_(low|high)$", c)]
 
     def fmt(v, col: str = "") -> str:
@@ -208,11 +210,17 @@ def table_markdown(df: pd.DataFrame, digits: int = 3) -> str:
                 lo, hi = r[f"{c}_low"], r[f"{c}_high"]
                 if np.isfinite(lo) and np.isfinite(hi):
                     cell += f" [{lo:.{digits}f}, {hi:.{digits}f}]"
-            cells.append(cell.replace("|", "\\|"))
+            cells.append(cell)
         rows.append(cells)
     head = [c + (" [95% CI]" if f"{c}_low" in df.columns else "") for c in cols]
+    return head, rows
+
+
+def table_markdown(df: pd.DataFrame, digits: int = 3) -> str:
+    """A Markdown table; ``x, x_low, x_high`` columns are shown together as ``x [low, high]``."""
+    head, rows = table_cells(df, digits)
     lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
-    lines += ["| " + " | ".join(r) + " |" for r in rows]
+    lines += ["| " + " | ".join(c.replace("|", "\\|") for c in r) + " |" for r in rows]
     return "\n".join(lines) + "\n"
 
 

@@ -33,8 +33,8 @@ __all__ = ["REGISTRY", "ORDER", "COMPANIONS", "FigureEntry", "FigureError", "reg
            "needs_answers", "needs_other_conditions", "needs_budgets", "needs_ordering", "needs_rank_sync",
            "needs_probes"]
 
-ORDER = ("table1", "table6", "table8", "table3", "figure3", "figure4", "figure5", "figure6", "figure6_attribution",
-         "alignment")
+ORDER = ("table1", "table2", "table6", "table7", "table8", "table3", "figure3", "figure4", "figure5", "figure6",
+         "figure6_attribution", "alignment")
 """The order in which entries are drawn and listed (entries not named here follow, in registration order)."""
 COMPANIONS = {"figure6": ("table8", "figure6_attribution")}
 """Entries drawn together with a figure named in ``SPEC.figures`` (Figure 6's numbers are Table 8; its attribution
