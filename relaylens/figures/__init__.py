@@ -9,23 +9,6 @@ One file per figure, named after its analysis; :mod:`relaylens.figures.registry`
 (:data:`REGISTRY`, by name; ``SPEC.figures`` of each analysis names its entries) and the run-directory writer.
 
 name       kind    file                    what
-========== ======= ======================= =========================================================================
-table1     table   main_table              accuracy per selector x budget x condition, paired difference vs original
-table6     table   question_types          the same per question type
-table8     table   evidence_reading        evidence-reading band table (early / middle / late, deltas vs original)
-table3     table   overhead                timing per condition from ``elapsed_s``
-figure3    figure  budget_curves           accuracy vs budget, one panel per selector, original vs relay
-figure4    figure  coordinate_ablation     per-condition means and paired differences vs original, band deltas
-figure5    figure  ordering                source / score / reverse / RandomMean and the seed spread
-figure6    figure  evidence_reading        evidence reading per layer + the compaction(alpha) curve
-figure6_attribution figure evidence_attribution Figure 6's companion: attribution of the answer to the evidence
-alignment  figure  alignment               relay (right-aligned) vs rank_sync (left-aligned)
-========== ======= ======================= =========================================================================
-
-Example:
-    >>> sorted(REGISTRY)
-    ['alignment', 'figure3', 'figure4', 'figure5', 'figure6', 'figure6_attribution', 'table1', 'table3', 'table6', 'table8']
-=======
 =========== ======= ======================= =========================================================================
 name        kind    file                    what
 =========== ======= ======================= =========================================================================
@@ -37,7 +20,7 @@ figure3     figure  budget_curves           accuracy vs budget, one panel per se
 figure4     figure  coordinate_ablation     per-condition means and paired differences vs original, band deltas
 figure5     figure  ordering                source / score / reverse / RandomMean and the seed spread
 figure6     figure  evidence_reading        evidence reading per layer + the compaction(alpha) curve
-figure6_attribution figure evidence_attribution Figure 6's companion: attribution of the answer to the evidence
+figure6_a.. figure  evidence_attribution    figure6_attribution: Figure 6's companion, attribution of the answer
 alignment   figure  alignment               relay (right-aligned) vs rank_sync (left-aligned)
 layer_scope figure  layer_scope             relay per band / layer type vs original; per-layer causal sweep curves
 table2      table   infinitebench           InfiniteBench per task: official metric, original vs relay, paired delta
