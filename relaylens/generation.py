@@ -24,7 +24,6 @@ Example:
 
 from __future__ import annotations
 
-import copy
 from dataclasses import dataclass, field
 
 import torch
@@ -101,13 +100,55 @@ def _check_selection(prefill: PrefillResult, selection: Selection) -> None:
 def build_cache(
     prefill: PrefillResult,
     selection: Selection,
-    condition: str | Condition,
+    condition: str | Condition | Coordinates,
     factors: RotaryFactors,
     window_mode: str = "condition",
 ) -> RelocatedCache:
-    """Gather kept states, relocate keys to the condition's positions, and pad each layer to its widest head."""
+    """Gather kept states, relocate keys to the condition's positions, and pad each layer to its widest head.
+
+    ``condition`` may also be ready-made :class:`~relaylens.conditions.Coordinates` of ``selection`` (scoped
+    conditions, or coordinates built by hand). A head whose every target position equals its source position (all of
+    ``original``, and untouched heads of any condition) is not relocated: its kept keys are the gathered cache rows,
+    so ``original`` costs what a plain sparse cache costs.
+    """
+    layers = relocate_selection(prefill, selection, condition, factors, window_mode)
+    data = [(keys[None], values[None]) for keys, values in layers.data]  # [1, kv_head, slot, head_dim]
+    return RelocatedCache(DynamicCache(ddp_cache_data=data), layers.state, layers.coordinates, layers.widths)
+
+
+@dataclass
+class RelocatedLayers:
+    """Per layer ``(keys, values)`` ``[kv_head, slot, head_dim]`` at the condition's coordinates, before caching."""
+
+    data: list[tuple[torch.Tensor, torch.Tensor]]
+    state: AttentionState
+    coordinates: Coordinates
+    widths: list[int]
+
+
+def coordinates_of(condition: str | Condition | Coordinates, selection: Selection) -> Coordinates:
+    """The condition's :class:`Coordinates` on ``selection`` (ready-made coordinates are checked and passed through)."""
+    if isinstance(condition, Coordinates):
+        if tuple(condition.key_positions.shape) != tuple(selection.positions.shape):
+            raise ShapeError(
+                f"coordinates {condition.condition!r} have key positions {tuple(condition.key_positions.shape)} but the "
+                f"selection is {tuple(selection.positions.shape)}; build them from the same selection"
+            )
+        return condition
+    return get_condition(condition).coordinates(selection)
+
+
+@torch.no_grad()
+def relocate_selection(
+    prefill: PrefillResult,
+    selection: Selection,
+    condition: str | Condition | Coordinates,
+    factors: RotaryFactors,
+    window_mode: str = "condition",
+) -> RelocatedLayers:
+    """The work of :func:`build_cache` without the cache object (batched rows stack these)."""
     _check_selection(prefill, selection)
-    coords = get_condition(condition).coordinates(selection)
+    coords = coordinates_of(condition, selection)
     state = AttentionState(window_mode=window_mode)
     data, widths = [], []
     for layer in range(prefill.num_layers):
@@ -123,20 +164,32 @@ def build_cache(
             kept_values = selection.values[layer, :, :width].to(prefill.values[layer])
         else:
             kept_values = prefill.values[layer].gather(1, index)
-        try:
-            moved = relocate_keys(kept_keys, source, target, factors, layer=layer if factors.per_layer else None)
-        except NonFiniteError as err:
-            raise NonFiniteError(f"layer {layer}: {err}") from None
-        pad = (~valid)[..., None].to(moved.device)
+        moving = (target != source).any(-1)  # [kv_head]: heads with at least one key to move
+        pad = (~valid)[..., None].to(kept_keys.device)
+        if bool(moving.any()):
+            moved = kept_keys.clone() if not bool(moving.all()) else None
+            heads = moving.nonzero()[:, 0] if moved is not None else slice(None)
+            try:
+                relocated = relocate_keys(kept_keys[heads], source[heads], target[heads], factors,
+                                          layer=layer if factors.per_layer else None)  # checks its output is finite
+            except NonFiniteError as err:
+                raise NonFiniteError(f"layer {layer}: {err}") from None
+            if moved is None:
+                moved = relocated
+            else:
+                moved[heads] = relocated
+                _check_finite(moved[~moving], layer, "kept keys")
+        else:  # identity: every key stays where it was cached (a plain sparse cache)
+            moved = kept_keys
+            _check_finite(moved, layer, "kept keys")
         moved, kept_values = moved.masked_fill(pad, 0.0), kept_values.masked_fill(pad, 0.0)
-        _check_finite(moved, layer, "relocated keys")
         _check_finite(kept_values, layer, "kept values")
-        data.append((moved[None], kept_values[None]))  # [1, kv_head, slot, head_dim]
+        data.append((moved, kept_values))  # [kv_head, slot, head_dim]
         state.valid[layer] = valid
         state.key_positions[layer] = torch.where(valid, target, torch.full_like(target, -(10**9)))
         state.source_positions[layer] = torch.where(valid, source, torch.full_like(source, -(10**9)))
         widths.append(width)
-    return RelocatedCache(DynamicCache(ddp_cache_data=data), state, coords, widths)
+    return RelocatedLayers(data, state, coords, widths)
 
 
 def _check_finite(tensor: torch.Tensor, layer: int, what: str) -> None:
@@ -147,18 +200,15 @@ def _check_finite(tensor: torch.Tensor, layer: int, what: str) -> None:
 
 
 def _forward(model, ids: torch.Tensor, positions: torch.Tensor, relocated: RelocatedCache, source_positions: torch.Tensor):
+    """Feed ``ids`` ``[T]`` at ``positions`` into one :func:`build_cache` result (extended in place); ``[T, vocab]``."""
     state = relocated.state
     state.new_positions = torch.cat((state.new_positions, positions))
     base = state.new_source_positions if state.new_source_positions is not None else torch.zeros(0, dtype=torch.long)
     state.new_source_positions = torch.cat((base, source_positions))
     device = model.device
     with torch.no_grad(), attention_context(model, state):
-        out = model(
-            input_ids=ids[None].to(device),
-            position_ids=positions[None].to(device),
-            cache=relocated.cache,
-            use_cache=True,
-        )
+        out = model(input_ids=ids[None].to(device), position_ids=positions[None].to(device), cache=relocated.cache,
+                    use_cache=True)
     return out.logits[0].float()  # [T, vocab]
 
 
@@ -166,7 +216,7 @@ def run_condition(
     model,
     prefill: PrefillResult,
     selection: Selection,
-    condition: str | Condition,
+    condition: str | Condition | Coordinates,
     question_ids: torch.Tensor,
     max_new_tokens: int = 32,
     factors: RotaryFactors | None = None,
@@ -189,50 +239,15 @@ def run_condition(
         observers: attention observers active during the question pass only (probes).
         teacher_token: a token (e.g. the first reference-answer token) fed at the next continuation position on a
             copy of the cache, with ``teacher_observers`` active; decoding itself is unaffected.
+
+    This is :func:`relaylens.rows.run_rows` with one row; batch the conditions of a record with ``run_rows``.
     """
-    factors = factors or RotaryFactors.from_model(model)
-    question_ids = torch.as_tensor(question_ids, dtype=torch.long).reshape(-1)
-    if question_ids.numel() == 0:
-        raise ShapeError("the question has no tokens; render the prompt with a question block")
-    relocated = build_cache(prefill, selection, condition, factors, window_mode)
-    coords = relocated.coordinates
-    positions = coords.question_positions(question_ids.numel())
-    factors.check_positions(positions[-1:] + max(max_new_tokens, 0), f"condition {coords.condition}: question/generation positions")
-    source = torch.arange(question_ids.numel()) + prefill.history_length
-    relocated.state.observers = list(observers or [])
-    logits = _forward(model, question_ids, positions, relocated, source)  # [Q, vocab]
-    relocated.state.observers = []
-    if teacher_token is not None:
-        forked = copy.deepcopy(relocated)
-        forked.state.observers = list(teacher_observers or [])
-        _forward(model, torch.tensor([int(teacher_token)]), positions[-1:] + 1, forked, source[-1:] + 1)
-        del forked
-    result = GenerationResult(coords.condition, coords.question_start, positions, logits[-1].clone(),
-                              question_logits=logits if keep_question_logits else None)
-    eos = eos_token_ids if eos_token_ids is not None else default_eos_ids(model, tokenizer)
-    next_position = int(positions[-1]) + 1
-    next_source = int(source[-1]) + 1
-    current = logits[-1]
-    for step in range(max_new_tokens):
-        token = int(current.argmax())
-        result.token_ids.append(token)
-        if token in eos:
-            result.stop_reason = "eos"
-            break
-        if stop_at_newline and tokenizer is not None and "\n" in tokenizer.decode(result.token_ids, skip_special_tokens=True).lstrip("\n"):
-            result.stop_reason = "newline"
-            break
-        if step == max_new_tokens - 1:
-            break
-        result.positions.append(next_position)
-        current = _forward(model, torch.tensor([token]), torch.tensor([next_position]), relocated, torch.tensor([next_source]))[-1]
-        next_position += 1
-        next_source += 1
-    if tokenizer is not None:
-        ids = [t for t in result.token_ids if t not in eos]
-        text = tokenizer.decode(ids, skip_special_tokens=True)
-        result.text = text.strip().split("\n")[0].strip() if stop_at_newline else text.strip()
-    return result
+    from relaylens.rows import Row, run_rows
+
+    row = Row(selection, condition, tuple(observers or ()), tuple(teacher_observers or ()))
+    return run_rows(model, prefill, [row], question_ids, max_new_tokens=max_new_tokens, factors=factors,
+                    eos_token_ids=eos_token_ids, tokenizer=tokenizer, stop_at_newline=stop_at_newline,
+                    window_mode=window_mode, keep_question_logits=keep_question_logits, teacher_token=teacher_token)[0]
 
 
 def default_eos_ids(model, tokenizer=None) -> set[int]:
