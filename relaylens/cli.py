@@ -124,6 +124,8 @@ def run(
     judge_url: str = typer.Option(None, "--judge-url", help="OpenAI-compatible base URL of an LLM judge (optional)"),
     judge_model: str = typer.Option(None, "--judge-model", help="judge model: name at --judge-url, or a local HF model spec"),
     judge_key_env: str = typer.Option(None, "--judge-key-env", help="environment variable with the judge's API key"),
+    batch_rows: int = typer.Option(None, "--batch-rows", help="rows (selector x budget x condition) of a record decoded "
+                                   "in one batch (default: all; 1: one at a time, per-request timings)"),
 ) -> None:
     """Run (or resume) an analysis; every condition of a record shares one prefill and one selection."""
     from relaylens.experiments import load_analysis
@@ -135,7 +137,8 @@ def run(
                   prompt_mode=prompt_mode)
     config = RunConfig(model=model, data=data, data_format=data_format, limit=limit, out=str(out) if out else None,
                        shard=shard, seed=seed, force=force, judge_url=judge_url, judge_model=judge_model,
-                       judge_key_env=judge_key_env)
+                       judge_key_env=judge_key_env,
+                       batch_rows=batch_rows if batch_rows is not None else getattr(module, "BATCH_ROWS", None))
     run_dir = _guard(run_analysis, spec, config)
     table = accuracy_table(load_tables(run_dir))
     print(table.to_string(index=False, float_format=lambda v: f"{v:.3f}"))

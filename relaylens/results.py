@@ -65,7 +65,7 @@ DTYPES: dict[str, str] = {
     "is_abstention": _BOOL, "cluster_id": _OPT_STR, "prompt_mode": _STR, "answer": _STR, "stop_reason": _STR,
     "hit_limit": _BOOL, "new_tokens": _INT, "history_length": _INT, "max_count": _INT, "mean_count": _FLOAT,
     "question_start": _INT, "gold_units_total": _INT, "gold_units_kept": _INT, "references": _STR,
-    "elapsed_s": _FLOAT, "metric": _STR, "value": _FLOAT, "probe_point": _STR, "source": _STR, "layer": _INT,
+    "elapsed_s": _FLOAT, "prefill_s": _FLOAT, "selection_s": _FLOAT, "batch_rows": _INT, "metric": _STR, "value": _FLOAT, "probe_point": _STR, "source": _STR, "layer": _INT,
     "head": _INT,
 }
 """Column kinds: ``int`` (int64), ``float`` (float64, None -> NaN), ``bool``, ``str``, ``str?`` (None allowed)."""

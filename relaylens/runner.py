@@ -1,8 +1,9 @@
 """Experiment runner: records x selectors x budgets x conditions, paired, resumable, with a progress bar.
 
-For each record: render the prompt, prefill the history once, then for each (selector, budget) select once and run
-every condition on that selection (question pass with probes, greedy generation, scoring). One (record, selector,
-budget) is one unit of work, committed atomically to the run directory; re-running the same command skips committed
+For each record: render the prompt, prefill the history once, then for each (selector, budget) select once; the rows
+(selector x budget x condition) of the record then run in batches of ``batch_rows`` rows (default: all of them in one
+batch; ``1``: one row at a time) sharing the prefill (question pass with probes, greedy generation, scoring; see
+:mod:`relaylens.rows`). One (record, selector, budget) is one unit of work, committed atomically to the run directory; re-running the same command skips committed
 units, so a killed run resumes where it stopped.
 
 Example:
@@ -45,6 +46,7 @@ class RunConfig:
     judge_url: str | None = None  # OpenAI-compatible endpoint for the memory_judge_v1 judge (optional)
     judge_model: str | None = None  # model name at that endpoint, or a local HF judge model spec
     judge_key_env: str | None = None  # environment variable holding the endpoint's API key
+    batch_rows: int | None = None  # rows (unit x condition) of a record decoded together; None: all; 1: sequential
 
 
 def make_judge(config: RunConfig, run_dir: Path):
@@ -76,6 +78,10 @@ def check_config(config: RunConfig) -> None:
         raise RelaylensError(f"window_size must be a positive number of tokens; got {config.window_size!r}")
     if config.chunk_size is not None and (not isinstance(config.chunk_size, int) or config.chunk_size < 1):
         raise RelaylensError(f"chunk_size must be a positive number of tokens or None; got {config.chunk_size!r}")
+    if config.batch_rows is not None and (isinstance(config.batch_rows, bool) or not isinstance(config.batch_rows, int)
+                                          or config.batch_rows < 1):
+        raise RelaylensError(f"batch_rows must be a positive number of rows or None (all rows of a record); got "
+                             f"{config.batch_rows!r}. Fix: pass --batch-rows N with N >= 1")
     if config.window_mode not in WINDOW_MODES:
         raise RelaylensError(f"window_mode must be one of {WINDOW_MODES}; got {config.window_mode!r}")
 
@@ -124,46 +130,89 @@ def _gold_units(prompt, selection, granularity: str) -> tuple[int, int]:
     return len(units), sum(bool(kept_set[u.start : u.end].any()) for u in units)
 
 
-def process_unit(model, tokenizer, factors, record: Record, prompt, prefill, selector_name: str, selector, budget: float,
-                 spec: ExperimentSpec, config: RunConfig, judge=None) -> tuple[list[dict], list[dict], pd.DataFrame]:
-    """All conditions of one (record, selector, budget): rows for the answers, scores and probes tables."""
-    from relaylens.generation import run_condition
-    from relaylens.probes import probe_condition, replay_conditions
+@dataclass
+class UnitWork:
+    """One (record, selector, budget) of a record: its selection and how long selecting took."""
+
+    selector: str
+    budget: float
+    selection: object  # relaylens.selection.Selection
+    selection_s: float
+
+
+def select_units(prefill, prompt, pending: list[tuple[str, float]], selectors: dict) -> list[UnitWork]:
+    """Select once per pending (selector, budget); every condition of that unit shares the selection."""
+    units = []
+    for name, budget in pending:
+        started = time.perf_counter()
+        selection = selectors[name].select(prefill, prompt, budget)
+        units.append(UnitWork(name, budget, selection, time.perf_counter() - started))
+    return units
+
+
+def process_record(model, tokenizer, factors, record: Record, prompt, prefill, prefill_s: float, units: list[UnitWork],
+                   spec: ExperimentSpec, config: RunConfig, judge=None):
+    """Every row (unit x condition) of one record, decoded in batches of ``config.batch_rows`` rows (None: all).
+
+    Yields ``(unit, answers, scores, probes)`` per unit, in order, as soon as all its rows are done.
+    """
+    from relaylens.probes import probe_rows, replay_conditions
+    from relaylens.rows import Row, run_rows
     from relaylens.scoring import score_answer
 
-    selection = selector.select(prefill, prompt, budget)
     evidence = prompt.evidence_mask(spec.granularity)
     do_probes = spec.probes and bool(evidence.any())
     teacher = first_answer_token(tokenizer, record, spec.prompt_mode) if spec.teacher_forcing else None
-    stop_newline = spec.prompt_mode == "completion"
+    common = dict(max_new_tokens=spec.max_new_tokens, tokenizer=tokenizer, stop_at_newline=spec.prompt_mode == "completion",
+                  window_mode=config.window_mode, factors=factors)
+    units = list(units)
+    rows = [(unit, condition) for unit in units for condition in spec.conditions]
+    size = config.batch_rows or len(rows)
+    outcomes: list[tuple] = []  # per row, in order: (generation, probed or None, elapsed_s, rows in its batch)
+    width = len(spec.conditions)
+    for first in range(0, len(rows), size):
+        chunk = rows[first : first + size]
+        started = time.perf_counter()
+        if do_probes:
+            probed = probe_rows(model, prefill, [(unit.selection, condition) for unit, condition in chunk],
+                                prompt.question_ids, evidence, teacher_token=teacher, **common)
+            results = [(p.generation, p) for p in probed]
+        else:
+            generations = run_rows(model, prefill, [Row(unit.selection, condition) for unit, condition in chunk],
+                                   prompt.question_ids, **common)
+            results = [(g, None) for g in generations]
+        elapsed = (time.perf_counter() - started) / len(chunk)
+        outcomes.extend((generation, probed, elapsed, len(chunk)) for generation, probed in results)
+        while len(outcomes) >= width:  # a unit's rows are consecutive: commit each unit as soon as it is complete
+            mine, outcomes = outcomes[:width], outcomes[width:]
+            unit = units.pop(0)
+            yield (unit, *_unit_tables(record, prompt, prefill, prefill_s, unit, mine, spec, factors, evidence,
+                                        do_probes, judge, score_answer, replay_conditions))
+
+
+def _unit_tables(record, prompt, prefill, prefill_s, unit: UnitWork, outcomes: list, spec, factors, evidence, do_probes,
+                 judge, score_answer, replay_conditions) -> tuple[list[dict], list[dict], pd.DataFrame]:
+    """The answers, scores and probes rows of one unit from its conditions' outcomes."""
+    selection = unit.selection
     gold_total, gold_kept = _gold_units(prompt, selection, spec.granularity)
-    key = {"record_id": record.record_id, "selector": selector_name, "budget": float(budget)}
+    key = {"record_id": record.record_id, "selector": unit.selector, "budget": float(unit.budget)}
     meta = {"question_type": record.question_type, "is_abstention": bool(record.is_abstention),
             "cluster_id": record.cluster_id or record.record_id}
-    answers, scores, probe_frames = [], [], []
-    reference = None
-    for condition in spec.conditions:
-        started = time.perf_counter()
-        common = dict(max_new_tokens=spec.max_new_tokens, tokenizer=tokenizer, stop_at_newline=stop_newline,
-                      window_mode=config.window_mode)
-        if do_probes:
-            probed = probe_condition(model, prefill, selection, condition, prompt.question_ids, evidence, factors=factors,
-                                     teacher_token=teacher, **common)
-            generation = probed.generation
-            probe_frames.append(probed.readouts.assign(condition=generation.condition, source="forward"))
-            if generation.condition == "original":
-                reference = probed
-        else:
-            generation = run_condition(model, prefill, selection, condition, prompt.question_ids, factors=factors, **common)
-        elapsed = time.perf_counter() - started
+    answers, scores, probe_frames, reference = [], [], [], None
+    for generation, probed, elapsed, batch_rows in outcomes:
         label = generation.condition
+        if probed is not None:
+            probe_frames.append(probed.readouts.assign(condition=label, source="forward"))
+            if label == "original":
+                reference = probed
         answers.append({
             **key, "condition": label, **meta, "prompt_mode": spec.prompt_mode, "answer": generation.text,
             "stop_reason": generation.stop_reason, "hit_limit": generation.hit_limit,
             "new_tokens": len(generation.token_ids), "history_length": prompt.history_length,
             "max_count": selection.max_count, "mean_count": float(selection.counts.float().mean()),
             "question_start": generation.question_start, "gold_units_total": gold_total, "gold_units_kept": gold_kept,
-            "references": json.dumps(list(record.answers)), "elapsed_s": elapsed,
+            "references": json.dumps(list(record.answers)), "elapsed_s": elapsed, "prefill_s": prefill_s,
+            "selection_s": unit.selection_s, "batch_rows": batch_rows,
         })
         metrics = score_answer(record, generation.text)
         if judge is not None:  # blinded: the judge sees question, references and answer, never selector or condition
@@ -203,7 +252,7 @@ def run_analysis(spec: ExperimentSpec, config: RunConfig, progress: bool = True,
     out = Path(config.out or f"runs/{spec.name}")
     model, tokenizer = model_and_tokenizer or load_model(config.model)
     factors = RotaryFactors.from_model(model)
-    manifest = build_manifest(spec.name, {"spec": spec.to_dict(), "run": vars(config) | {"out": None, "force": None, "shard": None}},
+    manifest = build_manifest(spec.name, {"spec": spec.to_dict(), "run": _manifest_run(config)},
                               config.model, model_fingerprint(model), data_path, shard)
     store = RunStore.create_or_open(out, manifest, force=config.force)
     judge = make_judge(config, out)
@@ -220,18 +269,26 @@ def run_analysis(spec: ExperimentSpec, config: RunConfig, progress: bool = True,
                 continue
             _advance(live, task, len(spec.selectors) * len(spec.budgets) - len(pending), record.record_id, "prefill")
             prompt = render_prompt(record, tokenizer, mode=spec.prompt_mode)
+            started = time.perf_counter()
             with capture_column_sums(model) if needs_columns else nullcontext() as stats:
                 prefill = prefill_history(model, prompt.history_ids, window_size=config.window_size, chunk_size=config.chunk_size)
             if stats is not None:
                 prefill.extras["column_sums"] = stats.column_sums
-            for name, budget in pending:
-                _advance(live, task, 0, record.record_id, f"{name} @ {budget:g}")
-                answers, scores, probes = process_unit(model, tokenizer, factors, record, prompt, prefill, name,
-                                                       selectors[name], budget, spec, config, judge)
-                store.write_unit(UnitKey(record.record_id, name, budget), answers, scores, probes)
+            prefill_s = time.perf_counter() - started
+            _advance(live, task, 0, record.record_id, f"selecting {len(pending)} units")
+            units = select_units(prefill, prompt, pending, selectors)
+            _advance(live, task, 0, record.record_id, f"decoding {len(units) * len(spec.conditions)} rows")
+            for unit, answers, scores, probes in process_record(model, tokenizer, factors, record, prompt, prefill,
+                                                                prefill_s, units, spec, config, judge):
+                store.write_unit(UnitKey(record.record_id, unit.selector, unit.budget), answers, scores, probes)
                 _advance(live, task, 1, record.record_id, "committed")
     store.consolidate()
     return out
+
+
+def _manifest_run(config: RunConfig) -> dict:
+    """The run settings that can change results (batching changes only timings and float32 rounding)."""
+    return {k: v for k, v in vars(config).items() if k != "batch_rows"} | {"out": None, "force": None, "shard": None}
 
 
 def _progress(enabled: bool):

@@ -17,7 +17,12 @@ conditions of one (record, selector, budget) share one prefill and one selection
 | question_start | int | first question position under the condition |
 | gold_units_total, gold_units_kept | int, int | gold units of the record, and those with at least one retained token |
 | references | str | JSON list of reference answers |
-| elapsed_s | float | timing column (excluded from determinism checks) |
+| elapsed_s | float | question pass + decoding of this row (a batch's wall time split evenly over its rows) |
+| prefill_s, selection_s | float | the record's history prefill, and this unit's selection (shared by its conditions) |
+| batch_rows | int | rows decoded together with this one (``--batch-rows``; 1: sequential, complete-request timing) |
+
+Timing columns (``elapsed_s``, ``prefill_s``, ``selection_s``, ``batch_rows``) are excluded from determinism checks;
+a complete request is ``prefill_s + selection_s + elapsed_s`` of a ``batch_rows == 1`` row.
 
 ``scores`` — one row per (key, metric): columns ``record_id, selector, budget, condition, question_type,
 is_abstention, cluster_id, metric, value``; metrics ``exact_match``, ``f1``, ``contains``, ``choice_accuracy``,
@@ -31,12 +36,12 @@ condition, probe_point, source, layer, head, metric, value``; ``probe_point`` is
 from __future__ import annotations
 
 KEY_COLUMNS = ["record_id", "selector", "budget", "condition"]
-TIMING_COLUMNS = ["elapsed_s"]
+TIMING_COLUMNS = ["elapsed_s", "prefill_s", "selection_s", "batch_rows"]
 
 ANSWER_COLUMNS = KEY_COLUMNS + [
     "question_type", "is_abstention", "cluster_id", "prompt_mode", "answer", "stop_reason", "hit_limit", "new_tokens",
     "history_length", "max_count", "mean_count", "question_start", "gold_units_total", "gold_units_kept", "references",
-    "elapsed_s",
+    "elapsed_s", "prefill_s", "selection_s", "batch_rows",
 ]
 SCORE_COLUMNS = KEY_COLUMNS + ["question_type", "is_abstention", "cluster_id", "metric", "value"]
 PROBE_COLUMNS = KEY_COLUMNS + ["probe_point", "source", "layer", "head", "metric", "value"]

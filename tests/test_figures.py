@@ -48,7 +48,8 @@ def fabricate_tables(records: int = 6, selectors=("bm25", "snapkv"), budgets=(0.
                         stop_reason="newline", hit_limit=False, new_tokens=int(rng.integers(1, 20)),
                         history_length=400, max_count=40, mean_count=40.0, question_start=400,
                         gold_units_total=total, gold_units_kept=kept, references=json.dumps(["harp"]),
-                        elapsed_s=float(rng.uniform(0.1, 1.0))))
+                        elapsed_s=float(rng.uniform(0.1, 1.0)), prefill_s=float(rng.uniform(1.0, 2.0)),
+                        selection_s=0.05, batch_rows=1))
                     for metric in ("contains", "f1", "exact_match"):
                         value = float(ok) if metric != "f1" else float(ok) * float(rng.uniform(0.3, 1.0))
                         scores.append(key | common | dict(condition=cond, metric=metric, value=value))
