@@ -124,19 +124,22 @@ def run_geometry(repeats: int = 5, include_large: bool = True) -> list[dict]:
     return rows
 
 
-def _model_benchmark(name: str) -> Callable[..., list[dict]]:
+def _model_benchmark(name: str, module: str = "bench_model") -> Callable[..., list[dict]]:
     def run(**kwargs) -> list[dict]:
-        from relaylens import bench_model
+        import importlib
 
         kwargs.pop("include_large", None)
-        return getattr(bench_model, f"run_{name}")(**kwargs)
+        kwargs = {k: v for k, v in kwargs.items() if v is not None}
+        return getattr(importlib.import_module(f"relaylens.{module}"), f"run_{name}")(**kwargs)
 
     return run
 
 
 BENCHMARKS: dict[str, Callable[..., list[dict]]] = {
     "geometry": run_geometry,
-    **{name: _model_benchmark(name) for name in ("overhead", "probes", "prefill", "selectors", "scaling")},
+    "overhead": _model_benchmark("overhead", "bench_requests"),
+    "throughput": _model_benchmark("throughput", "bench_requests"),
+    **{name: _model_benchmark(name) for name in ("probes", "prefill", "selectors", "scaling")},
 }
 
 

@@ -87,10 +87,13 @@ def data_synth(
 
 @app.command("bench")
 def bench(
-    which: str = typer.Argument("geometry", help="geometry, overhead, probes, prefill, selectors, scaling or all"),
+    which: str = typer.Argument("geometry", help="geometry, overhead, throughput, probes, prefill, selectors, scaling or all"),
     out: Path = typer.Option(Path("runs/bench"), help="directory for the CSV and Markdown tables"),
     repeats: int = typer.Option(5, help="repetitions per timing (median reported)"),
     small: bool = typer.Option(False, help="skip the Llama-3.1-8B-sized cache (1.6 GB of keys)"),
+    records: int = typer.Option(None, help="records of the bundled sample (overhead, probes; default: the benchmark's)"),
+    new_tokens: int = typer.Option(None, "--new-tokens", help="greedy tokens per request (overhead, throughput)"),
+    model: str = typer.Option(None, help="model for the model-level benchmarks (default: the embedded SmolLM2)"),
 ) -> None:
     """Benchmarks: ratios are measured in the same run; results go to a CSV and a Markdown table."""
     from relaylens import bench as bench_module
@@ -101,7 +104,8 @@ def bench(
             _fail(f"unknown benchmark {name!r}; choose one of {sorted(bench_module.BENCHMARKS)} or all")
     for name in names:
         with console.status(f"running benchmark {name} ..."):
-            rows = _guard(bench_module.BENCHMARKS[name], repeats=repeats, include_large=not small)
+            extra = {"records": records, "new_tokens": new_tokens, "model_spec": model} if name != "geometry" else {}
+            rows = _guard(bench_module.BENCHMARKS[name], repeats=repeats, include_large=not small, **extra)
         csv_path, md_path = bench_module.write_results(rows, out, name)
         print(md_path.read_text())
         console.print(f"[green]wrote[/] {csv_path} and {md_path}")

@@ -1,0 +1,71 @@
+"""Request benchmarks: the Table 3 statistic, stage timing of one complete request, memory probes (CUDA mocked)."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+
+from relaylens import bench_requests
+from relaylens.bench_requests import MemoryProbe, complete_request, geometric_overhead, kv_logical_bytes
+from relaylens.selection import Selection
+
+
+def test_geometric_overhead_is_the_geometric_mean_of_ratios_minus_one():
+    assert geometric_overhead([1.1, 1.1]) == pytest.approx(0.1)
+    assert geometric_overhead([2.0, 0.5]) == pytest.approx(0.0)  # not the arithmetic mean (0.25)
+    assert math.isnan(geometric_overhead([]))
+
+
+def test_kv_logical_bytes_counts_valid_slots_only():
+    sel = Selection.from_lists([[[0, 3, 7], [1]], [[2], [4, 5]]], history_length=8)
+    assert kv_logical_bytes(sel, head_dim=16, dtype=torch.bfloat16) == 7 * 16 * 2 * 2
+
+
+def test_cuda_memory_probe_reports_allocator_peaks_above_the_start(monkeypatch):
+    state = {"allocated": 100 * 2**20, "reserved": 200 * 2**20, "peak_allocated": 0, "peak_reserved": 0, "synced": 0}
+    monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", lambda device=None: state.update(peak_allocated=state["allocated"], peak_reserved=state["reserved"]))
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda device=None: state["allocated"])
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda device=None: state["reserved"])
+    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda device=None: state["peak_allocated"])
+    monkeypatch.setattr(torch.cuda, "max_memory_reserved", lambda device=None: state["peak_reserved"])
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: state.update(synced=state["synced"] + 1))
+    with MemoryProbe(torch.device("cuda", 0)) as probe:
+        state.update(peak_allocated=state["allocated"] + 48 * 2**20, peak_reserved=state["reserved"] + 64 * 2**20)
+    assert probe.peaks == {"peak_allocated_mb": 48.0, "peak_reserved_mb": 64.0}
+    assert state["synced"] == 1, "the peaks are read after the device finished"
+    bench_requests.synchronize(torch.device("cuda", 0))
+    assert state["synced"] == 2
+
+
+def test_cpu_memory_probe_sees_a_large_allocation():
+    with MemoryProbe(torch.device("cpu")) as probe:
+        block = torch.ones(64 * 2**20 // 4)  # 64 MB, touched
+        del block
+    if probe.peaks["peak_rss_mb"] is None:
+        pytest.skip("no /proc/self/clear_refs on this system")
+    assert probe.peaks["peak_rss_mb"] >= 50
+
+
+def test_complete_request_times_every_stage_and_decodes_exactly_n_tokens(tmp_path):
+    from relaylens.datasets.synthetic import generate_records
+    from relaylens.geometry import RotaryFactors
+    from relaylens.prompting import render_prompt
+    from relaylens.records import load_records
+    from relaylens.selectors import make_selector
+    from relaylens.testing import tiny_model, tiny_tokenizer
+
+    data = tmp_path / "records.json"
+    data.write_text(json.dumps(generate_records(n=1, seed=3, history_tokens=800)))
+    model, tokenizer = tiny_model("llama"), tiny_tokenizer()
+    prompt = render_prompt(load_records(data)[0], tokenizer, mode="completion")
+    factors = RotaryFactors.from_model(model)
+    out = {c: complete_request(model, prompt, make_selector("snapkv"), 64, c, factors, 5) for c in ("original", "relay")}
+    for timing in out.values():
+        stages = ("prefill_s", "selection_s", "relocation_s", "question_s", "generation_s")
+        assert all(timing[s] > 0 for s in stages) and timing["float32_copy_s"] > 0
+        assert timing["request_s"] == pytest.approx(sum(timing[s] for s in stages))
+        assert timing["tokens"] == 5
+    assert out["original"]["kv_logical_mb"] == out["relay"]["kv_logical_mb"] > 0
