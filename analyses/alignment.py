@@ -1,6 +1,7 @@
 """Right-aligned relay vs left-aligned rank_sync where retained counts differ (PyramidKV per layer, Ada-KV per head)."""
 
 from relaylens.experiments import ExperimentSpec
+from relaylens.presets import LLAMA, PAPER_DECODING, QWEN, SIX_SELECTORS, Preset
 
 SPEC = ExperimentSpec(
     "alignment",
@@ -12,3 +13,8 @@ SPEC = ExperimentSpec(
     figures=("alignment",),
     description="With heterogeneous counts, rank_sync leaves a gap between short heads and the question; relay closes it.",
 )
+
+PRESETS = {"paper": Preset(
+    dict(selectors=("bm25", "pyramidkv"), budgets=(0.10,), conditions=("original", "rank_sync", "relay"), limit=0,
+         **PAPER_DECODING),
+    paper_model=f"{LLAMA}; {QWEN}", paper_data="LongMemEval-S 200", metric="judge, token F1")}

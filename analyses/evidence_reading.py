@@ -1,6 +1,7 @@
 """Figure 6: how the final question token reads the gold evidence under original, half_gap and relay."""
 
 from relaylens.experiments import ALPHA_CURVE, ExperimentSpec
+from relaylens.presets import LLAMA, PAPER_DECODING, QWEN, SIX_SELECTORS, Preset
 
 SPEC = ExperimentSpec(
     "evidence_reading",
@@ -15,3 +16,10 @@ SPEC = ExperimentSpec(
     description="Per-layer evidence attention share, evidence value norm and phase-replay gold share, at the final "
     "question token and the teacher-forced first answer token, with the compaction(alpha) curve.",
 )
+
+PRESETS = {"paper": Preset(
+    dict(selectors=("bm25",), budgets=(8192,), conditions=("original", "half_gap", "relay"),
+         replay_conditions=("original", "half_gap", "relay") + ALPHA_CURVE, probes=True, teacher_forcing=True,
+         limit=0, **PAPER_DECODING),
+    paper_model=QWEN + ", 28 layers", paper_data="LongMemEval-S 500", metric="probes",
+    notes="gold = retained states inside answer_session_ids sessions; bands early/middle/late thirds.")}

@@ -1,6 +1,7 @@
 """Full-KV accuracy per prompt mode: the baseline that tells whether a model answers the sample at all."""
 
 from relaylens.experiments import ExperimentSpec
+from relaylens.presets import LLAMA, PAPER_DECODING, QWEN, SIX_SELECTORS, Preset
 
 SPEC = ExperimentSpec(
     "full_kv",
@@ -8,7 +9,12 @@ SPEC = ExperimentSpec(
     budgets=(1.0,),
     conditions=("original",),
     max_new_tokens=32,
-    limit=None,
+    limit=0,
     figures=("table6",),
     description="No selection: keep every state. Run once per --prompt-mode to choose the embedded default's mode.",
 )
+
+PRESETS = {"paper": Preset(
+    dict(selectors=("full",), budgets=(1.0,), conditions=("original",), limit=0, **PAPER_DECODING),
+    paper_model=f"{LLAMA}; {QWEN}", paper_data="the Table 1 datasets", metric="judge / choice accuracy",
+    notes="the FullKV reference row of Table 1.")}

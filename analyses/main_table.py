@@ -1,6 +1,7 @@
 """Table 1: six selectors x {original, relay} at 10% retention."""
 
 from relaylens.experiments import ExperimentSpec
+from relaylens.presets import LLAMA, PAPER_DECODING, QWEN, SIX_SELECTORS, Preset
 
 SPEC = ExperimentSpec(
     "main_table",
@@ -11,3 +12,9 @@ SPEC = ExperimentSpec(
     figures=("table1",),
     description="Answer quality of six selectors at 10% retention, original vs RoPERelay coordinates.",
 )
+
+PRESETS = {"paper": Preset(
+    dict(selectors=SIX_SELECTORS, budgets=(0.10,), conditions=("original", "relay"), limit=0, **PAPER_DECODING),
+    paper_model=f"{LLAMA}; {QWEN}", paper_data="LongMemEval-S 500, LongMTBench+ 88, PersonaMem-128K 200",
+    metric="judge (LME-S, LongMTBench+) / choice accuracy (PersonaMem)",
+    notes="FullKV quoted as a reference (full_kv analysis).")}

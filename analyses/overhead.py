@@ -7,6 +7,7 @@ repeated, interleaved requests and stage times.
 """
 
 from relaylens.experiments import ExperimentSpec
+from relaylens.presets import LLAMA, PAPER_DECODING, QWEN, SIX_SELECTORS, Preset
 
 #: rows decoded together (the CLI's ``--batch-rows`` default for this analysis): 1 = per-request timings
 BATCH_ROWS = 1
@@ -22,3 +23,9 @@ SPEC = ExperimentSpec(
     description="Complete-request time of original vs relay on the same selection (run one row at a time); "
                 "Table 3 statistic: geometric mean of paired ratios minus one. See also `relaylens bench overhead`.",
 )
+
+PRESETS = {"paper": Preset(
+    dict(selectors=("bm25", "snapkv", "pyramidkv"), budgets=(2048, 8192), conditions=("original", "relay"),
+         max_new_tokens=128, stop="none", prompt_mode="auto", granularity="session", limit=20),
+    paper_model=f"{LLAMA}, BF16, SDPA, 4x RTX 3090", paper_data="LongMemEval-S 20, stratified by history length",
+    metric="time, memory", notes="128 generation steps (no early stop); 3 repetitions: `relaylens bench overhead`.")}

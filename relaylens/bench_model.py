@@ -69,13 +69,15 @@ def _sample_prompts(tokenizer, count: int):
     return [render_prompt(record, tokenizer, mode="completion") for record in records]
 
 
-def _load(model_spec: str):
+def _load(model_spec: str, load_kwargs: dict | None = None):
+    """The benchmarked model; ``load_kwargs`` are :func:`relaylens.models.load_model` placement options
+    (device, dtype, device map, attention kernel, rotary overrides)."""
     from relaylens.models import load_model
 
-    return load_model(model_spec)
+    return load_model(model_spec, **(load_kwargs or {}))
 
 
-def run_probes(repeats: int = 5, records: int = 3, model_spec: str = DEFAULT_MODEL, **_) -> list[dict]:
+def run_probes(repeats: int = 5, records: int = 3, model_spec: str = DEFAULT_MODEL, load_kwargs: dict | None = None, **_) -> list[dict]:
     """Probed vs unprobed question pass (relaylens attention both times; the probe records the final-token rows)."""
     from relaylens.generation import run_condition
     from relaylens.geometry import RotaryFactors
@@ -83,7 +85,7 @@ def run_probes(repeats: int = 5, records: int = 3, model_spec: str = DEFAULT_MOD
     from relaylens.probes import FinalTokenRecorder
     from relaylens.selectors import make_selector
 
-    model, tokenizer = _load(model_spec)
+    model, tokenizer = _load(model_spec, load_kwargs)
     factors = RotaryFactors.from_model(model)
     rows, ratios = [], []
     for prompt in _sample_prompts(tokenizer, records):
@@ -106,13 +108,13 @@ def run_probes(repeats: int = 5, records: int = 3, model_spec: str = DEFAULT_MOD
     return rows
 
 
-def run_prefill(repeats: int = 3, lengths=(1000, 4000), model_spec: str = DEFAULT_MODEL, **_) -> list[dict]:
+def run_prefill(repeats: int = 3, lengths=(1000, 4000), model_spec: str = DEFAULT_MODEL, load_kwargs: dict | None = None, **_) -> list[dict]:
     """relaylens prefill vs a plain ``model(...)`` sdpa forward with cache on the same tokens (throughput ratio)."""
     from transformers import DynamicCache
 
     from relaylens.prefill import prefill_history
 
-    model, _ = _load(model_spec)
+    model, _ = _load(model_spec, load_kwargs)
     rows = []
     for length in lengths:
         ids = torch.randint(100, 20000, (length,), generator=torch.Generator().manual_seed(length))
@@ -151,14 +153,14 @@ def run_selectors(length: int = 8000, **_) -> list[dict]:
     return rows
 
 
-def run_scaling(repeats: int = 3, counts=(1000, 4000, 16000), model_spec: str = DEFAULT_MODEL, **_) -> list[dict]:
+def run_scaling(repeats: int = 3, counts=(1000, 4000, 16000), model_spec: str = DEFAULT_MODEL, load_kwargs: dict | None = None, **_) -> list[dict]:
     """Relocation and question-pass time as the retained count grows; growth exponents from a log-log fit."""
     from relaylens.generation import run_condition
     from relaylens.geometry import RotaryFactors, relocate_keys
     from relaylens.prefill import PrefillResult
     from relaylens.selection import Selection
 
-    model, _ = _load(model_spec)
+    model, _ = _load(model_spec, load_kwargs)
     config = model.config
     # a timing benchmark: 16k retained states of a 32k history run past SmolLM2's trained 8k context, which default
     # RoPE computes all the same; widen the checked range for this measurement only

@@ -136,12 +136,12 @@ def geometric_overhead(ratios: list[float]) -> float:
 
 
 def run_overhead(repeats: int = 3, records: int = 2, model_spec: str = DEFAULT_MODEL, new_tokens: int = 128,
-                 selectors=OVERHEAD_SELECTORS, budgets=CPU_BUDGETS, **_) -> list[dict]:
+                 selectors=OVERHEAD_SELECTORS, budgets=CPU_BUDGETS, load_kwargs: dict | None = None, **_) -> list[dict]:
     """Table 3 on the bundled sample: per (selector, budget) the relay-vs-original overhead of complete requests."""
     from relaylens.geometry import RotaryFactors
     from relaylens.selectors import make_selector
 
-    model, tokenizer = _load(model_spec)
+    model, tokenizer = _load(model_spec, load_kwargs)
     factors = RotaryFactors.from_model(model)
     prompts = _sample_prompts(tokenizer, records)
     chosen = {name: make_selector(name) for name in selectors}
@@ -179,7 +179,7 @@ def run_overhead(repeats: int = 3, records: int = 2, model_spec: str = DEFAULT_M
 
 
 def run_throughput(repeats: int = 1, model_spec: str = DEFAULT_MODEL, new_tokens: int = 128, record: int = 0,
-                   counts=ROW_COUNTS, **_) -> list[dict]:
+                   counts=ROW_COUNTS, load_kwargs: dict | None = None, **_) -> list[dict]:
     """One record's rows one by one vs in one batch (5 rows), then the batched wall time for ``counts`` rows."""
     from relaylens.generation import run_condition
     from relaylens.geometry import RotaryFactors
@@ -187,7 +187,7 @@ def run_throughput(repeats: int = 1, model_spec: str = DEFAULT_MODEL, new_tokens
     from relaylens.rows import Row, run_rows
     from relaylens.selectors import make_selector
 
-    model, tokenizer = _load(model_spec)
+    model, tokenizer = _load(model_spec, load_kwargs)
     factors = RotaryFactors.from_model(model)
     prompt = _sample_prompts(tokenizer, record + 1)[record]
     prefill = prefill_history(model, prompt.history_ids)

@@ -1,4 +1,4 @@
-"""Command line: ``relaylens run | merge | figures | report | bench | demo | data synth | model pull``.
+"""Command line: ``relaylens run | merge | judge | figures | report | bench | demo | data synth | model pull``.
 
 Every command prints where its output went; long work shows a rich progress bar. Errors from relaylens (bad input)
 are printed as one clear line with exit status 2, never as a traceback from deep inside torch.
@@ -20,6 +20,22 @@ app.add_typer(data_app, name="data")
 console = Console(stderr=True, soft_wrap=True)  # one clear line per error, never wrapped mid-message
 
 
+_DEVICE = typer.Option(None, "--device", help="cpu, cuda, cuda:N, mps or auto (auto: cuda:LOCAL_RANK, mps, cpu); default cpu")
+_DTYPE = typer.Option(None, "--dtype", help="float32, bfloat16 or float16 (default: float32 on CPU, bfloat16 on CUDA)")
+_DEVICE_MAP = typer.Option(None, "--device-map", help="accelerate device map (auto) for models that do not fit one device")
+_ATTN = typer.Option("sdpa", "--attn-implementation", help="prefill attention kernel: sdpa, eager, flash_attention_2 (where installed)")
+_ROPE = typer.Option(None, "--rope-scaling", help="rotary override before loading: yarn:FACTOR[:ORIGINAL_MAX], linear:FACTOR, "
+                     "llama3:FACTOR:LOW:HIGH:ORIGINAL_MAX (or TYPE:key=value,...)")
+_MAX_POS = typer.Option(None, "--max-position", help="override max_position_embeddings (e.g. 131072 with yarn:4:32768)")
+
+
+def _load_kwargs(device, dtype, device_map, attn_implementation, rope_scaling, max_position) -> dict:
+    """Resolved :func:`relaylens.models.load_model` placement options (one clear line on bad values)."""
+    from relaylens.placement import Placement
+
+    return _guard(Placement.resolve, device, dtype, device_map, attn_implementation, rope_scaling, max_position).load_kwargs()
+
+
 def _fail(message: str) -> None:
     console.print(f"[bold red]error:[/] {message}")
     raise typer.Exit(2)
@@ -32,12 +48,35 @@ def _guard(fn, *args, **kwargs):
 
     try:
         return fn(*args, **kwargs)
-    except (RelaylensError, ValueError, FileNotFoundError, PermissionError, IsADirectoryError) as err:
+    except (RelaylensError, ValueError) as err:
         _fail(str(err))
     except StoreWriteError as err:  # already names the run directory and the fix
         _fail(str(err))
     except OSError as err:
-        _fail(f"{err.strerror or err} ({getattr(err, 'filename', '') or 'output'}); free space or choose another --out")
+        _fail(os_error_line(err))
+    except RecursionError:
+        _fail("the input is nested too deeply to read (RecursionError). Fix: check that the file is what the "
+              "command expects")
+
+
+def os_error_line(err: OSError) -> str:
+    """One line for an operating-system error: what failed on which file, and a fix that fits the error
+    (only a full disk is told to free space)."""
+    import errno
+
+    what = err.strerror or str(err) or type(err).__name__
+    where = " -> ".join(str(f) for f in (err.filename, getattr(err, "filename2", None)) if f)
+    if err.errno == errno.ENOSPC:
+        fix = "free space or choose another output directory (--out)"
+    elif err.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+        fix = "check the permissions, or choose another directory"
+    elif isinstance(err, (FileNotFoundError, NotADirectoryError, IsADirectoryError)):
+        fix = "check the path"
+    else:
+        fix = "check the path, the network (for hub models) and the disk"
+    if not where and str(err) and not err.strerror:  # messages that already say everything (FileNotFoundError("..."))
+        return f"{err}" if "Fix" in str(err) else f"{err}. Fix: {fix}"
+    return f"{what}{f' ({where})' if where else ''}. Fix: {fix}"
 
 
 @model_app.command("pull")
@@ -60,14 +99,31 @@ def model_pull(
 def model_check(
     name: str = typer.Argument("smollm2-135m-instruct", help="model spec (embedded name, local dir, .gguf, hub id)"),
     history_tokens: int = typer.Option(700, "--history-tokens", help="history length of the check prompt"),
+    device: str = _DEVICE, dtype: str = _DTYPE, device_map: str = _DEVICE_MAP, attn_implementation: str = _ATTN,
+    rope_scaling: str = _ROPE, max_position: int = _MAX_POS,
 ) -> None:
-    """Exactness checks on a real model (keep-all vs full forward, relocated keys vs direct rotation, windows)."""
-    from relaylens.checks import run_checks
-    from relaylens.models import load_model
+    """Exactness checks on a real model (keep-all vs full forward, relocated keys vs direct rotation and vs the
+    model's own keys at shifted positions, windows); each against a threshold, exit 1 when one fails. An embedded
+    model's cached files are fully re-hashed first."""
+    from relaylens.checks import run_checks, verdicts
+    from relaylens.models import EMBEDDED, load_model, verify_cached
 
-    model, tokenizer = _guard(load_model, name)
-    for check, value in _guard(run_checks, model, tokenizer, history_tokens=history_tokens):
-        print(f"{value:12.4g}  {check}")
+    if name in EMBEDDED:
+        _guard(verify_cached, name, full=True)
+    kwargs = _load_kwargs(device, dtype, device_map, attn_implementation, rope_scaling, max_position)
+    model, tokenizer = _guard(load_model, name, **kwargs)
+    print(f"model {name} on {model.device}, {model.dtype}, rope {getattr(model.config, 'rope_parameters', None)}")
+    failed = 0
+    for check, value, limit, ok in verdicts(_guard(run_checks, model, tokenizer, history_tokens=history_tokens),
+                                            model.dtype):
+        status = "    " if limit is None else ("PASS" if ok else "FAIL")
+        bound = "" if limit is None else f" (threshold {limit:g})"
+        print(f"{status}  {value:12.4g}  {check}{bound}")
+        failed += not ok
+    if failed:
+        _fail(f"{failed} exactness check(s) of {name} failed their thresholds (FAIL lines above). Fix: report the "
+              "model's architecture; do not use relaylens results for it until the checks pass")
+    console.print(f"[green]all exactness checks passed[/] for {name}")
 
 
 @data_app.command("synth")
@@ -81,6 +137,10 @@ def data_synth(
     """Write seeded LongMemEval-schema records (all seven question kinds)."""
     from relaylens.datasets.synthetic import synth_command
 
+    if n < 1:
+        _fail(f"--n must be a positive number of records; got {n}. Fix: pass --n 1 or more")
+    if history_tokens < 1:
+        _fail(f"--history-tokens must be positive; got {history_tokens}")
     path = _guard(synth_command, n, seed, history_tokens, tokenizer, out)
     console.print(f"[green]wrote[/] {n} records to {path}")
 
@@ -93,10 +153,16 @@ def bench(
     small: bool = typer.Option(False, help="skip the Llama-3.1-8B-sized cache (1.6 GB of keys)"),
     records: int = typer.Option(None, help="records of the bundled sample (overhead, probes; default: the benchmark's)"),
     new_tokens: int = typer.Option(None, "--new-tokens", help="greedy tokens per request (overhead, throughput)"),
-    model: str = typer.Option(None, help="model for the model-level benchmarks (default: the embedded SmolLM2)"),
+    model: str = typer.Option("smollm2-135m-instruct", help="model of the model benchmarks (overhead, throughput, probes, prefill, scaling)"),
+    device: str = _DEVICE, dtype: str = _DTYPE, device_map: str = _DEVICE_MAP, attn_implementation: str = _ATTN,
+    rope_scaling: str = _ROPE, max_position: int = _MAX_POS,
 ) -> None:
     """Benchmarks: ratios are measured in the same run; results go to a CSV and a Markdown table."""
     from relaylens import bench as bench_module
+
+    if repeats < 1:
+        _fail(f"--repeats must be at least 1 (a median needs one timing); got {repeats}")
+    load_kwargs = _load_kwargs(device, dtype, device_map, attn_implementation, rope_scaling, max_position)
 
     names = list(bench_module.BENCHMARKS) if which == "all" else [which]
     for name in names:
@@ -104,7 +170,8 @@ def bench(
             _fail(f"unknown benchmark {name!r}; choose one of {sorted(bench_module.BENCHMARKS)} or all")
     for name in names:
         with console.status(f"running benchmark {name} ..."):
-            extra = {"records": records, "new_tokens": new_tokens, "model_spec": model} if name != "geometry" else {}
+            extra = {} if name in ("geometry", "selectors") else dict(model_spec=model, load_kwargs=load_kwargs,
+                                                                      records=records, new_tokens=new_tokens)
             rows = _guard(bench_module.BENCHMARKS[name], repeats=repeats, include_large=not small, **extra)
         csv_path, md_path = bench_module.write_results(rows, out, name)
         print(md_path.read_text())
@@ -118,9 +185,21 @@ def run(
     data: str = typer.Option("sample", help="dataset file, or 'sample' for the bundled LongMemEval-schema sample"),
     data_format: str = typer.Option("auto", "--format", help="dataset format (auto-detected when unambiguous)"),
     limit: int = typer.Option(None, help="first N records (default: the analysis's CPU-sized limit)"),
+    preset: str = typer.Option(None, help="named configuration of the analysis: paper (the paper's settings)"),
+    selector: list[str] = typer.Option(None, "--selector", help="selector to sweep, NAME[:key=value,...] (repeatable; "
+                                       "replaces the analysis's selectors), e.g. bm25:packing=truncate"),
+    condition: list[str] = typer.Option(None, "--condition", help="condition to run (repeatable; original is added when "
+                                        "missing), e.g. relay, query_only(2048), compaction(0.5)"),
     budget: list[float] = typer.Option(None, help="override budgets (repeatable): ratio in (0,1] or states"),
+    granularity: str = typer.Option(None, help="gold evidence unit for probes and retention: turn or session"),
+    stop: str = typer.Option(None, help="decoding stop: eos, newline or none (fixed length)"),
     max_new_tokens: int = typer.Option(None, "--max-new-tokens", help="override the decoding limit"),
-    prompt_mode: str = typer.Option(None, "--prompt-mode", help="chat or completion"),
+    prompt_mode: str = typer.Option(None, "--prompt-mode", help="chat, completion or auto (chat where the model has a template)"),
+    max_history_tokens: int = typer.Option(None, "--max-history-tokens", help="skip (and record) records whose history is "
+                                           "longer (default: what the rotary range and the largest condition shift allow)"),
+    retry_skipped: bool = typer.Option(False, "--retry-skipped", help="recompute units recorded as skipped"),
+    device: str = _DEVICE, dtype: str = _DTYPE, device_map: str = _DEVICE_MAP, attn_implementation: str = _ATTN,
+    rope_scaling: str = _ROPE, max_position: int = _MAX_POS,
     out: Path = typer.Option(None, help="run directory (default runs/ANALYSIS)"),
     shard: str = typer.Option(None, help="i/n: run the i-th of n deterministic record shards"),
     seed: int = typer.Option(0, help="seed for random selectors and orders"),
@@ -132,30 +211,92 @@ def run(
                                    "in one batch (default: all; 1: one at a time, per-request timings)"),
 ) -> None:
     """Run (or resume) an analysis; every condition of a record shares one prefill and one selection."""
-    from relaylens.experiments import load_analysis
+    from relaylens.experiments import apply_overrides, load_analysis
+    from relaylens.presets import apply_preset
     from relaylens.results import load_tables
-    from relaylens.runner import RunConfig, accuracy_table, run_analysis
+    from relaylens.runner import RunConfig, accuracy_table, run_analysis, skipped_summary
 
     module = _guard(load_analysis, analysis)
-    spec = _guard(module.SPEC.replace, budgets=tuple(budget) if budget else None, max_new_tokens=max_new_tokens,
-                  prompt_mode=prompt_mode)
+    spec = _guard(apply_preset, module, preset)
+    spec = _guard(apply_overrides, spec, selectors=selector or None, conditions=condition or None,
+                  budgets=tuple(budget) if budget else None, max_new_tokens=max_new_tokens, prompt_mode=prompt_mode,
+                  granularity=granularity, stop=stop)
+    _load_kwargs(device, dtype, device_map, attn_implementation, rope_scaling, max_position)  # bad values: one line, early
     config = RunConfig(model=model, data=data, data_format=data_format, limit=limit, out=str(out) if out else None,
                        shard=shard, seed=seed, force=force, judge_url=judge_url, judge_model=judge_model,
-                       judge_key_env=judge_key_env,
+                       judge_key_env=judge_key_env, device=device, dtype=dtype, device_map=device_map,
+                       attn_implementation=attn_implementation, rope_scaling=rope_scaling, max_position=max_position,
+                       max_history_tokens=max_history_tokens, retry_skipped=retry_skipped,
                        batch_rows=batch_rows if batch_rows is not None else getattr(module, "BATCH_ROWS", None))
     run_dir = _guard(run_analysis, spec, config)
-    table = accuracy_table(load_tables(run_dir))
-    print(table.to_string(index=False, float_format=lambda v: f"{v:.3f}"))
+    tables = load_tables(run_dir)
+    if len(tables["answers"]):
+        table = accuracy_table(tables)
+        print(table.to_string(index=False, float_format=lambda v: f"{v:.3f}"))
+    from relaylens.retention import retention_lines
+
+    for line in retention_lines(tables["answers"]):
+        print(line)
+    summary = skipped_summary(tables)
+    if summary:
+        print(summary)
     console.print(f"[green]run directory[/] {run_dir}")
 
 
 @app.command("merge")
-def merge(shards: list[Path] = typer.Argument(..., help="shard run directories"), out: Path = typer.Option(..., help="merged run directory")) -> None:
-    """Combine shard run directories into one (manifests must agree; keys must not conflict)."""
+def merge(shards: list[Path] = typer.Argument(..., help="shard run directories"),
+          out: Path = typer.Option(..., help="merged run directory"),
+          allow_incomplete: bool = typer.Option(False, "--allow-incomplete", help="merge even when shards or units "
+                                                "are missing (warned, and recorded in the manifest)")) -> None:
+    """Combine shard run directories into one (manifests must agree; keys must not conflict; complete unless
+    --allow-incomplete)."""
+    import warnings
+
     from relaylens.shards import merge_runs
 
-    _guard(merge_runs, [str(s) for s in shards], str(out))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        _guard(merge_runs, [str(s) for s in shards], str(out), allow_incomplete=allow_incomplete)
+    for w in caught:
+        console.print(f"[bold yellow]warning:[/] {w.message}")
     console.print(f"[green]merged[/] {len(shards)} shards into {out}")
+
+
+@app.command("judge")
+def judge_command(
+    run_dir: Path = typer.Argument(..., help="a finished run directory"),
+    judge_url: str = typer.Option(None, "--judge-url", help="OpenAI-compatible base URL of the judge"),
+    judge_model: str = typer.Option(..., "--judge-model", help="judge model: name at --judge-url, or a local HF model spec"),
+    judge_key_env: str = typer.Option(None, "--judge-key-env", help="environment variable with the judge's API key"),
+    max_tokens: int = typer.Option(32, "--max-tokens", help="judge output tokens (the paper's second judge: 2048)"),
+    reasoning_effort: str = typer.Option(None, "--reasoning-effort", help="low, medium or high (reasoning judges)"),
+    name: str = typer.Option(None, "--name", help="judge name: scores become judge_NAME (default: from the model)"),
+    data: str = typer.Option(None, help="the run's dataset file, when it moved since the run"),
+) -> None:
+    """Re-score a finished run's answers with another judge (generations untouched; adds judge_NAME scores)."""
+    from relaylens.judge import HFBackend, OpenAIBackend
+    from relaylens.rejudge import judge_name, rejudge_run
+
+    name = name or _guard(judge_name, judge_model)
+    if judge_url:
+        backend = _guard(OpenAIBackend, judge_url, judge_model, api_key_env=judge_key_env, max_tokens=max_tokens,
+                         reasoning_effort=reasoning_effort)
+    else:
+        from relaylens.models import load_model
+
+        model, tokenizer = _guard(load_model, judge_model)
+        backend = _guard(HFBackend, model, tokenizer, model_id=judge_model, max_tokens=max_tokens,
+                         reasoning_effort=reasoning_effort)
+    with console.status(f"judging the answers of {run_dir} as judge_{name} ..."):
+        result = _guard(rejudge_run, run_dir, backend, name, data)
+    print(f"judge_{name}: {result.judged} answers judged ({result.calls} calls, {result.cache_hits} cached), "
+          f"{len(result.failures)} failure(s)")
+    for failure in result.failures[:20]:
+        print(f"  failed: {failure['record_id']} {failure['selector']} @ {failure['budget']:g} {failure['condition']}: "
+              f"{failure['reply']!r}")
+    if len(result.failures) > 20:
+        print(f"  ... {len(result.failures) - 20} more in {Path(run_dir) / f'judge_{name}_failures.json'}")
+    console.print(f"[green]updated[/] {run_dir} (scores judge_{name}, judge_{name}_failed)")
 
 
 # --- figures and report (relaylens.figures, relaylens.report: result tables only, no model) -------------------
@@ -175,6 +316,8 @@ def figures_command(
     from relaylens.figures import write_figures
 
     fmts = [f.strip() for f in formats.split(",") if f.strip()]
+    if not fmts:
+        _fail(f"--format {formats!r} names no figure format. Fix: pass one or more of png, pdf, svg (e.g. --format png)")
     paths = _guard(write_figures, run_dir, only=only, formats=fmts, all_supported=all_supported,
                    progress=lambda name: console.print(f"drawing {name} ..."))
     for path in paths:

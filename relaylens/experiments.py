@@ -19,6 +19,8 @@ from dataclasses import dataclass, field
 from relaylens.conditions import get_condition
 from relaylens.errors import RelaylensError
 
+PROMPT_MODES = ("chat", "completion", "auto")
+STOPS = ("auto", "eos", "newline", "none")
 ALPHA_CURVE = ("compaction(0)", "compaction(0.25)", "compaction(0.5)", "compaction(0.75)", "compaction(1)")
 
 
@@ -35,10 +37,14 @@ class ExperimentSpec:
         probes: record evidence-reading probes (needs evidence annotations).
         teacher_forcing: also probe the teacher-forced first answer token.
         max_new_tokens: greedy decoding limit (short answers: room for a restated question).
-        prompt_mode: ``"completion"`` or ``"chat"``.
+        prompt_mode: ``"completion"``, ``"chat"`` or ``"auto"`` (chat where the tokenizer has a chat template;
+            the runner records the mode it chose).
+        stop: when decoding stops besides ``max_new_tokens``: ``"eos"`` (the model's end token), ``"newline"``
+            (also at the first newline), ``"none"`` (fixed length, for timing) or ``"auto"`` (newline in completion
+            mode, EOS in chat mode).
         granularity: gold evidence unit for probes (``"turn"`` or ``"session"``).
         selector_options: per-selector hyperparameter overrides, e.g. ``{"adakv": {"floor_alpha": 0.5}}``.
-        limit: default number of records on CPU (``None``: all).
+        limit: default number of records on CPU (``None`` or 0: all).
         figures: figure names this analysis feeds (``relaylens figures``).
     """
 
@@ -51,6 +57,7 @@ class ExperimentSpec:
     teacher_forcing: bool = False
     max_new_tokens: int = 32
     prompt_mode: str = "completion"
+    stop: str = "auto"
     granularity: str = "turn"
     selector_options: dict = field(default_factory=dict)
     limit: int | None = None
@@ -72,10 +79,30 @@ class ExperimentSpec:
                 raise RelaylensError(f"analysis {self.name!r}: budget {budget} must be a ratio in (0, 1] or a whole number of states")
         # a whole number > 1 arriving as a float (``--budget 64``) is a state count: selectors read floats as ratios
         object.__setattr__(self, "budgets", tuple(int(b) if b > 1 else b for b in self.budgets))
-        if self.prompt_mode not in ("chat", "completion"):
-            raise RelaylensError(f"prompt_mode must be 'chat' or 'completion'; got {self.prompt_mode!r}")
+        if self.prompt_mode not in PROMPT_MODES:
+            raise RelaylensError(f"prompt_mode must be one of {PROMPT_MODES}; got {self.prompt_mode!r}")
+        if self.stop not in STOPS:
+            raise RelaylensError(f"stop must be one of {STOPS}; got {self.stop!r}")
+        if self.granularity not in ("turn", "session"):
+            raise RelaylensError(f"granularity must be 'turn' or 'session'; got {self.granularity!r}")
+        from relaylens.selectors import make_selector
+
+        for name, options in self.selector_options.items():
+            if name not in self.selectors:
+                raise RelaylensError(f"analysis {self.name!r}: options given for selector {name!r}, which is not swept "
+                                     f"(selectors: {list(self.selectors)})")
+            make_selector(name, **options)  # unknown hyperparameters: one clear line naming the selector
         if self.max_new_tokens < 0:
             raise RelaylensError(f"max_new_tokens must be >= 0; got {self.max_new_tokens}")
+
+    def stops_at_newline(self, prompt_mode: str) -> bool:
+        """Whether decoding stops at the first newline under ``prompt_mode`` (the resolved one)."""
+        return self.stop == "newline" or (self.stop == "auto" and prompt_mode == "completion")
+
+    @property
+    def max_shift(self) -> int:
+        """The largest position shift a condition adds past the history (``query_only``/``common_shift``)."""
+        return max((int(getattr(get_condition(c), "shift", 0)) for c in self.conditions), default=0)
 
     def units(self, record_ids: list[str]) -> list[tuple[str, str, float]]:
         """Units of work ``(record_id, selector, budget)``; each shares one selection across conditions."""
@@ -90,7 +117,11 @@ class ExperimentSpec:
 
 
 def load_analysis(name: str):
-    """Import ``analyses.<name>`` and return the module (it has ``SPEC``)."""
+    """Import ``analyses.<name>`` and return the module (it has ``SPEC``). Names are Python identifiers only
+    (``.``, ``..`` or ``../x`` never reach the import system)."""
+    if not isinstance(name, str) or not name.isidentifier():
+        raise RelaylensError(f"analysis name {name!r} is not a plain name (letters, digits, underscores); available: "
+                             f"{', '.join(available_analyses())}")
     try:
         module = importlib.import_module(f"analyses.{name}")
     except ModuleNotFoundError as err:
@@ -108,3 +139,60 @@ def available_analyses() -> list[str]:
     import analyses
 
     return sorted(m.name for m in pkgutil.iter_modules(analyses.__path__) if not m.name.startswith("_"))
+
+
+def _value(text: str):
+    low = text.strip().lower()
+    if low in ("true", "false"):
+        return low == "true"
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return text.strip()
+
+
+def parse_selector_arg(text: str) -> tuple[str, dict]:
+    """``NAME[:key=value,...]`` -> ``(name, options)`` (values read as bool, int, float or text).
+
+    >>> parse_selector_arg("bm25:packing=truncate,k1=1.2")
+    ('bm25', {'packing': 'truncate', 'k1': 1.2})
+    """
+    name, _, rest = text.strip().partition(":")
+    options = {}
+    for part in filter(None, (p.strip() for p in rest.split(","))):
+        key, eq, value = part.partition("=")
+        if not eq or not key.strip():
+            raise RelaylensError(f"--selector {text!r}: {part!r} is not key=value. Form: NAME[:key=value,...], e.g. "
+                                 "bm25:packing=truncate")
+        options[key.strip()] = _value(value)
+    return name.strip().lower(), options
+
+
+def apply_overrides(spec: ExperimentSpec, selectors: list[str] | None = None, conditions: list[str] | None = None,
+                    **fields) -> ExperimentSpec:
+    """``spec`` with CLI overrides: ``--selector`` entries (with hyperparameters), ``--condition`` entries
+    (``original`` is added first when missing), and any field given (None: unchanged).
+
+    >>> spec = ExperimentSpec("demo", selectors=("snapkv",), budgets=(0.1,), conditions=("original", "relay"))
+    >>> s = apply_overrides(spec, selectors=["bm25:packing=truncate"], conditions=["key_only"], stop="eos")
+    >>> s.selectors, s.selector_options, s.conditions, s.stop
+    (('bm25',), {'bm25': {'packing': 'truncate'}}, ('original', 'key_only'), 'eos')
+    """
+    changes = dict(fields)
+    if selectors:
+        names, options = [], {}
+        for text in selectors:
+            name, opts = parse_selector_arg(text)
+            if name in names:
+                raise RelaylensError(f"--selector {name!r} given twice; give each selector once with all its options")
+            names.append(name)
+            if opts:
+                options[name] = opts
+        changes["selectors"] = tuple(names)
+        changes["selector_options"] = options
+    if conditions:
+        labels = [get_condition(c).label for c in conditions]
+        changes["conditions"] = tuple(dict.fromkeys((["original"] if "original" not in labels else []) + labels))
+    return spec.replace(**changes)

@@ -63,6 +63,39 @@ def find_rotary_embedding(model: nn.Module) -> nn.Module:
     )
 
 
+def nope_layers(model: nn.Module) -> frozenset[int]:
+    """Indices of decoder layers whose attention applies no rotary to its keys and queries (NoPE layers).
+
+    Read from the attention modules the way the Hugging Face implementations decide it: a ``use_rope`` attribute
+    (SmolLM3 ``no_rope_layers``, Llama-4), Cohere-2's global layers (no ``sliding_window``), EXAONE-4's global layers
+    (a model with sliding windows rotates only its sliding layers). ``relaylens model check`` verifies the result
+    against the model's own forward pass at shifted positions.
+
+    >>> from relaylens.testing import tiny_model
+    >>> sorted(nope_layers(tiny_model("smollm3_nope"))), sorted(nope_layers(tiny_model("llama")))
+    ([1, 3], [])
+    """
+    config = getattr(model, "config", None)
+    text_config = config.get_text_config() if hasattr(config, "get_text_config") else config
+    model_type = getattr(text_config, "model_type", "")
+    flags = getattr(text_config, "no_rope_layers", None)
+    inner = getattr(model, "model", model)
+    out = set()
+    for index, layer in enumerate(getattr(inner, "layers", ())):
+        attn = getattr(layer, "self_attn", None)
+        use_rope = getattr(attn, "use_rope", None)
+        if use_rope is None and flags is not None and index < len(flags):
+            use_rope = flags[index]
+        if use_rope is not None and not use_rope:
+            out.add(index)
+        elif model_type == "cohere2" and getattr(attn, "sliding_window", None) is None:
+            out.add(index)
+        elif model_type.startswith("exaone4") and getattr(attn, "sliding_window", None) is not None \
+                and not getattr(attn, "is_sliding", True):
+            out.add(index)
+    return frozenset(out)
+
+
 def _attention_module(model: nn.Module) -> nn.Module:
     inner = getattr(model, "model", model)
     layers = getattr(inner, "layers", None)
@@ -94,6 +127,9 @@ def detect_layout(model: nn.Module) -> str:
     raise RopeError(f"{module.__name__}.rotate_half maps feature 0 to feature {landed}; expected 4 (split-half) or 1 (interleaved)")
 
 
+NOPE = "<no positional encoding>"  # the layer type of NoPE layers in RotaryFactors' tables
+
+
 @dataclass(frozen=True, eq=False)
 class RotaryFactors:
     """The rotary factors of one loaded model, computed by the model's own rotary embedding.
@@ -118,6 +154,7 @@ class RotaryFactors:
     rope_types: dict
     max_position: int | None
     cat_form: bool
+    nope_layers: frozenset = frozenset()  # layers that apply no rotary: their keys carry no position (identity)
     _tables: dict = field(default_factory=dict, repr=False)  # layer type -> (cos, sin) [P, plane], filled lazily
 
     @classmethod
@@ -156,7 +193,8 @@ class RotaryFactors:
         if rotary_dim > head_dim or rotary_dim % 2:
             raise RopeError(f"rotary width {rotary_dim} does not fit head_dim {head_dim}")
         max_position = getattr(text_config, "max_position_embeddings", None)
-        return cls(rotary, layout, rotary_dim, int(head_dim), layer_types, dict(raw_types), max_position, cat_form)
+        return cls(rotary, layout, rotary_dim, int(head_dim), layer_types, dict(raw_types), max_position, cat_form,
+                   nope_layers(model))
 
     # ------------------------------------------------------------------------------------------------------
     @property
@@ -165,8 +203,8 @@ class RotaryFactors:
 
     @property
     def per_layer(self) -> bool:
-        """True when layers use different rotary settings (relocation then needs ``layer=``)."""
-        return self.layer_types[0] is not None
+        """True when layers use different rotary settings, or some layers none (relocation then needs ``layer=``)."""
+        return self.layer_types[0] is not None or bool(self.nope_layers)
 
     def plane_factors(self, positions: torch.Tensor, layer: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Per-plane ``(c, s)`` float32 of shape ``[*positions.shape, rotary_dim // 2]`` at integer ``positions``.
@@ -183,6 +221,11 @@ class RotaryFactors:
         """``(cos, sin)`` float32 ``[P >= size, plane]`` from the model's rotary embedding, cached per layer type."""
         layer_type = self._layer_type(layer)
         cached = self._tables.get(layer_type)
+        if layer_type == NOPE and (cached is None or cached[0].shape[0] < size):  # no rotary: the identity phase
+            device = next(self.rotary_emb.buffers(), torch.zeros(0)).device
+            cached = (torch.ones(size, self.rotary_dim // 2, device=device),
+                      torch.zeros(size, self.rotary_dim // 2, device=device))  # [P, plane]
+            self._tables[layer_type] = cached
         if cached is None or cached[0].shape[0] < size:
             capacity = max(size, 4096, 0 if cached is None else 2 * cached[0].shape[0])
             if self.max_position is not None:
@@ -233,6 +276,12 @@ class RotaryFactors:
     def _layer_type(self, layer: int | None) -> str | None:
         if not self.per_layer:
             return None
+        if layer is None and self.nope_layers:
+            raise RopeError(
+                f"this model has layers without positional encoding (NoPE: layers {sorted(self.nope_layers)}), whose "
+                "keys carry no position and must stay unmoved; pass layer=<index> so relocation treats each layer as "
+                "the model does"
+            )
         if layer is None:
             raise RopeError(
                 f"this model uses different rotary settings per layer ({sorted(set(self.layer_types))}); "
@@ -240,10 +289,11 @@ class RotaryFactors:
             )
         if not 0 <= layer < self.num_layers:
             raise ShapeError(f"layer {layer} out of range 0..{self.num_layers - 1}")
-        return self.layer_types[layer]
+        return NOPE if layer in self.nope_layers else self.layer_types[layer]
 
-    def check_positions(self, positions: torch.Tensor, what: str) -> None:
-        """Raise :class:`PositionError` for non-integer, negative or out-of-range positions."""
+    def check_positions(self, positions: torch.Tensor, what: str, fix: str | None = None) -> None:
+        """Raise :class:`PositionError` for non-integer, negative or out-of-range positions; ``fix`` replaces the
+        default advice for out-of-range positions."""
         if positions.is_floating_point() or positions.dtype == torch.bool:
             raise PositionError(f"{what} must be integer positions; got dtype {positions.dtype}")
         if positions.numel() == 0:
@@ -254,7 +304,7 @@ class RotaryFactors:
         if self.max_position is not None and high >= self.max_position:
             raise PositionError(
                 f"{what} reach position {high}, past what this model's rotary supports (max_position_embeddings="
-                f"{self.max_position}); use a smaller shift or a model with a longer context"
+                f"{self.max_position}); {fix or 'use a smaller shift or a model with a longer context'}"
             )
 
 
@@ -418,7 +468,8 @@ def _apply_phases(keys: torch.Tensor, positions: torch.Tensor, factors: RotaryFa
     """``R_a(p)`` or its exact inverse ``(c - is) / (c^2 + s^2)`` on every plane; pass-through features copied."""
     positions = torch.broadcast_to(positions, keys.shape[:-1])
     factors.check_positions(positions, "positions")
-    cos, sin = factors.plane_factors(positions.reshape(-1).to(keys.device), layer)  # [slots, plane]
+    cos, sin = factors.plane_factors(positions.reshape(-1), layer)  # [slots, plane] on the rotary's device
+    cos, sin = cos.to(keys.device), sin.to(keys.device)
     multiplier = torch.complex(cos, sin)
     if inverse:
         multiplier = multiplier.conj() / (cos * cos + sin * sin)

@@ -39,7 +39,7 @@ from relaylens.errors import RelaylensError
 
 __all__ = ["TEMPLATE_VERSION", "SYSTEM_PROMPT", "RUBRIC", "MAX_NEW_TOKENS", "build_payload", "user_message",
            "cache_key", "parse_verdict", "Verdict", "JudgeCache", "Judge", "OpenAIBackend", "HFBackend",
-           "JudgeBackendError"]
+           "JudgeBackendError", "redact_url", "chat_completions_url"]
 
 TEMPLATE_VERSION = "memory_judge_v1"
 SYSTEM_PROMPT = (
@@ -82,11 +82,38 @@ def user_message(payload: dict) -> str:
     return f"{RUBRIC}\n\n{json.dumps(payload, ensure_ascii=False)}"
 
 
-def cache_key(payload: dict, model_id: str) -> str:
-    """sha256 of the template version, the payload and the judge model id."""
-    blob = json.dumps({"template": TEMPLATE_VERSION, "payload": payload, "model": model_id}, sort_keys=True,
-                      ensure_ascii=False)
+def cache_key(payload: dict, model_id: str, settings: dict | None = None) -> str:
+    """sha256 of the template version, the payload, the judge model id and the backend's ``settings`` (endpoint,
+    decoding limits): a verdict is reused only from the same judge asked the same way."""
+    blob = json.dumps({"template": TEMPLATE_VERSION, "payload": payload, "model": model_id,
+                       **({"settings": settings} if settings else {})}, sort_keys=True, ensure_ascii=False)
     return hashlib.sha256(blob.encode("utf-8")).hexdigest()
+
+
+def redact_url(url: str) -> str:
+    """``url`` safe to print or store: a password in the userinfo and every query value become ``***``.
+
+    >>> redact_url("https://me:s3cret@api.example.com/v1?key=abc&x=1")
+    'https://me:***@api.example.com/v1?key=***&x=***'
+    """
+    parts = urllib.parse.urlsplit(url)
+    netloc = parts.netloc
+    if "@" in netloc:
+        user, _, host = netloc.rpartition("@")
+        netloc = (user.split(":", 1)[0] + (":***" if ":" in user else "")) + "@" + host
+    query = "&".join(f"{k}=***" for k, _ in urllib.parse.parse_qsl(parts.query, keep_blank_values=True))
+    return urllib.parse.urlunsplit((parts.scheme, netloc, parts.path, query, ""))
+
+
+def chat_completions_url(base_url: str) -> str:
+    """``{base_url}/chat/completions`` built on the URL's path (query string and fragment kept in place).
+
+    >>> chat_completions_url("http://127.0.0.1:8000/v1/?api-version=2")
+    'http://127.0.0.1:8000/v1/chat/completions?api-version=2'
+    """
+    parts = urllib.parse.urlsplit(base_url)
+    return urllib.parse.urlunsplit((parts.scheme, parts.netloc, parts.path.rstrip("/") + "/chat/completions",
+                                    parts.query, parts.fragment))
 
 
 def parse_verdict(text: str) -> bool | None:
@@ -183,7 +210,7 @@ class Judge:
     def judge(self, record: Any, candidate: str) -> Verdict:
         """Judge one candidate answer for one record (blinded payload, see :func:`build_payload`)."""
         payload = build_payload(record, candidate)
-        key = cache_key(payload, self.backend.model_id)
+        key = cache_key(payload, self.backend.model_id, getattr(self.backend, "settings", None))
         raw = self._memory.get(key) or (self.cache.get(key) if self.cache else None)
         if raw is not None:
             self.stats["cache_hits"] += 1
@@ -211,6 +238,17 @@ class Judge:
         return Verdict(correct, raw, key, cached)
 
 
+REASONING_EFFORTS = ("low", "medium", "high")
+
+
+def _check_judge_settings(max_tokens: int, reasoning_effort: str | None) -> tuple[int, str | None]:
+    if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
+        raise JudgeBackendError(f"judge max_tokens must be a positive number of tokens; got {max_tokens!r}")
+    if reasoning_effort is not None and reasoning_effort not in REASONING_EFFORTS:
+        raise JudgeBackendError(f"judge reasoning_effort must be one of {REASONING_EFFORTS}; got {reasoning_effort!r}")
+    return max_tokens, reasoning_effort
+
+
 class OpenAIBackend:
     """Any OpenAI-compatible endpoint: ``POST {base_url}/chat/completions``, temperature 0, 32 tokens.
 
@@ -220,16 +258,27 @@ class OpenAIBackend:
     """
 
     def __init__(self, base_url: str, model: str, api_key_env: str | None = None, timeout: float = 60.0,
-                 retries: int = 3, backoff: float = 1.0, model_id: str | None = None):
+                 retries: int = 3, backoff: float = 1.0, model_id: str | None = None,
+                 max_tokens: int = MAX_NEW_TOKENS, reasoning_effort: str | None = None):
         if not base_url.startswith(("http://", "https://")):
-            raise ValueError(f"judge base_url must start with http:// or https://; got {base_url!r}")
-        self.url = base_url.rstrip("/") + "/chat/completions"
+            raise ValueError(f"judge base_url must start with http:// or https://; got {redact_url(base_url)!r}")
+        full = urllib.parse.urlsplit(chat_completions_url(base_url))
+        self._userinfo = (urllib.parse.unquote(full.username or ""), urllib.parse.unquote(full.password or ""))
+        # urllib cannot send userinfo inside the URL: it goes into a Basic Authorization header instead
+        self.url = urllib.parse.urlunsplit(full._replace(netloc=full.netloc.rpartition("@")[2]))
+        self.shown_url = redact_url(urllib.parse.urlunsplit(full))  # what messages, manifests and reports show
         host = urllib.parse.urlsplit(self.url).hostname or ""
         # loopback servers (vLLM, llama.cpp, test stubs) are reached directly, never through an http_proxy
         handlers = [urllib.request.ProxyHandler({})] if host in ("127.0.0.1", "localhost", "::1") else []
         self._opener = urllib.request.build_opener(*handlers)
         self.model, self.timeout, self.retries, self.backoff = model, timeout, retries, backoff
         self.model_id = model_id or model
+        self.max_tokens, self.reasoning_effort = _check_judge_settings(max_tokens, reasoning_effort)
+        if (self.max_tokens, self.reasoning_effort) != (MAX_NEW_TOKENS, None):  # never reuse another setting's verdicts
+            self.model_id += f"|max_tokens={self.max_tokens}|reasoning_effort={self.reasoning_effort}"
+        # the cache key's judge settings: the endpoint (without secrets) and how it is asked
+        self.settings = {"endpoint": self.shown_url, "model": model, "temperature": 0, "max_tokens": self.max_tokens,
+                         "reasoning_effort": self.reasoning_effort}
         self.api_key = None
         if api_key_env is not None:
             self.api_key = os.environ.get(api_key_env)
@@ -238,11 +287,19 @@ class OpenAIBackend:
                                         "or pass api_key_env=None for an endpoint without authentication")
 
     def complete(self, system: str, user: str) -> str:
-        body = json.dumps({"model": self.model, "temperature": 0, "max_tokens": MAX_NEW_TOKENS,
-                           "messages": [{"role": "system", "content": system}, {"role": "user", "content": user}]})
+        request = {"model": self.model, "temperature": 0, "max_tokens": self.max_tokens,
+                   "messages": [{"role": "system", "content": system}, {"role": "user", "content": user}]}
+        if self.reasoning_effort is not None:
+            request["reasoning_effort"] = self.reasoning_effort
+        body = json.dumps(request)
         headers = {"Content-Type": "application/json"}
         if self.api_key:
             headers["Authorization"] = f"Bearer {self.api_key}"
+        elif any(self._userinfo):
+            import base64
+
+            token = base64.b64encode(":".join(self._userinfo).encode()).decode()
+            headers["Authorization"] = f"Basic {token}"
         last = ""
         for attempt in range(self.retries + 1):
             if attempt:
@@ -252,33 +309,49 @@ class OpenAIBackend:
                 with self._opener.open(req, timeout=self.timeout) as resp:
                     data = resp.read()
             except urllib.error.HTTPError as exc:
-                detail = exc.read()[:200].decode("utf-8", "replace")
-                last = f"HTTP {exc.code} from {self.url}: {detail}"
+                detail = self._redact(exc.read()[:200].decode("utf-8", "replace"))
+                last = f"HTTP {exc.code} from {self.shown_url}: {detail}"
                 if exc.code == 429 or exc.code >= 500:
                     continue
                 raise JudgeBackendError(f"judge endpoint {last}. Fix: check base_url, model name and API key") from None
             except (urllib.error.URLError, TimeoutError, OSError) as exc:
-                last = f"{type(exc).__name__} talking to {self.url}: {getattr(exc, 'reason', exc)}"
+                last = self._redact(f"{type(exc).__name__} talking to {self.shown_url}: {getattr(exc, 'reason', exc)}")
                 continue
             try:
                 return json.loads(data)["choices"][0]["message"]["content"] or ""
             except (ValueError, KeyError, IndexError, TypeError):
-                raise JudgeBackendError(f"judge endpoint {self.url} did not answer in the chat-completions format "
-                                        f"(choices[0].message.content): {data[:200]!r}") from None
+                raise JudgeBackendError(f"judge endpoint {self.shown_url} did not answer in the chat-completions format "
+                                        f"(choices[0].message.content): {self._redact(repr(data[:200]))}") from None
         raise JudgeBackendError(f"judge endpoint failed after {self.retries + 1} attempts; last: {last}. Fix: check "
                                 "that the server is up, or raise timeout/retries")
+
+
+    def _redact(self, text: str) -> str:
+        """``text`` with the API key and the URL's secrets (password, query values) replaced by ``***``."""
+        parts = urllib.parse.urlsplit(self.url)
+        secrets = [self.api_key or "", self._userinfo[1]]
+        secrets += [v for _, v in urllib.parse.parse_qsl(parts.query) if len(v) >= 4]
+        for secret in sorted(filter(None, secrets), key=len, reverse=True):
+            text = text.replace(secret, "***")
+        return text
 
 
 class HFBackend:
     """A local Hugging Face causal LM judge: chat template, greedy, 32 new tokens, special tokens skipped."""
 
-    def __init__(self, model, tokenizer, model_id: str | None = None):
+    def __init__(self, model, tokenizer, model_id: str | None = None, max_tokens: int = MAX_NEW_TOKENS,
+                 reasoning_effort: str | None = None):
         self.model, self.tokenizer = model, tokenizer
+        self.max_tokens, self.reasoning_effort = _check_judge_settings(max_tokens, reasoning_effort)
         self.model_id = model_id or getattr(model, "name_or_path", "") or ""
         if not self.model_id:
             raise ValueError("HFBackend needs a model_id for the cache key (the model has no name_or_path). "
                              "Fix: pass model_id='...'")
         self.model_id = f"hf:{self.model_id}"
+        if (self.max_tokens, self.reasoning_effort) != (MAX_NEW_TOKENS, None):
+            self.model_id += f"|max_tokens={self.max_tokens}|reasoning_effort={self.reasoning_effort}"
+        self.settings = {"backend": "hf", "greedy": True, "max_new_tokens": self.max_tokens,
+                         "reasoning_effort": self.reasoning_effort}
 
     @classmethod
     def from_pretrained(cls, path: str, **kwargs) -> "HFBackend":
@@ -292,18 +365,19 @@ class HFBackend:
         import torch
 
         messages = [{"role": "system", "content": system}, {"role": "user", "content": user}]
+        extra = {} if self.reasoning_effort is None else {"reasoning_effort": self.reasoning_effort}  # gpt-oss templates
         try:
             ids = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_tensors="pt",
-                                                     return_dict=True)
+                                                     return_dict=True, **extra)
         except Exception:  # templates without a system role (e.g. Gemma): merge it into the user turn
             merged = [{"role": "user", "content": f"{system}\n\n{user}"}]
             ids = self.tokenizer.apply_chat_template(merged, add_generation_prompt=True, return_tensors="pt",
-                                                     return_dict=True)
+                                                     return_dict=True, **extra)
         device = next(self.model.parameters()).device
         input_ids = ids["input_ids"].to(device)
         mask = ids.get("attention_mask")
         pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.tokenizer.eos_token_id
         with torch.no_grad():
             out = self.model.generate(input_ids, attention_mask=None if mask is None else mask.to(device),
-                                      do_sample=False, max_new_tokens=MAX_NEW_TOKENS, pad_token_id=pad)
+                                      do_sample=False, max_new_tokens=self.max_tokens, pad_token_id=pad)
         return self.tokenizer.decode(out[0, input_ids.shape[1]:], skip_special_tokens=True)

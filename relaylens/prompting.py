@@ -176,10 +176,9 @@ def render_prompt(record: Record, tokenizer, mode: str = "chat", history_format:
         full, offset = prefix + layout.text, len(prefix)
     if not getattr(tokenizer, "is_fast", False):
         raise TypeError(f"{type(tokenizer).__name__} is not a fast tokenizer; offsets need a *Fast tokenizer")
-    enc = tokenizer(full, add_special_tokens=False, return_offsets_mapping=True)
-    ids = list(enc["input_ids"])  # [T]
-    starts = list(accumulate((s for s, _ in enc["offset_mapping"]), max))  # [T] non-decreasing
-    ends = list(accumulate((e for _, e in enc["offset_mapping"]), max))  # [T]
+    ids, offsets = encode_data_text(tokenizer, full, offset, offset + len(layout.text))
+    starts = list(accumulate((s for s, _ in offsets), max))  # [T] non-decreasing
+    ends = list(accumulate((e for _, e in offsets), max))  # [T]
     q_char = offset + layout.question_start
     split = bisect_right(ends, q_char)  # first token ending after the question block starts
     if split == 0 or split >= len(ids):
@@ -211,6 +210,38 @@ def render_prompt(record: Record, tokenizer, mode: str = "chat", history_format:
         turns=tuple(turn_spans),
         mode=mode,
     )
+
+
+def encode_data_text(tokenizer, text: str, start: int = 0, end: int | None = None) -> tuple[list[int], list[tuple[int, int]]]:
+    """Token ids and character offsets of ``text`` where ``text[start:end]`` is *data* (dataset text): special-token
+    strings written in the data (``<|im_end|>``, ``<start_of_turn>``) are tokenised as the plain text they are, never
+    as control tokens; only the template's own markers outside ``[start, end)`` stay special.
+
+    Data text without special-token strings tokenises exactly as the whole ``text`` would (the template's markers
+    and the data then never share a token); with them, the data piece is tokenised on its own with
+    ``split_special_tokens=True``.
+
+    >>> from relaylens.testing import tiny_tokenizer
+    >>> tok = tiny_tokenizer()
+    >>> ids, _ = encode_data_text(tok, "a" + tok.eos_token + "b", 0, None)
+    >>> tok.eos_token_id in ids, tok.eos_token_id in encode_data_text(tok, "a" + tok.eos_token + "b", 0, 1)[0]
+    (False, True)
+    """
+    end = len(text) if end is None else end
+    data = text[start:end]
+    specials = [t for t in getattr(tokenizer, "all_special_tokens", []) if t]
+    if not any(t in data for t in specials):
+        enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+        return list(enc["input_ids"]), [tuple(o) for o in enc["offset_mapping"]]
+    ids: list[int] = []
+    offsets: list[tuple[int, int]] = []
+    for a, b, split in ((0, start, False), (start, end, True), (end, len(text), False)):
+        if a == b:
+            continue
+        enc = tokenizer(text[a:b], add_special_tokens=False, return_offsets_mapping=True, split_special_tokens=split)
+        ids += list(enc["input_ids"])
+        offsets += [(s + a, e + a) for s, e in enc["offset_mapping"]]
+    return ids, offsets
 
 
 def _bos_prefix(tokenizer) -> str:

@@ -16,6 +16,7 @@ Example:
 from __future__ import annotations
 
 import logging
+import math
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -118,6 +119,8 @@ def answer_to_str(value: Any) -> str:
     """
     if isinstance(value, bool):
         raise TypeError(f"an answer must be a string or a number, not a bool ({value!r})")
+    if isinstance(value, float) and not math.isfinite(value):
+        raise TypeError(f"an answer must be a finite number, not {value!r}")
     if isinstance(value, float) and value.is_integer():
         return str(int(value))
     return str(value)
@@ -142,17 +145,31 @@ class LoadReport:
 
 
 class RecordCollector:
-    """Collects records from a reader; in lenient mode a :class:`RecordError` skips the record instead."""
+    """Collects records from a reader; in lenient mode a :class:`RecordError` skips the record instead.
 
-    def __init__(self, lenient: bool):
+    Every record is checked on the way in (:func:`check_record`), and record ids must be unique: a second record
+    with an id already seen is refused, naming both positions (results are keyed by id; a duplicate would be
+    skipped as "done earlier")."""
+
+    def __init__(self, lenient: bool, path: str | Path = "<records>"):
         self.lenient = lenient
+        self.path = path
         self.records: list[Record] = []
         self.skipped: list[tuple[str, str]] = []
+        self._where: dict[str, str] = {}
 
     def add(self, where: str, build) -> None:
         """Call ``build()`` and keep its record; on :class:`RecordError` re-raise or (lenient) note the skip."""
         try:
-            self.records.append(build())
+            record = build()
+            check_record(record, self.path, where)
+            first = self._where.get(record.record_id)
+            if first is not None:
+                raise RecordError(f"{self.path}: {where}: record id {record.record_id!r} is already used by {first}; "
+                                  "ids must be unique (results are keyed by record id). Fix: give one of them another "
+                                  "id, or drop the duplicate")
+            self._where[record.record_id] = where
+            self.records.append(record)
         except RecordError as err:
             self.fail(where, err)
 
@@ -161,6 +178,50 @@ class RecordCollector:
         if not self.lenient:
             raise err
         self.skipped.append((where, str(err)))
+
+
+def _encodable(text: Any, path, where: str, field: str) -> None:
+    if isinstance(text, str):
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as err:
+            raise RecordError(f"{path}: {where}: field {field!r} holds an unpaired surrogate ({text[err.start]!r} at "
+                              f"character {err.start}), which is not text any tokenizer or file can hold. Fix: repair "
+                              "the string (a broken \\ud8xx escape in the JSON?)") from None
+
+
+def check_record(record: Record, path="<records>", where: str = "<record>") -> None:
+    """Refuse records that would be scored or tokenised wrongly without an error later.
+
+    * every text field is valid Unicode (no unpaired surrogates);
+    * every reference answer of an answerable record keeps some text after answer normalisation (``""``, ``"A"``,
+      ``"The"`` or ``"?"`` would let an empty model answer score exact match and F1 of 1).
+
+    >>> bad = Record("q1", "Dog?", ("The",), "t", None, (), (), False)
+    >>> check_record(bad, "f.json", "item 0")
+    Traceback (most recent call last):
+    ...
+    relaylens.errors.RecordError: f.json: item 0: reference answer 'The' is empty after answer normalisation (lower case, punctuation and the articles a/an/the removed), so an empty model answer would score exact match 1. Fix: give the record a real reference answer, or drop it
+    """
+    from relaylens.scoring import normalize_answer
+
+    _encodable(record.record_id, path, where, "id")
+    _encodable(record.question, path, where, "question")
+    for k, answer in enumerate(record.answers):
+        _encodable(answer, path, where, f"answers[{k}]")
+    for k, option in enumerate(record.options or ()):
+        _encodable(option, path, where, f"options[{k}]")
+    for i, session in enumerate(record.sessions):
+        _encodable(session.session_id, path, where, f"sessions[{i}].id")
+        for j, turn in enumerate(session.turns):
+            _encodable(turn.content, path, where, f"sessions[{i}].turns[{j}].content")
+    if not record.is_abstention:
+        for answer in record.answers:
+            if not normalize_answer(answer) or not normalize_answer(answer, numbers=True):
+                raise RecordError(f"{path}: {where}: reference answer {answer!r} is empty after answer normalisation "
+                                  "(lower case, punctuation and the articles a/an/the removed), so an empty model "
+                                  "answer would score exact match 1. Fix: give the record a real reference answer, "
+                                  "or drop it")
 
 
 FORMATS = ("longmemeval", "personamem", "longmtbench", "infinitebench")
@@ -184,8 +245,15 @@ def load_records_with_report(path: str | Path, format: str = "auto", lenient: bo
     fmt = datasets.detect_format(path) if format == "auto" else format
     if fmt not in FORMATS:
         raise ValueError(f"unknown dataset format {fmt!r}; expected 'auto' or one of {FORMATS}")
-    collector = RecordCollector(lenient)
-    datasets.READERS[fmt](path, collector, **options)
+    collector = RecordCollector(lenient, path)
+    try:
+        datasets.READERS[fmt](path, collector, **options)
+    except UnicodeDecodeError as err:
+        raise RecordError(f"{path}: not UTF-8 text (byte {err.object[err.start:err.start + 1]!r} at offset {err.start}: "
+                          f"{err.reason}). Fix: re-encode the file as UTF-8 (e.g. iconv -f latin1 -t utf-8)") from None
+    except RecursionError:
+        raise RecordError(f"{path}: the JSON is nested too deeply to read (more levels than Python's recursion "
+                          "limit). Fix: check that this is a dataset file; records are only a few levels deep") from None
     report = LoadReport(str(path), fmt, len(collector.records), tuple(collector.skipped))
     if report.num_skipped:
         msg = f"{path}: skipped {report.num_skipped} malformed {fmt} record(s) (lenient=True); first: {report.skipped[0][0]}: {report.skipped[0][1]}"

@@ -42,6 +42,7 @@ import json
 import math
 import numbers
 import os
+import re
 import subprocess
 from pathlib import Path
 from typing import Any, Callable, NamedTuple
@@ -50,14 +51,20 @@ import numpy as np
 import pandas as pd
 
 from relaylens.errors import RelaylensError
-from relaylens.tables import KEY_COLUMNS, TABLES
+from relaylens.tables import KEY_COLUMNS, OPTIONAL_TABLES, TABLES
 
 __all__ = ["UnitKey", "RunStore", "ResultStoreError", "StoreWriteError", "build_manifest", "file_sha256",
            "load_tables", "SORT_COLUMNS", "DTYPES"]
 
 FORMAT_VERSION = 1
 UNITS = "units"
-_IGNORED_ON_COMPARE = {"created_at", "merged_from", "forced", "dataset.path"}
+# Paths are recorded but never compared: the same data or model at another path (a relative path, another mount
+# point) is the same run when the content hashes (dataset.sha256, model.*) agree.
+_IGNORED_ON_COMPARE = {"created_at", "merged_from", "forced", "replaced", "dataset.path", "model.spec",
+                       "config.run.model", "config.run.data"}
+_OWN_TEMP = re.compile(r"\.tmp-(manifest\.json|consolidated\.json|(" + "|".join(TABLES) + r")\.parquet)-\d+")
+_OWN_UNIT_TEMP = re.compile(r"\.tmp-[0-9a-f]{24}\.json\.gz-\d+")
+_UNIT_NAME = re.compile(r"[0-9a-f]{24}\.json\.gz")
 
 _INT, _FLOAT, _BOOL, _STR, _OPT_STR = "int", "float", "bool", "str", "str?"
 DTYPES: dict[str, str] = {
@@ -65,8 +72,8 @@ DTYPES: dict[str, str] = {
     "is_abstention": _BOOL, "cluster_id": _OPT_STR, "prompt_mode": _STR, "answer": _STR, "stop_reason": _STR,
     "hit_limit": _BOOL, "new_tokens": _INT, "history_length": _INT, "max_count": _INT, "mean_count": _FLOAT,
     "question_start": _INT, "gold_units_total": _INT, "gold_units_kept": _INT, "references": _STR,
-    "elapsed_s": _FLOAT, "prefill_s": _FLOAT, "selection_s": _FLOAT, "batch_rows": _INT, "metric": _STR, "value": _FLOAT, "probe_point": _STR, "source": _STR, "layer": _INT,
-    "head": _INT,
+    "elapsed_s": _FLOAT, "prefill_s": _FLOAT, "selection_s": _FLOAT, "batch_rows": _INT, "metric": _STR,
+    "value": _FLOAT, "probe_point": _STR, "source": _STR, "layer": _INT, "head": _INT, "reason": _STR, "detail": _STR,
 }
 """Column kinds: ``int`` (int64), ``float`` (float64, None -> NaN), ``bool``, ``str``, ``str?`` (None allowed)."""
 
@@ -74,6 +81,7 @@ SORT_COLUMNS = {
     "answers": KEY_COLUMNS,
     "scores": KEY_COLUMNS + ["metric"],
     "probes": KEY_COLUMNS + ["probe_point", "source", "layer", "head", "metric"],
+    "skipped": ["record_id", "selector", "budget"],
 }
 """Each table's row identity: the deterministic sort order, and no two rows may share these values."""
 
@@ -126,22 +134,64 @@ def _versions() -> dict[str, str | None]:
     return out
 
 
+def _git(pkg: Path, *args: str) -> str | None:
+    try:
+        return subprocess.run(["git", "-C", str(pkg), *args], capture_output=True, text=True, timeout=10,
+                              check=True).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
 def _git_commit() -> str | None:
     """``git rev-parse HEAD`` of the repository holding this package, else None (installed wheel, no git)."""
     pkg = Path(__file__).resolve().parent
-    try:
-        top = subprocess.run(["git", "-C", str(pkg), "rev-parse", "--show-toplevel", "HEAD"], capture_output=True,
-                             text=True, timeout=10, check=True).stdout.split()
-    except (OSError, subprocess.SubprocessError):
-        return None
+    top = (_git(pkg, "rev-parse", "--show-toplevel", "HEAD") or "").split()
     if len(top) != 2 or not (Path(top[0]) / "relaylens" / "__init__.py").resolve() == pkg / "__init__.py":
         return None
     return top[1]
 
 
+def source_state() -> dict:
+    """What code produced a run: ``source_sha256`` (every file of the ``relaylens`` package and the analyses,
+    hashed by relative path and content: works for an installed wheel too), and, inside a git checkout, the
+    ``commit``, whether the package differs from it (``dirty``) and a hash of that difference (``diff_sha256``).
+
+    >>> s = source_state()
+    >>> len(s["source_sha256"]), set(s) == {"source_sha256", "commit", "dirty", "diff_sha256"}
+    (64, True)
+    """
+    pkg = Path(__file__).resolve().parent
+    roots = [pkg]
+    try:
+        import analyses
+
+        roots += [Path(p).resolve() for p in analyses.__path__]
+    except ImportError:  # pragma: no cover - analyses not installed
+        pass
+    digest = hashlib.sha256()
+    for root in roots:
+        for f in sorted(p for p in root.rglob("*") if p.is_file() and p.suffix in (".py", ".j2", ".json", ".jsonl")
+                        and "__pycache__" not in p.parts):
+            digest.update(f"{root.name}/{f.relative_to(root).as_posix()}\0".encode())
+            digest.update(hashlib.sha256(f.read_bytes()).digest())
+    commit = _git_commit()
+    dirty = diff = None
+    if commit is not None:
+        paths = ["--", str(pkg)] + [str(r) for r in roots[1:]]
+        status = _git(pkg, "status", "--porcelain", "--untracked-files=all", *paths)
+        patch = _git(pkg, "diff", "HEAD", "--binary", *paths)
+        if status is not None and patch is not None:
+            dirty = bool(status.strip())
+            diff = hashlib.sha256((status + patch).encode()).hexdigest() if dirty else None
+    return {"source_sha256": digest.hexdigest(), "commit": commit, "dirty": dirty, "diff_sha256": diff}
+
+
 def build_manifest(analysis: str, config: dict, model_spec: str | None = None, weights_hash: str | None = None,
-                   dataset_path: str | Path | None = None, shard: tuple[int, int] | None = None) -> dict:
-    """The manifest of a run: analysis, full config, package versions, model, dataset hash, git commit, shard.
+                   dataset_path: str | Path | None = None, shard: tuple[int, int] | None = None,
+                   model_info: dict | None = None, plan: dict | None = None) -> dict:
+    """The manifest of a run: analysis, full config, package versions, model (weights, config and tokenizer
+    hashes), dataset hash, source state (:func:`source_state`), shard, and the ``plan`` (the record ids this run or
+    shard owns, so that ``merge`` can check completeness).
 
     >>> m = build_manifest("coordinate_ablation", {"budget": 0.1}, "smollm2-135m-instruct", "ab12")
     >>> m["model"], m["dataset"], m["shard"]
@@ -152,11 +202,13 @@ def build_manifest(analysis: str, config: dict, model_spec: str | None = None, w
     dataset = None
     if dataset_path is not None:
         dataset = {"path": str(dataset_path), "sha256": file_sha256(dataset_path)}
+    source = source_state()
     return {
         "format_version": FORMAT_VERSION, "analysis": analysis, "config": config,
-        "model": {"spec": model_spec, "weights_hash": weights_hash}, "dataset": dataset,
-        "versions": _versions(), "git_commit": _git_commit(),
+        "model": {"spec": model_spec, "weights_hash": weights_hash, **(model_info or {})}, "dataset": dataset,
+        "versions": _versions(), "git_commit": source["commit"], "source": source,
         "shard": None if shard is None else {"index": int(shard[0]), "count": int(shard[1])},
+        **({"plan": plan} if plan is not None else {}),
         "created_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
     }
 
@@ -332,34 +384,37 @@ class RunStore:
     def create_or_open(cls, run_dir: str | Path, manifest: dict, force: bool = False,
                        writer: Callable = _default_writer) -> "RunStore":
         """Start a run in ``run_dir`` or resume it. An existing manifest must equal ``manifest`` (ignoring
-        ``created_at``/``dataset.path``); ``force=True`` keeps the finished units, adopts the new manifest and
-        records the differing keys under ``manifest["forced"]``."""
+        ``created_at``, paths and the other keys of ``_IGNORED_ON_COMPARE``); ``force=True`` keeps the finished
+        units, adopts the new manifest and records the differing keys under ``manifest["forced"]``. A directory
+        holding no committed unit yet adopts the new manifest (nothing could be mixed; noted under ``replaced``).
+
+        Refused: a non-empty directory that is not a relaylens run (no ``manifest.json``), and a ``manifest.json``
+        that relaylens did not write (even with ``force``). Callers that write should hold
+        :func:`relaylens.locks.run_lock` (the runner and ``merge`` do)."""
         run_dir = Path(run_dir)
         manifest = _canonical(manifest)
-        try:
-            (run_dir / UNITS).mkdir(parents=True, exist_ok=True)
-        except OSError as exc:
-            raise StoreWriteError(exc.errno, f"cannot create run directory {run_dir}: {exc.strerror or exc}. "
-                                  "Fix: choose a writable --out directory") from exc
-        if not os.access(run_dir, os.W_OK | os.X_OK):
-            raise StoreWriteError(errno.EACCES, f"run directory {run_dir} is not writable. Fix: choose another --out")
+        prepare_run_dir(run_dir)
         path = run_dir / "manifest.json"
         store = cls(run_dir, manifest, writer)
         if path.exists():
             old = _read_manifest(run_dir)
             diff = manifest_diff(old, manifest)
-            if diff and not force:
+            if diff and not store.unit_paths():
+                manifest = {**manifest, "replaced": old.get("replaced", []) + [{"keys": diff, "at": manifest.get("created_at")}]}
+                store.manifest = manifest
+            elif diff and not force:
                 shown = ", ".join(f"{k}: {_flatten(old).get(k, '<absent>')!r} -> {_flatten(manifest).get(k, '<absent>')!r}"
                                   for k in diff[:8])
                 raise ResultStoreError(f"run directory {run_dir} was started with a different manifest; differing keys: "
                                        f"{shown}{' ...' if len(diff) > 8 else ''}. Fix: re-run with the original settings, "
                                        "choose a new --out, or pass --force to continue with the new settings")
-            if not diff:
+            elif not diff:
                 store.manifest = old
                 store._clean_temp()
                 return store
-            manifest = {**manifest, "forced": old.get("forced", []) + [{"keys": diff, "at": manifest.get("created_at")}]}
-            store.manifest = manifest
+            else:
+                manifest = {**manifest, "forced": old.get("forced", []) + [{"keys": diff, "at": manifest.get("created_at")}]}
+                store.manifest = manifest
         store._clean_temp()
         _atomic_write(path, _dumps(manifest, indent=2), run_dir, writer)
         return store
@@ -371,10 +426,11 @@ class RunStore:
         return cls(run_dir, _read_manifest(run_dir))
 
     def _clean_temp(self) -> None:
-        for p in (self.run_dir / UNITS).glob(".tmp-*"):
-            p.unlink(missing_ok=True)
-        for p in self.run_dir.glob(".tmp-*"):
-            p.unlink(missing_ok=True)
+        """Delete the temp files a killed relaylens writer left (its own names only, regular files only)."""
+        for folder, pattern in ((self.run_dir / UNITS, _OWN_UNIT_TEMP), (self.run_dir, _OWN_TEMP)):
+            for p in folder.glob(".tmp-*"):
+                if pattern.fullmatch(p.name) and p.is_file() and not p.is_symlink():
+                    p.unlink(missing_ok=True)
 
     # -- units
     def unit_path(self, key: UnitKey | tuple) -> Path:
@@ -388,17 +444,19 @@ class RunStore:
         return sorted((self.run_dir / UNITS).glob("[0-9a-f]*.json.gz"))
 
     def write_unit(self, key: UnitKey | tuple, answers_rows: Any, scores_rows: Any, probes_rows: Any,
-                   replace: bool = False) -> None:
+                   replace: bool = False, skipped_rows: Any = ()) -> None:
         """Commit all rows of one unit atomically. Rows are lists of dicts (or DataFrames) with the columns of
         :mod:`relaylens.tables`; their key columns must match ``key``; no two rows may share an identity
-        (:data:`SORT_COLUMNS`). Float NaN / None are stored as null and read back as NaN."""
+        (:data:`SORT_COLUMNS`). Float NaN / None are stored as null and read back as NaN. A unit that was not run
+        commits one ``skipped_rows`` row (and no other rows): resuming does not retry it."""
         key = UnitKey(*key).normalised()
         where = f"unit {tuple(key)}"
         if self.is_done(key) and not replace:
             raise ResultStoreError(f"{where} is already committed in {self.run_dir}; the runner should skip done units "
                                    "(is_done). Fix: pass replace=True to overwrite it deliberately")
         tables = {name: _columns(name, rows, key, where)
-                  for name, rows in (("answers", answers_rows), ("scores", scores_rows), ("probes", probes_rows))}
+                  for name, rows in (("answers", answers_rows), ("scores", scores_rows), ("probes", probes_rows),
+                                     ("skipped", skipped_rows))}
         checksum = hashlib.sha256(_dumps({"unit": list(key), "tables": tables})).hexdigest()
         doc = {"unit": list(key), "sha256": checksum, "tables": tables}
         _atomic_write(self.unit_path(key), gzip.compress(_dumps(doc), compresslevel=6, mtime=0), self.run_dir, self.writer)
@@ -414,6 +472,8 @@ class RunStore:
             raise ResultStoreError(f"corrupt unit file {path}: {type(exc).__name__}: {exc}. Fix: {fix}") from None
         if hashlib.sha256(payload).hexdigest() != doc.get("sha256") or f"{key.hash}.json.gz" != path.name:
             raise ResultStoreError(f"corrupt unit file {path}: checksum or unit key does not match its content. Fix: {fix}")
+        for name in OPTIONAL_TABLES:
+            tables.setdefault(name, {c: [] for c in TABLES[name]})
         for name, cols in TABLES.items():
             if not isinstance(tables.get(name), dict) or set(tables[name]) != set(cols):
                 raise ResultStoreError(f"corrupt unit file {path}: table {name} does not have the columns of "
@@ -446,6 +506,42 @@ class RunStore:
         return tables
 
 
+def prepare_run_dir(run_dir: Path) -> None:
+    """Create ``run_dir`` (and ``units/``) for writing; refuse a directory that holds something else.
+
+    A directory is accepted when it is new, empty, or a relaylens run (its ``manifest.json`` written by relaylens);
+    an existing directory without a manifest may hold only what relaylens itself leaves there (an empty
+    ``units/``, the lock file, relaylens temp files)."""
+    from relaylens.locks import LOCK_NAME
+
+    run_dir = Path(run_dir)
+    if run_dir.exists() and not run_dir.is_dir():
+        raise StoreWriteError(errno.ENOTDIR, f"cannot create run directory {run_dir}: it is a file. Fix: choose "
+                              "another --out")
+    if run_dir.is_dir():
+        if (run_dir / "manifest.json").exists() or (run_dir / "manifest.json").is_symlink():
+            _read_manifest(run_dir)  # refuses a foreign or damaged manifest before anything is touched
+        else:
+            foreign = []
+            for p in sorted(run_dir.iterdir()):
+                if p.name == UNITS and p.is_dir() and not p.is_symlink():
+                    foreign += [f"{UNITS}/{q.name}" for q in sorted(p.iterdir()) if not _OWN_UNIT_TEMP.fullmatch(q.name)]
+                elif p.name != LOCK_NAME and not _OWN_TEMP.fullmatch(p.name):
+                    foreign.append(p.name)
+            if foreign:
+                shown = ", ".join(foreign[:5]) + (f" and {len(foreign) - 5} more" if len(foreign) > 5 else "")
+                raise ResultStoreError(f"{run_dir} is not empty and is not a relaylens run directory (no manifest.json; "
+                                       f"it holds {shown}); relaylens will not write into it. Fix: choose a new or "
+                                       "empty --out directory")
+    try:
+        (run_dir / UNITS).mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise StoreWriteError(exc.errno, f"cannot create run directory {run_dir}: {exc.strerror or exc}. "
+                              "Fix: choose a writable --out directory") from exc
+    if not os.access(run_dir, os.W_OK | os.X_OK):
+        raise StoreWriteError(errno.EACCES, f"run directory {run_dir} is not writable. Fix: choose another --out")
+
+
 def _dumps(obj: Any, indent: int | None = None) -> bytes:
     return json.dumps(obj, default=_json_default, sort_keys=True, indent=indent).encode("utf-8")
 
@@ -456,9 +552,16 @@ def _read_manifest(run_dir: Path) -> dict:
         raise ResultStoreError(f"{run_dir} is not a run directory (no manifest.json). Fix: pass the --out "
                                "directory of a `relaylens run`")
     try:
-        return json.loads(path.read_text("utf-8"))
-    except (OSError, ValueError) as exc:
-        raise ResultStoreError(f"corrupt manifest {path}: {exc}. Fix: restore it or start a new run directory") from None
+        manifest = json.loads(path.read_text("utf-8"))
+    except (OSError, ValueError, RecursionError) as exc:
+        raise ResultStoreError(f"corrupt manifest {path}: {type(exc).__name__}: {exc}. Fix: restore it or start a "
+                               "new run directory") from None
+    if not isinstance(manifest, dict) or not isinstance(manifest.get("analysis"), str) \
+            or not isinstance(manifest.get("config"), dict):
+        raise ResultStoreError(f"{path} is not a relaylens run manifest (expected a JSON object with 'analysis' and "
+                               "'config'); relaylens neither reads nor overwrites it, even with --force. Fix: pass the "
+                               "--out directory of a `relaylens run`, or choose a new directory")
+    return manifest
 
 
 def load_tables(run_dir: str | Path) -> dict[str, pd.DataFrame]:
@@ -470,7 +573,11 @@ def load_tables(run_dir: str | Path) -> dict[str, pd.DataFrame]:
         marker = json.loads((run_dir / "consolidated.json").read_text("utf-8"))
     except (OSError, ValueError):
         marker = None
-    if marker is None or marker.get("units") != [p.stem for p in store.unit_paths()]:
+    if (not isinstance(marker, dict) or marker.get("units") != [p.stem for p in store.unit_paths()]
+            or not all((run_dir / f"{name}.parquet").exists() for name in TABLES)):  # stale, or an older layout
         return store.build_tables()
-    return {name: _sorted(name, _coerce(name, pd.read_parquet(run_dir / f"{name}.parquet"))) for name in TABLES}
+    try:
+        return {name: _sorted(name, _coerce(name, pd.read_parquet(run_dir / f"{name}.parquet"))) for name in TABLES}
+    except (OSError, ValueError, KeyError, TypeError):  # a parquet file deleted or damaged: the units are the truth
+        return store.build_tables()
 

@@ -158,7 +158,11 @@ def run_rows(
     for row in rows:
         layers = relocate_selection(prefill, row.selection, row.condition, factors, window_mode)
         last = layers.coordinates.question_start + length - 1 + max(max_new_tokens, 0)
-        factors.check_positions(torch.tensor([last]), f"condition {layers.coordinates.condition}: question/generation positions")
+        label = str(layers.coordinates.condition)
+        fix = ("Fix: use a smaller shift, a shorter history or fewer --max-new-tokens, or a model with a longer context"
+               if "shift" in label else "Fix: use shorter records or fewer --max-new-tokens, or a model with a longer "
+               "context (this condition has no shift to reduce)")
+        factors.check_positions(torch.tensor([last]), f"condition {label}: question/generation positions", fix=fix)
         built.append(layers)
     starts = torch.tensor([layers.coordinates.question_start for layers in built])  # [row]
     positions = starts[:, None] + torch.arange(length)  # [row, Q]

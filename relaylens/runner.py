@@ -21,7 +21,7 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-from relaylens.errors import RelaylensError
+from relaylens.errors import BudgetError, RelaylensError, ShapeError
 from relaylens.experiments import ExperimentSpec
 from relaylens.records import Record
 
@@ -46,7 +46,22 @@ class RunConfig:
     judge_url: str | None = None  # OpenAI-compatible endpoint for the memory_judge_v1 judge (optional)
     judge_model: str | None = None  # model name at that endpoint, or a local HF judge model spec
     judge_key_env: str | None = None  # environment variable holding the endpoint's API key
+    device: str | None = None  # cpu, cuda, cuda:N, mps, auto (None: cpu); exclusive with device_map
+    dtype: str | None = None  # float32, bfloat16, float16 (None: float32 on CPU, bfloat16 on CUDA)
+    device_map: str | None = None  # accelerate device map ("auto") for models that do not fit one device
+    attn_implementation: str = "sdpa"  # kernel the model loads with and the history prefill runs with
+    rope_scaling: str | None = None  # rotary override applied before the weights load, e.g. "yarn:4:32768"
+    max_position: int | None = None  # max_position_embeddings override
+    max_history_tokens: int | None = None  # longer histories are skipped and recorded (None: the rotary range)
+    retry_skipped: bool = False  # recompute units recorded as skipped (e.g. after raising max_history_tokens)
     batch_rows: int | None = None  # rows (unit x condition) of a record decoded together; None: all; 1: sequential
+
+    def placement(self):
+        """The resolved :class:`relaylens.placement.Placement` of this run."""
+        from relaylens.placement import Placement
+
+        return Placement.resolve(self.device, self.dtype, self.device_map, self.attn_implementation, self.rope_scaling,
+                                 self.max_position)
 
 
 def make_judge(config: RunConfig, run_dir: Path):
@@ -84,6 +99,8 @@ def check_config(config: RunConfig) -> None:
                              f"{config.batch_rows!r}. Fix: pass --batch-rows N with N >= 1")
     if config.window_mode not in WINDOW_MODES:
         raise RelaylensError(f"window_mode must be one of {WINDOW_MODES}; got {config.window_mode!r}")
+    if config.max_history_tokens is not None and (not isinstance(config.max_history_tokens, int) or config.max_history_tokens < 1):
+        raise RelaylensError(f"max_history_tokens must be a positive number of tokens; got {config.max_history_tokens!r}")
 
 
 def resolve_data(data: str) -> Path:
@@ -103,7 +120,9 @@ def first_answer_token(tokenizer, record: Record, mode: str) -> int | None:
     if not record.answers or record.is_abstention:
         return None
     prefix = " " if mode == "completion" else ""
-    ids = tokenizer(prefix + record.answers[0], add_special_tokens=False)["input_ids"]
+    from relaylens.prompting import encode_data_text
+
+    ids, _ = encode_data_text(tokenizer, prefix + record.answers[0])  # special-token strings in data stay text
     return int(ids[0]) if ids else None
 
 
@@ -140,14 +159,23 @@ class UnitWork:
     selection_s: float
 
 
-def select_units(prefill, prompt, pending: list[tuple[str, float]], selectors: dict) -> list[UnitWork]:
-    """Select once per pending (selector, budget); every condition of that unit shares the selection."""
-    units = []
+def select_units(prefill, prompt, pending: list[tuple[str, float]], selectors: dict) -> tuple[list[UnitWork], list]:
+    """Select once per pending (selector, budget); every condition of that unit shares the selection.
+
+    Returns the units and ``(selector, budget, error)`` for budgets the record's history is too short for.
+    """
+    units, too_short = [], []
     for name, budget in pending:
         started = time.perf_counter()
-        selection = selectors[name].select(prefill, prompt, budget)
+        try:
+            selection = selectors[name].select(prefill, prompt, budget)
+        except (BudgetError, ShapeError) as err:
+            if not _is_too_short(err):
+                raise
+            too_short.append((name, budget, err))
+            continue
         units.append(UnitWork(name, budget, selection, time.perf_counter() - started))
-    return units
+    return units, too_short
 
 
 def process_record(model, tokenizer, factors, record: Record, prompt, prefill, prefill_s: float, units: list[UnitWork],
@@ -163,8 +191,8 @@ def process_record(model, tokenizer, factors, record: Record, prompt, prefill, p
     evidence = prompt.evidence_mask(spec.granularity)
     do_probes = spec.probes and bool(evidence.any())
     teacher = first_answer_token(tokenizer, record, spec.prompt_mode) if spec.teacher_forcing else None
-    common = dict(max_new_tokens=spec.max_new_tokens, tokenizer=tokenizer, stop_at_newline=spec.prompt_mode == "completion",
-                  window_mode=config.window_mode, factors=factors)
+    common = dict(max_new_tokens=spec.max_new_tokens, tokenizer=tokenizer, stop_at_newline=spec.stops_at_newline(spec.prompt_mode),
+                  window_mode=config.window_mode, factors=factors, eos_token_ids=set() if spec.stop == "none" else None)
     units = list(units)
     rows = [(unit, condition) for unit in units for condition in spec.conditions]
     size = config.batch_rows or len(rows)
@@ -228,17 +256,21 @@ def _unit_tables(record, prompt, prefill, prefill_s, unit: UnitWork, outcomes: l
 
 
 def run_analysis(spec: ExperimentSpec, config: RunConfig, progress: bool = True, model_and_tokenizer=None) -> Path:
-    """Run (or resume) ``spec`` under ``config``; returns the run directory with consolidated tables."""
+    """Run (or resume) ``spec`` under ``config``; returns the run directory with consolidated tables.
+
+    Records that cannot run (history over ``max_history_tokens`` or the rotary range, or too short for a selector's
+    window or budget) are committed as ``skipped`` rows naming the record and the reason; the run goes on.
+    """
     from relaylens.geometry import RotaryFactors
-    from relaylens.models import load_model, model_fingerprint
-    from relaylens.prefill import prefill_history
-    from relaylens.prompting import render_prompt
+    from relaylens.judge import redact_url
+    from relaylens.locks import run_lock
+    from relaylens.models import load_model, model_files_fingerprint, model_fingerprint
     from relaylens.records import load_records
-    from relaylens.results import RunStore, UnitKey, build_manifest
+    from relaylens.results import RunStore, build_manifest, prepare_run_dir
     from relaylens.shards import parse_shard, shard_records
-    from relaylens.selectors.attention_stats import capture_column_sums
 
     check_config(config)
+    placement = config.placement()
     data_path = resolve_data(config.data)
     records = load_records(data_path, format=config.data_format)
     if not records:
@@ -250,45 +282,141 @@ def run_analysis(spec: ExperimentSpec, config: RunConfig, progress: bool = True,
         chosen = set(shard_records([r.record_id for r in records], *shard))
         records = [r for r in records if r.record_id in chosen]
     out = Path(config.out or f"runs/{spec.name}")
-    model, tokenizer = model_and_tokenizer or load_model(config.model)
+    model, tokenizer = model_and_tokenizer or load_model(config.model, **placement.load_kwargs())
+    if spec.prompt_mode == "auto":
+        spec = spec.replace(prompt_mode="chat" if getattr(tokenizer, "chat_template", None) else "completion")
     factors = RotaryFactors.from_model(model)
-    manifest = build_manifest(spec.name, {"spec": spec.to_dict(), "run": _manifest_run(config)},
-                              config.model, model_fingerprint(model), data_path, shard)
-    store = RunStore.create_or_open(out, manifest, force=config.force)
-    judge = make_judge(config, out)
+    run = vars(config) | {"out": None, "force": None, "shard": None, "retry_skipped": None, "batch_rows": None,
+                          "judge_url": redact_url(config.judge_url) if config.judge_url else None}
+    plan = {"record_ids": [r.record_id for r in records], "units": len(spec.units([r.record_id for r in records]))}
+    manifest = build_manifest(spec.name, {"spec": spec.to_dict(), "run": run, "placement": placement.to_dict(),
+                                          "rope": _rope_summary(model)},
+                              config.model, model_fingerprint(model), data_path, shard,
+                              model_info=model_files_fingerprint(model, tokenizer), plan=plan)
+    prepare_run_dir(out)
+    with run_lock(out, "run"):
+        judge = make_judge(config, out)  # a bad judge setting fails before the manifest is written
+        store = RunStore.create_or_open(out, manifest, force=config.force)
+        _run_units(model, tokenizer, factors, records, spec, config, store, judge, progress)
+        store.consolidate()
+    return out
+
+
+def _run_units(model, tokenizer, factors, records, spec: ExperimentSpec, config: RunConfig, store, judge,
+               progress: bool) -> None:
+    from relaylens.prompting import render_prompt
+    from relaylens.results import UnitKey
+
     selectors = _selector_objects(spec, config.seed)
     units = spec.units([r.record_id for r in records])
-    needs_columns = any(getattr(s, "needs_column_sums", False) for s in selectors.values())
     bar = _progress(progress)
+    per_record = len(spec.selectors) * len(spec.budgets)
     with bar as live:
         task = live.add_task(f"{spec.name}", total=len(units), stage="loading") if live else None
         for record in records:
-            pending = [(name, b) for name in spec.selectors for b in spec.budgets if not store.is_done(UnitKey(record.record_id, name, b))]
+            keys = [UnitKey(record.record_id, name, b) for name in spec.selectors for b in spec.budgets]
+            if config.retry_skipped:
+                _forget_skipped(store, keys)
+            pending = [(k.selector, k.budget) for k in keys if not store.is_done(k)]
             if not pending:
-                _advance(live, task, len(spec.selectors) * len(spec.budgets), record.record_id, "done earlier")
+                _advance(live, task, per_record, record.record_id, "done earlier")
                 continue
-            _advance(live, task, len(spec.selectors) * len(spec.budgets) - len(pending), record.record_id, "prefill")
+            _advance(live, task, per_record - len(pending), record.record_id, "prefill")
             prompt = render_prompt(record, tokenizer, mode=spec.prompt_mode)
+            reason = history_problem(prompt, spec, config, factors)
+            if reason is not None:
+                for name, budget in pending:
+                    _skip(store, record.record_id, name, budget, prompt.history_length, *reason)
+                _advance(live, task, len(pending), record.record_id, f"skipped ({reason[0]})")
+                continue
             started = time.perf_counter()
-            with capture_column_sums(model) if needs_columns else nullcontext() as stats:
-                prefill = prefill_history(model, prompt.history_ids, window_size=config.window_size, chunk_size=config.chunk_size)
-            if stats is not None:
-                prefill.extras["column_sums"] = stats.column_sums
+            prefill = _prefill(model, prompt, config, selectors.values())
             prefill_s = time.perf_counter() - started
             _advance(live, task, 0, record.record_id, f"selecting {len(pending)} units")
-            units = select_units(prefill, prompt, pending, selectors)
+            units, too_short = select_units(prefill, prompt, pending, selectors)
+            for name, budget, err in too_short:
+                _skip(store, record.record_id, name, budget, prompt.history_length, "too_short",
+                      f"record {record.record_id}: {name} @ {budget:g}: {err}")
+                _advance(live, task, 1, record.record_id, "skipped (too_short)")
             _advance(live, task, 0, record.record_id, f"decoding {len(units) * len(spec.conditions)} rows")
             for unit, answers, scores, probes in process_record(model, tokenizer, factors, record, prompt, prefill,
                                                                 prefill_s, units, spec, config, judge):
                 store.write_unit(UnitKey(record.record_id, unit.selector, unit.budget), answers, scores, probes)
                 _advance(live, task, 1, record.record_id, "committed")
-    store.consolidate()
-    return out
 
 
-def _manifest_run(config: RunConfig) -> dict:
-    """The run settings that can change results (batching changes only timings and float32 rounding)."""
-    return {k: v for k, v in vars(config).items() if k != "batch_rows"} | {"out": None, "force": None, "shard": None}
+def _prefill(model, prompt, config: RunConfig, selectors):
+    from relaylens.prefill import prefill_history
+    from relaylens.selectors.attention_stats import capture_column_sums
+
+    needs_columns = any(getattr(s, "needs_column_sums", False) for s in selectors)
+    with capture_column_sums(model) if needs_columns else nullcontext() as stats:
+        prefill = prefill_history(model, prompt.history_ids, window_size=config.window_size, chunk_size=config.chunk_size,
+                                  attn_implementation=config.attn_implementation)
+    if stats is not None:
+        prefill.extras["column_sums"] = stats.column_sums
+    return prefill
+
+
+def history_problem(prompt, spec: ExperimentSpec, config: RunConfig, factors) -> tuple[str, str] | None:
+    """``(reason, detail)`` when a record cannot run at all, else None.
+
+    * ``too_long``: the history exceeds ``config.max_history_tokens``, or the positions the run needs (history, the
+      largest condition shift, question, teacher token and ``max_new_tokens``) pass the model's rotary range.
+    * ``too_short``: the history is not longer than the observation window the prefill captures.
+    """
+    L, rid = prompt.history_length, prompt.record_id
+    if config.max_history_tokens is not None and L > config.max_history_tokens:
+        return "too_long", (f"record {rid}: history of {L} tokens exceeds --max-history-tokens "
+                            f"{config.max_history_tokens}")
+    needed = L + spec.max_shift + int(prompt.question_ids.numel()) + max(spec.max_new_tokens, 1) + 1
+    if factors.max_position is not None and needed > factors.max_position:
+        return "too_long", (f"record {rid}: history of {L} tokens needs positions up to {needed - 1} (largest condition "
+                            f"shift {spec.max_shift}, question and {spec.max_new_tokens} new tokens), past the model's "
+                            f"rotary range max_position_embeddings={factors.max_position}")
+    if L <= config.window_size:
+        return "too_short", (f"record {rid}: history of {L} tokens is not longer than the {config.window_size}-token "
+                             "observation window")
+    return None
+
+
+def _is_too_short(err: Exception) -> bool:
+    text = str(err)
+    return isinstance(err, BudgetError) or "observation window" in text or "history longer than" in text
+
+
+def _skip(store, record_id: str, selector: str, budget: float, history_length: int, reason: str, detail: str) -> None:
+    from relaylens.results import UnitKey
+
+    row = {"record_id": record_id, "selector": selector, "budget": float(budget), "reason": reason,
+           "history_length": int(history_length), "detail": detail}
+    store.write_unit(UnitKey(record_id, selector, budget), [], [], [], skipped_rows=[row])
+
+
+def _forget_skipped(store, keys) -> None:
+    """Delete committed units that only record a skip, so they run again (``--retry-skipped``)."""
+    for key in keys:
+        path = store.unit_path(key)
+        if path.exists() and len(store.read_unit(path)["skipped"]):
+            path.unlink()
+
+
+def _rope_summary(model) -> dict:
+    """Rotary settings of the loaded model (after any override), for the manifest."""
+    config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    return {"rope_parameters": getattr(config, "rope_parameters", None),
+            "max_position_embeddings": getattr(config, "max_position_embeddings", None)}
+
+
+def skipped_summary(tables: dict[str, pd.DataFrame]) -> str:
+    """One line per skipped record (reasons and the units affected), for the run summary; empty when none."""
+    skipped = tables.get("skipped")
+    if skipped is None or skipped.empty:
+        return ""
+    lines = [f"skipped {len(skipped)} unit(s) of {skipped.record_id.nunique()} record(s):"]
+    for rid, group in skipped.groupby("record_id", sort=True):
+        lines.append(f"  {rid}: {group.reason.iloc[0]} ({len(group)} unit(s)) - {group.detail.iloc[0]}")
+    return "\n".join(lines)
 
 
 def _progress(enabled: bool):

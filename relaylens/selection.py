@@ -47,6 +47,11 @@ class Selection:
     info: dict = field(default_factory=dict, compare=False)
 
     def __post_init__(self) -> None:
+        # index tensors live on the CPU whatever device selected them (conditions and probes index with CPU tensors)
+        for name in ("positions", "valid", "scores"):
+            value = getattr(self, name)
+            if isinstance(value, torch.Tensor) and value.device.type != "cpu":
+                object.__setattr__(self, name, value.cpu())
         validate_selection(self)
 
     # ----------------------------------------------------------------------------------------------------------

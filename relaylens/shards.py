@@ -45,25 +45,103 @@ def shard_records(record_ids: list[str], i: int, n: int) -> list[str]:
     return [r for r in record_ids if int(hashlib.sha256(str(r).encode("utf-8")).hexdigest()[:16], 16) % n == i]
 
 
-def merge_runs(shard_dirs: list[str | Path], out_dir: str | Path) -> dict[str, pd.DataFrame]:
-    """Combine shard run directories into ``out_dir`` and consolidate it. Manifests must agree except ``shard``;
-    a unit present in two shards must have identical content. Returns the merged tables."""
+def expected_units(manifest: dict) -> set[str] | None:
+    """Unit file hashes a run (or shard) must hold when complete, from its manifest's ``plan`` and spec; None for
+    manifests written before relaylens recorded a plan."""
+    from relaylens.results import UnitKey
+
+    plan = manifest.get("plan")
+    spec = (manifest.get("config") or {}).get("spec") or {}
+    if not isinstance(plan, dict) or not isinstance(plan.get("record_ids"), list) or "selectors" not in spec:
+        return None
+    budgets = [int(b) if float(b) > 1 else float(b) for b in spec.get("budgets", [])]
+    return {UnitKey(r, sel, b).hash for r in plan["record_ids"] for sel in spec["selectors"] for b in budgets}
+
+
+def merge_runs(shard_dirs: list[str | Path], out_dir: str | Path, allow_incomplete: bool = False) -> dict[str, pd.DataFrame]:
+    """Combine shard run directories into ``out_dir`` and consolidate it. Manifests must agree except ``shard``
+    and ``plan``; a unit present in two shards must have identical content.
+
+    Completeness is checked against the manifests: the shards must be distinct shards of one split (same count)
+    and, with ``allow_incomplete=False``, cover every shard and hold every unit their plan lists; otherwise the
+    merge is refused with the missing shards / units named. ``allow_incomplete=True`` merges anyway, warns, and
+    records the missing units under ``manifest["incomplete"]``. Returns the merged tables."""
+    from relaylens.locks import run_lock
+    from relaylens.results import prepare_run_dir
+
     if not shard_dirs:
         raise ValueError("merge_runs needs at least one shard directory")
     stores = [RunStore.open(d) for d in shard_dirs]
     base = stores[0]
     for s in stores[1:]:
-        diff = manifest_diff(base.manifest, s.manifest, ignore={"shard"})
+        diff = manifest_diff(base.manifest, s.manifest, ignore={"shard", "plan"})
         if diff:
             raise ResultStoreError(f"cannot merge {s.run_dir} with {base.run_dir}: manifests differ in {diff}. "
                                    "Fix: merge only shards of one command (same analysis, config, model, data, code)")
-    shards = [s.manifest.get("shard") for s in stores]
-    counts = {sh["count"] for sh in shards if sh}
-    if len(counts) == 1 and len({sh["index"] for sh in shards if sh}) < counts.pop():
-        warnings.warn(f"merging {len(stores)} directories that do not cover every shard: {shards}", stacklevel=2)
+    problems = _completeness(stores)
+    if problems and not allow_incomplete:
+        raise ResultStoreError(f"merging {len(stores)} directories would give incomplete tables: {'; '.join(problems)}. "
+                               "Fix: finish the missing shards (re-running a shard's command resumes it), or pass "
+                               "--allow-incomplete to merge what is there")
+    if problems:
+        warnings.warn(f"merging incomplete shards: {'; '.join(problems)}", stacklevel=2)
+    plans = [s.manifest.get("plan") for s in stores]
     manifest = {**base.manifest, "shard": None,
                 "merged_from": [{"dir": str(s.run_dir), "shard": s.manifest.get("shard")} for s in stores]}
-    out = RunStore.create_or_open(out_dir, manifest)
+    if all(isinstance(p, dict) for p in plans):
+        manifest["plan"] = {"record_ids": [r for p in plans for r in p.get("record_ids", [])],
+                            "units": sum(p.get("units", 0) for p in plans)}
+    if problems:
+        manifest["incomplete"] = problems
+    out_dir = Path(out_dir)
+    prepare_run_dir(out_dir)
+    with run_lock(out_dir, "merge"):
+        return _copy_units(stores, RunStore.create_or_open(out_dir, manifest))
+
+
+def _completeness(stores: list[RunStore]) -> list[str]:
+    """What the shards lack against their manifests: shards of another split, missing or repeated shards, units."""
+    problems = []
+    shards = [s.manifest.get("shard") for s in stores]
+    counts = {sh["count"] for sh in shards if sh}
+    if counts and (len(counts) > 1 or None in shards):
+        shown = ", ".join("unsharded" if sh is None else f"{sh['index']}/{sh['count']}" for sh in shards)
+        problems.append(f"the directories come from different splits (shards {shown}); merge the shards of one "
+                        "--shard i/n split")
+    elif counts:
+        n = counts.pop()
+        indices = [sh["index"] for sh in shards]
+        missing = sorted(set(range(n)) - set(indices))
+        repeated = sorted({i for i in indices if indices.count(i) > 1})
+        if missing:
+            problems.append(f"shards {', '.join(f'{i}/{n}' for i in missing)} are missing")
+        if repeated:
+            problems.append(f"shards {', '.join(f'{i}/{n}' for i in repeated)} are given twice")
+    for s in stores:
+        want = expected_units(s.manifest)
+        if want is None:  # an older manifest: nothing to check against, said loudly
+            warnings.warn(f"{s.run_dir} records no plan (written by an older relaylens or by hand): its completeness "
+                          "cannot be checked", stacklevel=3)
+            continue
+        have = {p.name.removesuffix(".json.gz") for p in s.unit_paths()}
+        lacking = want - have
+        if lacking:
+            keys = _unit_keys(s.manifest, lacking)
+            problems.append(f"{s.run_dir} lacks {len(lacking)} of its {len(want)} units ({', '.join(keys[:5])}"
+                            f"{' ...' if len(keys) > 5 else ''})")
+    return problems
+
+
+def _unit_keys(manifest: dict, hashes: set[str]) -> list[str]:
+    from relaylens.results import UnitKey
+
+    spec = manifest["config"]["spec"]
+    budgets = [int(b) if float(b) > 1 else float(b) for b in spec.get("budgets", [])]
+    return [f"{r}/{sel}@{b:g}" for r in manifest["plan"]["record_ids"] for sel in spec["selectors"] for b in budgets
+            if UnitKey(r, sel, b).hash in hashes]
+
+
+def _copy_units(stores: list[RunStore], out: RunStore) -> dict[str, pd.DataFrame]:
     seen: dict[str, Path] = {p.name: p for p in out.unit_paths()}
     for s in stores:
         for path in s.unit_paths():

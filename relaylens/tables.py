@@ -31,6 +31,12 @@ is_abstention, cluster_id, metric, value``; metrics ``exact_match``, ``f1``, ``c
 ``probes`` — one row per (key, probe point, layer, head, metric): columns ``record_id, selector, budget,
 condition, probe_point, source, layer, head, metric, value``; ``probe_point`` is ``question_final`` or
 ``first_answer_token``; ``source`` is ``forward`` (readouts of the real pass) or ``replay`` (phase replay).
+
+``skipped`` — one row per (record, selector, budget) unit that was not run: columns ``record_id, selector, budget,
+reason, history_length, detail``; ``reason`` is ``too_long`` (history over ``--max-history-tokens`` or the rotary
+range), ``too_short`` (history or budget smaller than a selector's observation window, or a budget that keeps no
+state); ``detail`` is the full one-line explanation. A skipped unit is committed like any other, so a resumed run
+does not retry it silently (``--retry-skipped`` does, on purpose).
 """
 
 from __future__ import annotations
@@ -45,4 +51,7 @@ ANSWER_COLUMNS = KEY_COLUMNS + [
 ]
 SCORE_COLUMNS = KEY_COLUMNS + ["question_type", "is_abstention", "cluster_id", "metric", "value"]
 PROBE_COLUMNS = KEY_COLUMNS + ["probe_point", "source", "layer", "head", "metric", "value"]
-TABLES = {"answers": ANSWER_COLUMNS, "scores": SCORE_COLUMNS, "probes": PROBE_COLUMNS}
+SKIPPED_COLUMNS = ["record_id", "selector", "budget", "reason", "history_length", "detail"]
+TABLES = {"answers": ANSWER_COLUMNS, "scores": SCORE_COLUMNS, "probes": PROBE_COLUMNS, "skipped": SKIPPED_COLUMNS}
+OPTIONAL_TABLES = ("skipped",)
+"""Tables that unit files written before they existed may lack (read as empty)."""

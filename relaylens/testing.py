@@ -15,6 +15,8 @@ from __future__ import annotations
 import torch
 
 ROPE_VARIANTS = ("llama", "llama_yarn", "llama3", "qwen2_yarn", "phi_partial", "cohere_interleaved", "glm_partial_interleaved", "gemma3")
+#: Models with layers that apply no rotary (NoPE): SmolLM3 (``no_rope_layers``), Cohere-2 and EXAONE-4 (global layers).
+NOPE_VARIANTS = ("smollm3_nope", "cohere2_nope", "exaone4_nope")
 
 _COMMON = dict(
     vocab_size=384,
@@ -80,8 +82,17 @@ def tiny_config(variant: str = "llama", **overrides):
             "full_attention": {"rope_type": "default", "rope_theta": 1000000.0},
         }
         cfg = Gemma3TextConfig(**kw)
+    elif variant in NOPE_VARIANTS:
+        from transformers import Cohere2Config, Exaone4Config, SmolLM3Config
+
+        kw.update(num_hidden_layers=4, head_dim=16, rope_parameters={"rope_type": "default", "rope_theta": 10000.0})
+        if variant == "smollm3_nope":
+            cfg = SmolLM3Config(**kw, no_rope_layer_interval=2)  # no_rope_layers = [1, 0, 1, 0]: layers 1, 3 NoPE
+        else:  # sliding layers rotate, global layers do not
+            kw.update(layer_types=["sliding_attention", "full_attention"] * 2, sliding_window=8)
+            cfg = (Cohere2Config if variant == "cohere2_nope" else Exaone4Config)(**kw)
     else:
-        raise ValueError(f"unknown tiny model variant {variant!r}; choose one of {ROPE_VARIANTS}")
+        raise ValueError(f"unknown tiny model variant {variant!r}; choose one of {ROPE_VARIANTS + NOPE_VARIANTS}")
     for key, value in overrides.items():
         setattr(cfg, key, value)
     return cfg

@@ -223,6 +223,84 @@ def _make_selector(name, **kw):
     return make_selector(name, **kw)
 
 
+FIXTURES = Path(__file__).parent / "fixtures"
+
+
+def _personamem(env, name, edit_row=None, edit_context=None):
+    """A copy of the PersonaMem fixture (questions CSV + shared contexts) with one row / the contexts edited."""
+    import pandas as pd
+
+    folder = env.root / f"pm-{name}"
+    folder.mkdir(exist_ok=True)
+    frame = pd.read_csv(FIXTURES / "questions_32k.csv", dtype=str, keep_default_na=False)
+    if edit_row:
+        edit_row(frame)
+    frame.to_csv(folder / "questions_32k.csv", index=False)
+    lines = (FIXTURES / "shared_contexts_32k.jsonl").read_text().splitlines()
+    if edit_context:
+        lines = [edit_context(line) for line in lines]
+    (folder / "shared_contexts_32k.jsonl").write_text("\n".join(lines) + "\n")
+    return folder / "questions_32k.csv"
+
+
+def _load_personamem(env, name, lenient=False, **edits):
+    from relaylens.records import load_records
+
+    return load_records(_personamem(env, name, **edits), lenient=lenient)
+
+
+def _set(column, value, row=0):
+    def edit(frame):
+        frame.loc[row, column] = value
+    return edit
+
+
+def _context_as_object(line):
+    ((cid, messages),) = json.loads(line).items()
+    return json.dumps({cid: {"messages": messages}})
+
+
+def _infinitebench(env, name, edit):
+    objects = [json.loads(line) for line in (FIXTURES / "longbook_choice_eng.jsonl").read_text().splitlines()]
+    edit(objects)
+    return _load_text(env, f"{name}_longbook_choice_eng.jsonl", "\n".join(json.dumps(o) for o in objects) + "\n")
+
+
+def _many_options(objects):
+    objects[0]["options"] = [f"option {k}" for k in range(27)]
+    objects[0]["answer"] = ["option 26"]
+
+
+def _same_int_and_str_id(objects):
+    objects[1]["id"] = str(objects[0]["id"])
+
+
+def _nested(depth):
+    return "[" * depth + "]" * depth
+
+
+def _surrogate_question(env):
+    """JSON's escape ``\\ud800`` (half of a surrogate pair, alone) decodes to a str no encoder accepts."""
+    return _load_text(env, "surrogate.json", json.dumps([_record(env, question="What is \ud800 my dog called?")]))
+
+
+def _latin1(env):
+    path = env.root / "latin1.json"
+    path.write_bytes(json.dumps([_record(env, question="Où est mon chien?")], ensure_ascii=False).encode("latin-1"))
+    return _load_path(path)
+
+
+def _original_past_context(env):
+    """History and question fit a 64-position model, the answer tokens do not: the `original` condition."""
+    from relaylens.generation import run_condition
+    from relaylens.selection import Selection
+
+    model = _tiny("llama", max_position_embeddings=64)
+    prefill = _prefill(model, torch.arange(3, 53), window_size=8)
+    full = Selection.full(prefill.history_length, prefill.num_layers, prefill.num_kv_heads)
+    return run_condition(model, prefill, full, "original", torch.arange(3, 11), max_new_tokens=20)
+
+
 IN_PROCESS = [
     # --- dataset readers
     ("reader-truncated-json", lambda e, t: _load_text(e, "trunc.json", json.dumps(e.records)[:400]),
@@ -255,6 +333,42 @@ IN_PROCESS = [
         ["unknown dataset format", "'csvx'", "longmemeval"]),
     ("reader-missing-file", lambda e, t: _load_path(t / "absent.json"),
         ["absent.json", "does not exist"]),
+    # --- dataset readers: issue 14 (silently wrong results, tracebacks)
+    ("reader-duplicate-record-id", lambda e, t: _load(e, "dup.json", [e.records[0], e.records[1] | {
+        "question_id": e.records[0]["question_id"]}]), ["dup.json", "item 1", "already used by", "item 0", "Fix"]),
+    ("reader-infinitebench-int-and-str-id", lambda e, t: _infinitebench(e, "dupid", _same_int_and_str_id),
+        ["already used by", "line 1", "line 2", "unique"]),
+    ("reader-duplicate-haystack-session-id", lambda e, t: _load(e, "dupsess.json", [_record(
+        e, haystack_session_ids=[e.records[0]["haystack_session_ids"][0]] * len(e.records[0]["haystack_session_ids"]))]),
+        ["haystack_session_ids[1]", "also haystack_session_ids[0]", "Fix"]),
+    ("reader-empty-reference", lambda e, t: _load(e, "emptyref.json", [_record(e, answer="")]),
+        ["reference answer ''", "empty after answer normalisation", "Fix"]),
+    ("reader-article-only-reference", lambda e, t: _load(e, "theref.json", [_record(e, answer="The")]),
+        ["reference answer 'The'", "exact match 1"]),
+    ("reader-letter-a-reference", lambda e, t: _load(e, "aref.json", [_record(e, answer="A")]),
+        ["reference answer 'A'", "empty after"]),
+    ("reader-nan-answer", lambda e, t: _load_text(e, "nan.json", json.dumps([_record(e, answer=float("nan"))])),
+        ["nan.json", "'answer'", "finite number", "nan", "Fix"]),
+    ("reader-inf-answer", lambda e, t: _load_text(e, "inf.json", json.dumps([_record(e, answer=float("inf"))])),
+        ["inf.json", "'answer'", "finite number", "inf"]),
+    ("reader-personamem-fractional-end-index", lambda e, t: _load_personamem(
+        e, "frac", edit_row=_set("end_index_in_shared_context", "2.9")),
+        ["end_index_in_shared_context", "whole number", "'2.9'", "Fix"]),
+    ("reader-personamem-inf-end-index", lambda e, t: _load_personamem(
+        e, "inf", edit_row=_set("end_index_in_shared_context", "inf")), ["end_index_in_shared_context", "'inf'"]),
+    ("reader-personamem-context-not-a-list", lambda e, t: _load_personamem(e, "ctxobj", edit_context=_context_as_object),
+        ["shared_contexts_32k.jsonl", "a list of messages", "Fix"]),
+    ("reader-personamem-five-options", lambda e, t: _load_personamem(e, "five", edit_row=_set(
+        "all_options", "['(a) x', '(b) y', '(c) z', '(d) w', '(e) v']")), ["all_options", "at most 4 options", "5 options"]),
+    ("reader-infinitebench-27-options", lambda e, t: _infinitebench(e, "many", _many_options),
+        ["'options'", "at most 4 options", "27 options", "A-D"]),
+    ("reader-deeply-nested-json", lambda e, t: _load_text(e, "deep.json", _nested(100_000)),
+        ["deep.json", "nested too deeply", "Fix"]),
+    ("reader-deeply-nested-jsonl-line", lambda e, t: _load_text(
+        e, "deep.jsonl", json.dumps(e.records[0]) + "\n" + _nested(100_000) + "\n", fmt="longmemeval"),
+        ["deep.jsonl", "nested too deeply"]),
+    ("reader-lone-surrogate", lambda e, t: _surrogate_question(e), ["surrogate.json", "'question'", "unpaired surrogate", "Fix"]),
+    ("reader-latin1-file", lambda e, t: _latin1(e), ["latin1.json", "not UTF-8", "re-encode", "Fix"]),
     # --- prompt rendering
     ("prompt-empty-history", lambda e, t: _render(e, dataclasses.replace(e.record, sessions=()), mode="completion"),
         ["empty history", "0 sessions", "Fix"]),
@@ -274,6 +388,8 @@ IN_PROCESS = [
     ("prefill-float-token-ids", lambda e, t: _prefill(e.model, torch.rand(40)), ["integer token ids", "float32"]),
     ("prefill-ids-outside-vocabulary", lambda e, t: _prefill(e.model, torch.arange(1000, 1040)),
         ["1000..1039", "vocabulary 0..383", "tokenizer", "Fix"]),
+    ("generation-original-past-context", lambda e, t: _original_past_context(e),
+        ["condition original", "max_position_embeddings=64", "no shift to reduce", "Fix"]),
     ("prefill-window-longer-than-history", lambda e, t: _prefill(e.model, torch.arange(3, 10), window_size=32),
         ["shorter than window_size=32", "Fix"]),
     # --- geometry
@@ -379,7 +495,6 @@ RUN_CASES = [
     ("run-bad-shard", dict(shard="2/2"), ["--shard 2/2", "0 <= i < n"]),
     ("run-empty-history-record", dict(data="@empty-history"), ["empty history", "Fix"]),
     ("run-zero-records", dict(data="@zero"), ["holds no records"]),
-    ("run-history-beyond-context", dict(model="@short-context"), ["exceeds the model's max_position_embeddings=64", "Fix"]),
     ("run-out-under-a-file", dict(out="@under-file"), ["cannot create run directory", "Fix", "--out"]),
 ]
 
@@ -405,6 +520,18 @@ def test_bad_run_configuration_fails_before_any_result(env, tmp_path, config, fr
     for fragment in fragments:
         assert fragment in str(info.value), f"{fragment!r} missing from: {info.value}"
     _assert_no_results(out)
+
+
+def test_history_beyond_context_is_skipped_and_recorded(env, tmp_path):
+    """A record whose history passes the model's rotary range: skipped (issue 15), named, never a crash."""
+    from relaylens.results import load_tables
+    from relaylens.testing import tiny_model
+
+    out = _run(env, tmp_path / "run", limit=1,
+               model_and_tokenizer=(tiny_model("llama", max_position_embeddings=64), env.tokenizer))
+    skipped = load_tables(out)["skipped"]
+    assert set(skipped.reason) == {"too_long"} and "max_position_embeddings=64" in skipped.detail.iloc[0]
+    assert len(load_tables(out)["answers"]) == 0
 
 
 # ------------------------------------------------------------------------------------------------ full disk
@@ -483,7 +610,22 @@ CLI_CASES = [
     ("cli-model-missing", ["--model", "/nonexistent/model"], ["/nonexistent/model", "does not exist"]),
     ("cli-out-under-a-file", ["--out", "@under-file"], ["cannot create run directory", "--out"]),
     ("cli-merge-not-a-run", ["@merge"], ["not a run directory", "Fix"]),
+    # issue 14: analysis names that are paths, bad counts, foreign run folders, OS errors with fitting fixes
+    ("cli-analysis-name-dot", ["@analysis", "."], ["analysis name '.'", "not a plain name", "ordering"]),
+    ("cli-analysis-name-dotdot", ["@analysis", ".."], ["analysis name '..'", "not a plain name"]),
+    ("cli-analysis-name-path", ["@analysis", "../x"], ["analysis name '../x'", "not a plain name"]),
+    ("cli-synth-negative-n", ["@argv", "data", "synth", "--n", "-1", "--out", "{tmp}/synth.json"], ["--n", "-1", "Fix"]),
+    ("cli-bench-zero-repeats", ["@argv", "bench", "geometry", "--repeats", "0", "--out", "{tmp}/bench"],
+        ["--repeats", "at least 1", "got 0"]),
+    ("cli-figures-empty-format", ["@argv", "figures", "{foreign}", "--format", ""], ["--format ''", "no figure format", "png"]),
+    ("cli-report-foreign-manifest", ["@argv", "report", "{foreign}"], ["manifest.json", "not a relaylens run manifest", "Fix"]),
+    ("cli-report-manifest-not-object", ["@argv", "report", "{list-manifest}"], ["not a relaylens run manifest"]),
+    ("cli-hub-id-offline", ["--model", "relaylens-test/no-such-model"], ["cannot load model 'relaylens-test/no-such-model'",
+        "hub", "Fix", "network"]),
 ]
+
+#: Advice an error line must not give: a full-disk hint for a failure that has nothing to do with disk space.
+NOT_IN_CLI_ERRORS = ["free space", "replace=True", "Traceback"]
 
 
 @pytest.mark.parametrize(("args", "fragments"), [pytest.param(a, f, id=n) for n, a, f in CLI_CASES])
@@ -507,17 +649,28 @@ def test_bad_cli_arguments_exit_2_with_one_clear_line(env, tmp_path, args, fragm
         args[args.index("@under-file")] = str(out)
     if args[:1] == ["@merge"]:
         command = ["merge", str(tmp_path / "not-a-run"), "--out", str(out)]
+    elif args[:1] == ["@argv"]:
+        foreign = tmp_path / "foreign"
+        foreign.mkdir()
+        (foreign / "manifest.json").write_text(json.dumps({"name": "someone else's project", "version": 3}))
+        listed = tmp_path / "listed"
+        listed.mkdir()
+        (listed / "manifest.json").write_text("[1, 2]")
+        places = {"{tmp}": str(tmp_path), "{foreign}": str(foreign), "{list-manifest}": str(listed)}
+        command = [next((a.replace(k, v) for k, v in places.items() if k in a), a) for a in args[1:]]
     else:
         command = ["run", analysis, "--model", str(env.model_dir), "--data", str(env.data), "--limit", "1",
                    "--max-new-tokens", "2", "--out", str(out), *args]
-    result = CliRunner().invoke(app, command, env={"COLUMNS": "80"})  # a narrow terminal must not wrap the line
+    # a narrow terminal must not wrap the line; the hub is unreachable (offline) for the hub-id case
+    result = CliRunner().invoke(app, command, env={"COLUMNS": "80", "HF_HUB_OFFLINE": "1"})
     assert result.exception is None or isinstance(result.exception, SystemExit), repr(result.exception)
     assert result.exit_code == 2, result.output
     errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 1, result.stderr
     for fragment in fragments:
         assert fragment in errors[0], f"{fragment!r} missing from: {errors[0]}"
-    assert "Traceback" not in result.stderr
+    for wrong in NOT_IN_CLI_ERRORS:
+        assert wrong not in result.stderr, f"{wrong!r} in: {result.stderr}"
     _assert_no_results(out)
 
 

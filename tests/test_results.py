@@ -114,7 +114,7 @@ def test_resume_skips_done_units_and_rejects_double_write(tmp_path):
 
 
 def test_reopen_with_different_manifest(tmp_path):
-    RunStore.create_or_open(tmp_path / "run", manifest())
+    fill(RunStore.create_or_open(tmp_path / "run", manifest()), ["q1"])  # committed units: a new manifest would mix
     with pytest.raises(ResultStoreError) as err:
         RunStore.create_or_open(tmp_path / "run", manifest(budget=0.2, extra=True))
     msg = str(err.value)
@@ -284,8 +284,10 @@ def test_merge_rejects_disagreeing_shards(tmp_path):
     fill(c, ["q1"], bump=0.25)
     with pytest.raises(ResultStoreError, match="differs between"):
         merge_runs([a.run_dir, c.run_dir], tmp_path / "out2")
-    with pytest.warns(UserWarning, match="do not cover every shard"):
+    with pytest.raises(ResultStoreError, match="shards 1/2 are missing"):  # refused: incomplete tables (issue 14)
         merge_runs([a.run_dir], tmp_path / "out3")
+    with pytest.warns(UserWarning, match="shards 1/2 are missing"):
+        merge_runs([a.run_dir], tmp_path / "out3", allow_incomplete=True)
 
 
 def test_open_requires_manifest(tmp_path):

@@ -65,7 +65,8 @@ def reference_run(workspace):
 def test_run_writes_three_tables_and_prints_accuracy(reference_run):
     out, result = reference_run
     tables = load_tables(out)
-    assert set(tables) == {"answers", "scores", "probes"}
+    assert set(tables) == {"answers", "scores", "probes", "skipped"}
+    assert tables["skipped"].empty  # every record of the file fits
     answers = tables["answers"]
     assert len(answers) == 6 * 5  # records x conditions (one selector, one budget)
     assert set(answers.condition) == {"original", "key_only", "relay", "query_only(2048)", "common_shift(2048)"}

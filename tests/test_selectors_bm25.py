@@ -174,3 +174,49 @@ def test_bad_inputs():
         BM25(granularity="round")
     with pytest.raises(BudgetError):
         BM25().select(pre, prompt, 1.5)
+
+
+def _kept(sel) -> list[int]:
+    return sel.positions[0, 0][sel.valid[0, 0]].tolist()
+
+
+def test_truncate_never_skips_the_top_ranked_session():
+    prompt = make_prompt()
+    pre = prefill_for(prompt)
+    # budget 30: session c (36 tokens) ranks first and does not fit; first-fit drops it for a (26 tokens)
+    assert BM25().select(pre, prompt, 30).info["units_kept"] == [0]
+    sel = BM25(packing="truncate").select(pre, prompt, 30)
+    c = prompt.sessions[2]
+    assert sel.info["units_kept"] == [2] and sel.info["truncated_unit"] == 2
+    kept = _kept(sel)
+    assert len(kept) == 30 and all(c.start <= p < c.end for p in kept)
+    # inside c: turns ranked by turn-level BM25 (written-out reference), whole while they fit, then leading tokens
+    turns = [t for t in prompt.turns if t.session_id == "c"]
+    turn_scores = lucene_bm25(word_tokens(prompt.question), [word_tokens(t.text) for t in prompt.turns])
+    score = {t.start: turn_scores[t.index] for t in prompt.turns}
+    ranked = sorted(turns, key=lambda t: (-score[t.start], -t.start))
+    want, room = [], 30
+    for t in ranked:
+        take = min(t.length, room)
+        want += range(t.start, t.start + take)
+        room -= take
+        if not room:
+            break
+    assert kept == sorted(want)
+
+
+def test_truncate_keeps_whole_units_that_fit_and_leading_tokens_of_a_turn():
+    prompt = make_prompt()
+    pre = prefill_for(prompt)
+    # 40: c (36) whole, then a (26) crosses: 4 tokens of a's best turn
+    sel = BM25(packing="truncate").select(pre, prompt, 40)
+    assert sel.info["units_kept"] == [0, 2] and len(_kept(sel)) == 40
+    # turn units (10 tokens each), budget 15: the best turn whole, then the leading 5 tokens of the second best
+    turn_scores = lucene_bm25(word_tokens(prompt.question), [word_tokens(t.text) for t in prompt.turns])
+    first, second = sorted(range(len(prompt.turns)), key=lambda i: (-turn_scores[i], -i))[:2]
+    sel = BM25(granularity="turn", packing="truncate").select(pre, prompt, 15)
+    assert sel.info["units_kept"] == sorted([first, second]) and sel.info["truncated_unit"] == second
+    a, b = prompt.turns[first], prompt.turns[second]
+    assert _kept(sel) == sorted(list(range(a.start, a.end)) + list(range(b.start, b.start + 5)))
+    with pytest.raises(RelaylensError, match="packing"):
+        BM25(packing="squeeze")

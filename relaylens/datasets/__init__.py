@@ -63,6 +63,9 @@ def _refuse_empty_or_broken_json(path: Path) -> None:
     if path.suffix not in (".csv", ".parquet") and text[:1] in "[{":
         try:
             json.loads(text)
+        except RecursionError:
+            raise RecordError(f"{path}: the JSON is nested too deeply to read. Fix: check that this is a dataset "
+                              "file; records are only a few levels deep") from None
         except json.JSONDecodeError as err:
             first = text.splitlines()[0]
             try:

@@ -54,10 +54,10 @@ def iter_json_objects(path: Path) -> Iterator[tuple[str, Any]]:
     ``where`` is ``"item N"`` (array, 0-based) or ``"line N"`` (JSONL, 1-based). A line that is not valid JSON
     yields a :class:`RecordError` instance as its object so that a lenient reader can skip it.
     """
-    with open(path, encoding="utf-8") as fh:
+    with open(path, encoding="utf-8-sig") as fh:
         head = fh.read(4096).lstrip()
     if head.startswith("["):
-        with open(path, encoding="utf-8") as fh:
+        with open(path, encoding="utf-8-sig") as fh:
             try:
                 data = json.load(fh)
             except json.JSONDecodeError as err:
@@ -65,7 +65,7 @@ def iter_json_objects(path: Path) -> Iterator[tuple[str, Any]]:
         for i, obj in enumerate(data):
             yield f"item {i}", obj
         return
-    with open(path, encoding="utf-8") as fh:
+    with open(path, encoding="utf-8-sig") as fh:
         lines = fh.readlines()
     try:
         first = json.loads(lines[0]) if lines else None
@@ -89,5 +89,5 @@ def iter_json_objects(path: Path) -> Iterator[tuple[str, Any]]:
 
 def peek_text(path: Path, n: int = 1 << 20) -> str:
     """The first ``n`` characters of a text file (format detection)."""
-    with open(path, encoding="utf-8", errors="replace") as fh:
+    with open(path, encoding="utf-8-sig", errors="replace") as fh:  # a UTF-8 byte-order mark is not content
         return fh.read(n)

@@ -80,6 +80,9 @@ def parse_record(obj, path, where: str, task: str | None) -> Record:
         raw = obj.get("options")
         if not isinstance(raw, list) or len(raw) < 2 or not all(isinstance(o, str) for o in raw):
             raise record_error(path, where, "options", "a list of option strings", raw, "give the 4 options")
+        if len(raw) > 4:  # the official En.MC scoring (relaylens.scoring) reads the letters A-D only
+            raise record_error(path, where, "options", "at most 4 options (En.MC is scored on the letters A-D)",
+                               f"{len(raw)} options", "keep the 4 options of the task")
         if answers[0] not in raw:
             raise record_error(path, where, "answer", f"one of the options {raw}", answers[0],
                                "answer[0] must be the correct option's exact text")

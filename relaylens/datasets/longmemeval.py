@@ -16,6 +16,7 @@ Example:
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 from relaylens.datasets.common import get_field, iter_json_objects, parse_lme_date, record_error
@@ -56,6 +57,9 @@ def parse_record(obj, path, where: str, source: str = "longmemeval") -> Record:
     question = get_field(obj, "question", str, path, where)
     raw_answer = get_field(obj, "answer", (str, int, float), path, where,
                            fix="store the answer as a string or a bare JSON number")
+    if isinstance(raw_answer, float) and not math.isfinite(raw_answer):
+        raise record_error(path, where, "answer", "a string or a finite number", raw_answer,
+                           "NaN/Infinity are not answers; store the answer text")
     qdate = get_field(obj, "question_date", str, path, where)
     parse_lme_date(qdate, path, where, "question_date")
     ids = get_field(obj, "haystack_session_ids", list, path, where)
@@ -66,11 +70,14 @@ def parse_record(obj, path, where: str, source: str = "longmemeval") -> Record:
                            f"{len(ids)} ids, {len(dates)} dates, {len(raw_sessions)} sessions",
                            "haystack_session_ids, haystack_dates and haystack_sessions must align one-to-one")
     answer_ids = get_field(obj, "answer_session_ids", list, path, where)
-    id_set = set()
+    id_set: dict[str, int] = {}
     for k, sid in enumerate(ids):
         if not isinstance(sid, str):
             raise record_error(path, where, f"haystack_session_ids[{k}]", "a string", sid, "session ids are strings")
-        id_set.add(sid)
+        if sid in id_set:  # one id on two sessions would mark a distractor as gold evidence
+            raise record_error(path, where, f"haystack_session_ids[{k}]", f"an id not already used (it is also "
+                               f"haystack_session_ids[{id_set[sid]}])", sid, "give every haystack session its own id")
+        id_set[sid] = k
     for k, sid in enumerate(answer_ids):
         if sid not in id_set:
             raise record_error(path, where, f"answer_session_ids[{k}]", "an id listed in haystack_session_ids", sid,

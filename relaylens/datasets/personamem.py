@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import ast
 import json
+import math
 import re
 from pathlib import Path
 
@@ -49,6 +50,8 @@ QUESTION_COLUMNS = ("user_question_or_message", "question")
 _META_COLUMNS = ("topic", "persona_id", "context_length_in_tokens", "context_length_in_letters",
                  "distance_to_ref_in_blocks", "distance_to_ref_in_tokens", "num_irrelevant_tokens",
                  "distance_to_ref_proportion_in_context", "stereotypical")
+#: The option letters the scoring rules read (``relaylens.scoring``: a-d).
+OPTION_LETTERS = "abcd"
 _LETTER = re.compile(r"^\s*\(?\s*([a-zA-Z])\s*\)")
 
 
@@ -62,7 +65,7 @@ def read_personamem(path: Path, collector: RecordCollector, contexts_path: str |
     """Parse the questions CSV at ``path`` (and its shared contexts) into ``collector``."""
     import pandas as pd
 
-    frame = pd.read_csv(path, dtype=str, keep_default_na=False)
+    frame = pd.read_csv(path, dtype=str, keep_default_na=False, encoding="utf-8-sig")
     missing = [c for c in REQUIRED_COLUMNS if c not in frame.columns]
     qcol = next((c for c in QUESTION_COLUMNS if c in frame.columns), None)
     if missing or qcol is None:
@@ -83,8 +86,8 @@ def load_contexts(path: Path, wanted: set[str]) -> dict[str, list]:
     """``{shared_context_id: messages}`` for the ids in ``wanted`` (other lines are not parsed)."""
     out = {}
     key_re = re.compile(r'^\s*\{\s*"([^"]+)"')
-    with open(path, encoding="utf-8") as fh:
-        for n, line in enumerate(fh, start=1):
+    with open(path, encoding="utf-8-sig") as fh:
+        for n, line in enumerate(_decoded(fh, path), start=1):
             m = key_re.match(line)
             if not m or m.group(1) not in wanted:
                 continue
@@ -93,9 +96,23 @@ def load_contexts(path: Path, wanted: set[str]) -> dict[str, list]:
             except json.JSONDecodeError as err:
                 raise RecordError(f"{path}: line {n}: not valid JSON ({err.msg}). Fix: each line must be "
                                   '{"<shared_context_id>": [messages]}') from None
+            except RecursionError:
+                raise RecordError(f"{path}: line {n}: JSON nested too deeply to read. Fix: each line must be "
+                                  '{"<shared_context_id>": [messages]}') from None
+            if not isinstance(obj, dict) or len(obj) != 1:
+                raise RecordError(f"{path}: line {n}: expected one object with a single key (the shared context id). "
+                                  'Fix: each line must be {"<shared_context_id>": [messages]}')
             ((cid, messages),) = obj.items()
             out[cid] = messages
     return out
+
+
+def _decoded(lines, path):
+    try:
+        yield from lines
+    except UnicodeDecodeError as err:
+        raise RecordError(f"{path}: not UTF-8 text ({err.reason} at byte offset {err.start} of a read block). Fix: "
+                          "re-encode the file as UTF-8") from None
 
 
 def parse_options(text: str, path, where: str) -> tuple[str, ...]:
@@ -108,10 +125,17 @@ def parse_options(text: str, path, where: str) -> tuple[str, ...]:
     if not isinstance(options, (list, tuple)) or len(options) < 2 or not all(isinstance(o, str) for o in options):
         raise record_error(path, where, "all_options", "a list of at least 2 strings", options,
                            "list the options as strings")
+    if len(options) > len(OPTION_LETTERS):
+        raise record_error(path, where, "all_options", f"at most {len(OPTION_LETTERS)} options (scoring reads the "
+                           f"letters {'-'.join(OPTION_LETTERS[::len(OPTION_LETTERS) - 1])})", f"{len(options)} options",
+                           "keep the four PersonaMem options")
     out = []
     for i, opt in enumerate(options):
         m = _LETTER.match(opt)
-        out.append(opt.strip() if m else f"({chr(97 + i)}) {opt.strip()}")
+        if m and m.group(1).lower() not in OPTION_LETTERS:
+            raise record_error(path, where, f"all_options[{i}]", f"an option labelled (a)-(d)", opt,
+                               "label the options (a) to (d)")
+        out.append(opt.strip() if m else f"({OPTION_LETTERS[i]}) {opt.strip()}")
     return tuple(out)
 
 
@@ -131,12 +155,19 @@ def parse_row(row: dict, qcol: str, contexts: dict, path, ctx_path, where: str) 
     if cid not in contexts:
         raise record_error(path, where, "shared_context_id", f"an id present in {ctx_path}", cid,
                            "use the shared_contexts file of the same size as the questions file")
+    raw_end = row["end_index_in_shared_context"]
     try:
-        end = int(float(row["end_index_in_shared_context"]))
+        value = float(raw_end)
     except ValueError:
-        raise record_error(path, where, "end_index_in_shared_context", "an integer", row["end_index_in_shared_context"],
-                           "write the message count as an integer") from None
+        value = math.nan
+    if not math.isfinite(value) or not value.is_integer():  # "2.9" is not silently cut to 2; inf/nan refused
+        raise record_error(path, where, "end_index_in_shared_context", "a whole number of messages", raw_end,
+                           "write the message count as an integer")
+    end = int(value)
     messages = contexts[cid]
+    if not isinstance(messages, list):
+        raise record_error(ctx_path, f"context {cid!r}", "<messages>", "a list of messages", messages,
+                           'each line must be {"<shared_context_id>": [messages]}')
     if not 0 < end <= len(messages):
         raise record_error(path, where, "end_index_in_shared_context", f"an index in 1..{len(messages)}", end,
                            "the index must cut inside the shared context")

@@ -23,6 +23,7 @@ from relaylens.selectors.streaming import uniform_selection
 from relaylens.spans import RenderedPrompt, Span
 
 GRANULARITIES = ("session", "turn")
+PACKINGS = ("first_fit", "truncate")
 INDEXED_TEXTS = ("all", "user")
 _WORD = re.compile(r"\w+")
 
@@ -56,7 +57,12 @@ class BM25(Selector):
     """Greedy first-fit of whole units, ranked by BM25 score (ties: the more recent unit first), into ``K`` tokens.
 
     The kept set is the union of the chosen units' token spans, identical for every layer and head; each state's
-    score is its unit's BM25 score. A unit that does not fit is skipped (never truncated) and the next one tried.
+    score is its unit's BM25 score. With ``packing="first_fit"`` (default, the reference retrieval packing) a unit
+    that does not fit is skipped and the next one tried, so a long top-ranked session can be lost while shorter,
+    lower-ranked ones are kept. With ``packing="truncate"`` the first unit that crosses the budget is cut to the
+    remaining room instead (a session keeps its best-scoring turns, ranked by the turn-level BM25 score, whole while
+    they fit, then the leading tokens of the next one; a turn keeps its leading tokens) and packing stops: the
+    top-ranked units are never skipped.
 
     Parameters:
         granularity: ``"session"`` (default) or ``"turn"`` (``prompt.sessions`` / ``prompt.turns`` spans).
@@ -66,6 +72,7 @@ class BM25(Selector):
         fill_zero_score: let units with score 0 fill leftover budget (most recent first); default True.
         keep_prefix: force-keep the tokens before the first unit (system prompt / instructions), counted in ``K``;
             default False. Their score is ``1 + max`` unit score.
+        packing: ``"first_fit"`` (whole units only) or ``"truncate"`` (see above).
 
     Example:
         >>> from relaylens.selectors.synthetic import random_prefill
@@ -85,6 +92,7 @@ class BM25(Selector):
     b: float = 0.75
     fill_zero_score: bool = True
     keep_prefix: bool = False
+    packing: str = "first_fit"
 
     name: ClassVar[str] = "bm25"
     needs_prompt: ClassVar[bool] = True
@@ -94,6 +102,8 @@ class BM25(Selector):
             raise RelaylensError(f"BM25 granularity must be one of {GRANULARITIES}; got {self.granularity!r}")
         if self.indexed_text not in INDEXED_TEXTS:
             raise RelaylensError(f"BM25 indexed_text must be one of {INDEXED_TEXTS}; got {self.indexed_text!r}")
+        if self.packing not in PACKINGS:
+            raise RelaylensError(f"BM25 packing must be one of {PACKINGS}; got {self.packing!r}")
 
     def unit_texts(self, prompt: RenderedPrompt, units: tuple[Span, ...]) -> list[str]:
         """The text indexed for each unit."""
@@ -131,13 +141,18 @@ class BM25(Selector):
         if capacity < 0:
             raise BudgetError(f"BM25 budget K={k} is smaller than the force-kept {prefix}-token prefix; raise the budget")
         order = sorted(range(len(units)), key=lambda i: (-float(scores[i]), -units[i].start))  # score, then recency
-        chosen, used = [], 0
+        chosen, used, partial = [], 0, []
         for i in order:
             if scores[i] <= 0 and not self.fill_zero_score:
                 continue
             if used + units[i].length <= capacity:
                 chosen.append(i)
                 used += units[i].length
+            elif self.packing == "truncate":
+                partial = self._truncated(prompt, units[i], capacity - used)  # [(start, end)] within the unit
+                if partial:
+                    chosen.append(i)
+                break
         if not chosen and prefix == 0:
             if not self.fill_zero_score and not bool((scores > 0).any()):
                 raise RecordError(
@@ -153,13 +168,42 @@ class BM25(Selector):
         if prefix:
             state_scores[:prefix] = float(scores.max()) + 1.0
         for i in chosen:
-            state_scores[units[i].start : units[i].end] = scores[i]
+            spans = partial if partial and i == chosen[-1] else [(units[i].start, units[i].end)]
+            for start, end in spans:
+                state_scores[start:end] = scores[i]
         keep = torch.nonzero(~torch.isnan(state_scores)).flatten()  # [m] sorted
         info = {
             "selector": self.name,
             "budget": k,
             "granularity": self.granularity,
             "units_kept": sorted(chosen),
+            "truncated_unit": chosen[-1] if partial else None,
             "unit_scores": scores.tolist(),
         }
         return uniform_selection(keep, prefill, state_scores[keep], info)
+
+    def _truncated(self, prompt: RenderedPrompt, unit: Span, room: int) -> list[tuple[int, int]]:
+        """Token ranges of ``unit`` that fill ``room`` tokens: best-scoring whole turns of a session first (turn-level
+        BM25 over every turn of the prompt; ties: the more recent), then the leading tokens of the next turn; a
+        turn (or a session without turn spans) keeps its leading ``room`` tokens."""
+        if room <= 0:
+            return []
+        turns = [t for t in prompt.turns if unit.kind == "session" and unit.start <= t.start and t.end <= unit.end]
+        if not turns:
+            return [(unit.start, unit.start + room)]
+        all_turns = list(prompt.turns)
+        texts = [t.text if self.indexed_text == "all" or t.role == "user" else "" for t in all_turns]
+        turn_scores = bm25_scores(prompt.question, texts, self.k1, self.b)  # [n_turns]
+        score = {(t.start, t.end): float(turn_scores[j]) for j, t in enumerate(all_turns)}
+        ranked = sorted(turns, key=lambda t: (-score[(t.start, t.end)], -t.start))
+        spans, used = [], 0
+        for t in ranked:
+            if used + t.length <= room:
+                spans.append((t.start, t.end))
+                used += t.length
+            else:
+                spans.append((t.start, t.start + room - used))
+                used = room
+            if used == room:
+                break
+        return spans
