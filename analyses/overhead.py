@@ -7,6 +7,7 @@ repeated, interleaved requests and stage times.
 """
 
 from relaylens.experiments import ExperimentSpec
+from relaylens.overhead import overhead_table  # noqa: F401 - the Table 3 statistic of this analysis
 from relaylens.presets import LLAMA, PAPER_DECODING, QWEN, SIX_SELECTORS, Preset
 
 #: rows decoded together (the CLI's ``--batch-rows`` default for this analysis): 1 = per-request timings

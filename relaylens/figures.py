@@ -13,7 +13,7 @@ name       kind    what
 table1     table   accuracy per selector x budget x condition, with the paired difference vs ``original``
 table6     table   the same per question type
 table8     table   evidence-reading band table (early / middle / late means, deltas vs original in pp)
-table3     table   timing per condition from ``elapsed_s``
+table3     table   complete-request time and overhead over original (``relaylens.overhead``)
 figure3    figure  budget curves: accuracy vs budget, one panel per selector, original vs relay
 figure4    figure  coordinate ablation: per-condition means and paired differences vs original, band deltas
 figure5    figure  ordering: source / score / reverse / RandomMean (mean over ``random_order(seed)``) and seed spread
@@ -222,21 +222,16 @@ def table8(tables: dict) -> pd.DataFrame:
     return out.drop(columns=["_b", "_c", "_s", "_p"]).reset_index(drop=True)
 
 
-@_register("table3", "table", "Table 3: time per request by condition (elapsed_s)", _needs_answers)
+@_register("table3", "table", "Table 3: complete-request time per condition and overhead over original", _needs_answers)
 def table3(tables: dict) -> pd.DataFrame:
-    answers = _table(tables, "answers")
-    keys = ["selector", "budget", "condition"]
-    g = answers.groupby(keys, sort=True)
-    out = g.agg(n=("elapsed_s", "size"), elapsed_mean=("elapsed_s", "mean"), elapsed_median=("elapsed_s", "median"),
-                new_tokens_mean=("new_tokens", "mean")).reset_index()
-    out["s_per_token"] = out["elapsed_mean"] / out["new_tokens_mean"].where(out["new_tokens_mean"] > 0)
-    ref = out[out["condition"] == REFERENCE][["selector", "budget", "elapsed_mean"]].rename(
-        columns={"elapsed_mean": "_ref"})
-    out = out.merge(ref, on=["selector", "budget"], how="left")
-    out["ratio_vs_original"] = out["elapsed_mean"] / out["_ref"]
+    """Request time (prefill + selection + question + decoding) and the paired geometric-mean overhead; see
+    :mod:`relaylens.overhead` (NaN overhead for rows decoded in batches of several rows)."""
+    from relaylens.overhead import overhead_table
+
+    out = overhead_table(_table(tables, "answers"))
     cond_rank = {c: i for i, c in enumerate(plots.condition_order(out["condition"]))}
     out = out.assign(_c=out["condition"].map(cond_rank)).sort_values(["selector", "budget", "_c"], kind="mergesort")
-    return out.drop(columns=["_ref", "_c"]).reset_index(drop=True)
+    return out.drop(columns=["_c"]).reset_index(drop=True)
 
 
 # ----------------------------------------------------------------------------------------------------- figures

@@ -69,3 +69,26 @@ def test_complete_request_times_every_stage_and_decodes_exactly_n_tokens(tmp_pat
         assert timing["request_s"] == pytest.approx(sum(timing[s] for s in stages))
         assert timing["tokens"] == 5
     assert out["original"]["kv_logical_mb"] == out["relay"]["kv_logical_mb"] > 0
+
+
+def test_table3_statistic_from_run_tables_matches_a_hand_computation():
+    """Two records, three repetitions each: medians, paired ratios, geometric mean minus one; batched rows excluded."""
+    import pandas as pd
+
+    from relaylens.figures import table3
+
+    rows = []
+    times = {("a", "original"): [2.0, 2.2, 9.0], ("a", "relay"): [2.1, 2.2, 2.3],  # medians 2.2 / 2.2
+             ("b", "original"): [4.0, 4.0, 4.0], ("b", "relay"): [4.4, 4.4, 4.4]}  # ratio 1.1
+    for (record, condition), values in times.items():
+        for value in values:
+            rows.append(dict(record_id=record, selector="snapkv", budget=256.0, condition=condition, prefill_s=1.0,
+                             selection_s=0.0, elapsed_s=value - 1.0, new_tokens=10, batch_rows=1))
+    rows.append(dict(record_id="c", selector="bm25", budget=256.0, condition="relay", prefill_s=1.0, selection_s=0.1,
+                     elapsed_s=1.0, new_tokens=10, batch_rows=5))
+    rows.append(dict(rows[-1], condition="original"))
+    table = table3({"answers": pd.DataFrame(rows)})
+    relay = table[(table.selector == "snapkv") & (table.condition == "relay")].iloc[0]
+    assert relay["overhead_pct"] == pytest.approx(100 * (math.sqrt(1.0 * 1.1) - 1))
+    batched = table[table.selector == "bm25"]
+    assert batched["overhead_pct"].isna().all() and set(batched["timing"]) == {"batched"}
