@@ -19,6 +19,7 @@ SPEC = ExperimentSpec(
     budgets=(256, 1024),
     conditions=("original", "relay"),
     max_new_tokens=128,
+    stop="none",
     limit=4,
     figures=("table3",),
     description="Complete-request time of original vs relay on the same selection (run one row at a time); "
