@@ -209,6 +209,9 @@ def run(
     judge_key_env: str = typer.Option(None, "--judge-key-env", help="environment variable with the judge's API key"),
     batch_rows: int = typer.Option(None, "--batch-rows", help="rows (selector x budget x condition) of a record decoded "
                                    "in one batch (default: all; 1: one at a time, per-request timings)"),
+    sweep: str = typer.Option(None, "--sweep", help="'layers': per-layer causal sweep (relay in layer l only, and in "
+                              "layers 0..l, for every l): costs one extra question pass per layer and curve for every "
+                              "record (about 2 x layers passes); off by default; recorded in the manifest"),
 ) -> None:
     """Run (or resume) an analysis; every condition of a record shares one prefill and one selection."""
     from relaylens.experiments import apply_overrides, load_analysis
@@ -220,7 +223,7 @@ def run(
     spec = _guard(apply_preset, module, preset)
     spec = _guard(apply_overrides, spec, selectors=selector or None, conditions=condition or None,
                   budgets=tuple(budget) if budget else None, max_new_tokens=max_new_tokens, prompt_mode=prompt_mode,
-                  granularity=granularity, stop=stop)
+                  granularity=granularity, stop=stop, sweep=sweep)
     _load_kwargs(device, dtype, device_map, attn_implementation, rope_scaling, max_position)  # bad values: one line, early
     config = RunConfig(model=model, data=data, data_format=data_format, limit=limit, out=str(out) if out else None,
                        shard=shard, seed=seed, force=force, judge_url=judge_url, judge_model=judge_model,

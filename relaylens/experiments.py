@@ -46,6 +46,9 @@ class ExperimentSpec:
         selector_options: per-selector hyperparameter overrides, e.g. ``{"adakv": {"floor_alpha": 0.5}}``.
         limit: default number of records on CPU (``None`` or 0: all).
         figures: figure names this analysis feeds (``relaylens figures``).
+        sweep: ``"layers"`` adds the per-layer causal sweep (:mod:`relaylens.layer_sweep`: relay in each layer
+            alone and in layers ``0..l``, one question pass each, about ``2 x layers`` passes per record); ``""``
+            (the default) runs none.
     """
 
     name: str
@@ -63,6 +66,7 @@ class ExperimentSpec:
     limit: int | None = None
     figures: tuple[str, ...] = ()
     description: str = ""
+    sweep: str = ""
 
     def __post_init__(self) -> None:
         from relaylens.selectors import REGISTRY
@@ -94,6 +98,8 @@ class ExperimentSpec:
             make_selector(name, **options)  # unknown hyperparameters: one clear line naming the selector
         if self.max_new_tokens < 0:
             raise RelaylensError(f"max_new_tokens must be >= 0; got {self.max_new_tokens}")
+        if self.sweep not in ("", "layers"):
+            raise RelaylensError(f"sweep must be 'layers' or empty (none); got {self.sweep!r}")
 
     def stops_at_newline(self, prompt_mode: str) -> bool:
         """Whether decoding stops at the first newline under ``prompt_mode`` (the resolved one)."""
@@ -113,7 +119,10 @@ class ExperimentSpec:
         return dataclasses.replace(self, **{k: v for k, v in changes.items() if v is not None})
 
     def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
+        out = dataclasses.asdict(self)
+        if not out["sweep"]:  # manifests of runs without a sweep stay as they were before the field existed
+            del out["sweep"]
+        return out
 
 
 def load_analysis(name: str):

@@ -174,6 +174,8 @@ def relocate_selection(
                                           layer=layer if factors.per_layer else None)  # checks its output is finite
             except NonFiniteError as err:
                 raise NonFiniteError(f"layer {layer}: {err}") from None
+            except PositionError as err:
+                raise PositionError(f"condition {coords.condition}, layer {layer}: {err}") from None
             if moved is None:
                 moved = relocated
             else:

@@ -184,8 +184,9 @@ def process_record(model, tokenizer, factors, record: Record, prompt, prefill, p
 
     Yields ``(unit, answers, scores, probes)`` per unit, in order, as soon as all its rows are done.
     """
-    from relaylens.probes import probe_rows, replay_conditions
+    from relaylens.probes import probe_rows
     from relaylens.rows import Row, run_rows
+    from relaylens.scopes import expand_conditions
     from relaylens.scoring import score_answer
 
     evidence = prompt.evidence_mask(spec.granularity)
@@ -194,10 +195,11 @@ def process_record(model, tokenizer, factors, record: Record, prompt, prefill, p
     common = dict(max_new_tokens=spec.max_new_tokens, tokenizer=tokenizer, stop_at_newline=spec.stops_at_newline(spec.prompt_mode),
                   window_mode=config.window_mode, factors=factors, eos_token_ids=set() if spec.stop == "none" else None)
     units = list(units)
-    rows = [(unit, condition) for unit in units for condition in spec.conditions]
+    conditions = expand_conditions(spec.conditions, model)  # scoped conditions learn the model's layer types
+    rows = [(unit, condition) for unit in units for condition in conditions]
     size = config.batch_rows or len(rows)
     outcomes: list[tuple] = []  # per row, in order: (generation, probed or None, elapsed_s, rows in its batch)
-    width = len(spec.conditions)
+    width = len(conditions)
     for first in range(0, len(rows), size):
         chunk = rows[first : first + size]
         started = time.perf_counter()
@@ -214,13 +216,18 @@ def process_record(model, tokenizer, factors, record: Record, prompt, prefill, p
         while len(outcomes) >= width:  # a unit's rows are consecutive: commit each unit as soon as it is complete
             mine, outcomes = outcomes[:width], outcomes[width:]
             unit = units.pop(0)
-            yield (unit, *_unit_tables(record, prompt, prefill, prefill_s, unit, mine, spec, factors, evidence,
-                                        do_probes, judge, score_answer, replay_conditions))
+            yield (unit, *_unit_tables(model, tokenizer, record, prompt, prefill, prefill_s, unit, mine, spec, config,
+                                        factors, evidence, do_probes, judge))
 
 
-def _unit_tables(record, prompt, prefill, prefill_s, unit: UnitWork, outcomes: list, spec, factors, evidence, do_probes,
-                 judge, score_answer, replay_conditions) -> tuple[list[dict], list[dict], pd.DataFrame]:
-    """The answers, scores and probes rows of one unit from its conditions' outcomes."""
+def _unit_tables(model, tokenizer, record, prompt, prefill, prefill_s, unit: UnitWork, outcomes: list, spec, config,
+                 factors, evidence, do_probes, judge) -> tuple[list[dict], list[dict], pd.DataFrame]:
+    """The answers, scores and probes rows of one unit from its conditions' outcomes (plus its layer sweep, if any)."""
+    from relaylens.layer_sweep import layer_sweep
+    from relaylens.probes import replay_conditions
+    from relaylens.scopes import expand_conditions
+    from relaylens.scoring import score_answer
+
     selection = unit.selection
     gold_total, gold_kept = _gold_units(prompt, selection, spec.granularity)
     key = {"record_id": record.record_id, "selector": unit.selector, "budget": float(unit.budget)}
@@ -248,9 +255,17 @@ def _unit_tables(record, prompt, prefill, prefill_s, unit: UnitWork, outcomes: l
         for metric, value in metrics.items():
             scores.append({**key, "condition": label, **meta, "metric": metric, "value": float(value)})
     if do_probes and reference is not None and spec.replay_conditions:
-        replay = replay_conditions(reference, prefill, selection, evidence, list(spec.replay_conditions),
+        replay = replay_conditions(reference, prefill, selection, evidence, expand_conditions(spec.replay_conditions, model),
                                    int(prompt.question_ids.numel()), factors)
         probe_frames.append(replay.assign(source="replay"))
+    if spec.sweep == "layers":
+        sweep_scores, sweep_probes = layer_sweep(model, prefill, selection, prompt.question_ids, evidence if do_probes else None,
+                                                 first_answer_token(tokenizer, record, spec.prompt_mode), factors,
+                                                 config.window_mode)
+        scores.extend({**key, "condition": row["condition"], **meta, "metric": row["metric"], "value": row["value"]}
+                      for row in sweep_scores)
+        if len(sweep_probes):
+            probe_frames.append(sweep_probes)
     probes = pd.concat(probe_frames, ignore_index=True).assign(**key) if probe_frames else pd.DataFrame()
     return answers, scores, probes
 

@@ -10,7 +10,7 @@ import pytest
 MODULES = ["relaylens.selection", "relaylens.geometry", "relaylens.conditions", "relaylens.testing", "relaylens.bands",
            "relaylens.attention", "relaylens.generation", "relaylens.experiments", "relaylens.probes", "relaylens.prefill",
            "relaylens.results", "relaylens.scoring", "relaylens.summaries", "relaylens.shards", "relaylens.placement",
-           "relaylens.presets", "relaylens.rejudge", "relaylens.agreement", "relaylens.retention"]
+           "relaylens.presets", "relaylens.rejudge", "relaylens.agreement", "relaylens.retention", "relaylens.scopes", "relaylens.layer_sweep"]
 
 
 @pytest.mark.parametrize("name", MODULES)

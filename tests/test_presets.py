@@ -35,6 +35,9 @@ PAPER = {
     "overhead": {"selectors": ("bm25", "snapkv", "pyramidkv"), "budgets": (2048, 8192),
                  "conditions": ("original", "relay"), "max_new_tokens": 128, "stop": "none", "limit": 20},
     "full_kv": {"selectors": ("full",), "budgets": (1.0,), "conditions": ("original",), **MEMORY_DECODING},
+    # not an experiment of the paper (issue 17): its decoding and gold unit on the layer scopes
+    "layer_scope": {"selectors": ("bm25",), "budgets": (0.10,), "conditions_include": ("original", "relay", "key_only"),
+                    "probes": True, "teacher_forcing": True, **MEMORY_DECODING, **SESSION_GOLD},
 }
 
 

@@ -153,3 +153,25 @@ def test_empty_rows_refused():
         pre = prefill_from_cache(history, model(history[None], use_cache=True, cache=DynamicCache()).cache, model)
     with pytest.raises(ShapeError, match="at least one"):
         run_rows(model, pre, [], torch.tensor([5, 6]))
+
+
+@pytest.mark.parametrize("variant", ["llama", "gemma3"])
+def test_scoped_conditions_batched_equal_sequential(variant):
+    """Layer/head-scoped conditions are ordinary coordinates: batched rows decode them as one by one."""
+    from relaylens.scopes import expand_conditions
+
+    model = tiny_model(variant, seed=9)
+    history, question = _tokens(model, HISTORY, 4), _tokens(model, QUESTION, 5)
+    with torch.no_grad():
+        pre = prefill_from_cache(history, model(history[None], use_cache=True, cache=DynamicCache()).cache, model)
+    specs = ["original", "relay@layers=0", "relay@band=late@base=key_only", "half_gap@heads=1.0", "relay@layer_type=*"]
+    conditions = expand_conditions(specs, model)
+    rows = [(_ragged(pre, seed), cond) for seed in (21, 22) for cond in conditions]
+    sequential = [run_condition(model, pre, sel, cond, question, max_new_tokens=TOKENS, eos_token_ids=set(),
+                                keep_question_logits=True) for sel, cond in rows]
+    batched = run_rows(model, pre, [Row(sel, cond) for sel, cond in rows], question, max_new_tokens=TOKENS,
+                       eos_token_ids=set(), keep_question_logits=True)
+    for (_, cond), one, many in zip(rows, sequential, batched):
+        assert many.condition == one.condition == cond.label
+        assert many.token_ids == one.token_ids and many.question_start == one.question_start, cond.label
+        assert float((many.question_logits - one.question_logits).abs().max()) <= 1e-5, cond.label
