@@ -13,7 +13,7 @@ import pandas as pd
 from relaylens.errors import RelaylensError
 
 #: metrics that are probability shares: their band deltas are reported in percentage points
-SHARE_METRICS = ("evidence_share", "history_share", "replay_gold_share")
+SHARE_METRICS = ("evidence_share", "history_share", "replay_gold_share", "evidence_grad_x_input_share")
 
 
 def bands(num_layers: int, boundaries: tuple[int, int] | None = None) -> dict[str, list[int]]:

@@ -318,7 +318,6 @@ def _call_rotary(rotary: nn.Module, position_ids: torch.Tensor, layer_type: str 
     return cos.float(), sin.float()
 
 
-@torch.no_grad()
 def relocate_keys(
     keys: torch.Tensor,
     source_positions: torch.Tensor,
@@ -337,14 +336,27 @@ def relocate_keys(
         layer: the layer index, required when the model's rotary differs per layer (Gemma-3).
 
     Returns:
-        ``[..., n, head_dim]`` in the input dtype. Arithmetic runs in float32: per slot and plane one relative
-        rotation ``(c, s)`` = the model's phase at ``p'`` times the exact inverse of its phase at ``p`` (amplitude
-        ``a^2`` included), then one multiply and one multiply-add per feature, written in place; keys that stay put
-        are copied bit for bit, as are non-rotary features; values are never touched.
+        ``[..., n, head_dim]`` in the input dtype. Arithmetic runs in float32, float64 for float64 keys (undo the
+        model's exact phase at ``p`` including the amplitude ``a^2``, apply the phase at ``p'``, fused into one
+        complex multiplier per plane); non-rotary features are copied bit for bit; values are never touched.
+
+    Autograd: when ``keys`` requires grad (and grad mode is on) the result carries the graph back to ``keys``
+    (the map is linear in the keys; positions are integers and get no gradient). Otherwise (and for non-float64
+    keys) the pass runs under ``torch.no_grad()`` as one relative rotation per slot, multiply-adds written in place
+    into reused scratch buffers (``relaylens bench geometry`` compares it with a float32 copy).
 
     Raises:
         NonFiniteError: the keys hold NaN/inf, or the result would overflow the keys' dtype (never propagated).
     """
+    if (torch.is_grad_enabled() and keys.requires_grad) or keys.dtype == torch.float64:
+        with torch.set_grad_enabled(torch.is_grad_enabled() and keys.requires_grad):
+            return _relocate(keys, source_positions, target_positions, factors, layer)  # differentiable (and float64)
+    with torch.no_grad():
+        return _relocate(keys, source_positions, target_positions, factors, layer, fast=True)
+
+
+def _relocate(keys, source_positions, target_positions, factors: RotaryFactors, layer: int | None,
+              fast: bool = False) -> torch.Tensor:
     if keys.shape[-1] != factors.head_dim:
         raise ShapeError(f"keys have head_dim {keys.shape[-1]}, the model's is {factors.head_dim}")
     lead = keys.shape[:-1]  # [..., n]
@@ -361,6 +373,32 @@ def relocate_keys(
     if keys.numel() == 0:
         return keys.clone()
     size = int(max(source.max(), target.max())) + 1
+    if fast:
+        return _relocate_in_place(keys, source, target, factors, layer, size)
+    forward, inverse = factors.complex_tables(size, layer)  # [P, plane] complex64
+    flat_src = source.reshape(-1).to(forward.device)  # [slots]
+    flat_dst = target.reshape(-1).to(forward.device)
+    flat_keys = keys.reshape(-1, keys.shape[-1])  # [slots, head_dim]
+    out = torch.empty(flat_keys.shape, dtype=keys.dtype, device=keys.device)
+    rotary = factors.rotary_dim
+    if rotary < keys.shape[-1]:
+        out[:, rotary:] = flat_keys[:, rotary:]  # pass-through features, bit for bit
+    one = torch.ones((), dtype=forward.dtype, device=forward.device)
+    for start in range(0, flat_keys.shape[0], _CHUNK_SLOTS):
+        rows = slice(start, start + _CHUNK_SLOTS)
+        src, dst = flat_src[rows], flat_dst[rows]
+        multiplier = torch.where((src == dst)[:, None], one, forward[dst] * inverse[src])  # [chunk, plane]
+        out[rows, :rotary] = _multiply_planes(flat_keys[rows, :rotary], multiplier, factors.layout)
+        if not math.isfinite(float(out[rows].detach().sum(dtype=torch.float32))):  # one pass while the chunk is in cache
+            _raise_non_finite(flat_keys[rows].detach(), out[rows].detach(), start, keys.shape)  # (a finite sum proves every entry finite)
+    return out.reshape(keys.shape)
+
+
+def _relocate_in_place(keys: torch.Tensor, source: torch.Tensor, target: torch.Tensor, factors: RotaryFactors,
+                       layer: int | None, size: int) -> torch.Tensor:
+    """The no-autograd relocation: one relative rotation ``(c, s)`` per slot and plane from the model's phase tables
+    (phase at ``p'`` times the exact inverse phase at ``p``), then one multiply and one multiply-add per feature written
+    in place, all into scratch buffers reused across calls (no per-call allocations besides the result)."""
     cos_table, sin_table, inv_cos, inv_sin = factors.phase_tables(size, layer)  # [P, plane] float32 each
     flat_src = source.reshape(-1).to(cos_table.device)  # [slots]
     flat_dst = target.reshape(-1).to(cos_table.device)
@@ -442,8 +480,14 @@ def _raise_non_finite(flat_keys: torch.Tensor, out: torch.Tensor, start: int, sh
 
 
 def _multiply_planes(x: torch.Tensor, multiplier: torch.Tensor, layout: str) -> torch.Tensor:
-    """Multiply every plane of ``x`` ``[rows, rotary_dim]`` (read as ``x_1 + i x_2``) by ``multiplier`` ``[rows, plane]``."""
-    x = x.float()
+    """Multiply every plane of ``x`` ``[rows, rotary_dim]`` (read as ``x_1 + i x_2``) by ``multiplier`` ``[rows, plane]``.
+
+    Runs in float32, or float64 (complex128) when ``x`` is float64; differentiable in ``x``.
+    """
+    if x.dtype == torch.float64:
+        multiplier = multiplier.to(torch.complex128)
+    else:
+        x = x.float()
     if layout == "split_half":
         half = x.shape[-1] // 2
         z = torch.complex(x[:, :half], x[:, half:]) * multiplier
@@ -452,16 +496,22 @@ def _multiply_planes(x: torch.Tensor, multiplier: torch.Tensor, layout: str) -> 
     return torch.view_as_real(z).reshape(x.shape[0], -1)
 
 
-@torch.no_grad()
 def rotate_keys(keys: torch.Tensor, positions: torch.Tensor, factors: RotaryFactors, layer: int | None = None) -> torch.Tensor:
-    """Apply ``R_a(p)`` to *un-rotated* key or query content ``[..., n, head_dim]`` (used by phase replay)."""
-    return _apply_phases(keys, positions, factors, layer, inverse=False)
+    """Apply ``R_a(p)`` to *un-rotated* key or query content ``[..., n, head_dim]`` (used by phase replay).
+
+    Differentiable in ``keys`` when they require grad (float64 keys are computed in float64); no graph otherwise.
+    """
+    with torch.set_grad_enabled(torch.is_grad_enabled() and keys.requires_grad):
+        return _apply_phases(keys, positions, factors, layer, inverse=False)
 
 
-@torch.no_grad()
 def unrotate_keys(keys: torch.Tensor, positions: torch.Tensor, factors: RotaryFactors, layer: int | None = None) -> torch.Tensor:
-    """Apply ``R_a(p)^-1``: recover the un-rotated content of post-rotary keys or queries ``[..., n, head_dim]``."""
-    return _apply_phases(keys, positions, factors, layer, inverse=True)
+    """Apply ``R_a(p)^-1``: recover the un-rotated content of post-rotary keys or queries ``[..., n, head_dim]``.
+
+    Differentiable in ``keys`` like :func:`rotate_keys`.
+    """
+    with torch.set_grad_enabled(torch.is_grad_enabled() and keys.requires_grad):
+        return _apply_phases(keys, positions, factors, layer, inverse=True)
 
 
 def _apply_phases(keys: torch.Tensor, positions: torch.Tensor, factors: RotaryFactors, layer: int | None, inverse: bool) -> torch.Tensor:

@@ -176,13 +176,17 @@ def run_rows(
     state.row_observers = []
     if teacher_token is not None:
         state.row_observers = [list(row.teacher_observers) for row in rows]
-        _forward(model, batch, torch.full((count, 1), int(teacher_token)), positions[:, -1:] + 1, source[:, -1:] + 1)
+        teacher_logits = _forward(model, batch, torch.full((count, 1), int(teacher_token)), positions[:, -1:] + 1,
+                                  source[:, -1:] + 1)[:, -1]  # [row, vocab]
         state.row_observers = []
         _rewind(batch, 1)
     state.row_states = []
     results = [GenerationResult(layers.coordinates.condition, layers.coordinates.question_start, positions[b],
                                 logits[b, -1].clone(), question_logits=logits[b] if keep_question_logits else None)
                for b, layers in enumerate(batch.layers)]
+    if teacher_token is not None:
+        for result, row_logits in zip(results, teacher_logits):
+            result.teacher_logits = row_logits
     eos = eos_token_ids if eos_token_ids is not None else default_eos_ids(model, tokenizer)
     _decode(model, batch, results, logits[:, -1], positions[:, -1] + 1, source[:, -1] + 1, max_new_tokens, eos,
             tokenizer, stop_at_newline)

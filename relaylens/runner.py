@@ -54,14 +54,16 @@ class RunConfig:
     max_position: int | None = None  # max_position_embeddings override
     max_history_tokens: int | None = None  # longer histories are skipped and recorded (None: the rotary range)
     retry_skipped: bool = False  # recompute units recorded as skipped (e.g. after raising max_history_tokens)
+    view_records: int = 3  # token view data (RUN_DIR/views) for the first N records with probes (0: none)
     batch_rows: int | None = None  # rows (unit x condition) of a record decoded together; None: all; 1: sequential
 
-    def placement(self):
-        """The resolved :class:`relaylens.placement.Placement` of this run."""
+    def placement(self, local_rank: int | None = None):
+        """The resolved :class:`relaylens.placement.Placement` of this run (``local_rank``: the launcher's, which
+        ``--device auto`` turns into ``cuda:LOCAL_RANK``)."""
         from relaylens.placement import Placement
 
         return Placement.resolve(self.device, self.dtype, self.device_map, self.attn_implementation, self.rope_scaling,
-                                 self.max_position)
+                                 self.max_position, local_rank=local_rank)
 
 
 def make_judge(config: RunConfig, run_dir: Path):
@@ -104,11 +106,16 @@ def check_config(config: RunConfig) -> None:
 
 
 def resolve_data(data: str) -> Path:
-    """``sample`` → the bundled LongMemEval-schema sample; anything else is a path."""
+    """``sample`` → the bundled LongMemEval-schema sample; ``sample:infinitebench`` → the bundled InfiniteBench-format
+    sample; anything else is a path."""
     if data == SAMPLE:
         from relaylens.datasets.synthetic import bundled_sample_path
 
         return Path(bundled_sample_path())
+    if data == "sample:infinitebench":
+        from relaylens.datasets.synthetic_infinitebench import bundled_infinitebench_path
+
+        return bundled_infinitebench_path()
     path = Path(data)
     if not path.exists():
         raise RelaylensError(f"dataset {data!r} does not exist; pass a file path or 'sample' for the bundled sample")
@@ -117,13 +124,19 @@ def resolve_data(data: str) -> Path:
 
 def first_answer_token(tokenizer, record: Record, mode: str) -> int | None:
     """The first token of the first reference answer as it would follow the answer cue."""
+    ids = answer_tokens(tokenizer, record, mode)
+    return ids[0] if ids else None
+
+
+def answer_tokens(tokenizer, record: Record, mode: str) -> list[int]:
+    """The tokens of the first reference answer as they would follow the answer cue (empty for abstentions)."""
     if not record.answers or record.is_abstention:
-        return None
+        return []
     prefix = " " if mode == "completion" else ""
     from relaylens.prompting import encode_data_text
 
     ids, _ = encode_data_text(tokenizer, prefix + record.answers[0])  # special-token strings in data stay text
-    return int(ids[0]) if ids else None
+    return [int(i) for i in ids]
 
 
 def _selector_objects(spec: ExperimentSpec, seed: int) -> dict:
@@ -139,6 +152,13 @@ def _selector_objects(spec: ExperimentSpec, seed: int) -> dict:
             options.setdefault("seed", seed)
         objects[name] = make_selector(name, **options)
     return objects
+
+
+def query_window(config: RunConfig, selectors, history_length: int) -> int:
+    """Window queries the prefill captures: ``config.window_size``, or more when a selector votes with a longer
+    window of history queries (Scissorhands' ``query_window``), capped at the history length."""
+    extra = max([getattr(s, "query_window", 0) for s in selectors] + [0])
+    return max(config.window_size, min(extra, history_length))
 
 
 def _gold_units(prompt, selection, granularity: str) -> tuple[int, int]:
@@ -162,7 +182,8 @@ class UnitWork:
 def select_units(prefill, prompt, pending: list[tuple[str, float]], selectors: dict) -> tuple[list[UnitWork], list]:
     """Select once per pending (selector, budget); every condition of that unit shares the selection.
 
-    Returns the units and ``(selector, budget, error)`` for budgets the record's history is too short for.
+    ``selectors``: selector name -> the object whose ``select`` runs (prepared for this record). Returns the units and
+    ``(selector, budget, error)`` for budgets the record's history is too short for.
     """
     units, too_short = [], []
     for name, budget in pending:
@@ -179,31 +200,40 @@ def select_units(prefill, prompt, pending: list[tuple[str, float]], selectors: d
 
 
 def process_record(model, tokenizer, factors, record: Record, prompt, prefill, prefill_s: float, units: list[UnitWork],
-                   spec: ExperimentSpec, config: RunConfig, judge=None):
+                   spec: ExperimentSpec, config: RunConfig, judge=None, views: bool = False):
     """Every row (unit x condition) of one record, decoded in batches of ``config.batch_rows`` rows (None: all).
 
-    Yields ``(unit, answers, scores, probes)`` per unit, in order, as soon as all its rows are done.
+    Yields ``(unit, answers, scores, probes, view)`` per unit, in order, as soon as all its rows are done (``view``:
+    the unit's token view when ``views`` and probes ran, else None). Attribution probes (``spec.attribution``) need
+    autograd and run one row at a time.
     """
-    from relaylens.probes import probe_rows
+    from relaylens.probes import probe_condition, probe_rows
     from relaylens.rows import Row, run_rows
     from relaylens.scopes import expand_conditions
-    from relaylens.scoring import score_answer
 
     evidence = prompt.evidence_mask(spec.granularity)
     do_probes = spec.probes and bool(evidence.any())
-    teacher = first_answer_token(tokenizer, record, spec.prompt_mode) if spec.teacher_forcing else None
+    answer_ids = answer_tokens(tokenizer, record, spec.prompt_mode)
+    teacher = answer_ids[0] if spec.teacher_forcing and answer_ids else None
+    attribution = dict(grad=True, next_answer_token=answer_ids[1] if len(answer_ids) > 1 else None) \
+        if spec.attribution and teacher is not None else {}
     common = dict(max_new_tokens=spec.max_new_tokens, tokenizer=tokenizer, stop_at_newline=spec.stops_at_newline(spec.prompt_mode),
                   window_mode=config.window_mode, factors=factors, eos_token_ids=set() if spec.stop == "none" else None)
     units = list(units)
     conditions = expand_conditions(spec.conditions, model)  # scoped conditions learn the model's layer types
     rows = [(unit, condition) for unit in units for condition in conditions]
-    size = config.batch_rows or len(rows)
+    size = 1 if attribution and do_probes else (config.batch_rows or len(rows))
     outcomes: list[tuple] = []  # per row, in order: (generation, probed or None, elapsed_s, rows in its batch)
     width = len(conditions)
     for first in range(0, len(rows), size):
         chunk = rows[first : first + size]
         started = time.perf_counter()
-        if do_probes:
+        if do_probes and attribution:
+            (unit, condition), = chunk
+            probed = [probe_condition(model, prefill, unit.selection, condition, prompt.question_ids, evidence,
+                                      teacher_token=teacher, **attribution, **common)]
+            results = [(p.generation, p) for p in probed]
+        elif do_probes:
             probed = probe_rows(model, prefill, [(unit.selection, condition) for unit, condition in chunk],
                                 prompt.question_ids, evidence, teacher_token=teacher, **common)
             results = [(p.generation, p) for p in probed]
@@ -217,12 +247,13 @@ def process_record(model, tokenizer, factors, record: Record, prompt, prefill, p
             mine, outcomes = outcomes[:width], outcomes[width:]
             unit = units.pop(0)
             yield (unit, *_unit_tables(model, tokenizer, record, prompt, prefill, prefill_s, unit, mine, spec, config,
-                                        factors, evidence, do_probes, judge))
+                                        factors, evidence, do_probes, judge, views))
 
 
 def _unit_tables(model, tokenizer, record, prompt, prefill, prefill_s, unit: UnitWork, outcomes: list, spec, config,
-                 factors, evidence, do_probes, judge) -> tuple[list[dict], list[dict], pd.DataFrame]:
-    """The answers, scores and probes rows of one unit from its conditions' outcomes (plus its layer sweep, if any)."""
+                 factors, evidence, do_probes, judge, views: bool) -> tuple:
+    """The answers, scores and probes rows of one unit from its conditions' outcomes (plus its layer sweep and token
+    view, if any)."""
     from relaylens.layer_sweep import layer_sweep
     from relaylens.probes import replay_conditions
     from relaylens.scopes import expand_conditions
@@ -233,10 +264,11 @@ def _unit_tables(model, tokenizer, record, prompt, prefill, prefill_s, unit: Uni
     key = {"record_id": record.record_id, "selector": unit.selector, "budget": float(unit.budget)}
     meta = {"question_type": record.question_type, "is_abstention": bool(record.is_abstention),
             "cluster_id": record.cluster_id or record.record_id}
-    answers, scores, probe_frames, reference = [], [], [], None
+    answers, scores, probe_frames, reference, recorders = [], [], [], None, {}
     for generation, probed, elapsed, batch_rows in outcomes:
         label = generation.condition
         if probed is not None:
+            recorders[label] = probed.question_recorder
             probe_frames.append(probed.readouts.assign(condition=label, source="forward"))
             if label == "original":
                 reference = probed
@@ -267,7 +299,12 @@ def _unit_tables(model, tokenizer, record, prompt, prefill, prefill_s, unit: Uni
         if len(sweep_probes):
             probe_frames.append(sweep_probes)
     probes = pd.concat(probe_frames, ignore_index=True).assign(**key) if probe_frames else pd.DataFrame()
-    return answers, scores, probes
+    view = None
+    if views and recorders:
+        from relaylens.views import token_view
+
+        view = token_view(prompt, tokenizer, selection, spec.granularity, recorders, key)
+    return answers, scores, probes, view
 
 
 def run_analysis(spec: ExperimentSpec, config: RunConfig, progress: bool = True, model_and_tokenizer=None) -> Path:
@@ -281,30 +318,37 @@ def run_analysis(spec: ExperimentSpec, config: RunConfig, progress: bool = True,
     from relaylens.locks import run_lock
     from relaylens.models import load_model, model_files_fingerprint, model_fingerprint
     from relaylens.records import load_records
+    from relaylens.launch import detect_shard, shard_dir
     from relaylens.results import RunStore, build_manifest, prepare_run_dir
     from relaylens.shards import parse_shard, shard_records
 
     check_config(config)
-    placement = config.placement()
-    data_path = resolve_data(config.data)
+    auto = bool(config.shard) and config.shard.strip().lower() == "auto"
+    launcher = detect_shard() if auto else None  # torchrun / accelerate / SLURM: the shard and the local rank
+    placement = config.placement(local_rank=launcher.local_rank if launcher else None)
+    data_path = resolve_data(spec.data if config.data == SAMPLE else config.data)  # an analysis may bring its own sample
     records = load_records(data_path, format=config.data_format)
     if not records:
         raise RelaylensError(f"{data_path} holds no records")
     limit = config.limit if config.limit is not None else spec.limit
     records = records[:limit] if limit else records
-    shard = parse_shard(config.shard) if config.shard else None
+    shard = (launcher.index, launcher.count) if launcher else parse_shard(config.shard) if config.shard else None
     if shard:
         chosen = set(shard_records([r.record_id for r in records], *shard))
         records = [r for r in records if r.record_id in chosen]
     out = Path(config.out or f"runs/{spec.name}")
+    if launcher:  # one run directory, one shard directory per process
+        out = shard_dir(out, *shard)
     model, tokenizer = model_and_tokenizer or load_model(config.model, **placement.load_kwargs())
     if spec.prompt_mode == "auto":
         spec = spec.replace(prompt_mode="chat" if getattr(tokenizer, "chat_template", None) else "completion")
     factors = RotaryFactors.from_model(model)
-    run = vars(config) | {"out": None, "force": None, "shard": None, "retry_skipped": None, "batch_rows": None,
+    run = vars(config) | {"out": None, "force": None, "shard": None, "retry_skipped": None, "batch_rows": None, "view_records": None,
                           "judge_url": redact_url(config.judge_url) if config.judge_url else None}
     plan = {"record_ids": [r.record_id for r in records], "units": len(spec.units([r.record_id for r in records]))}
-    manifest = build_manifest(spec.name, {"spec": spec.to_dict(), "run": run, "placement": placement.to_dict(),
+    # the device kind, not its index: shards on cuda:0 and cuda:1 (or a resumed shard on another GPU) still agree
+    recorded = placement.to_dict() | {"device": placement.device and placement.device.split(":")[0]}
+    manifest = build_manifest(spec.name, {"spec": spec.to_dict(), "run": run, "placement": recorded,
                                           "rope": _rope_summary(model)},
                               config.model, model_fingerprint(model), data_path, shard,
                               model_info=model_files_fingerprint(model, tokenizer), plan=plan)
@@ -321,6 +365,7 @@ def _run_units(model, tokenizer, factors, records, spec: ExperimentSpec, config:
                progress: bool) -> None:
     from relaylens.prompting import render_prompt
     from relaylens.results import UnitKey
+    from relaylens.views import write_view
 
     selectors = _selector_objects(spec, config.seed)
     units = spec.units([r.record_id for r in records])
@@ -328,7 +373,7 @@ def _run_units(model, tokenizer, factors, records, spec: ExperimentSpec, config:
     per_record = len(spec.selectors) * len(spec.budgets)
     with bar as live:
         task = live.add_task(f"{spec.name}", total=len(units), stage="loading") if live else None
-        for record in records:
+        for order, record in enumerate(records):
             keys = [UnitKey(record.record_id, name, b) for name in spec.selectors for b in spec.budgets]
             if config.retry_skipped:
                 _forget_skipped(store, keys)
@@ -346,16 +391,21 @@ def _run_units(model, tokenizer, factors, records, spec: ExperimentSpec, config:
                 continue
             started = time.perf_counter()
             prefill = _prefill(model, prompt, config, selectors.values())
+            prepared = {name: selectors[name].prepare(model, prefill, prompt, factors)  # FINCH: its question pass
+                        for name in dict.fromkeys(name for name, _ in pending)}
             prefill_s = time.perf_counter() - started
             _advance(live, task, 0, record.record_id, f"selecting {len(pending)} units")
-            units, too_short = select_units(prefill, prompt, pending, selectors)
+            units, too_short = select_units(prefill, prompt, pending, prepared)
             for name, budget, err in too_short:
                 _skip(store, record.record_id, name, budget, prompt.history_length, "too_short",
                       f"record {record.record_id}: {name} @ {budget:g}: {err}")
                 _advance(live, task, 1, record.record_id, "skipped (too_short)")
             _advance(live, task, 0, record.record_id, f"decoding {len(units) * len(spec.conditions)} rows")
-            for unit, answers, scores, probes in process_record(model, tokenizer, factors, record, prompt, prefill,
-                                                                prefill_s, units, spec, config, judge):
+            for unit, answers, scores, probes, view in process_record(
+                    model, tokenizer, factors, record, prompt, prefill, prefill_s, units, spec, config, judge,
+                    views=order < config.view_records):
+                if view is not None:
+                    write_view(store.run_dir, view | {"order": order})
                 store.write_unit(UnitKey(record.record_id, unit.selector, unit.budget), answers, scores, probes)
                 _advance(live, task, 1, record.record_id, "committed")
 
@@ -366,8 +416,8 @@ def _prefill(model, prompt, config: RunConfig, selectors):
 
     needs_columns = any(getattr(s, "needs_column_sums", False) for s in selectors)
     with capture_column_sums(model) if needs_columns else nullcontext() as stats:
-        prefill = prefill_history(model, prompt.history_ids, window_size=config.window_size, chunk_size=config.chunk_size,
-                                  attn_implementation=config.attn_implementation)
+        prefill = prefill_history(model, prompt.history_ids, window_size=query_window(config, selectors, prompt.history_length),
+                                  chunk_size=config.chunk_size, attn_implementation=config.attn_implementation)
     if stats is not None:
         prefill.extras["column_sums"] = stats.column_sums
     return prefill
@@ -435,12 +485,25 @@ def skipped_summary(tables: dict[str, pd.DataFrame]) -> str:
 
 
 def _progress(enabled: bool):
-    if not enabled:
-        return nullcontext(None)
+    if not enabled or _jupyter_without_widgets():
+        return nullcontext(None)  # in Jupyter without ipywidgets rich would warn once per refresh: no bar instead
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
     return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[stage]}"),
                     TimeElapsedColumn(), TimeRemainingColumn(), transient=False)
+
+
+def _jupyter_without_widgets() -> bool:
+    """True inside a Jupyter kernel where ipywidgets cannot be imported (rich's live display needs it there)."""
+    import sys
+
+    if "ipykernel" not in sys.modules:
+        return False
+    try:
+        import ipywidgets  # noqa: F401
+    except ImportError:
+        return True
+    return False
 
 
 def _advance(live, task, steps: int, record_id: str, stage: str) -> None:

@@ -10,7 +10,8 @@ import pytest
 MODULES = ["relaylens.selection", "relaylens.geometry", "relaylens.conditions", "relaylens.testing", "relaylens.bands",
            "relaylens.attention", "relaylens.generation", "relaylens.experiments", "relaylens.probes", "relaylens.prefill",
            "relaylens.results", "relaylens.scoring", "relaylens.summaries", "relaylens.shards", "relaylens.placement",
-           "relaylens.presets", "relaylens.rejudge", "relaylens.agreement", "relaylens.retention", "relaylens.scopes", "relaylens.layer_sweep"]
+           "relaylens.presets", "relaylens.rejudge", "relaylens.agreement", "relaylens.retention", "relaylens.scopes",
+           "relaylens.layer_sweep", "relaylens.launch", "relaylens.sweep", "relaylens.attribution", "relaylens.views"]
 
 
 @pytest.mark.parametrize("name", MODULES)
