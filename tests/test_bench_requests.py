@@ -42,11 +42,11 @@ def test_cuda_memory_probe_reports_allocator_peaks_above_the_start(monkeypatch):
 
 def test_cpu_memory_probe_sees_a_large_allocation():
     with MemoryProbe(torch.device("cpu")) as probe:
-        block = torch.ones(64 * 2**20 // 4)  # 64 MB, touched
+        block = torch.ones(320 * 2**20 // 4)  # 320 MB, touched: more than anything resident before
         del block
     if probe.peaks["peak_rss_mb"] is None:
         pytest.skip("no /proc/self/clear_refs on this system")
-    assert probe.peaks["peak_rss_mb"] >= 50
+    assert probe.peaks["peak_rss_mb"] >= 250
 
 
 def test_complete_request_times_every_stage_and_decodes_exactly_n_tokens(tmp_path):
