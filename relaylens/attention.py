@@ -30,6 +30,8 @@ from dataclasses import dataclass, field
 import torch
 from transformers import AttentionInterface
 
+from relaylens.hf import attention_kernel
+
 ATTENTION_NAME = "relaylens"
 WINDOW_MODES = ("condition", "source", "none")
 
@@ -193,12 +195,9 @@ AttentionInterface.register(ATTENTION_NAME, relaylens_attention)
 @contextlib.contextmanager
 def attention_context(model, state: AttentionState) -> Iterator[AttentionState]:
     """Run ``model`` with the relaylens attention function and ``state``; restores everything on exit."""
-    config = model.config
-    previous = config._attn_implementation
     token = _ACTIVE.set(state)
     try:
-        model.set_attn_implementation(ATTENTION_NAME)
-        yield state
+        with attention_kernel(model, ATTENTION_NAME):
+            yield state
     finally:
         _ACTIVE.reset(token)
-        model.set_attn_implementation(previous)

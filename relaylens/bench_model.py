@@ -61,9 +61,8 @@ def _paired_medians(first, second, repeats: int) -> tuple[float, float]:
 
 
 def _sample_prompts(tokenizer, count: int):
-    from relaylens.datasets.synthetic import bundled_sample_path
+    from relaylens.datasets import bundled_sample_path, load_records
     from relaylens.prompting import render_prompt
-    from relaylens.records import load_records
 
     records = load_records(bundled_sample_path())[:count]
     return [render_prompt(record, tokenizer, mode="completion") for record in records]

@@ -207,11 +207,12 @@ def _print_summary(run_dir) -> None:
     """The accuracy table, evidence retention and skipped records of a finished run (stdout)."""
     from relaylens.results import load_tables
     from relaylens.retention import retention_lines
-    from relaylens.runner import accuracy_table, skipped_summary
+    from relaylens.runner import skipped_summary
+    from relaylens.summaries import run_overview
 
     tables = load_tables(run_dir)
     if len(tables["answers"]):
-        table = accuracy_table(tables)
+        table = run_overview(tables)
         print(table.to_string(index=False, float_format=lambda v: f"{v:.3f}"))
     for line in retention_lines(tables["answers"]):
         print(line)

@@ -35,6 +35,7 @@ from relaylens.attention import AttentionState, attention_context
 from relaylens.conditions import Condition, Coordinates, get_condition
 from relaylens.errors import NonFiniteError, PositionError, ShapeError
 from relaylens.geometry import RotaryFactors, relocate_keys
+from relaylens.hf import attention_constants, cache_from_tensors, cache_tensors
 from relaylens.prefill import PrefillResult
 from relaylens.selection import Selection
 
@@ -75,16 +76,16 @@ class GenerationResult:
 
 def prefill_from_cache(history_ids: torch.Tensor, cache, model) -> PrefillResult:
     """Wrap a transformers cache filled by a plain forward over the history as a :class:`PrefillResult`."""
-    layers = cache.layers
-    attn = model.model.layers[0].self_attn
+    keys, values = cache_tensors(cache)
+    scaling, groups = attention_constants(model)
     return PrefillResult(
         history_ids=history_ids.reshape(-1),
-        keys=[layer.keys[0].detach() for layer in layers],
-        values=[layer.values[0].detach() for layer in layers],
+        keys=[k.detach() for k in keys],
+        values=[v.detach() for v in values],
         window_queries=None,
         window_size=0,
-        scaling=float(attn.scaling),
-        num_key_value_groups=int(attn.num_key_value_groups),
+        scaling=scaling,
+        num_key_value_groups=groups,
     )
 
 
@@ -164,7 +165,7 @@ def _build_cache(prefill, selection, condition, factors, window_mode: str, grad:
         state.key_positions[layer] = torch.where(valid, target, torch.full_like(target, -(10**9)))
         state.source_positions[layer] = torch.where(valid, source, torch.full_like(source, -(10**9)))
         widths.append(width)
-    return RelocatedCache(DynamicCache(ddp_cache_data=data), state, coords, widths, inputs if grad else None)
+    return RelocatedCache(cache_from_tensors(data), state, coords, widths, inputs if grad else None)
 
 
 @dataclass
@@ -276,7 +277,7 @@ def _fork(relocated: RelocatedCache) -> RelocatedCache:
     state = dataclasses.replace(relocated.state, observers=[], valid=dict(relocated.state.valid),
                                 key_positions=dict(relocated.state.key_positions),
                                 source_positions=dict(relocated.state.source_positions))
-    return dataclasses.replace(relocated, cache=DynamicCache(ddp_cache_data=layers), state=state)
+    return dataclasses.replace(relocated, cache=cache_from_tensors(layers), state=state)
 
 
 def run_condition(

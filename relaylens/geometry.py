@@ -1,4 +1,5 @@
-"""Rotary geometry: the model's own rotary factors and the exact relocation of cached keys.
+"""Rotary geometry: rotation mathematics (the exact relocation of cached keys) and :class:`RotaryFactors`, the
+model's own rotary factors (read through :mod:`relaylens.hf`).
 
 Axis glossary (used in shape comments throughout relaylens):
 
@@ -32,13 +33,13 @@ from __future__ import annotations
 
 import inspect
 import math
-import sys
 from dataclasses import dataclass, field
 
 import torch
 from torch import nn
 
 from relaylens.errors import NonFiniteError, PositionError, RopeError, ShapeError
+from relaylens.hf import call_rotary, detect_layout, find_rotary_embedding, nope_layers
 
 #: Rope types whose frequencies do not depend on the sequence length: relocation is exact for them.
 STATIC_ROPE_TYPES = ("default", "linear", "yarn", "llama3")
@@ -46,85 +47,6 @@ STATIC_ROPE_TYPES = ("default", "linear", "yarn", "llama3")
 DYNAMIC_ROPE_TYPES = ("dynamic", "longrope")
 
 _CHUNK_SLOTS = 4096  # slots relocated per step: the scratch phases stay in cache, so the pass is close to a copy
-
-
-def find_rotary_embedding(model: nn.Module) -> nn.Module:
-    """The model's rotary embedding module (``model.model.rotary_emb`` or the first ``*RotaryEmbedding``)."""
-    inner = getattr(model, "model", model)
-    rotary = getattr(inner, "rotary_emb", None)
-    if rotary is not None:
-        return rotary
-    for name, module in model.named_modules():
-        if type(module).__name__.endswith("RotaryEmbedding"):
-            return module
-    raise RopeError(
-        f"{type(model).__name__} has no rotary embedding module (expected model.model.rotary_emb or a "
-        "*RotaryEmbedding submodule); relaylens relocates keys of RoPE models only"
-    )
-
-
-def nope_layers(model: nn.Module) -> frozenset[int]:
-    """Indices of decoder layers whose attention applies no rotary to its keys and queries (NoPE layers).
-
-    Read from the attention modules the way the Hugging Face implementations decide it: a ``use_rope`` attribute
-    (SmolLM3 ``no_rope_layers``, Llama-4), Cohere-2's global layers (no ``sliding_window``), EXAONE-4's global layers
-    (a model with sliding windows rotates only its sliding layers). ``relaylens model check`` verifies the result
-    against the model's own forward pass at shifted positions.
-
-    >>> from relaylens.testing import tiny_model
-    >>> sorted(nope_layers(tiny_model("smollm3_nope"))), sorted(nope_layers(tiny_model("llama")))
-    ([1, 3], [])
-    """
-    config = getattr(model, "config", None)
-    text_config = config.get_text_config() if hasattr(config, "get_text_config") else config
-    model_type = getattr(text_config, "model_type", "")
-    flags = getattr(text_config, "no_rope_layers", None)
-    inner = getattr(model, "model", model)
-    out = set()
-    for index, layer in enumerate(getattr(inner, "layers", ())):
-        attn = getattr(layer, "self_attn", None)
-        use_rope = getattr(attn, "use_rope", None)
-        if use_rope is None and flags is not None and index < len(flags):
-            use_rope = flags[index]
-        if use_rope is not None and not use_rope:
-            out.add(index)
-        elif model_type == "cohere2" and getattr(attn, "sliding_window", None) is None:
-            out.add(index)
-        elif model_type.startswith("exaone4") and getattr(attn, "sliding_window", None) is not None \
-                and not getattr(attn, "is_sliding", True):
-            out.add(index)
-    return frozenset(out)
-
-
-def _attention_module(model: nn.Module) -> nn.Module:
-    inner = getattr(model, "model", model)
-    layers = getattr(inner, "layers", None)
-    if layers is None or len(layers) == 0 or not hasattr(layers[0], "self_attn"):
-        raise RopeError(f"{type(model).__name__}: expected model.model.layers[i].self_attn decoder layers")
-    return layers[0].self_attn
-
-
-def detect_layout(model: nn.Module) -> str:
-    """``"split_half"`` or ``"interleaved"``, read off the modeling module's own ``rotate_half``.
-
-    The function is probed numerically: rotating the first basis vector lands on feature ``rotary_dim/2`` for
-    split-half layouts (Llama) and on feature 1 for interleaved layouts (GPT-J / Cohere / GLM).
-    """
-    module = sys.modules[type(_attention_module(model)).__module__]
-    rotate_half = getattr(module, "rotate_half", None)
-    if rotate_half is None:
-        raise RopeError(
-            f"{module.__name__} defines no rotate_half(); relaylens cannot tell its rotary layout. "
-            "Supported: split-half (Llama-style) and interleaved (GPT-J/Cohere/GLM-style) rotate_half()"
-        )
-    probe = torch.zeros(1, 8)
-    probe[0, 0] = 1.0
-    landed = int(rotate_half(probe).abs().argmax())
-    if landed == 4:
-        return "split_half"
-    if landed == 1:
-        return "interleaved"
-    raise RopeError(f"{module.__name__}.rotate_half maps feature 0 to feature {landed}; expected 4 (split-half) or 1 (interleaved)")
 
 
 NOPE = "<no positional encoding>"  # the layer type of NoPE layers in RotaryFactors' tables
@@ -184,7 +106,7 @@ class RotaryFactors:
         head_dim = getattr(text_config, "head_dim", None) or text_config.hidden_size // text_config.num_attention_heads
         layout = detect_layout(model)
         probe_type = layer_types[0]
-        cos, _ = _call_rotary(rotary, torch.tensor([[1, 2]]), probe_type)  # [1, 2, rotary_dim]
+        cos, _ = call_rotary(rotary, torch.tensor([[1, 2]]), probe_type)  # [1, 2, rotary_dim]
         rotary_dim = int(cos.shape[-1])
         half = rotary_dim // 2
         cat_form = bool(torch.equal(cos[..., :half], cos[..., half:]))
@@ -231,7 +153,7 @@ class RotaryFactors:
             if self.max_position is not None:
                 capacity = max(size, min(capacity, self.max_position))
             device = next(self.rotary_emb.buffers(), torch.zeros(0)).device
-            cos, sin = _call_rotary(self.rotary_emb, torch.arange(capacity, device=device)[None], layer_type)  # [1, P, rotary_dim]
+            cos, sin = call_rotary(self.rotary_emb, torch.arange(capacity, device=device)[None], layer_type)  # [1, P, rotary_dim]
             half = self.rotary_dim // 2
             pick = slice(0, half) if self.cat_form else slice(0, None, 2)
             cached = (cos[0][:, pick].contiguous(), sin[0][:, pick].contiguous())  # [P, plane]
@@ -306,16 +228,6 @@ class RotaryFactors:
                 f"{what} reach position {high}, past what this model's rotary supports (max_position_embeddings="
                 f"{self.max_position}); {fix or 'use a smaller shift or a model with a longer context'}"
             )
-
-
-def _call_rotary(rotary: nn.Module, position_ids: torch.Tensor, layer_type: str | None):
-    dummy = torch.zeros(1, dtype=torch.float32, device=position_ids.device)
-    with torch.no_grad():
-        if layer_type is None:
-            cos, sin = rotary(dummy, position_ids)
-        else:
-            cos, sin = rotary(dummy, position_ids, layer_type)
-    return cos.float(), sin.float()
 
 
 def relocate_keys(

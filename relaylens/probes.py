@@ -12,9 +12,12 @@ Readouts per layer and query head (``a_i``: the final token's softmax weight on 
 * phase replay (:func:`phase_replay`): ``replay_gold_share`` (softmax over retained history keys only) and
   ``replay_gold_logit_gap`` (mean gold logit minus mean other logit), with content fixed and phases moved.
 
-Example:
-    >>> bands(9)
-    {'early': [0, 1, 2], 'middle': [3, 4, 5], 'late': [6, 7, 8]}
+Layer bands and band tables of these readouts are statistics of the result tables: :mod:`relaylens.summaries`.
+
+Example (which retained states are gold: history tokens 4..5 are evidence; padded slots never are):
+    >>> sel = Selection.from_lists([[[0, 4, 7], [1, 5]]], history_length=8)
+    >>> gold_slots(sel, torch.tensor([0, 0, 0, 0, 1, 1, 0, 0])).tolist()
+    [[[False, True, False], [False, True, False]]]
 """
 
 from __future__ import annotations
@@ -25,7 +28,6 @@ from dataclasses import dataclass, field
 import pandas as pd
 import torch
 
-from relaylens.bands import SHARE_METRICS, band_table, bands  # noqa: F401 - re-exported
 from relaylens.conditions import Condition, get_condition
 from relaylens.errors import RelaylensError
 from relaylens.geometry import RotaryFactors, rotate_keys, unrotate_keys

@@ -6,8 +6,13 @@ batch; ``1``: one row at a time) sharing the prefill (question pass with probes,
 :mod:`relaylens.rows`). One (record, selector, budget) is one unit of work, committed atomically to the run directory; re-running the same command skips committed
 units, so a killed run resumes where it stopped.
 
-Example:
-    $ relaylens run coordinate_ablation --limit 4 --out runs/ablation
+Example (the CLI: ``relaylens run coordinate_ablation --limit 4 --out runs/ablation``; from Python):
+    >>> from relaylens.experiments import load_analysis
+    >>> config = RunConfig(limit=4, out="runs/ablation")
+    >>> run_analysis(load_analysis("coordinate_ablation").SPEC, config)  # doctest: +SKIP
+    PosixPath('runs/ablation')
+    >>> config.model, config.data, config.chunk_size
+    ('smollm2-135m-instruct', 'sample', 2048)
 """
 
 from __future__ import annotations
@@ -109,7 +114,7 @@ def resolve_data(data: str) -> Path:
     """``sample`` → the bundled LongMemEval-schema sample; ``sample:infinitebench`` → the bundled InfiniteBench-format
     sample; anything else is a path."""
     if data == SAMPLE:
-        from relaylens.datasets.synthetic import bundled_sample_path
+        from relaylens.datasets import bundled_sample_path
 
         return Path(bundled_sample_path())
     if data == "sample:infinitebench":
@@ -317,7 +322,7 @@ def run_analysis(spec: ExperimentSpec, config: RunConfig, progress: bool = True,
     from relaylens.judge import redact_url
     from relaylens.locks import run_lock
     from relaylens.models import load_model, model_files_fingerprint, model_fingerprint
-    from relaylens.records import load_records
+    from relaylens.datasets import load_records
     from relaylens.launch import detect_shard, shard_dir
     from relaylens.results import RunStore, build_manifest, prepare_run_dir
     from relaylens.shards import parse_shard, shard_records
@@ -412,15 +417,11 @@ def _run_units(model, tokenizer, factors, records, spec: ExperimentSpec, config:
 
 def _prefill(model, prompt, config: RunConfig, selectors):
     from relaylens.prefill import prefill_history
-    from relaylens.selectors.attention_stats import capture_column_sums
 
     needs_columns = any(getattr(s, "needs_column_sums", False) for s in selectors)
-    with capture_column_sums(model) if needs_columns else nullcontext() as stats:
-        prefill = prefill_history(model, prompt.history_ids, window_size=query_window(config, selectors, prompt.history_length),
-                                  chunk_size=config.chunk_size, attn_implementation=config.attn_implementation)
-    if stats is not None:
-        prefill.extras["column_sums"] = stats.column_sums
-    return prefill
+    return prefill_history(model, prompt.history_ids, window_size=query_window(config, selectors, prompt.history_length),
+                           chunk_size=config.chunk_size, attn_implementation=config.attn_implementation,
+                           column_sums=needs_columns)
 
 
 def history_problem(prompt, spec: ExperimentSpec, config: RunConfig, factors) -> tuple[str, str] | None:
@@ -509,12 +510,3 @@ def _jupyter_without_widgets() -> bool:
 def _advance(live, task, steps: int, record_id: str, stage: str) -> None:
     if live is not None:
         live.update(task, advance=steps, stage=f"{record_id}: {stage}")
-
-
-def accuracy_table(tables: dict[str, pd.DataFrame], metric: str = "contains") -> pd.DataFrame:
-    """Mean of ``metric`` per (selector, budget, condition), with the answer-limit rate."""
-    scores = tables["scores"]
-    chosen = scores[scores.metric == metric].groupby(["selector", "budget", "condition"])["value"].mean().rename(metric)
-    f1 = scores[scores.metric == "f1"].groupby(["selector", "budget", "condition"])["value"].mean().rename("f1")
-    limit = tables["answers"].groupby(["selector", "budget", "condition"])["hit_limit"].mean().rename("hit_limit_rate")
-    return pd.concat([chosen, f1, limit], axis=1).reset_index()

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import torch
 
-from relaylens.bands import bands
+from relaylens.summaries import bands
 
 VIEWS = "views"
 VIEW_CONDITIONS = ("original", "relay")  # shown first, side by side
