@@ -53,7 +53,7 @@ def test_complete_request_times_every_stage_and_decodes_exactly_n_tokens(tmp_pat
     from relaylens.datasets.synthetic import generate_records
     from relaylens.geometry import RotaryFactors
     from relaylens.prompting import render_prompt
-    from relaylens.records import load_records
+    from relaylens.datasets import load_records
     from relaylens.selectors import make_selector
     from relaylens.testing import tiny_model, tiny_tokenizer
 
@@ -75,7 +75,7 @@ def test_table3_statistic_from_run_tables_matches_a_hand_computation():
     """Two records, three repetitions each: medians, paired ratios, geometric mean minus one; batched rows excluded."""
     import pandas as pd
 
-    from relaylens.figures import table3
+    from relaylens.figures.overhead import table3
 
     rows = []
     times = {("a", "original"): [2.0, 2.2, 9.0], ("a", "relay"): [2.1, 2.2, 2.3],  # medians 2.2 / 2.2

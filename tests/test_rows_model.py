@@ -17,7 +17,7 @@ def record_rows(smollm2):
     from relaylens.datasets.synthetic import bundled_sample_path
     from relaylens.prefill import prefill_history
     from relaylens.prompting import render_prompt
-    from relaylens.records import load_records
+    from relaylens.datasets import load_records
     from relaylens.selectors import make_selector
 
     model, tokenizer = smollm2
