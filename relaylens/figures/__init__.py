@@ -15,7 +15,7 @@ name        kind    file                    what
 table1      table   main_table              accuracy per selector x budget x condition, paired difference vs original
 table6      table   question_types          the same per question type
 table8      table   evidence_reading        evidence-reading band table (early / middle / late, deltas vs original)
-table3      table   overhead                timing per condition from ``elapsed_s``
+table3      table   overhead                complete-request time, overhead over original
 figure3     figure  budget_curves           accuracy vs budget, one panel per selector, original vs relay
 figure4     figure  coordinate_ablation     per-condition means and paired differences vs original, band deltas
 figure5     figure  ordering                source / score / reverse / RandomMean and the seed spread
