@@ -93,7 +93,7 @@ def logit_direction(model, target: int, residual: torch.Tensor) -> torch.Tensor:
 def logit_attribution(model, recorder, selection, gold: torch.Tensor, groups: int, target: int,
                       residual: torch.Tensor) -> pd.DataFrame:
     """Direct logit attribution per (layer, q_head) from a :class:`~relaylens.probes.FinalTokenRecorder`."""
-    from relaylens.prefill import decoder_layers
+    from relaylens.hf import decoder_layers
 
     direction = logit_direction(model, target, residual)  # [hidden]
     layers = decoder_layers(model)

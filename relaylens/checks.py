@@ -19,33 +19,10 @@ Example:
 
 from __future__ import annotations
 
-import sys
-
 import torch
-from transformers import DynamicCache
 
-
-def pre_rotary_keys(model, ids: torch.Tensor) -> dict[int, torch.Tensor]:
-    """Per layer ``[1, kv_head, T, head_dim]``: keys after ``k_proj`` (and ``k_norm``), before rotary, for ``ids``."""
-    captured, handles = {}, []
-    for index, layer in enumerate(model.model.layers):
-        attn = layer.self_attn
-        source = getattr(attn, "k_norm", None) or attn.k_proj
-
-        def hook(module, args, output, index=index, head_dim=attn.head_dim):
-            if output.dim() == 4:  # k_norm output [B, kv_head, T, D]
-                captured[index] = output.detach()
-            else:  # k_proj output [B, T, kv_head * D]
-                captured[index] = output.detach().reshape(1, output.shape[1], -1, head_dim).transpose(1, 2)
-
-        handles.append(source.register_forward_hook(hook))
-    try:
-        with torch.no_grad():
-            model(ids[None].to(next(model.parameters()).device), use_cache=True, cache=DynamicCache())
-    finally:
-        for handle in handles:
-            handle.remove()
-    return captured
+from relaylens.hf import (attention_kernel, cache_lengths, call_rotary, cached_keys, decoder_layers,
+                          find_rotary_embedding, new_cache, pre_rotary_keys, rotary_function)
 
 
 #: Relative error allowed per check name prefix, for float32 models and for 16-bit models.
@@ -75,19 +52,18 @@ def shifted_keys(model, ids: torch.Tensor, shift: int) -> list[torch.Tensor]:
     """Per layer ``[1, kv_head, T, head_dim]``: the keys the model caches for ``ids`` at positions ``shift..``."""
     positions = torch.arange(ids.numel(), device=ids.device)[None] + shift  # [1, T]
     with torch.no_grad():
-        cache = model(ids[None], position_ids=positions, use_cache=True, cache=DynamicCache()).past_key_values
-    return [layer.keys for layer in cache.layers]
+        cache = model(ids[None], position_ids=positions, use_cache=True, cache=new_cache()).past_key_values
+    return [cached_keys(cache, layer) for layer in range(len(cache_lengths(cache)))]
 
 
 def run_checks(model, tokenizer, history_tokens: int = 700, keep_every: int = 5) -> list[tuple[str, float]]:
     """The checks above on the first bundled record, history cut to ``history_tokens``; returns ``(name, value)``."""
-    from relaylens.datasets.synthetic import bundled_sample_path
+    from relaylens.datasets import bundled_sample_path, load_records
     from relaylens.generation import build_cache, run_condition
     from relaylens.geometry import RotaryFactors
     from relaylens.prefill import prefill_history
     from relaylens.probes import FinalTokenRecorder
     from relaylens.prompting import render_prompt
-    from relaylens.records import load_records
     from relaylens.selection import Selection
 
     prompt = render_prompt(load_records(bundled_sample_path())[0], tokenizer, mode="completion")
@@ -106,13 +82,9 @@ def run_checks(model, tokenizer, history_tokens: int = 700, keep_every: int = 5)
     results.append(("keep-all original vs full forward, max |logit diff| / max |logit|", keep_all / scale))
     if model.dtype != torch.float32:  # the tolerance of a reduced-precision forward: two kernels on the same input
         before = model.config._attn_implementation
-        model.set_attn_implementation("eager" if before != "eager" else "sdpa")
-        try:
-            with torch.no_grad():
-                other = model(full_ids).logits[0, history.numel():].float()
-        finally:
-            model.set_attn_implementation(before)
         other_name = "eager" if before != "eager" else "sdpa"
+        with attention_kernel(model, other_name), torch.no_grad():
+            other = model(full_ids).logits[0, history.numel():].float()
         results.append((f"tolerance: plain {str(model.dtype).removeprefix('torch.')} forward, {before} vs {other_name} "
                         "kernel, max |logit diff| / max |logit|", float((other - reference).abs().max()) / scale))
     relay = run_condition(model, prefill, full, "relay", question, max_new_tokens=0, factors=factors, keep_question_logits=True)
@@ -125,18 +97,17 @@ def run_checks(model, tokenizer, history_tokens: int = 700, keep_every: int = 5)
     sparse = Selection.from_lists([[kept] * prefill.num_kv_heads] * prefill.num_layers, prefill.history_length)
     relocated = build_cache(prefill, sparse, "relay", factors)
     pre_keys = pre_rotary_keys(model, history)
-    apply = sys.modules[type(model.model.layers[0].self_attn).__module__].apply_rotary_pos_emb
+    apply = rotary_function(decoder_layers(model)[0].self_attn)
+    rotary = find_rotary_embedding(model)
     worst, worst_ulp = 0.0, 0.0
     for layer in range(prefill.num_layers):
         target = relocated.coordinates.key_positions[layer, 0]
-        args = (torch.zeros(1, device=device), target[None].to(device)) + (
-            (factors.layer_types[layer],) if factors.layer_types[layer] is not None else ())
-        cos, sin = model.model.rotary_emb(*args)
+        cos, sin = call_rotary(rotary, target[None].to(device), factors.layer_types[layer])
         content = pre_keys[layer][:, :, kept]
         _, direct = apply(content.float(), content.float(), cos.float(), sin.float())  # float32 rotation of the content
         if layer in factors.nope_layers:
             direct = content.float()  # the model applies no rotary in this layer
-        moved = relocated.cache.layers[layer].keys.float()
+        moved = cached_keys(relocated.cache, layer).float()
         worst = max(worst, float((moved - direct.to(moved.dtype)).abs().max() / direct.abs().max()))
         if model.dtype != torch.float32:  # in units of the cache dtype's spacing at each plane's magnitude
             worst_ulp = max(worst_ulp, _plane_ulps(moved, direct.to(model.dtype).float(), factors, model.dtype))
@@ -156,7 +127,7 @@ def run_checks(model, tokenizer, history_tokens: int = 700, keep_every: int = 5)
         worst = max(worst, float((moved.float() - reference_keys).abs().max() / reference_keys.abs().max()))
     results.append((f"relocated keys vs the model's own keys at p + {SHIFT}, max |diff| / max |key|", worst))
 
-    windows = {i: getattr(layer.self_attn, "sliding_window", None) for i, layer in enumerate(model.model.layers)}
+    windows = {i: getattr(layer.self_attn, "sliding_window", None) for i, layer in enumerate(decoder_layers(model))}
     sliding = [i for i, w in windows.items() if w]
     if sliding:
         for condition in ("original", "relay"):

@@ -2,6 +2,10 @@
 
 Every error derives from :class:`RelaylensError` *and* from :class:`ValueError`, so callers that only know
 ``ValueError`` still catch them. Messages say what was expected, what arrived and how to fix it.
+
+Example:
+    >>> issubclass(ShapeError, RelaylensError), issubclass(RelaylensError, ValueError)
+    (True, True)
 """
 
 from __future__ import annotations

@@ -133,29 +133,38 @@ class ExperimentSpec:
         return out
 
 
-def load_analysis(name: str):
-    """Import ``analyses.<name>`` and return the module (it has ``SPEC``). Names are Python identifiers only
-    (``.``, ``..`` or ``../x`` never reach the import system)."""
-    if not isinstance(name, str) or not name.isidentifier():
-        raise RelaylensError(f"analysis name {name!r} is not a plain name (letters, digits, underscores); available: "
-                             f"{', '.join(available_analyses())}")
-    try:
-        module = importlib.import_module(f"analyses.{name}")
-    except ModuleNotFoundError as err:
-        if err.name not in (f"analyses.{name}", "analyses"):
-            raise
-        raise RelaylensError(f"unknown analysis {name!r}; available: {', '.join(available_analyses())}") from err
-    if not isinstance(getattr(module, "SPEC", None), ExperimentSpec):
-        raise RelaylensError(f"analyses.{name} defines no SPEC = ExperimentSpec(...)")
-    return module
+ANALYSES_PACKAGE = "relaylens.analyses"
+"""The one import path of the analyses: the top-level ``analyses/`` folder, reached as ``relaylens.analyses`` (a
+link inside the package; installed as part of relaylens). Nothing imports a top-level ``analyses``, so a foreign
+``analyses`` package in the working directory or on ``PYTHONPATH`` can never run."""
 
 
 def available_analyses() -> list[str]:
+    """Names of the analyses shipped with relaylens (``analyses/NAME.py``), sorted."""
     import pkgutil
 
-    import analyses
+    package = importlib.import_module(ANALYSES_PACKAGE)
+    return sorted(m.name for m in pkgutil.iter_modules(package.__path__) if not m.name.startswith("_"))
 
-    return sorted(m.name for m in pkgutil.iter_modules(analyses.__path__) if not m.name.startswith("_"))
+
+def load_analysis(name: str):
+    """Import ``relaylens.analyses.<name>`` and return the module (it has ``SPEC``); only shipped names load (a
+    name that is not a Python identifier, e.g. ``.``, ``..`` or ``../x``, never reaches the import system).
+
+    Example:
+        >>> load_analysis("ordering").SPEC.figures
+        ('figure5',)
+    """
+    if not isinstance(name, str) or not name.isidentifier():
+        raise RelaylensError(f"analysis name {name!r} is not a plain name (letters, digits, underscores); available: "
+                             f"{', '.join(available_analyses())}")
+    known = available_analyses()
+    if name not in known:
+        raise RelaylensError(f"unknown analysis {name!r}; available: {', '.join(known)}")
+    module = importlib.import_module(f"{ANALYSES_PACKAGE}.{name}")
+    if not isinstance(getattr(module, "SPEC", None), ExperimentSpec):
+        raise RelaylensError(f"analyses/{name}.py defines no SPEC = ExperimentSpec(...)")
+    return module
 
 
 def _value(text: str):

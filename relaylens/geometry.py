@@ -1,4 +1,5 @@
-"""Rotary geometry: the model's own rotary factors and the exact relocation of cached keys.
+"""Rotary geometry: rotation mathematics (the exact relocation of cached keys) and :class:`RotaryFactors`, the
+model's own rotary factors (read through :mod:`relaylens.hf`).
 
 Axis glossary (used in shape comments throughout relaylens):
 
@@ -32,99 +33,20 @@ from __future__ import annotations
 
 import inspect
 import math
-import sys
 from dataclasses import dataclass, field
 
 import torch
 from torch import nn
 
 from relaylens.errors import NonFiniteError, PositionError, RopeError, ShapeError
+from relaylens.hf import call_rotary, detect_layout, find_rotary_embedding, nope_layers
 
 #: Rope types whose frequencies do not depend on the sequence length: relocation is exact for them.
 STATIC_ROPE_TYPES = ("default", "linear", "yarn", "llama3")
 #: Rope types whose frequencies change with the sequence length (``@dynamic_rope_update``): refused.
 DYNAMIC_ROPE_TYPES = ("dynamic", "longrope")
 
-_CHUNK_SLOTS = 8192  # slots relocated per step: temporaries stay in cache, so the pass is close to a copy
-
-
-def find_rotary_embedding(model: nn.Module) -> nn.Module:
-    """The model's rotary embedding module (``model.model.rotary_emb`` or the first ``*RotaryEmbedding``)."""
-    inner = getattr(model, "model", model)
-    rotary = getattr(inner, "rotary_emb", None)
-    if rotary is not None:
-        return rotary
-    for name, module in model.named_modules():
-        if type(module).__name__.endswith("RotaryEmbedding"):
-            return module
-    raise RopeError(
-        f"{type(model).__name__} has no rotary embedding module (expected model.model.rotary_emb or a "
-        "*RotaryEmbedding submodule); relaylens relocates keys of RoPE models only"
-    )
-
-
-def nope_layers(model: nn.Module) -> frozenset[int]:
-    """Indices of decoder layers whose attention applies no rotary to its keys and queries (NoPE layers).
-
-    Read from the attention modules the way the Hugging Face implementations decide it: a ``use_rope`` attribute
-    (SmolLM3 ``no_rope_layers``, Llama-4), Cohere-2's global layers (no ``sliding_window``), EXAONE-4's global layers
-    (a model with sliding windows rotates only its sliding layers). ``relaylens model check`` verifies the result
-    against the model's own forward pass at shifted positions.
-
-    >>> from relaylens.testing import tiny_model
-    >>> sorted(nope_layers(tiny_model("smollm3_nope"))), sorted(nope_layers(tiny_model("llama")))
-    ([1, 3], [])
-    """
-    config = getattr(model, "config", None)
-    text_config = config.get_text_config() if hasattr(config, "get_text_config") else config
-    model_type = getattr(text_config, "model_type", "")
-    flags = getattr(text_config, "no_rope_layers", None)
-    inner = getattr(model, "model", model)
-    out = set()
-    for index, layer in enumerate(getattr(inner, "layers", ())):
-        attn = getattr(layer, "self_attn", None)
-        use_rope = getattr(attn, "use_rope", None)
-        if use_rope is None and flags is not None and index < len(flags):
-            use_rope = flags[index]
-        if use_rope is not None and not use_rope:
-            out.add(index)
-        elif model_type == "cohere2" and getattr(attn, "sliding_window", None) is None:
-            out.add(index)
-        elif model_type.startswith("exaone4") and getattr(attn, "sliding_window", None) is not None \
-                and not getattr(attn, "is_sliding", True):
-            out.add(index)
-    return frozenset(out)
-
-
-def _attention_module(model: nn.Module) -> nn.Module:
-    inner = getattr(model, "model", model)
-    layers = getattr(inner, "layers", None)
-    if layers is None or len(layers) == 0 or not hasattr(layers[0], "self_attn"):
-        raise RopeError(f"{type(model).__name__}: expected model.model.layers[i].self_attn decoder layers")
-    return layers[0].self_attn
-
-
-def detect_layout(model: nn.Module) -> str:
-    """``"split_half"`` or ``"interleaved"``, read off the modeling module's own ``rotate_half``.
-
-    The function is probed numerically: rotating the first basis vector lands on feature ``rotary_dim/2`` for
-    split-half layouts (Llama) and on feature 1 for interleaved layouts (GPT-J / Cohere / GLM).
-    """
-    module = sys.modules[type(_attention_module(model)).__module__]
-    rotate_half = getattr(module, "rotate_half", None)
-    if rotate_half is None:
-        raise RopeError(
-            f"{module.__name__} defines no rotate_half(); relaylens cannot tell its rotary layout. "
-            "Supported: split-half (Llama-style) and interleaved (GPT-J/Cohere/GLM-style) rotate_half()"
-        )
-    probe = torch.zeros(1, 8)
-    probe[0, 0] = 1.0
-    landed = int(rotate_half(probe).abs().argmax())
-    if landed == 4:
-        return "split_half"
-    if landed == 1:
-        return "interleaved"
-    raise RopeError(f"{module.__name__}.rotate_half maps feature 0 to feature {landed}; expected 4 (split-half) or 1 (interleaved)")
+_CHUNK_SLOTS = 4096  # slots relocated per step: the scratch phases stay in cache, so the pass is close to a copy
 
 
 NOPE = "<no positional encoding>"  # the layer type of NoPE layers in RotaryFactors' tables
@@ -184,7 +106,7 @@ class RotaryFactors:
         head_dim = getattr(text_config, "head_dim", None) or text_config.hidden_size // text_config.num_attention_heads
         layout = detect_layout(model)
         probe_type = layer_types[0]
-        cos, _ = _call_rotary(rotary, torch.tensor([[1, 2]]), probe_type)  # [1, 2, rotary_dim]
+        cos, _ = call_rotary(rotary, torch.tensor([[1, 2]]), probe_type)  # [1, 2, rotary_dim]
         rotary_dim = int(cos.shape[-1])
         half = rotary_dim // 2
         cat_form = bool(torch.equal(cos[..., :half], cos[..., half:]))
@@ -231,7 +153,7 @@ class RotaryFactors:
             if self.max_position is not None:
                 capacity = max(size, min(capacity, self.max_position))
             device = next(self.rotary_emb.buffers(), torch.zeros(0)).device
-            cos, sin = _call_rotary(self.rotary_emb, torch.arange(capacity, device=device)[None], layer_type)  # [1, P, rotary_dim]
+            cos, sin = call_rotary(self.rotary_emb, torch.arange(capacity, device=device)[None], layer_type)  # [1, P, rotary_dim]
             half = self.rotary_dim // 2
             pick = slice(0, half) if self.cat_form else slice(0, None, 2)
             cached = (cos[0][:, pick].contiguous(), sin[0][:, pick].contiguous())  # [P, plane]
@@ -247,6 +169,29 @@ class RotaryFactors:
             cos, sin = self.tables(size, layer)  # [P, plane]
             amplitude_sq = cos * cos + sin * sin  # a^2: 1 for default RoPE, mscale^2 for YaRN
             cached = (torch.complex(cos, sin), torch.complex(cos / amplitude_sq, -sin / amplitude_sq))
+            self._tables[key] = cached
+        return cached
+
+    def phase_tables(self, size: int, layer: int | None = None) -> tuple[torch.Tensor, ...]:
+        """``(c, s, c / a^2, -s / a^2)`` float32 ``[P >= size, plane]``: phases and exact inverse phases per position."""
+        cos, sin = self.tables(size, layer)  # [P, plane]
+        key = ("phases", self._layer_type(layer))
+        cached = self._tables.get(key)
+        if cached is None or cached[0] is not cos:
+            amplitude_sq = cos * cos + sin * sin  # a^2: 1 for default RoPE, mscale^2 for YaRN
+            cached = (cos, sin, (cos / amplitude_sq).contiguous(), (-sin / amplitude_sq).contiguous())
+            self._tables[key] = cached
+        return cached
+
+    def workspace(self, device) -> tuple[torch.Tensor, ...]:
+        """Six ``[chunk, plane]`` float32 scratch buffers for :func:`relocate_keys`, allocated once per device.
+
+        Reusing them keeps relocation free of per-call allocations (fresh pages cost more than the arithmetic).
+        """
+        key = ("workspace", str(device))
+        cached = self._tables.get(key)
+        if cached is None:
+            cached = tuple(torch.empty(_CHUNK_SLOTS, self.rotary_dim // 2, device=device) for _ in range(6))
             self._tables[key] = cached
         return cached
 
@@ -285,16 +230,6 @@ class RotaryFactors:
             )
 
 
-def _call_rotary(rotary: nn.Module, position_ids: torch.Tensor, layer_type: str | None):
-    dummy = torch.zeros(1, dtype=torch.float32, device=position_ids.device)
-    with torch.no_grad():
-        if layer_type is None:
-            cos, sin = rotary(dummy, position_ids)
-        else:
-            cos, sin = rotary(dummy, position_ids, layer_type)
-    return cos.float(), sin.float()
-
-
 def relocate_keys(
     keys: torch.Tensor,
     source_positions: torch.Tensor,
@@ -318,17 +253,22 @@ def relocate_keys(
         complex multiplier per plane); non-rotary features are copied bit for bit; values are never touched.
 
     Autograd: when ``keys`` requires grad (and grad mode is on) the result carries the graph back to ``keys``
-    (the map is linear in the keys; positions are integers and get no gradient). Otherwise the whole pass runs
-    under ``torch.no_grad()``, as fast as a copy.
+    (the map is linear in the keys; positions are integers and get no gradient). Otherwise (and for non-float64
+    keys) the pass runs under ``torch.no_grad()`` as one relative rotation per slot, multiply-adds written in place
+    into reused scratch buffers (``relaylens bench geometry`` compares it with a float32 copy).
 
     Raises:
         NonFiniteError: the keys hold NaN/inf, or the result would overflow the keys' dtype (never propagated).
     """
-    with torch.set_grad_enabled(torch.is_grad_enabled() and keys.requires_grad):
-        return _relocate(keys, source_positions, target_positions, factors, layer)
+    if (torch.is_grad_enabled() and keys.requires_grad) or keys.dtype == torch.float64:
+        with torch.set_grad_enabled(torch.is_grad_enabled() and keys.requires_grad):
+            return _relocate(keys, source_positions, target_positions, factors, layer)  # differentiable (and float64)
+    with torch.no_grad():
+        return _relocate(keys, source_positions, target_positions, factors, layer, fast=True)
 
 
-def _relocate(keys, source_positions, target_positions, factors: RotaryFactors, layer: int | None) -> torch.Tensor:
+def _relocate(keys, source_positions, target_positions, factors: RotaryFactors, layer: int | None,
+              fast: bool = False) -> torch.Tensor:
     if keys.shape[-1] != factors.head_dim:
         raise ShapeError(f"keys have head_dim {keys.shape[-1]}, the model's is {factors.head_dim}")
     lead = keys.shape[:-1]  # [..., n]
@@ -345,6 +285,8 @@ def _relocate(keys, source_positions, target_positions, factors: RotaryFactors, 
     if keys.numel() == 0:
         return keys.clone()
     size = int(max(source.max(), target.max())) + 1
+    if fast:
+        return _relocate_in_place(keys, source, target, factors, layer, size)
     forward, inverse = factors.complex_tables(size, layer)  # [P, plane] complex64
     flat_src = source.reshape(-1).to(forward.device)  # [slots]
     flat_dst = target.reshape(-1).to(forward.device)
@@ -362,6 +304,66 @@ def _relocate(keys, source_positions, target_positions, factors: RotaryFactors, 
         if not math.isfinite(float(out[rows].detach().sum(dtype=torch.float32))):  # one pass while the chunk is in cache
             _raise_non_finite(flat_keys[rows].detach(), out[rows].detach(), start, keys.shape)  # (a finite sum proves every entry finite)
     return out.reshape(keys.shape)
+
+
+def _relocate_in_place(keys: torch.Tensor, source: torch.Tensor, target: torch.Tensor, factors: RotaryFactors,
+                       layer: int | None, size: int) -> torch.Tensor:
+    """The no-autograd relocation: one relative rotation ``(c, s)`` per slot and plane from the model's phase tables
+    (phase at ``p'`` times the exact inverse phase at ``p``), then one multiply and one multiply-add per feature written
+    in place, all into scratch buffers reused across calls (no per-call allocations besides the result)."""
+    cos_table, sin_table, inv_cos, inv_sin = factors.phase_tables(size, layer)  # [P, plane] float32 each
+    flat_src = source.reshape(-1).to(cos_table.device)  # [slots]
+    flat_dst = target.reshape(-1).to(cos_table.device)
+    flat_keys = keys.reshape(-1, keys.shape[-1])  # [slots, head_dim]
+    out = torch.empty(flat_keys.shape, dtype=keys.dtype, device=keys.device)
+    rotary = factors.rotary_dim
+    if rotary < keys.shape[-1]:
+        out[:, rotary:] = flat_keys[:, rotary:]  # pass-through features, bit for bit
+    scratch = factors.workspace(cos_table.device)  # six [chunk, plane] float32 buffers, reused across calls
+    for start in range(0, flat_keys.shape[0], _CHUNK_SLOTS):
+        rows = slice(start, start + _CHUNK_SLOTS)
+        src, dst = flat_src[rows], flat_dst[rows]
+        n = src.shape[0]
+        to_c, to_s, from_c, from_s, cos, sin = (buffer[:n] for buffer in scratch)
+        torch.index_select(cos_table, 0, dst, out=to_c)  # the model's phase at p'
+        torch.index_select(sin_table, 0, dst, out=to_s)
+        torch.index_select(inv_cos, 0, src, out=from_c)  # the exact inverse of its phase at p
+        torch.index_select(inv_sin, 0, src, out=from_s)
+        torch.mul(to_c, from_c, out=cos).addcmul_(to_s, from_s, value=-1.0)  # one rotation from p to p'
+        torch.mul(to_c, from_s, out=sin).addcmul_(to_s, from_c)
+        same = (src == dst)[:, None]
+        if bool(same.any()):  # keys that stay put: an identity, bit for bit
+            cos.masked_fill_(same, 1.0)
+            sin.masked_fill_(same, 0.0)
+        _rotate_planes(flat_keys[rows, :rotary], cos, sin, factors.layout, out[rows, :rotary])
+        if not math.isfinite(float(out[rows].sum(dtype=torch.float32))):  # one pass while the chunk is in cache
+            _raise_non_finite(flat_keys[rows], out[rows], start, keys.shape)  # (a finite sum proves every entry finite)
+    return out.reshape(keys.shape)
+
+
+def _rotate_planes(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: str, out: torch.Tensor) -> None:
+    """``out`` = every plane ``(x_1, x_2)`` of ``x`` ``[rows, rotary_dim]`` rotated by ``(cos, sin)`` ``[rows, plane]``.
+
+    One multiply and one multiply-add per output feature, written in place (``x_1 c - x_2 s``, ``x_1 s + x_2 c``).
+    """
+    if layout == "split_half":
+        half = x.shape[-1] // 2
+        x1, x2, o1, o2 = x[:, :half], x[:, half:], out[:, :half], out[:, half:]
+    else:
+        x1, x2, o1, o2 = x[:, 0::2], x[:, 1::2], out[:, 0::2], out[:, 1::2]
+    if x.dtype != torch.float32 or out.dtype != torch.float32:  # compute in float32, cast back once
+        x1, x2 = x1.float(), x2.float()
+        first = x1 * cos
+        first.addcmul_(x2, sin, value=-1.0)
+        second = x1 * sin
+        second.addcmul_(x2, cos)
+        o1.copy_(first)
+        o2.copy_(second)
+        return
+    torch.mul(x1, cos, out=o1)  # strided views of ``out``: written in place, no temporaries
+    o1.addcmul_(x2, sin, value=-1.0)
+    torch.mul(x1, sin, out=o2)
+    o2.addcmul_(x2, cos)
 
 
 def _raise_non_finite(flat_keys: torch.Tensor, out: torch.Tensor, start: int, shape: torch.Size) -> None:

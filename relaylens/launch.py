@@ -43,7 +43,7 @@ LAUNCHER_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "SLURM_ARRAY_TASK_ID",
                       "SLURM_PROCID", "SLURM_NTASKS")
 """The variables ``--shard auto`` looks for (named in its error when none is set)."""
 
-SHARDS = "shards"
+from relaylens.shards import SHARDS  # noqa: E402 - the folder of a run's shard directories
 
 
 class LauncherError(RelaylensError):

@@ -1,4 +1,5 @@
-"""Shared figure style and plotting primitives (matplotlib Agg + seaborn), torch-free and byte-deterministic.
+"""Shared figure style, byte-stable saving, plotting primitives and the panels several figures share
+(matplotlib Agg + seaborn), torch-free and byte-deterministic. Numbers come from :mod:`relaylens.summaries`.
 
 Every figure of :mod:`relaylens.figures` is drawn inside :func:`style` and written by :func:`save_figure`, which
 fixes everything that would otherwise change between runs: PNG/PDF/SVG metadata (no software version, no dates),
@@ -8,8 +9,6 @@ gives byte-identical files.
 Axes: ``layer`` (decoder layer), ``head`` (query head), ``band`` (early / middle / late thirds of the layers).
 
 Example:
-    >>> bands(9)
-    {'early': [0, 1, 2], 'middle': [3, 4, 5], 'late': [6, 7, 8]}
     >>> condition_color("random_order(0)") == condition_color("RandomMean")
     True
 """
@@ -31,14 +30,14 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
 from relaylens.atomic import write_atomic
-from relaylens.bands import SHARE_METRICS, band_of, band_table, bands
+from relaylens.summaries import METRICS, band_table, bands, budget_label, condition_family
 
-__all__ = ["style", "save_figure", "figure_png_base64", "bands", "band_of", "band_table", "condition_color",
-           "condition_order", "shade_bands", "interval_bars", "layer_lines", "heatmap", "note_axis", "FORMATS",
-           "SHARE_METRICS"]
+__all__ = ["style", "save_figure", "figure_png_base64", "condition_color", "shade_bands", "interval_bars",
+           "layer_lines", "heatmap", "note_axis", "FORMATS", "BAND_SHADES", "metric_label", "units_note",
+           "condition_bars", "delta_points", "band_delta_panel"]
 
 FORMATS = ("png", "pdf", "svg")
-"""Metrics that are probability mass: their deltas are reported in percentage points."""
+"""Figure file formats :func:`save_figure` writes."""
 
 RC = {
     "font.family": "DejaVu Sans",
@@ -72,37 +71,20 @@ _PALETTE = {
     "query_only": "#d62728", "common_shift": "#9467bd", "rank_sync": "#8c564b", "score_order": "#e377c2",
     "reverse_order": "#17becf", "random_order": "#bcbd22", "RandomMean": "#bcbd22", "compaction": "#7f7f7f",
 }
-_ORDER = ["original", "relay", "half_gap", "key_only", "query_only", "common_shift", "rank_sync", "score_order",
-          "reverse_order", "RandomMean", "random_order", "compaction"]
 BAND_COLORS = {"early": "#f2f2f2", "middle": "#e3ebf5", "late": "#f2f2f2"}
-
-
-def _family(condition: str) -> str:
-    return re.sub(r"\(.*\)$", "", str(condition))
-
+BAND_SHADES = {"early": "#9ecae1", "middle": "#4292c6", "late": "#08519c"}
+"""Line / bar colours of the early, middle and late bands."""
 
 _SEED_SHADES = ("#bcbd22", "#8c8d12", "#d6d75a", "#6b6c0e", "#e5e68f")
 
 
 def condition_color(condition: str) -> str:
     """A fixed colour per condition family; ``random_order(seed)`` gets olive shades by seed."""
-    family = _family(condition)
+    family = condition_family(condition)
     seed = re.fullmatch(r"random_order\((\d+)\)", str(condition))
     if seed:
         return _SEED_SHADES[int(seed.group(1)) % len(_SEED_SHADES)]
     return _PALETTE.get(family, "#7f7f7f")
-
-
-def condition_order(conditions: Sequence[str]) -> list[str]:
-    """Conditions in the canonical plotting order (original first, relay second, families, then parameters)."""
-
-    def key(c: str) -> tuple:
-        fam = _family(c)
-        rank = _ORDER.index(fam) if fam in _ORDER else len(_ORDER)
-        nums = [float(x) for x in re.findall(r"-?\d+(?:\.\d+)?", c[len(fam):])]
-        return (rank, fam, nums, c)
-
-    return sorted(dict.fromkeys(str(c) for c in conditions), key=key)
 
 
 def rc() -> dict:
@@ -230,3 +212,65 @@ def note_axis(ax: Axes, text: str) -> None:
     """An empty panel that says why it is empty."""
     ax.set_axis_off()
     ax.text(0.5, 0.5, text, ha="center", va="center", fontsize=8, color="#666666", wrap=True, transform=ax.transAxes)
+
+
+# ------------------------------------------------------------------------------------------------- shared panels
+
+def metric_label(metric: str) -> str:
+    """Axis label of an accuracy metric."""
+    return {"contains": "accuracy (contains)", "f1": "F1"}.get(metric, metric)
+
+
+def units_note(scores: pd.DataFrame) -> str:
+    """``'N records; selectors @ budgets'`` for a figure's footnote."""
+    n = scores[["record_id"]].drop_duplicates().shape[0]
+    sel = ", ".join(sorted(scores["selector"].unique()))
+    bud = ", ".join(budget_label(b) for b in sorted(scores["budget"].unique()))
+    return f"{n} record{'s' if n != 1 else ''}; {sel} @ {bud}"
+
+
+def condition_bars(ax: Axes, means: pd.DataFrame, metric: str, conditions: list[str]) -> dict:
+    """Bars of each condition's mean ``metric`` with intervals (``means`` from ``summaries.accuracy_means``)."""
+    sub = means[means["metric"] == metric]
+    centres = interval_bars(ax, sub, "condition", order=[c for c in conditions if c in set(sub["condition"])])
+    ax.set_ylabel(metric_label(metric))
+    ax.set_ylim(bottom=0)
+    return centres
+
+
+def delta_points(ax: Axes, deltas: pd.DataFrame, conditions: list[str], reference: str) -> None:
+    """Paired differences vs ``reference`` with intervals, one marker per metric (``summaries.paired_deltas``)."""
+    from matplotlib.lines import Line2D
+
+    markers = {"contains": "o", "f1": "s"}
+    order = [c for c in conditions if c in set(deltas["condition"])]
+    present = [m for m in METRICS if (deltas["metric"] == m).any()]
+    for k, metric in enumerate(present):
+        sub = deltas[deltas["metric"] == metric]
+        for i, cond in enumerate(order):
+            r = sub[sub["condition"] == cond]
+            if r.empty:
+                continue
+            mean, low, high = (float(r[c].iloc[0]) for c in ("mean", "low", "high"))
+            x = i + (k - 0.5) * 0.25
+            ax.errorbar(x, mean, yerr=[[max(mean - low, 0)], [max(high - mean, 0)]], fmt=markers[metric], ms=4,
+                        color=condition_color(cond), ecolor="#333333", elinewidth=1, capsize=2, zorder=3)
+    ax.axhline(0, color="#999999", lw=0.8, zorder=1)
+    ax.set_xticks(range(len(order)), order, rotation=30, ha="right")
+    ax.set_xlim(-0.6, len(order) - 0.4)
+    ax.set_ylabel(f"minus {reference} (paired)")
+    ax.legend([Line2D([], [], marker=markers[m], color="#555555", ls="none") for m in present], present, loc="best")
+
+
+def band_delta_panel(ax: Axes, share: pd.DataFrame, conditions: list[str], reference: str) -> None:
+    """Bars of each condition's evidence-share band mean minus ``reference`` (pp), early / middle / late."""
+    num_layers = int(share["layer"].max()) + 1
+    bt = band_table(share, num_layers, [], reference=reference)
+    bt = bt[bt["condition"] != reference]
+    order = [c for c in conditions if c in set(bt["condition"])]
+    interval_bars(ax, bt.assign(mean=bt["delta_pp"], low=np.nan, high=np.nan), "condition", hue="band",
+                  order=order, hue_order=["early", "middle", "late"], colors=BAND_SHADES)
+    ax.axhline(0, color="#999999", lw=0.8)
+    ax.set_ylabel(f"evidence share, pp vs {reference}")
+    ax.set_title("evidence attention share by band")
+    ax.legend(loc="best")

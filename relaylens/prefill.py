@@ -7,13 +7,13 @@ position ``0..L-1``), ``window`` (the last ``w`` history positions), ``head_dim`
 from __future__ import annotations
 
 import contextlib
-import sys
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
+from relaylens.attention_stats import capture_column_sums
 from relaylens.errors import PositionError, RopeError, ShapeError
+from relaylens.hf import QUERY_RECIPES, attention_constants, attention_kernel, cache_tensors, decoder_layers
 
 
 @dataclass
@@ -29,8 +29,8 @@ class PrefillResult:
         window_size: ``w``.
         scaling: the attention scaling the model applies to ``q @ k^T`` (``1/sqrt(head_dim)`` for Llama).
         num_key_value_groups: query heads per kv head.
-        extras: selector-specific statistics captured during the same pass (e.g. ``"column_sums"``: per layer
-            ``[q_head, L]`` float32 causal attention column sums for H2O).
+        column_sums: per layer ``[q_head, L]`` float32 causal attention column sums of every history query (H2O,
+            CaM), captured in the same pass with ``prefill_history(..., column_sums=True)``; None when not captured.
     """
 
     history_ids: torch.Tensor  # [L]
@@ -40,7 +40,7 @@ class PrefillResult:
     window_size: int
     scaling: float
     num_key_value_groups: int
-    extras: dict = field(default_factory=dict)
+    column_sums: list[torch.Tensor] | None = None  # per layer [q_head, L] float32
 
     @property
     def history_length(self) -> int:
@@ -67,6 +67,8 @@ def prefill_history(
     capture_window_queries: bool = True,
     allow_long: bool = False,
     attn_implementation: str | None = "sdpa",
+    column_sums: bool = False,
+    column_block_size: int = 256,
 ) -> PrefillResult:
     """Run the history once (fast kernel, plain ``DynamicCache``) and return its keys, values and window queries.
 
@@ -87,6 +89,9 @@ def prefill_history(
         capture_window_queries: False skips the hooks and returns ``window_queries=None`` and ``window_size=0``.
         allow_long: permit ``L > config.max_position_embeddings``.
         attn_implementation: kernel used during the prefill (restored afterwards); None keeps the model's.
+        column_sums: also accumulate every history query's causal attention column sums per layer
+            (:func:`relaylens.attention_stats.capture_column_sums`, query blocks of ``column_block_size`` rows; no
+            ``L x L`` matrix) into :attr:`PrefillResult.column_sums`, for H2O and CaM.
 
     Example:
         >>> from relaylens.testing import tiny_model
@@ -103,7 +108,8 @@ def prefill_history(
     chunk = chunk_size or L
     window_start = L - window_size if capture_window_queries else L
     cache = DynamicCache()  # plain: DynamicCache(config=...) would drop sliding-layer history (Gemma-3)
-    with _attn_implementation(model, attn_implementation), torch.inference_mode():
+    sums = capture_column_sums(model, column_block_size) if column_sums else contextlib.nullcontext()
+    with attention_kernel(model, attn_implementation), torch.inference_mode(), sums as stats:
         capture = _WindowQueryCapture(layers, window_start) if capture_window_queries else contextlib.nullcontext()
         with capture:
             for start in range(0, L, chunk):
@@ -118,8 +124,9 @@ def prefill_history(
                     logits_to_keep=1,
                 )
     # Clones leave inference mode: later stages may edit them in place or use them under autograd.
-    keys = [layer.keys[0].clone() for layer in cache.layers]  # per layer [kv_head, L, head_dim]
-    values = [layer.values[0].clone() for layer in cache.layers]  # per layer [kv_head, L, head_dim]
+    keys, values = cache_tensors(cache)
+    keys = [k.clone() for k in keys]  # per layer [kv_head, L, head_dim]
+    values = [v.clone() for v in values]  # per layer [kv_head, L, head_dim]
     del cache
     if len(keys) != len(layers) or any(k.shape[1] != L for k in keys):
         raise ShapeError(f"the cache holds {[k.shape[1] for k in keys]} positions per layer after a {L}-token prefill "
@@ -128,26 +135,17 @@ def prefill_history(
     window_queries = None
     if capture_window_queries:
         window_queries = capture.result(keys)  # per layer [q_head, w, head_dim]
-    attn = layers[0].self_attn
+    scaling, groups = attention_constants(model)
     return PrefillResult(
         history_ids=ids.cpu(),
         keys=keys,
         values=values,
         window_queries=window_queries,
         window_size=window_size if capture_window_queries else 0,
-        scaling=float(attn.scaling),
-        num_key_value_groups=int(attn.num_key_value_groups),
+        scaling=scaling,
+        num_key_value_groups=groups,
+        column_sums=[s.clone() for s in stats.column_sums] if column_sums else None,
     )
-
-
-def decoder_layers(model) -> list:
-    """The decoder layers of a causal LM (``model.model.layers``), each with a ``self_attn`` module."""
-    inner = getattr(model, "model", None)
-    layers = getattr(inner, "layers", None)
-    if layers is None or not all(hasattr(layer, "self_attn") for layer in layers):
-        raise RopeError(f"{type(model).__name__} has no model.model.layers[i].self_attn; relaylens supports decoder-only "
-                        "Hugging Face causal LMs laid out like Llama.")
-    return list(layers)
 
 
 def _check_history(model, history_ids, window_size, chunk_size, capture, allow_long) -> torch.Tensor:
@@ -186,66 +184,8 @@ def _check_history(model, history_ids, window_size, chunk_size, capture, allow_l
     return ids.long()
 
 
-@contextlib.contextmanager
-def _attn_implementation(model, name: str | None):
-    """Temporarily switch the model's attention kernel (restored on exit, also on errors)."""
-    before = model.config._attn_implementation
-    if name is None or name == before:
-        yield
-        return
-    model.set_attn_implementation(name)
-    try:
-        yield
-    finally:
-        model.set_attn_implementation(before)
-
-
 # ----------------------------------------------------------------------------------------------------------------
-# window queries: rebuilt from each attention module's inputs, exactly as its forward computes them
-
-
-def _rotary_fn(attn) -> Callable:
-    """The ``apply_rotary_pos_emb`` of the module that defines ``attn``'s class (the model's own rotary code)."""
-    fn = getattr(sys.modules[type(attn).__module__], "apply_rotary_pos_emb", None)
-    if fn is None:
-        raise RopeError(f"{type(attn).__module__} defines no apply_rotary_pos_emb; cannot rebuild queries of "
-                        f"{type(attn).__name__}. Fix: pass capture_window_queries=False.")
-    return fn
-
-
-def _split_heads(proj: torch.Tensor, head_dim: int) -> torch.Tensor:
-    return proj.view(*proj.shape[:-1], -1, head_dim)  # [B, n, H, head_dim]
-
-
-def _qk_standard(attn, hidden, cos, sin):
-    """Llama / Mistral / Qwen2 / Qwen3 / Gemma-2/3 / GLM / Cohere: project, per-head norm (if any), rotate."""
-    q = _split_heads(attn.q_proj(hidden), attn.head_dim)  # [B, n, q_head, head_dim]
-    k = _split_heads(attn.k_proj(hidden), attn.head_dim)  # [B, n, kv_head, head_dim]
-    if getattr(attn, "q_norm", None) is not None and getattr(attn, "use_qk_norm", True):
-        q, k = attn.q_norm(q), attn.k_norm(k)  # norms over head_dim (Cohere: over [head, head_dim]) before transpose
-    q, k = q.transpose(1, 2), k.transpose(1, 2)  # [B, H, n, head_dim]
-    return _rotary_fn(attn)(q, k, cos, sin)
-
-
-def _qk_phi(attn, hidden, cos, sin):
-    """Phi: optional LayerNorm, rotary on the first ``rotary_ndims`` dims only (the rest pass through)."""
-    q = _split_heads(attn.q_proj(hidden), attn.head_dim).transpose(1, 2)  # [B, q_head, n, head_dim]
-    k = _split_heads(attn.k_proj(hidden), attn.head_dim).transpose(1, 2)  # [B, kv_head, n, head_dim]
-    if attn.qk_layernorm:
-        q, k = attn.q_layernorm(q), attn.k_layernorm(k)
-    r = attn.rotary_ndims
-    q_rot, k_rot = _rotary_fn(attn)(q[..., :r], k[..., :r], cos, sin)
-    return torch.cat((q_rot, q[..., r:]), dim=-1), torch.cat((k_rot, k[..., r:]), dim=-1)
-
-
-#: Attention classes whose forward computes queries as the recipe does. Add an entry to support another family;
-#: the rebuilt keys are checked against the cache, so a wrong recipe fails loudly.
-QUERY_RECIPES: dict[str, Callable] = {
-    **{name: _qk_standard for name in (
-        "LlamaAttention", "MistralAttention", "Qwen2Attention", "Qwen3Attention", "Gemma2Attention",
-        "Gemma3Attention", "GlmAttention", "CohereAttention")},
-    "PhiAttention": _qk_phi,
-}
+# window queries: rebuilt from each attention module's inputs, exactly as its forward computes them (relaylens.hf)
 
 
 class _WindowQueryCapture:
@@ -259,7 +199,7 @@ class _WindowQueryCapture:
             name = type(layer.self_attn).__name__
             if name not in QUERY_RECIPES:
                 raise RopeError(f"cannot rebuild window queries for attention class {name}; supported: "
-                                f"{', '.join(sorted(QUERY_RECIPES))}. Fix: add a recipe to relaylens.prefill.QUERY_RECIPES "
+                                f"{', '.join(sorted(QUERY_RECIPES))}. Fix: add a recipe to relaylens.hf.QUERY_RECIPES "
                                 "or pass capture_window_queries=False.")
             self.recipes.append(QUERY_RECIPES[name])
         self.queries: list[list[torch.Tensor]] = [[] for _ in layers]  # per layer, pieces [q_head, n, head_dim]
@@ -307,7 +247,7 @@ class _WindowQueryCapture:
             if k.shape != ref.shape or not err <= tol:
                 raise RopeError(f"layer {i}: keys rebuilt by the {type(self.layers[i].self_attn).__name__} recipe differ "
                                 f"from the cached keys (max abs {err:.3g}, tolerance {tol:.3g}), so its rebuilt queries "
-                                "cannot be trusted. Fix: correct relaylens.prefill.QUERY_RECIPES for this class or pass "
+                                "cannot be trusted. Fix: correct relaylens.hf.QUERY_RECIPES for this class or pass "
                                 "capture_window_queries=False.")
             out.append(q.clone())
         return out

@@ -53,7 +53,8 @@ from relaylens.conditions import Condition
 from relaylens.errors import RelaylensError
 from relaylens.generation import GenerationResult, RelocatedCache, build_cache
 from relaylens.geometry import RotaryFactors
-from relaylens.prefill import PrefillResult, decoder_layers
+from relaylens.hf import cache_lengths, cached_values, decoder_layers
+from relaylens.prefill import PrefillResult
 from relaylens.probes import FinalTokenRecorder, ProbedCondition, gold_slots, readouts
 from relaylens.selection import Selection
 
@@ -236,10 +237,10 @@ class _BridgeRecorder:
     def keep_row(self, layer, pattern, hook):  # pattern [B, q_head, query, key]
         valid = self.relocated.state.valid.get(layer)
         width = 0 if valid is None else valid.shape[-1]
-        cache_layer = self.relocated.cache.layers[layer]
+        values = cached_values(self.relocated.cache, layer)  # [B, kv_head, slot, D]
         self.record.widths[layer] = width
         self.record.rows[layer] = pattern[0, :, -1].detach().float().clone()
-        self.record.values[layer] = cache_layer.values[0, :, :width].detach().float().clone()  # [kv_head, slot, D]
+        self.record.values[layer] = values[0, :, :width].detach().float().clone()  # [kv_head, slot, D]
         return pattern
 
     def keep_query(self, layer, query, hook):  # query [B, query, q_head, head_dim]
@@ -270,15 +271,15 @@ def question_pass_tl(bridge, relocated: RelocatedCache, ids: torch.Tensor, posit
     state.new_positions = torch.cat((state.new_positions, positions))
     base = state.new_source_positions if state.new_source_positions is not None else torch.zeros(0, dtype=torch.long)
     state.new_source_positions = torch.cat((base, source_positions))
-    before = [layer.keys.shape[-2] for layer in relocated.cache.layers]
+    before = cache_lengths(relocated.cache)
     recorder = _BridgeRecorder(relocated, groups, _sliding_windows(bridge))
     device = next(bridge.original_model.parameters()).device
     with torch.no_grad(), cache_kwarg_shim(shim), ragged_attention_config(bridge), \
-            bridge.hooks(fwd_hooks=recorder.fwd_hooks(len(relocated.cache.layers))):
+            bridge.hooks(fwd_hooks=recorder.fwd_hooks(len(before))):
         logits = bridge(ids[None].to(device), return_type="logits", position_ids=positions[None].to(device),
                         cache=relocated.cache, use_cache=True)
     if check_cache:
-        after = [layer.keys.shape[-2] for layer in relocated.cache.layers]
+        after = cache_lengths(relocated.cache)
         stale = [l for l, (b, a) in enumerate(zip(before, after)) if a != b + ids.numel()]
         if stale:
             raise RelaylensError(

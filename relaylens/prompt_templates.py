@@ -27,6 +27,7 @@ Example:
 from __future__ import annotations
 
 from relaylens.errors import RecordError
+from relaylens.spans import PromptLayout
 
 #: chat-model templates (InfiniteBench ``gpt4_templates``)
 CHAT_TEMPLATES = {
@@ -87,7 +88,6 @@ def template_fields(record, task: str) -> dict[str, str]:
 
 def infinitebench_layout(record, mode: str):
     """The :class:`~relaylens.prompting.PromptLayout` of an InfiniteBench record under its task's template."""
-    from relaylens.prompting import PromptLayout
 
     task = infinitebench_task(record)
     template = TEMPLATES[mode][task]

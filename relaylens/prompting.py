@@ -45,14 +45,13 @@ from __future__ import annotations
 
 import json
 from bisect import bisect_left, bisect_right
-from dataclasses import dataclass
 from itertools import accumulate
 
 import torch
 
 from relaylens.errors import RecordError
 from relaylens.records import Record, Session
-from relaylens.spans import RenderedPrompt, Span
+from relaylens.spans import PromptLayout, RenderedPrompt, Span
 
 INSTRUCTION = ("I will give you several history chats between you and a user. "
                "Please answer the question based on the relevant chat history.")
@@ -73,24 +72,6 @@ def stop_strings(mode: str) -> tuple[str, ...]:
     """
     _check(mode, MODES, "mode")
     return ("\n",) if STOP_ON_NEWLINE[mode] else ()
-
-
-@dataclass(frozen=True)
-class PromptLayout:
-    """The rendered text (before any chat template) with character ranges of every unit.
-
-    ``sessions`` and ``turns`` are ``(Session / Turn index path, start, end)`` character ranges into ``text``;
-    ``question_start`` is where the question block begins.
-    """
-
-    text: str
-    question_start: int
-    sessions: tuple[tuple[Session, int, int], ...]
-    turns: tuple[tuple[Session, int, int, int], ...]  # (session, turn index in session, start, end)
-
-    @property
-    def history_text(self) -> str:
-        return self.text[: self.question_start]
 
 
 def ordered_sessions(record: Record) -> list[Session]:

@@ -2,7 +2,7 @@
 
 A :class:`Record` holds the history as :class:`Session` s of :class:`Turn` s, the question, the reference answers
 and the gold evidence annotations (``Session.is_evidence`` / ``Turn.has_answer``). Readers for each dataset live
-in :mod:`relaylens.datasets`; :func:`load_records` picks one by file format.
+in :mod:`relaylens.datasets`, whose :func:`relaylens.datasets.load_records` picks one by file format.
 
 Example:
     >>> rec = Record(record_id="q1", question="What is my dog called?", answers=("Biscuit",),
@@ -15,16 +15,12 @@ Example:
 
 from __future__ import annotations
 
-import logging
 import math
-import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from relaylens.errors import RecordError
-
-log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -222,53 +218,3 @@ def check_record(record: Record, path="<records>", where: str = "<record>") -> N
                                   "(lower case, punctuation and the articles a/an/the removed), so an empty model "
                                   "answer would score exact match 1. Fix: give the record a real reference answer, "
                                   "or drop it")
-
-
-FORMATS = ("longmemeval", "personamem", "longmtbench", "infinitebench")
-
-
-def load_records_with_report(path: str | Path, format: str = "auto", lenient: bool = False, **options) -> tuple[list[Record], LoadReport]:
-    """Read a dataset file into records and report what was skipped.
-
-    Args:
-        path: the dataset file (PersonaMem: the questions CSV; the shared contexts are found beside it).
-        format: ``"auto"`` or one of :data:`FORMATS`.
-        lenient: skip malformed records (each skip is reported, warned and logged) instead of raising.
-        **options: reader options, e.g. ``contexts_path=`` (PersonaMem) or ``task=`` (InfiniteBench).
-    """
-    from relaylens import datasets
-
-    path = Path(path)
-    if not path.exists():
-        raise FileNotFoundError(f"dataset file {path} does not exist; pass the path of a LongMemEval / PersonaMem / "
-                                "Long-MT-Bench+ / InfiniteBench file")
-    fmt = datasets.detect_format(path) if format == "auto" else format
-    if fmt not in FORMATS:
-        raise ValueError(f"unknown dataset format {fmt!r}; expected 'auto' or one of {FORMATS}")
-    collector = RecordCollector(lenient, path)
-    try:
-        datasets.READERS[fmt](path, collector, **options)
-    except UnicodeDecodeError as err:
-        raise RecordError(f"{path}: not UTF-8 text (byte {err.object[err.start:err.start + 1]!r} at offset {err.start}: "
-                          f"{err.reason}). Fix: re-encode the file as UTF-8 (e.g. iconv -f latin1 -t utf-8)") from None
-    except RecursionError:
-        raise RecordError(f"{path}: the JSON is nested too deeply to read (more levels than Python's recursion "
-                          "limit). Fix: check that this is a dataset file; records are only a few levels deep") from None
-    report = LoadReport(str(path), fmt, len(collector.records), tuple(collector.skipped))
-    if report.num_skipped:
-        msg = f"{path}: skipped {report.num_skipped} malformed {fmt} record(s) (lenient=True); first: {report.skipped[0][0]}: {report.skipped[0][1]}"
-        log.warning(msg)
-        warnings.warn(msg, stacklevel=2)
-    return collector.records, report
-
-
-def load_records(path: str | Path, format: str = "auto", lenient: bool = False, **options) -> list[Record]:
-    """Read a dataset file into :class:`Record` s (see :func:`load_records_with_report` for the arguments).
-
-    >>> from relaylens.datasets.synthetic import bundled_sample_path
-    >>> recs = load_records(bundled_sample_path())
-    >>> recs[0].source
-    'longmemeval'
-    """
-    records, _ = load_records_with_report(path, format=format, lenient=lenient, **options)
-    return records

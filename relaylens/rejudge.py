@@ -55,7 +55,7 @@ class RejudgeResult:
 def records_of_run(manifest: dict, data: str | Path | None = None) -> dict:
     """``{record_id: Record}`` of the dataset a run used (``data`` overrides the manifest's path; its checksum must
     match the one the run recorded)."""
-    from relaylens.records import load_records
+    from relaylens.datasets import load_records
     from relaylens.results import file_sha256
     from relaylens.runner import resolve_data
 

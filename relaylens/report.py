@@ -9,7 +9,10 @@ from the network: no CDN, no external URL (strings that contain ``://`` are writ
 and ids are deterministic, so the same run renders to the same bytes.
 
 Example:
-    >>> html = render_report(example_tables(), {"analysis": "demo"})
+    >>> from relaylens.tables import example_tables
+    >>> tables = example_tables(records=2, selectors=("bm25",), budgets=(0.1,), conditions=("original", "relay"),
+    ...                         replay=(), layers=3, teacher=False)
+    >>> html = render_report(tables, {"analysis": "demo"})
     >>> html.count('<section id="layer-'), "http://" in html, "https://" in html
     (3, False, False)
 """
@@ -26,13 +29,21 @@ import pandas as pd
 from markupsafe import Markup, escape
 from matplotlib.figure import Figure
 
-from relaylens import figures as figs
 from relaylens import plots
+from relaylens.figures import REGISTRY, build, select_figures
+from relaylens.figures.heatmap import HEATMAP_METRIC, evidence_heatmap
+from relaylens.figures.registry import check_not_empty, needs_probes
+from relaylens.summaries import (METRICS, REFERENCE, accuracy_scores, accuracy_table, budget_label, condition_order,
+                                 layer_table, table_cells)
+from relaylens.tables import get_table
+from relaylens.views import view_html
 
-__all__ = ["render_report", "write_report", "report_context", "example_tables", "TEMPLATE"]
+__all__ = ["render_report", "write_report", "report_context", "TEMPLATE"]
 
 TEMPLATE = "report.html.j2"
-HEATMAP_METRIC = ("question_final", "forward", "evidence_share")
+OWN_SECTIONS = ("table1", "table8")
+"""Registered tables the report shows in sections of its own (conditions, evidence bands); every other table a run
+draws (e.g. Table 2, Table 7) gets a table of its own in the "Tables" section."""
 
 
 # ------------------------------------------------------------------------------------------------- formatting
@@ -106,7 +117,7 @@ def _png(fig: Figure, dpi: int = 100) -> str:
 
 def _summary(tables: dict, manifest: dict) -> list[tuple[str, str]]:
     answers, probes = tables["answers"], tables["probes"]
-    scores = figs._accuracy_scores(tables)
+    scores = accuracy_scores(tables)
     keyed = answers if len(answers) else scores
     model = manifest.get("model") or {}
     dataset = manifest.get("dataset") or {}
@@ -120,8 +131,8 @@ def _summary(tables: dict, manifest: dict) -> list[tuple[str, str]]:
         ("created", str(manifest.get("created_at") or "?")),
         ("records", str(keyed["record_id"].nunique())),
         ("selectors", ", ".join(sorted(keyed["selector"].unique()))),
-        ("budgets", ", ".join(figs._budget_label(b) for b in sorted(keyed["budget"].unique()))),
-        ("conditions", ", ".join(plots.condition_order(keyed["condition"].unique()))),
+        ("budgets", ", ".join(budget_label(b) for b in sorted(keyed["budget"].unique()))),
+        ("conditions", ", ".join(condition_order(keyed["condition"].unique()))),
     ]
     if "question_type" in keyed and len(keyed):
         rows.append(("question types", ", ".join(sorted(keyed["question_type"].unique()))))
@@ -132,15 +143,15 @@ def _summary(tables: dict, manifest: dict) -> list[tuple[str, str]]:
 
 
 def _condition_table(tables: dict) -> tuple[list[dict], pd.DataFrame | None]:
-    if not len(figs._accuracy_scores(tables)):
+    if not len(accuracy_scores(tables)):
         return [], None
-    table = figs.accuracy_table(tables)
+    table = accuracy_table(tables)
     rows = []
     for _, r in table.iterrows():
-        rows.append({"selector": r["selector"], "budget": figs._budget_label(float(r["budget"])),
+        rows.append({"selector": r["selector"], "budget": budget_label(float(r["budget"])),
                      "condition": r["condition"], "n": int(r["n"]),
-                     "cells": [_interval(r, m) for m in figs.METRICS if m in table]
-                     + [_interval(r, f"{m}_delta", signed=True) for m in figs.METRICS if m in table]})
+                     "cells": [_interval(r, m) for m in METRICS if m in table]
+                     + [_interval(r, f"{m}_delta", signed=True) for m in METRICS if m in table]})
     return rows, table
 
 
@@ -162,7 +173,7 @@ def _with_delta(value: float, delta: float, delta_pp: float, reference: bool) ->
 
 def _layers(layer_table: pd.DataFrame) -> list[dict]:
     """One entry per layer: its band and a readout x condition grid of ``value (delta)`` strings."""
-    conditions = plots.condition_order(layer_table["condition"].unique())
+    conditions = condition_order(layer_table["condition"].unique())
     point_rank = {"question_final": 0, "first_answer_token": 1}
     readouts = sorted(set(layer_table[["probe_point", "source", "metric"]].itertuples(index=False, name=None)),
                       key=lambda t: (point_rank.get(t[0], 2), t[0], t[1], t[2]))
@@ -179,14 +190,14 @@ def _layers(layer_table: pd.DataFrame) -> list[dict]:
                 if r is None:
                     cells.append("")
                     continue
-                cells.append(_with_delta(r.value, r.delta, r.delta_pp, cond == figs.REFERENCE))
+                cells.append(_with_delta(r.value, r.delta, r.delta_pp, cond == REFERENCE))
             grid.append({"group": _point_label(point), "readout": f"{metric} ({source})", "cells": cells})
         out.append({"layer": int(layer), "band": band, "conditions": conditions, "grid": grid})
     return out
 
 
 def _band_rows(tables: dict) -> list[dict]:
-    t8 = figs.build("table8", tables)
+    t8 = build("table8", tables)
     t8 = t8[t8["selector"] == "all"]
     rows = []
     for (point, source, metric, cond), g in t8.groupby(["probe_point", "source", "metric", "condition"], sort=False):
@@ -197,45 +208,21 @@ def _band_rows(tables: dict) -> list[dict]:
             if r is None:
                 cells.append("")
                 continue
-            cells.append(_with_delta(r["value"], r["delta"], r["delta_pp"], cond == figs.REFERENCE))
+            cells.append(_with_delta(r["value"], r["delta"], r["delta_pp"], cond == REFERENCE))
         rows.append({"readout": _readout_name(point, source, metric), "condition": cond, "cells": cells})
     return rows
 
 
 def _heatmap(probes: pd.DataFrame) -> str | None:
     """Layer x head heat maps of the evidence-share change vs original (pp), one panel per condition."""
-    point, source, metric = HEATMAP_METRIC
-    data = probes[(probes["probe_point"] == point) & (probes["source"] == source) & (probes["metric"] == metric)]
-    if data.empty or figs.REFERENCE not in set(data["condition"]):
-        return None
-    grid = data.groupby(["condition", "layer", "head"])["value"].mean().unstack(["layer", "head"])
-    delta = 100 * (grid - grid.loc[figs.REFERENCE])
-    conditions = [c for c in plots.condition_order(grid.index) if c != figs.REFERENCE]
-    if not conditions:
-        return None
-    num_layers, num_heads = int(probes["layer"].max()) + 1, int(probes["head"].max()) + 1
-    mats = {c: delta.loc[c].reindex(pd.MultiIndex.from_product([range(num_layers), range(num_heads)]))
-            .to_numpy().reshape(num_layers, num_heads) for c in conditions}
-    finite = np.concatenate([np.abs(m[np.isfinite(m)]) for m in mats.values()])
-    vmax = float(np.quantile(finite, 0.99)) if finite.size else 0.0  # robust scale: one head cannot wash out the rest
-    vmax = vmax if vmax > 0 else 1.0
-    cols = min(len(conditions), 4)
-    rows = math.ceil(len(conditions) / cols)
     with plots.style():
-        fig = Figure(figsize=(2.6 * cols + 0.8, max(2.4, 0.11 * num_layers + 1.0) * rows), layout="constrained")
-        axes = fig.subplots(rows, cols, squeeze=False)
-        image = None
-        for ax, cond in zip(axes.flat, conditions):
-            image = plots.heatmap(ax, mats[cond], f"{cond} - original", vmax=vmax)
-        for ax in list(axes.flat)[len(conditions):]:
-            ax.set_axis_off()
-        fig.colorbar(image, ax=axes, shrink=0.8, label="evidence share change (pp)", extend="both")
-        return plots.figure_png_base64(fig, dpi=100)
+        fig = evidence_heatmap(probes, HEATMAP_METRIC)
+        return None if fig is None else plots.figure_png_base64(fig, dpi=100)
 
 
 def _drilldown(tables: dict) -> list[dict]:
     answers, scores = tables["answers"], tables["scores"]
-    wide = (scores[scores["metric"].isin(figs.METRICS)]
+    wide = (scores[scores["metric"].isin(METRICS)]
             .pivot_table(index=["record_id", "selector", "budget", "condition"], columns="metric", values="value",
                          aggfunc="first"))
     units = []
@@ -247,7 +234,7 @@ def _drilldown(tables: dict) -> list[dict]:
         except (TypeError, ValueError):
             refs = [str(first["references"])]
         rows = []
-        order = {c: i for i, c in enumerate(plots.condition_order(g["condition"]))}
+        order = {c: i for i, c in enumerate(condition_order(g["condition"]))}
         for _, r in g.assign(_o=g["condition"].map(order)).sort_values("_o").iterrows():
             key = (rid, sel, budget, r["condition"])
             metrics = wide.loc[key].to_dict() if key in wide.index else {}
@@ -258,47 +245,85 @@ def _drilldown(tables: dict) -> list[dict]:
                          "correct": correct})
         n_correct = sum(1 for r in rows if r["correct"])
         units.append({"id": f"rec-{len(units)}", "record_id": rid, "selector": sel,
-                      "budget": figs._budget_label(float(budget)), "question_type": first["question_type"],
+                      "budget": budget_label(float(budget)), "question_type": first["question_type"],
                       "kept": int(first["gold_units_kept"]), "total": int(first["gold_units_total"]),
                       "references": ", ".join(map(str, refs)), "rows": rows, "n_correct": n_correct})
     return units
 
 
-def report_context(tables: dict, manifest: dict, figure_names: list[str] | None = None) -> dict:
-    """Everything the template needs (plain strings, numbers and base64 PNGs)."""
-    figs._check_not_empty(tables)
-    tables = {name: figs._table(tables, name) for name in ("answers", "scores", "probes")}
+def _scope_rows(tables: dict) -> tuple[list[dict], list[dict]]:
+    """Layer-scope rows (scoped conditions vs original, paired) and per-layer sweep rows, when the run has them."""
+    from relaylens.figures.layer_scope import layer_scope_table, sweep_curves
+
+    conditions = set(get_table(tables, "scores")["condition"])
+    scopes = []
+    if any("@" in c for c in conditions):
+        table = layer_scope_table(tables)
+        for cond, g in table.groupby("condition", sort=False):
+            by_metric = {r["metric"]: r for _, r in g.iterrows()}
+            cells = []
+            for metric in ("contains", "evidence_share"):
+                r = by_metric.get(metric)
+                cells.append("" if r is None else f"{r['mean']:+.3f} [{r['low']:.3f}, {r['high']:.3f}]")
+            scopes.append({"condition": cond, "n": int(g["n"].max()), "cells": cells})
+    curves = sweep_curves(tables)
+    sweep = []
+    if len(curves):
+        wide = curves.set_index(["layer", "metric", "kind"])["mean"]
+        for layer in sorted(curves["layer"].unique()):
+            sweep.append({"layer": int(layer), "cells": [_num(wide.get((layer, metric, kind))) for metric in
+                          ("first_answer_logprob", "evidence_share") for kind in ("single", "cumulative")]})
+    return scopes, sweep
+
+
+def report_context(tables: dict, manifest: dict, figure_names: list[str] | None = None,
+                   views: list[dict] | None = None) -> dict:
+    """Everything the template needs (plain strings, numbers and base64 PNGs).
+
+    ``views``: stored token views (:func:`relaylens.views.load_views`) shown in the token-view section.
+    """
+    check_not_empty(tables)
+    everything = tables  # paper tables may read more than the three main tables (Table 2: the skipped records)
+    tables = {name: get_table(tables, name) for name in ("answers", "scores", "probes")}
     probes = tables["probes"]
     condition_rows, condition_table = _condition_table(tables)
-    names = figure_names if figure_names is not None else figs.select_figures(tables, manifest)
-    rendered = []
+    names = figure_names if figure_names is not None else select_figures(tables, manifest)
+    rendered, paper_tables = [], []
     for name in names:
-        entry = figs.REGISTRY[name]
-        if entry.kind != "figure":
-            continue
-        rendered.append({"name": name, "title": entry.title, "png": _png(figs.build(name, tables))})
-    has_probes = figs._needs_probes(tables) is None
-    layer_table = figs.layer_table(probes) if has_probes else None
+        entry = REGISTRY[name]
+        if entry.kind == "figure":
+            rendered.append({"name": name, "title": entry.title, "png": _png(build(name, tables))})
+        elif name not in OWN_SECTIONS:
+            head, rows = table_cells(build(name, everything))
+            paper_tables.append({"name": name, "title": entry.title, "head": head, "rows": rows})
+    has_probes = needs_probes(tables) is None
+    scope_rows, sweep_rows = _scope_rows(tables)
+    per_layer = layer_table(probes) if has_probes else None
     data = {
         "analysis": manifest.get("analysis"),
         "conditions": _records(condition_table) if condition_table is not None else [],
-        "layers": _records(layer_table) if layer_table is not None else [],
+        "layers": _records(per_layer) if per_layer is not None else [],
     }
     return {
         "title": f"relaylens report: {manifest.get('analysis') or 'run'}",
         "summary": _summary(tables, manifest),
         "manifest_json": json.dumps(manifest, indent=2, sort_keys=True, default=str),
-        "metrics": [m for m in figs.METRICS if condition_table is not None and m in condition_table],
+        "metrics": [m for m in METRICS if condition_table is not None and m in condition_table],
         "condition_rows": condition_rows,
         "figures": rendered,
+        "paper_tables": paper_tables,
         "has_probes": has_probes,
-        "no_probes_reason": figs._needs_probes(tables),
+        "no_probes_reason": needs_probes(tables),
         "heatmap": _heatmap(probes) if has_probes else None,
         "heatmap_readout": " / ".join(HEATMAP_METRIC),
         "band_rows": _band_rows(tables) if has_probes else [],
-        "layers": _layers(layer_table) if has_probes else [],
+        "layers": _layers(per_layer) if has_probes else [],
         "records": _drilldown(tables) if len(tables["answers"]) else [],
+        "scope_rows": scope_rows,
+        "sweep_rows": sweep_rows,
         "data_json": _json_script(_clean(data)),
+        "token_view": Markup(view_html(views)) if views else None,
+        "token_view_records": len({v["record_id"] for v in views or []}),
     }
 
 
@@ -309,14 +334,19 @@ def _environment():
                               finalize=_finalize, undefined=jinja2.StrictUndefined, keep_trailing_newline=True)
 
 
-def render_report(tables: dict, manifest: dict, figure_names: list[str] | None = None) -> str:
+def render_report(tables: dict, manifest: dict, figure_names: list[str] | None = None,
+                  views: list[dict] | None = None) -> str:
     """The report as one HTML string (self-contained, deterministic)."""
-    return _environment().get_template(TEMPLATE).render(**report_context(tables, manifest, figure_names))
+    return _environment().get_template(TEMPLATE).render(**report_context(tables, manifest, figure_names, views))
 
 
-def write_report(run_dir: str | Path, out: str | Path | None = None) -> Path:
-    """Render ``RUN_DIR/report.html`` (or ``out``) from the run's tables and manifest; returns the path."""
+def write_report(run_dir: str | Path, out: str | Path | None = None, view_records: int = 3) -> Path:
+    """Render ``RUN_DIR/report.html`` (or ``out``) from the run's tables and manifest; returns the path.
+
+    The token view shows the stored views (``RUN_DIR/views``) of the first ``view_records`` records (0: none).
+    """
     from relaylens.results import RunStore, load_tables
+    from relaylens.views import load_views
 
     from relaylens.atomic import write_atomic
     from relaylens.locks import run_lock
@@ -324,29 +354,7 @@ def write_report(run_dir: str | Path, out: str | Path | None = None) -> Path:
     run_dir = Path(run_dir)
     manifest = RunStore.open(run_dir).manifest
     with run_lock(run_dir, "report"):  # one writer per run directory
-        html = render_report(load_tables(run_dir), manifest)
+        views = load_views(run_dir, view_records) if view_records > 0 else []
+        html = render_report(load_tables(run_dir), manifest, views=views)
         path = Path(out) if out else run_dir / "report.html"
         return write_atomic(path, html)  # a full disk keeps the previous report
-
-
-def example_tables(records: int = 2, layers: int = 3, heads: int = 2, seed: int = 0) -> dict[str, pd.DataFrame]:
-    """Small constructed result tables (original / relay, forward probes) for examples and smoke checks."""
-    rng = np.random.default_rng(seed)
-    answers, scores, probes = [], [], []
-    for r in range(records):
-        key = dict(record_id=f"r{r}", selector="bm25", budget=0.1)
-        for cond in ("original", "relay"):
-            ok = bool(rng.random() < 0.5)
-            answers.append(key | dict(condition=cond, question_type="single-session-user", is_abstention=False,
-                                      cluster_id=None, prompt_mode="completion", answer="harp" if ok else "piano",
-                                      stop_reason="newline", hit_limit=False, new_tokens=2, history_length=100,
-                                      max_count=10, mean_count=10.0, question_start=100, gold_units_total=1,
-                                      gold_units_kept=1, references='["harp"]', elapsed_s=0.1))
-            for metric in figs.METRICS:
-                scores.append(key | dict(condition=cond, question_type="single-session-user", is_abstention=False,
-                                         cluster_id=None, metric=metric, value=float(ok)))
-            for layer in range(layers):
-                for head in range(heads):
-                    probes.append(key | dict(condition=cond, probe_point="question_final", source="forward",
-                                             layer=layer, head=head, metric="evidence_share", value=float(rng.random())))
-    return {"answers": pd.DataFrame(answers), "scores": pd.DataFrame(scores), "probes": pd.DataFrame(probes)}

@@ -51,7 +51,8 @@ import numpy as np
 import pandas as pd
 
 from relaylens.errors import RelaylensError
-from relaylens.tables import KEY_COLUMNS, OPTIONAL_TABLES, TABLES
+from relaylens.tables import (BOOL, DTYPES, FLOAT, INT, KEY_COLUMNS, OPT_STR, OPTIONAL_TABLES, SORT_COLUMNS, TABLES,
+                              coerce_table, sort_table)
 
 __all__ = ["UnitKey", "RunStore", "ResultStoreError", "StoreWriteError", "build_manifest", "file_sha256",
            "load_tables", "SORT_COLUMNS", "DTYPES"]
@@ -65,26 +66,6 @@ _IGNORED_ON_COMPARE = {"created_at", "merged_from", "forced", "replaced", "datas
 _OWN_TEMP = re.compile(r"\.tmp-(manifest\.json|consolidated\.json|(" + "|".join(TABLES) + r")\.parquet)-\d+")
 _OWN_UNIT_TEMP = re.compile(r"\.tmp-[0-9a-f]{24}\.json\.gz-\d+")
 _UNIT_NAME = re.compile(r"[0-9a-f]{24}\.json\.gz")
-
-_INT, _FLOAT, _BOOL, _STR, _OPT_STR = "int", "float", "bool", "str", "str?"
-DTYPES: dict[str, str] = {
-    "record_id": _STR, "selector": _STR, "budget": _FLOAT, "condition": _STR, "question_type": _STR,
-    "is_abstention": _BOOL, "cluster_id": _OPT_STR, "prompt_mode": _STR, "answer": _STR, "stop_reason": _STR,
-    "hit_limit": _BOOL, "new_tokens": _INT, "history_length": _INT, "max_count": _INT, "mean_count": _FLOAT,
-    "question_start": _INT, "gold_units_total": _INT, "gold_units_kept": _INT, "references": _STR,
-    "elapsed_s": _FLOAT, "metric": _STR, "value": _FLOAT, "probe_point": _STR, "source": _STR, "layer": _INT,
-    "head": _INT, "reason": _STR, "detail": _STR,
-}
-"""Column kinds: ``int`` (int64), ``float`` (float64, None -> NaN), ``bool``, ``str``, ``str?`` (None allowed)."""
-
-SORT_COLUMNS = {
-    "answers": KEY_COLUMNS,
-    "scores": KEY_COLUMNS + ["metric"],
-    "probes": KEY_COLUMNS + ["probe_point", "source", "layer", "head", "metric"],
-    "skipped": ["record_id", "selector", "budget"],
-}
-"""Each table's row identity: the deterministic sort order, and no two rows may share these values."""
-
 
 class ResultStoreError(RelaylensError):
     """A run directory whose manifest, unit files or rows are not what the store expects."""
@@ -160,15 +141,16 @@ def source_state() -> dict:
     >>> len(s["source_sha256"]), set(s) == {"source_sha256", "commit", "dirty", "diff_sha256"}
     (64, True)
     """
+    import importlib
+
     pkg = Path(__file__).resolve().parent
-    # the analyses beside the package (a checkout) or inside it; found by path, never imported (no foreign code runs)
-    roots = [pkg] + [d for d in (pkg.parent / "analyses", pkg / "analyses") if d.is_dir() and not d.is_symlink()]
-    if (pkg / "analyses").is_symlink():
-        roots.append((pkg / "analyses").resolve())
+    # the analyses: relaylens.analyses only (the top-level analyses/ folder); never a top-level `analyses` import
+    roots = [pkg] + [Path(p).resolve() for p in importlib.import_module("relaylens.analyses").__path__]
     digest = hashlib.sha256()
     for root in roots:
         for f in sorted(p for p in root.rglob("*") if p.is_file() and p.suffix in (".py", ".j2", ".json", ".jsonl")
-                        and "__pycache__" not in p.parts):
+                        and "__pycache__" not in p.parts
+                        and not (root == pkg and p.relative_to(pkg).parts[0] == "analyses")):
             digest.update(f"{root.name}/{f.relative_to(root).as_posix()}\0".encode())
             digest.update(hashlib.sha256(f.read_bytes()).digest())
     commit = _git_commit()
@@ -291,19 +273,19 @@ def _fsync_dir(path: Path) -> None:
 
 def _check_value(kind: str, v: Any) -> Any:
     """The JSON-native value of ``v`` for a column kind; raises TypeError when it does not fit."""
-    if kind == _INT:
+    if kind == INT:
         if isinstance(v, numbers.Integral) and not isinstance(v, (bool, np.bool_)):
             return int(v)
-    elif kind == _FLOAT:
+    elif kind == FLOAT:
         if v is None:
             return None
         if isinstance(v, numbers.Real) and not isinstance(v, (bool, np.bool_)):
             v = float(v)
             return None if math.isnan(v) else v  # NaN is stored as JSON null
-    elif kind == _BOOL:
+    elif kind == BOOL:
         if isinstance(v, (bool, np.bool_)):
             return bool(v)
-    elif isinstance(v, str) or (kind == _OPT_STR and v is None):
+    elif isinstance(v, str) or (kind == OPT_STR and v is None):
         return v
     raise TypeError(kind)
 
@@ -343,27 +325,7 @@ def _columns(name: str, rows: Any, key: "UnitKey", where: str) -> dict[str, list
 
 def _table(name: str, columns: dict[str, list]) -> pd.DataFrame:
     """Column lists -> the canonical, sorted DataFrame of a table."""
-    return _sorted(name, _coerce(name, pd.DataFrame({c: columns[c] for c in TABLES[name]})))
-
-
-def _coerce(name: str, df: pd.DataFrame) -> pd.DataFrame:
-    """The canonical dtypes of a table (the same for fresh, consolidated and re-loaded tables)."""
-    out = {}
-    for col in TABLES[name]:
-        kind, s = DTYPES[col], df[col]
-        if kind == _INT:
-            out[col] = s.astype("int64")
-        elif kind == _FLOAT:
-            out[col] = pd.to_numeric(s, errors="coerce").astype("float64")
-        elif kind == _BOOL:
-            out[col] = s.astype(bool)
-        else:
-            out[col] = s.astype(object).where(s.notna(), None).astype("str")
-    return pd.DataFrame(out, index=df.index)
-
-
-def _sorted(name: str, df: pd.DataFrame) -> pd.DataFrame:
-    return df.sort_values(SORT_COLUMNS[name], kind="mergesort", na_position="first").reset_index(drop=True)
+    return sort_table(name, coerce_table(name, pd.DataFrame({c: columns[c] for c in TABLES[name]})))
 
 
 # ------------------------------------------------------------------------------------------------------ store
@@ -574,7 +536,7 @@ def load_tables(run_dir: str | Path) -> dict[str, pd.DataFrame]:
             or not all((run_dir / f"{name}.parquet").exists() for name in TABLES)):  # stale, or an older layout
         return store.build_tables()
     try:
-        return {name: _sorted(name, _coerce(name, pd.read_parquet(run_dir / f"{name}.parquet"))) for name in TABLES}
+        return {name: sort_table(name, coerce_table(name, pd.read_parquet(run_dir / f"{name}.parquet"))) for name in TABLES}
     except (OSError, ValueError, KeyError, TypeError):  # a parquet file deleted or damaged: the units are the truth
         return store.build_tables()
 

@@ -7,7 +7,7 @@ Spec syntax (parsed by :func:`relaylens.conditions.get_condition`)::
                                              relay@band=late@base=key_only
 
 * ``layers=`` layer indices and ranges (``0-9``, ``0,4,7-9``, ``all``, ``none``);
-* ``band=`` ``early`` / ``middle`` / ``late`` (thirds of the layers, :func:`relaylens.bands.bands`);
+* ``band=`` ``early`` / ``middle`` / ``late`` (thirds of the layers, :func:`relaylens.summaries.bands`);
 * ``layer_type=`` a layer type of the model (``config.layer_types``; ``full_attention`` for models without them),
   or ``*``: the family "one scope per layer type", expanded by :func:`expand_conditions` (nothing when the model
   has a single layer type);
@@ -54,7 +54,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from relaylens.bands import bands
+from relaylens.summaries import bands
 from relaylens.conditions import Condition, Coordinates, Original, _finish
 from relaylens.errors import RelaylensError
 from relaylens.selection import Selection

@@ -18,6 +18,9 @@ import pandas as pd
 
 from relaylens.results import UNITS, ResultStoreError, RunStore, _atomic_write, manifest_diff
 
+SHARDS = "shards"
+"""The folder of a run directory that holds its shard directories ``I-of-N`` (``--shard auto``, ``relaylens sweep``)."""
+
 
 def parse_shard(text: str) -> tuple[int, int]:
     """``"i/n"`` -> ``(i, n)``; shards are numbered ``0..n-1``.
@@ -164,8 +167,6 @@ def merge_run_dir(run_dir: str | Path, allow_incomplete: bool = False) -> list[P
     or missing units (unless ``allow_incomplete``), a shard directory holding another shard, and shards of
     different configurations (:func:`merge_runs`)."""
     import re
-
-    from relaylens.launch import SHARDS
 
     run_dir = Path(run_dir)
     found = {}

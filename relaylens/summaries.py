@@ -1,9 +1,14 @@
-"""Statistics of the result tables behind the figures and the report: bootstrap means, paired differences,
-RandomMean, per-layer tables and Markdown rendering. Tables only: no torch, no model.
+"""Every statistic of the result tables behind the figures and the report: bootstrap means, paired differences,
+the accuracy table, RandomMean, early / middle / late layer bands, per-layer tables and Markdown rendering.
+Tables only (columns of :mod:`relaylens.tables`): no torch, no model, no drawing.
 
 Example:
     >>> alpha_of("half_gap"), alpha_of("relay"), alpha_of("compaction(0.25)"), alpha_of("key_only")
     (0.5, 1.0, 0.25, None)
+    >>> bands(9)
+    {'early': [0, 1, 2], 'middle': [3, 4, 5], 'late': [6, 7, 8]}
+    >>> condition_order(["relay", "random_order(1)", "original", "compaction(0.5)", "RandomMean"])
+    ['original', 'relay', 'RandomMean', 'random_order(1)', 'compaction(0.5)']
 """
 
 from __future__ import annotations
@@ -14,17 +19,91 @@ from typing import Sequence
 import numpy as np
 import pandas as pd
 
-from relaylens import plots
 from relaylens.bootstrap import cluster_bootstrap, condition_means
+from relaylens.errors import RelaylensError
+from relaylens.tables import SWEEP_SOURCE, get_table
 
 METRICS = ("contains", "f1")
 """Accuracy metrics reported everywhere: ``contains`` (default) and ``f1``."""
 N_RESAMPLES = 10_000
 REFERENCE = "original"
+SHARE_METRICS = ("evidence_share", "history_share", "replay_gold_share", "evidence_grad_x_input_share")
+"""Metrics that are probability shares: their band deltas are reported in percentage points."""
+CONDITION_FAMILIES = ["original", "relay", "half_gap", "key_only", "query_only", "common_shift", "rank_sync",
+                      "score_order", "reverse_order", "RandomMean", "random_order", "compaction"]
+"""Condition families in the canonical plotting order."""
 
 
-def _budget_label(b: float) -> str:
+def budget_label(b: float) -> str:
+    """``0.1`` -> ``'10%'`` (a retention ratio); ``64`` -> ``'64'`` (states)."""
     return f"{b * 100:g}%" if b <= 1 else f"{b:g}"
+
+
+def condition_family(condition: str) -> str:
+    """``'random_order(3)'`` -> ``'random_order'``."""
+    return re.sub(r"\(.*\)$", "", str(condition))
+
+
+def condition_order(conditions: Sequence[str]) -> list[str]:
+    """Conditions in the canonical plotting order (original first, relay second, families, then parameters)."""
+
+    def key(c: str) -> tuple:
+        fam = condition_family(c)
+        rank = CONDITION_FAMILIES.index(fam) if fam in CONDITION_FAMILIES else len(CONDITION_FAMILIES)
+        nums = [float(x) for x in re.findall(r"-?\d+(?:\.\d+)?", c[len(fam):])]
+        return (rank, fam, nums, c)
+
+    return sorted(dict.fromkeys(str(c) for c in conditions), key=key)
+
+
+# ------------------------------------------------------------------------------------------------------ bands
+
+def bands(num_layers: int, boundaries: tuple[int, int] | None = None) -> dict[str, list[int]]:
+    """Early / middle / late layer bands: thirds by default, or ``boundaries=(b1, b2)`` as ``[0,b1) [b1,b2) [b2,N)``."""
+    if boundaries is None:
+        parts = np.array_split(np.arange(num_layers), 3)
+    else:
+        b1, b2 = boundaries
+        if not 0 < b1 < b2 < num_layers:
+            raise RelaylensError(f"band boundaries must satisfy 0 < b1 < b2 < {num_layers}; got {boundaries}")
+        parts = [np.arange(0, b1), np.arange(b1, b2), np.arange(b2, num_layers)]
+    return {name: [int(i) for i in part] for name, part in zip(("early", "middle", "late"), parts)}
+
+
+def band_of(num_layers: int, boundaries: tuple[int, int] | None = None) -> dict[int, str]:
+    """``layer -> band name``."""
+    return {layer: name for name, layers in bands(num_layers, boundaries).items() for layer in layers}
+
+
+def band_table(frame: pd.DataFrame, num_layers: int, keys: list[str], boundaries: tuple[int, int] | None = None,
+               reference: str = REFERENCE) -> pd.DataFrame:
+    """Mean of each metric per band (layers, then heads pooled) and its difference against ``reference``.
+
+    ``frame`` has columns ``keys + ["condition", "layer", "head", "metric", "value"]``; ``delta`` is in the
+    metric's units, ``delta_pp`` = 100 x delta for share metrics (NaN otherwise).
+    """
+    data = frame.assign(band=frame["layer"].map(band_of(num_layers, boundaries)))
+    per_layer = data.groupby(keys + ["condition", "metric", "band", "layer"], dropna=False)["value"].mean().reset_index()
+    table = per_layer.groupby(keys + ["condition", "metric", "band"], dropna=False)["value"].mean().reset_index()
+    base = table[table["condition"] == reference].drop(columns="condition").rename(columns={"value": "reference_value"})
+    table = table.merge(base, on=keys + ["metric", "band"], how="left")
+    table["delta"] = table["value"] - table["reference_value"]
+    table["delta_pp"] = np.where(table["metric"].isin(SHARE_METRICS), 100.0 * table["delta"], np.nan)
+    return table
+
+
+# ------------------------------------------------------------------------------------------------- accuracy
+
+def accuracy_scores(tables: dict) -> pd.DataFrame:
+    """The ``scores`` rows of the accuracy :data:`METRICS` (empty, with the schema's columns, when none)."""
+    scores = get_table(tables, "scores")
+    return scores[scores["metric"].isin(METRICS)]
+
+
+def forward_evidence_share(probes: pd.DataFrame) -> pd.DataFrame:
+    """The forward-pass ``evidence_share`` rows at the final question token."""
+    return probes[(probes["metric"] == "evidence_share") & (probes["source"] == "forward")
+                  & (probes["probe_point"] == "question_final")]
 
 
 def accuracy_means(scores: pd.DataFrame, by: Sequence[str], metrics: Sequence[str] = METRICS) -> pd.DataFrame:
@@ -63,7 +142,7 @@ def paired_deltas(scores: pd.DataFrame, by: Sequence[str], reference: str = REFE
         for group, g in groups:
             group = group if isinstance(group, tuple) else (group,)
             clusters = g.index.get_level_values("_cluster").to_numpy()
-            for cond in plots.condition_order(c for c in g.columns if c != reference):
+            for cond in condition_order(c for c in g.columns if c != reference):
                 diff = (g[cond] - g[reference]).to_numpy(dtype=np.float64)
                 ok = np.isfinite(diff)
                 if not ok.any():
@@ -88,15 +167,17 @@ def with_random_mean(scores: pd.DataFrame) -> pd.DataFrame:
 
 def layer_table(probes: pd.DataFrame) -> pd.DataFrame:
     """Per (probe_point, source, metric, condition, layer): mean over records and heads, band, and the difference
-    vs original (``delta``; ``delta_pp`` for share metrics)."""
+    vs original (``delta``; ``delta_pp`` for share metrics). Sweep rows (``source = "sweep"``) are left out: the
+    ``layer_scope`` figure draws them."""
+    probes = probes[probes["source"] != SWEEP_SOURCE]
     num_layers = int(probes["layer"].max()) + 1
     keys = ["probe_point", "source", "metric", "condition", "layer"]
     table = probes.groupby(keys, sort=True)["value"].mean().reset_index()
-    table["band"] = table["layer"].map(plots.band_of(num_layers))
+    table["band"] = table["layer"].map(band_of(num_layers))
     base = table[table["condition"] == REFERENCE].drop(columns=["condition", "band"]).rename(columns={"value": "ref"})
     table = table.merge(base, on=["probe_point", "source", "metric", "layer"], how="left")
     table["delta"] = table["value"] - table["ref"]
-    table["delta_pp"] = np.where(table["metric"].isin(plots.SHARE_METRICS), 100 * table["delta"], np.nan)
+    table["delta_pp"] = np.where(table["metric"].isin(SHARE_METRICS), 100 * table["delta"], np.nan)
     return table.drop(columns="ref")
 
 
@@ -109,13 +190,13 @@ def alpha_of(condition: str) -> float | None:
     return float(m.group(1)) if m else None
 
 
-def table_markdown(df: pd.DataFrame, digits: int = 3) -> str:
-    """A Markdown table; ``x, x_low, x_high`` columns are shown together as ``x [low, high]``."""
+def table_cells(df: pd.DataFrame, digits: int = 3) -> tuple[list[str], list[list[str]]]:
+    """Header and formatted rows of a table; ``x, x_low, x_high`` columns become one ``x [low, high]`` cell."""
     cols = [c for c in df.columns if not re.search(r"_(low|high)$", c)]
 
     def fmt(v, col: str = "") -> str:
         if col == "budget" and isinstance(v, (float, np.floating)):
-            return _budget_label(float(v))
+            return budget_label(float(v))
         if isinstance(v, (float, np.floating)):
             return f"{v:.{digits}f}" if np.isfinite(v) else ""
         return str(v)
@@ -129,9 +210,52 @@ def table_markdown(df: pd.DataFrame, digits: int = 3) -> str:
                 lo, hi = r[f"{c}_low"], r[f"{c}_high"]
                 if np.isfinite(lo) and np.isfinite(hi):
                     cell += f" [{lo:.{digits}f}, {hi:.{digits}f}]"
-            cells.append(cell.replace("|", "\\|"))
+            cells.append(cell)
         rows.append(cells)
     head = [c + (" [95% CI]" if f"{c}_low" in df.columns else "") for c in cols]
+    return head, rows
+
+
+def table_markdown(df: pd.DataFrame, digits: int = 3) -> str:
+    """A Markdown table; ``x, x_low, x_high`` columns are shown together as ``x [low, high]``."""
+    head, rows = table_cells(df, digits)
     lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
-    lines += ["| " + " | ".join(r) + " |" for r in rows]
+    lines += ["| " + " | ".join(c.replace("|", "\\|") for c in r) + " |" for r in rows]
     return "\n".join(lines) + "\n"
+
+
+def accuracy_table(tables: dict, by: Sequence[str] = ("selector", "budget")) -> pd.DataFrame:
+    """Wide accuracy table: one row per ``by + condition``; per metric ``m, m_low, m_high`` and the paired
+    difference vs original ``m_delta, m_delta_low, m_delta_high`` (NaN for original); ``n`` = scored records."""
+    scores = accuracy_scores(tables)
+    by = list(by)
+    means = accuracy_means(scores, by + ["condition"])
+    deltas = paired_deltas(scores, by)
+    keys = by + ["condition"]
+    out = None
+    for metric in METRICS:
+        m = means[means["metric"] == metric]
+        if m.empty:
+            continue
+        part = m[keys + ["mean", "low", "high", "n"]].rename(
+            columns={"mean": metric, "low": f"{metric}_low", "high": f"{metric}_high", "n": f"n_{metric}"})
+        d = deltas[deltas["metric"] == metric][keys + ["mean", "low", "high"]].rename(
+            columns={"mean": f"{metric}_delta", "low": f"{metric}_delta_low", "high": f"{metric}_delta_high"})
+        part = part.merge(d, on=keys, how="left")
+        out = part if out is None else out.merge(part, on=keys, how="outer")
+    n_cols = [c for c in out.columns if c.startswith("n_")]
+    out.insert(len(keys), "n", out[n_cols].max(axis=1).astype("int64"))
+    out = out.drop(columns=n_cols)
+    order = {c: i for i, c in enumerate(condition_order(out["condition"]))}
+    out = out.assign(_o=out["condition"].map(order)).sort_values(by + ["_o"], kind="mergesort").drop(columns="_o")
+    return out.reset_index(drop=True)
+
+
+def run_overview(tables: dict[str, pd.DataFrame], metric: str = "contains") -> pd.DataFrame:
+    """Plain means of ``metric`` and ``f1`` per (selector, budget, condition), with the answer-limit rate (the
+    quick summary ``relaylens run`` prints; no intervals)."""
+    scores = tables["scores"]
+    chosen = scores[scores.metric == metric].groupby(["selector", "budget", "condition"])["value"].mean().rename(metric)
+    f1 = scores[scores.metric == "f1"].groupby(["selector", "budget", "condition"])["value"].mean().rename("f1")
+    limit = tables["answers"].groupby(["selector", "budget", "condition"])["hit_limit"].mean().rename("hit_limit_rate")
+    return pd.concat([chosen, f1, limit], axis=1).reset_index()

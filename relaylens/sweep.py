@@ -123,7 +123,7 @@ def _absolute(config):
 
 def _unit_totals(spec, config, count: int) -> list[int]:
     """Units per shard, as the runner will plan them (for the progress view only)."""
-    from relaylens.records import load_records
+    from relaylens.datasets import load_records
     from relaylens.runner import resolve_data
     from relaylens.shards import shard_records
 

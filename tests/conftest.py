@@ -12,13 +12,6 @@ import os
 
 import pytest
 
-# `make test` runs two workers on two cores, and the tests' tensors are small: one torch thread per process avoids
-# oversubscription, under which small tensor operations were measured to slow down by two orders of magnitude.
-import torch
-
-torch.set_num_threads(1)
-os.environ.setdefault("OMP_NUM_THREADS", "1")  # inherited by the CLI subprocesses some tests start
-
 
 def _in_ci() -> bool:
     return os.environ.get("CI", "").strip().lower() in {"1", "true", "yes"}
@@ -35,3 +28,25 @@ def smollm2():
         if _in_ci():
             pytest.fail(f"CI=true requires the real model; {reason}", pytrace=False)
         pytest.skip(reason)
+
+
+def _write_run(run_dir, tables: dict, analysis: str = "evidence_reading", spec_figures=("figure6",)):
+    """A real run directory through the result store (manifest, committed units, consolidated parquet)."""
+    from relaylens.results import RunStore, UnitKey
+
+    manifest = {"analysis": analysis, "config": {"spec": {"figures": list(spec_figures)}},
+                "model": {"spec": "tiny", "weights_hash": None}}
+    store = RunStore.create_or_open(run_dir, manifest)
+    units = tables["answers"][["record_id", "selector", "budget"]].drop_duplicates().itertuples(index=False)
+    for rid, sel, budget in units:
+        part = {n: df[(df["record_id"] == rid) & (df["selector"] == sel) & (df["budget"] == budget)]
+                for n, df in tables.items()}
+        store.write_unit(UnitKey(rid, sel, budget), part["answers"], part["scores"], part["probes"])
+    store.consolidate()
+    return run_dir
+
+
+@pytest.fixture
+def write_run():
+    """``write_run(run_dir, tables, analysis=..., spec_figures=...)``: tables -> a committed, consolidated run dir."""
+    return _write_run

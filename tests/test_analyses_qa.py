@@ -56,7 +56,7 @@ def test_infinitebench_length_filter_skips_and_lists(tmp_path, model_and_tokeniz
     """Records over --max-history-tokens are skipped (listed in the skipped table), the others run."""
     from relaylens.datasets.synthetic_infinitebench import bundled_infinitebench_path
     from relaylens.prompting import render_prompt
-    from relaylens.records import load_records
+    from relaylens.datasets import load_records
 
     _, tokenizer = model_and_tokenizer
     spec = load_analysis("infinitebench").SPEC.replace(max_new_tokens=2)

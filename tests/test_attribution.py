@@ -21,7 +21,7 @@ from relaylens.attribution import ATTRIBUTION_READOUTS, final_residuals, logit_d
 from relaylens.errors import RelaylensError
 from relaylens.generation import prefill_from_cache, run_condition
 from relaylens.geometry import RotaryFactors, relocate_keys, rotate_keys, unrotate_keys
-from relaylens.prefill import decoder_layers
+from relaylens.hf import decoder_layers
 from relaylens.probes import gold_slots, probe_condition
 from relaylens.selection import Selection
 from relaylens.testing import exact_float64_norms, tiny_model
@@ -203,7 +203,7 @@ def test_logit_attribution_on_smollm2(smollm2):
     (observed: relative differences of about 1e-5 in float32, DLA values 1e-3 to 2e-2 logits)."""
     from relaylens.prefill import prefill_history
     from relaylens.prompting import render_prompt
-    from relaylens.records import load_records
+    from relaylens.datasets import load_records
     from relaylens.runner import answer_tokens, resolve_data
     from relaylens.selectors import make_selector
 

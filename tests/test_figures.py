@@ -4,7 +4,6 @@ them are right, the run-directory command is byte-stable, and nothing imports to
 from __future__ import annotations
 
 import ast
-import json
 import os
 import subprocess
 import sys
@@ -16,62 +15,10 @@ import pytest
 from matplotlib.figure import Figure
 
 from relaylens import figures, plots, summaries
-from relaylens.tables import TABLES
+from relaylens.tables import TABLES, example_tables
 
 ROOT = Path(__file__).resolve().parents[1]
 PAPER_ENTRIES = {"table1", "table3", "table6", "table8", "figure3", "figure4", "figure5", "figure6", "alignment"}
-ALL_CONDITIONS = ("original", "relay", "half_gap", "key_only", "query_only(2048)", "rank_sync", "score_order",
-                  "reverse_order", "random_order(0)", "random_order(1)", "random_order(2)")
-REPLAY_CONDITIONS = ("original", "half_gap", "relay", "compaction(0)", "compaction(0.25)", "compaction(0.5)",
-                     "compaction(0.75)", "compaction(1)")
-
-
-def fabricate_tables(records: int = 6, selectors=("bm25", "snapkv"), budgets=(0.1, 0.2), conditions=ALL_CONDITIONS,
-                     replay=REPLAY_CONDITIONS, layers: int = 6, heads: int = 2, probes: bool = True,
-                     teacher: bool = True, seed: int = 0) -> dict[str, pd.DataFrame]:
-    """answers / scores / probes DataFrames with the columns of relaylens.tables: several records, selectors,
-    budgets, conditions, layers and heads; values seeded."""
-    rng = np.random.default_rng(seed)
-    qtypes = ("single-session-user", "multi-session", "temporal-reasoning")
-    answers, scores, rows = [], [], []
-    for r in range(records):
-        for sel in selectors:
-            for budget in budgets:
-                key = dict(record_id=f"r{r}", selector=sel, budget=float(budget))
-                common = dict(question_type=qtypes[r % 3], is_abstention=False, cluster_id=None)
-                total = int(rng.integers(1, 4))
-                kept = int(rng.integers(0, total + 1))
-                for ci, cond in enumerate(conditions):
-                    ok = bool(rng.random() < 0.25 + 0.05 * ci)
-                    answers.append(key | common | dict(
-                        condition=cond, prompt_mode="completion", answer="the harp <b>&" if ok else "no idea",
-                        stop_reason="newline", hit_limit=False, new_tokens=int(rng.integers(1, 20)),
-                        history_length=400, max_count=40, mean_count=40.0, question_start=400,
-                        gold_units_total=total, gold_units_kept=kept, references=json.dumps(["harp"]),
-                        elapsed_s=float(rng.uniform(0.1, 1.0))))
-                    for metric in ("contains", "f1", "exact_match"):
-                        value = float(ok) if metric != "f1" else float(ok) * float(rng.uniform(0.3, 1.0))
-                        scores.append(key | common | dict(condition=cond, metric=metric, value=value))
-                    if not probes:
-                        continue
-                    for point in ("question_final", "first_answer_token") if teacher else ("question_final",):
-                        for layer in range(layers):
-                            for head in range(heads):
-                                for metric in ("evidence_share", "history_share", "evidence_value_norm"):
-                                    rows.append(key | dict(condition=cond, probe_point=point, source="forward",
-                                                           layer=layer, head=head, metric=metric,
-                                                           value=float(rng.uniform(0, 0.5 + 0.05 * ci))))
-                for cond in replay if probes else ():
-                    for layer in range(layers):
-                        for head in range(heads):
-                            rows.append(key | dict(condition=cond, probe_point="question_final", source="replay",
-                                                   layer=layer, head=head, metric="replay_gold_share",
-                                                   value=float(rng.uniform(0, 1))))
-    return {"answers": pd.DataFrame(answers, columns=TABLES["answers"]),
-            "scores": pd.DataFrame(scores, columns=TABLES["scores"]),
-            "probes": pd.DataFrame(rows, columns=TABLES["probes"])}
-
-
 @pytest.fixture(autouse=True)
 def fast_bootstrap(monkeypatch):
     monkeypatch.setattr(summaries, "N_RESAMPLES", 300)
@@ -79,23 +26,7 @@ def fast_bootstrap(monkeypatch):
 
 @pytest.fixture(scope="module")
 def tables():
-    return fabricate_tables()
-
-
-def write_run(run_dir: Path, tables: dict, analysis: str = "evidence_reading", spec_figures=("figure6",)) -> Path:
-    """A real run directory through the result store (manifest, committed units, consolidated parquet)."""
-    from relaylens.results import RunStore, UnitKey
-
-    manifest = {"analysis": analysis, "config": {"spec": {"figures": list(spec_figures)}},
-                "model": {"spec": "tiny", "weights_hash": None}}
-    store = RunStore.create_or_open(run_dir, manifest)
-    units = tables["answers"][["record_id", "selector", "budget"]].drop_duplicates().itertuples(index=False)
-    for rid, sel, budget in units:
-        part = {n: df[(df["record_id"] == rid) & (df["selector"] == sel) & (df["budget"] == budget)]
-                for n, df in tables.items()}
-        store.write_unit(UnitKey(rid, sel, budget), part["answers"], part["scores"], part["probes"])
-    store.consolidate()
-    return run_dir
+    return example_tables()
 
 
 # ------------------------------------------------------------------------------------------------ registry
@@ -116,7 +47,7 @@ def test_every_entry_builds_from_constructed_tables(tables, name):
     result = figures.build(name, tables)
     if figures.REGISTRY[name].kind == "table":
         assert isinstance(result, pd.DataFrame) and len(result)
-        assert figures.table_markdown(result).count("\n") == len(result) + 2
+        assert summaries.table_markdown(result).count("\n") == len(result) + 2
     else:
         assert isinstance(result, Figure)
         drawn = [ax for ax in result.axes if ax.lines or ax.patches or ax.collections or ax.images]
@@ -145,7 +76,9 @@ def test_unsupported_and_empty_are_clear(tables):
 def test_selection_follows_the_spec_then_the_tables(tables):
     manifest = {"config": {"spec": {"figures": ["figure6"]}}}
     assert figures.select_figures(tables, manifest) == ["figure6", "table8"]
-    assert figures.select_figures(tables, {}) == [n for n in figures.REGISTRY]  # no spec: all supported
+    # no spec: all supported (the example tables have no InfiniteBench records, no FINCH and no attribution readouts)
+    assert figures.select_figures(tables, {}) == [n for n in figures.names()
+                                                  if n not in ("table2", "table7", "figure6_attribution")]
     one_budget = {n: df[df["budget"] == 0.1] for n, df in tables.items()}
     assert "figure3" not in figures.select_figures(one_budget, {})
 
@@ -153,7 +86,7 @@ def test_selection_follows_the_spec_then_the_tables(tables):
 # ------------------------------------------------------------------------------------------------- numbers
 
 def test_table1_means_and_paired_differences_are_exact():
-    t = fabricate_tables(records=5, selectors=("bm25",), budgets=(0.1,), conditions=("original", "relay"),
+    t = example_tables(records=5, selectors=("bm25",), budgets=(0.1,), conditions=("original", "relay"),
                          probes=False)
     scores = t["scores"]
     # contains: original 0 on every record, relay 1 on records r0..r2 -> mean 0.6, paired difference 0.6
@@ -167,25 +100,25 @@ def test_table1_means_and_paired_differences_are_exact():
     assert relay["n"] == 5 and relay["contains"] == pytest.approx(0.6) and original["contains"] == 0.0
     assert relay["contains_delta"] == pytest.approx(0.6) and np.isnan(original["contains_delta"])
     assert 0.0 <= relay["contains_delta_low"] <= 0.6 <= relay["contains_delta_high"] <= 1.0
-    assert "0.600 [" in figures.table_markdown(table)
+    assert "0.600 [" in summaries.table_markdown(table)
 
 
 def test_random_mean_averages_seeds_per_record():
     rows = [dict(record_id="r0", selector="s", budget=0.1, condition=f"random_order({k})", question_type="t",
                  is_abstention=False, cluster_id=None, metric="contains", value=float(k == 0)) for k in range(4)]
-    out = figures.with_random_mean(pd.DataFrame(rows, columns=TABLES["scores"]))
+    out = summaries.with_random_mean(pd.DataFrame(rows, columns=TABLES["scores"]))
     mean = out[out["condition"] == "RandomMean"]
     assert len(mean) == 1 and mean["value"].iloc[0] == pytest.approx(0.25)
 
 
 def test_layer_table_and_band_deltas_in_percentage_points():
-    t = fabricate_tables(records=2, selectors=("bm25",), budgets=(0.1,), conditions=("original", "relay"),
+    t = example_tables(records=2, selectors=("bm25",), budgets=(0.1,), conditions=("original", "relay"),
                          replay=(), layers=6, heads=2, teacher=False)
     p = t["probes"]
     share = p["metric"] == "evidence_share"
     p.loc[share & (p["condition"] == "original"), "value"] = 0.10
     p.loc[share & (p["condition"] == "relay"), "value"] = 0.10 + 0.01 * p.loc[share & (p["condition"] == "relay"), "layer"]
-    lt = figures.layer_table(p)
+    lt = summaries.layer_table(p)
     relay = lt[(lt["metric"] == "evidence_share") & (lt["condition"] == "relay")].set_index("layer")
     assert relay["delta_pp"].round(9).tolist() == [0.0, 1.0, 2.0, 3.0, 4.0, 5.0]
     assert relay["band"].tolist() == ["early"] * 2 + ["middle"] * 2 + ["late"] * 2
@@ -194,22 +127,11 @@ def test_layer_table_and_band_deltas_in_percentage_points():
     assert row["delta_pp"] == pytest.approx(4.5)
 
 
-def test_bands_match_the_probe_module():
-    probes = pytest.importorskip("relaylens.probes")
-    for n in (3, 7, 9, 30):
-        assert plots.bands(n) == probes.bands(n)
-    p = fabricate_tables(records=2, selectors=("bm25",), budgets=(0.1,), conditions=("original", "relay"),
-                         replay=(), layers=7)["probes"]
-    ours = plots.band_table(p, 7, ["probe_point", "source"])
-    theirs = probes.band_table(p, 7, ["probe_point", "source"])
-    pd.testing.assert_frame_equal(ours, theirs)
-
-
 def test_paired_deltas_equal_the_bootstrap_module(tables):
     from relaylens.bootstrap import paired_difference
 
     scores = tables["scores"]
-    ours = figures.paired_deltas(scores, ["selector", "budget"], metrics=("f1",))
+    ours = summaries.paired_deltas(scores, ["selector", "budget"], metrics=("f1",))
     row = ours[(ours["selector"] == "snapkv") & (ours["budget"] == 0.2) & (ours["condition"] == "score_order")].iloc[0]
     group = scores[(scores["selector"] == "snapkv") & (scores["budget"] == 0.2) & (scores["metric"] == "f1")]
     ref = paired_difference(group, None, "score_order", "original", n_resamples=summaries.N_RESAMPLES)
@@ -217,7 +139,7 @@ def test_paired_deltas_equal_the_bootstrap_module(tables):
 
 
 def test_alpha_of():
-    assert [figures.alpha_of(c) for c in ("original", "half_gap", "relay", "compaction(0.25)", "key_only")] == \
+    assert [summaries.alpha_of(c) for c in ("original", "half_gap", "relay", "compaction(0.25)", "key_only")] == \
         [0.0, 0.5, 1.0, 0.25, None]
 
 
@@ -227,12 +149,12 @@ def _files(folder: Path) -> dict[str, bytes]:
     return {p.name: p.read_bytes() for p in sorted(folder.iterdir())}
 
 
-def test_figures_command_twice_gives_byte_identical_files(tmp_path):
+def test_figures_command_twice_gives_byte_identical_files(tmp_path, write_run):
     from typer.testing import CliRunner
 
     from relaylens.cli import app
 
-    small = fabricate_tables(records=3, layers=3)
+    small = example_tables(records=3, layers=3)
     run = write_run(tmp_path / "run", small)
     only = "figure6,figure5,table1,table8"  # the busiest figures; every entry's build is tested above
     result = CliRunner().invoke(app, ["figures", str(run), "--only", only, "--format", "png,pdf,svg"])
@@ -252,12 +174,12 @@ def test_figures_command_twice_gives_byte_identical_files(tmp_path):
     assert b"CreationDate" not in first["figure6.pdf"] and b"<dc:date>" not in first["figure6.svg"]
 
 
-def test_figures_command_follows_the_spec_and_fails_clearly(tmp_path):
+def test_figures_command_follows_the_spec_and_fails_clearly(tmp_path, write_run):
     from typer.testing import CliRunner
 
     from relaylens.cli import app
 
-    run = write_run(tmp_path / "run", fabricate_tables(records=2, layers=3, budgets=(0.1,)))
+    run = write_run(tmp_path / "run", example_tables(records=2, layers=3, budgets=(0.1,)))
     result = CliRunner().invoke(app, ["figures", str(run), "--format", "png"])
     assert result.exit_code == 0, result.output
     assert sorted(p.name for p in (run / "figures").iterdir()) == ["figure6.png", "index.json", "table8.csv",
@@ -270,3 +192,20 @@ def test_figures_command_follows_the_spec_and_fails_clearly(tmp_path):
     RunStore.create_or_open(empty, {"analysis": "evidence_reading", "config": {}})
     result = CliRunner().invoke(app, ["figures", str(empty)])
     assert result.exit_code == 2 and "empty" in result.output
+
+
+def test_attribution_companion_of_figure6(tables):
+    from relaylens.figures.evidence_attribution import ATTRIBUTION_PANELS
+
+    probes = tables["probes"]
+    base = probes[(probes["metric"] == "evidence_share") & (probes["source"] == "forward")]
+    rng = np.random.default_rng(1)
+    extra = [base.assign(metric=metric, value=rng.uniform(-0.2, 1.0, len(base))) for metric, _ in ATTRIBUTION_PANELS]
+    with_attribution = dict(tables, probes=pd.concat([probes, *extra], ignore_index=True))
+    assert "attribution" in figures.supported(tables, "figure6_attribution")
+    result = figures.build("figure6_attribution", with_attribution)
+    drawn = [ax for ax in result.axes if ax.lines]
+    assert len(drawn) == 2 * len(ATTRIBUTION_PANELS)  # both probe points, every panel
+    manifest = {"config": {"spec": {"figures": ["figure6"]}}}
+    assert "figure6_attribution" in figures.select_figures(with_attribution, manifest)
+    assert "figure6_attribution" not in figures.select_figures(tables, manifest)

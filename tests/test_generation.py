@@ -8,7 +8,7 @@ import pytest
 import torch
 from transformers import DynamicCache
 
-from relaylens.checks import pre_rotary_keys
+from relaylens.hf import pre_rotary_keys
 from relaylens.errors import PositionError, ShapeError
 from relaylens.generation import build_cache, prefill_from_cache, run_condition
 from relaylens.geometry import RotaryFactors

@@ -17,7 +17,7 @@ pytestmark = pytest.mark.model
 def real_case(smollm2):
     from relaylens.datasets.synthetic import bundled_sample_path
     from relaylens.prompting import render_prompt
-    from relaylens.records import load_records
+    from relaylens.datasets import load_records
 
     model, tokenizer = smollm2
     prompt = render_prompt(load_records(bundled_sample_path())[0], tokenizer, mode="completion")

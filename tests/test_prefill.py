@@ -5,9 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from relaylens import prefill as prefill_mod
+from relaylens import hf
 from relaylens.errors import PositionError, RelaylensError, RopeError, ShapeError
-from relaylens.prefill import PrefillResult, decoder_layers, prefill_history
+from relaylens.hf import decoder_layers
+from relaylens.prefill import PrefillResult, prefill_history
 from relaylens.testing import ROPE_VARIANTS, tiny_model
 
 L, W = 40, 8
@@ -190,7 +191,7 @@ def test_too_long_history_needs_allow_long():
 
 
 def test_unsupported_attention_class_is_a_clear_error(monkeypatch):
-    monkeypatch.delitem(prefill_mod.QUERY_RECIPES, "LlamaAttention")
+    monkeypatch.delitem(hf.QUERY_RECIPES, "LlamaAttention")
     with pytest.raises(RopeError, match="LlamaAttention.*capture_window_queries=False"):
         prefill_history(tiny_model("llama"), _ids(), window_size=W)
     assert prefill_history(tiny_model("llama"), _ids(), capture_window_queries=False).window_queries is None
@@ -202,7 +203,7 @@ def test_wrong_recipe_is_caught_by_key_check(monkeypatch):
         k = attn.k_proj(hidden).view(1, hidden.shape[1], -1, attn.head_dim).transpose(1, 2)
         return q, k
 
-    monkeypatch.setitem(prefill_mod.QUERY_RECIPES, "LlamaAttention", no_rotary)
+    monkeypatch.setitem(hf.QUERY_RECIPES, "LlamaAttention", no_rotary)
     with pytest.raises(RopeError, match="differ from the cached keys"):
         prefill_history(tiny_model("llama"), _ids(), window_size=W)
 

@@ -10,7 +10,8 @@ from transformers import DynamicCache
 from relaylens.errors import RelaylensError
 from relaylens.generation import build_cache, prefill_from_cache
 from relaylens.geometry import RotaryFactors
-from relaylens.probes import band_table, bands, gold_slots, probe_condition, replay_conditions
+from relaylens.probes import gold_slots, probe_condition, replay_conditions
+from relaylens.summaries import band_table, bands
 from relaylens.selection import Selection
 from relaylens.testing import tiny_model
 

@@ -253,7 +253,7 @@ PREFIX = 512
 def test_backends_agree_on_smollm2_real_record(smollm2):
     from relaylens.prefill import prefill_history
     from relaylens.prompting import render_prompt
-    from relaylens.records import load_records
+    from relaylens.datasets import load_records
 
     model, tokenizer = smollm2
     record = load_records("relaylens/data/sample_longmemeval.json")[1]

@@ -10,7 +10,7 @@ from relaylens.datasets.synthetic_infinitebench import bundled_infinitebench_pat
 from relaylens.errors import RecordError
 from relaylens.prompting import render_prompt
 from relaylens.prompt_templates import infinitebench_layout
-from relaylens.records import load_records
+from relaylens.datasets import load_records
 from relaylens.testing import tiny_tokenizer
 
 BOOK = "First paragraph.\n\nSecond one, longer.\n\nThird."

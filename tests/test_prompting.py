@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from relaylens.prompting import INSTRUCTION, layout_prompt, question_block, render_prompt, stop_strings
-from relaylens.records import Record, Session, Turn, load_records
+from relaylens.records import Record, Session, Turn
+from relaylens.datasets import load_records
 from relaylens.testing import tiny_tokenizer
 
 FIXTURES = Path(__file__).parent / "fixtures"

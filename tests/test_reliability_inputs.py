@@ -49,7 +49,7 @@ def env(tmp_path_factory):
     from relaylens.geometry import RotaryFactors
     from relaylens.prefill import prefill_history
     from relaylens.prompting import render_prompt
-    from relaylens.records import load_records
+    from relaylens.datasets import load_records
     from relaylens.selectors import make_selector
     from relaylens.testing import tiny_model, tiny_tokenizer
 
@@ -82,7 +82,7 @@ def _record(env: Env, **changes) -> dict:
 
 
 def _load_path(path: Path, fmt: str = "auto"):
-    from relaylens.records import load_records
+    from relaylens.datasets import load_records
 
     return load_records(path, format=fmt)
 
@@ -244,7 +244,7 @@ def _personamem(env, name, edit_row=None, edit_context=None):
 
 
 def _load_personamem(env, name, lenient=False, **edits):
-    from relaylens.records import load_records
+    from relaylens.datasets import load_records
 
     return load_records(_personamem(env, name, **edits), lenient=lenient)
 

@@ -274,7 +274,7 @@ def _tokenizers():
 def test_special_token_strings_in_data_stay_text(name):
     from relaylens.datasets.synthetic import bundled_sample_path
     from relaylens.prompting import render_prompt
-    from relaylens.records import load_records
+    from relaylens.datasets import load_records
 
     if name == "tiny":
         tok = tiny_tokenizer()

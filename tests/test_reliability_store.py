@@ -272,7 +272,7 @@ def test_merge_of_shards_from_different_mounts_equals_the_full_run(shards, tmp_p
     merged = merge_runs([shards["0/2"], shards["1/2"]], tmp_path / "merged")
     full = load_tables(shards["full"])
     for name in ("answers", "scores"):
-        drop = ["elapsed_s"] if name == "answers" else []
+        drop = ["elapsed_s", "prefill_s", "selection_s", "batch_rows"] if name == "answers" else []
         assert merged[name].drop(columns=drop).equals(full[name].drop(columns=drop))
 
 
@@ -315,7 +315,7 @@ def test_deleted_parquet_with_marker_intact_is_rebuilt(ws, tmp_path):
 
 
 def test_utf8_byte_order_mark_is_read(ws, tmp_path):
-    from relaylens.records import load_records
+    from relaylens.datasets import load_records
 
     path = tmp_path / "bom.json"
     path.write_bytes(b"\xef\xbb\xbf" + ws["data"].read_bytes())
@@ -326,7 +326,7 @@ def test_lenient_load_skips_an_infinite_end_index(tmp_path):
     """PersonaMem ``end_index`` of ``inf`` used to raise OverflowError through ``lenient=True``."""
     import pandas as pd
 
-    from relaylens.records import load_records_with_report
+    from relaylens.datasets import load_records_with_report
 
     fixtures = Path(__file__).parent / "fixtures"
     frame = pd.read_csv(fixtures / "questions_32k.csv", dtype=str, keep_default_na=False)

@@ -4,17 +4,13 @@ escaping, missing pieces, and a real render in headless Chromium (screenshot not
 from __future__ import annotations
 
 import json
-import os
 import re
-import shutil
-import subprocess
-from pathlib import Path
 
-import numpy as np
 import pytest
 
 from relaylens import figures, report, summaries
-from test_figures import fabricate_tables, write_run  # noqa: E402  (tests/ is on sys.path under pytest)
+from relaylens.tables import example_tables
+from browser import chromium, console_errors, not_blank, run_chromium  # tests/ helpers
 
 LAYERS, HEADS = 4, 2
 MANIFEST = {"analysis": "evidence_reading", "config": {"spec": {"figures": ["figure6"]}},
@@ -29,7 +25,7 @@ def fast_bootstrap(monkeypatch):
 
 @pytest.fixture(scope="module")
 def tables():
-    t = fabricate_tables(records=3, selectors=("snapkv",), budgets=(0.1,), layers=LAYERS, heads=HEADS,
+    t = example_tables(records=3, selectors=("snapkv",), budgets=(0.1,), layers=LAYERS, heads=HEADS,
                          conditions=("original", "half_gap", "relay"))
     t["answers"].loc[0, "answer"] = "<script>alert('x')</script> see http://evil.example/x"
     return t
@@ -119,55 +115,21 @@ def test_empty_tables_are_a_clear_error(tmp_path):
     result = CliRunner().invoke(app, ["report", str(tmp_path / "empty")])
     assert result.exit_code == 2 and "empty" in result.output
     with pytest.raises(figures.FigureError, match="empty"):
-        report.render_report({n: df.iloc[:0] for n, df in fabricate_tables(records=1, probes=False).items()}, {})
+        report.render_report({n: df.iloc[:0] for n, df in example_tables(records=1, probes=False).items()}, {})
 
 
 # ------------------------------------------------------------------------------------------- headless Chromium
 
-def _chromium() -> str:
-    for name in ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable"):
-        path = shutil.which(name)
-        if path:
-            return path
-    reason = ("headless Chromium not found (looked for chromium, chromium-browser, google-chrome). Install it with: "
-              "apt-get update && apt-get install -y chromium")
-    if os.environ.get("CI", "").strip().lower() in {"1", "true", "yes"}:
-        pytest.fail(f"CI=true requires Chromium for the report render test; {reason}", pytrace=False)
-    pytest.skip(reason)
-
-
-def _run_chromium(binary: str, page: Path, tmp: Path, *mode: str, fragment: str = "") -> subprocess.CompletedProcess:
-    args = [binary, "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-            "--disable-component-update", "--no-first-run", "--disable-extensions", "--mute-audio",
-            f"--user-data-dir={tmp / 'profile'}", "--enable-logging=stderr", "--v=0", "--window-size=1200,2000",
-            *mode, page.resolve().as_uri() + (f"#{fragment}" if fragment else "")]
-    return subprocess.run(args, capture_output=True, text=True, timeout=90)
-
-
-def console_errors(log: str) -> list[str]:
-    """Console output of the page (our page logs nothing) and uncaught exceptions, from Chromium's stderr."""
-    return [line for line in log.splitlines() if ":CONSOLE" in line or "Uncaught" in line]
-
-
-def _not_blank(png: Path) -> tuple[int, float]:
-    from PIL import Image
-
-    image = np.asarray(Image.open(png).convert("RGB"))
-    colours = len(np.unique(image.reshape(-1, 3), axis=0))
-    non_white = float((image.min(axis=-1) < 245).mean())
-    return colours, non_white
-
-
 def test_console_check_catches_a_broken_page(tmp_path):
-    binary = _chromium()
+    binary = chromium()
     page = tmp_path / "broken.html"
     page.write_text("<html><body><p>x</p><script>JSON.parse('{oops');</script></body></html>")
-    result = _run_chromium(binary, page, tmp_path, "--dump-dom")
+    result = run_chromium(binary, page, tmp_path, "--dump-dom")
     assert any("Uncaught" in line for line in console_errors(result.stderr)), result.stderr[-2000:]
 
 
-def test_report_renders_in_headless_chromium(tmp_path, tables):
-    binary = _chromium()
+def test_report_renders_in_headless_chromium(tmp_path, tables, write_run):
+    binary = chromium()
     run = write_run(tmp_path / "run", tables, spec_figures=("figure6",))
     from typer.testing import CliRunner
 
@@ -176,14 +138,69 @@ def test_report_renders_in_headless_chromium(tmp_path, tables):
     result = CliRunner().invoke(app, ["report", str(run)])
     assert result.exit_code == 0, result.output
     page = run / "report.html"
-    dom = _run_chromium(binary, page, tmp_path, "--dump-dom")
+    dom = run_chromium(binary, page, tmp_path, "--dump-dom")
     assert dom.returncode == 0, dom.stderr[-2000:]
     assert not console_errors(dom.stderr), console_errors(dom.stderr)
     # the embedded script ran and parsed the data
     assert f"3 condition rows, {LAYERS} layers" in dom.stdout
     shot = tmp_path / "report.png"
-    rendered = _run_chromium(binary, page, tmp_path, f"--screenshot={shot}")
+    rendered = run_chromium(binary, page, tmp_path, f"--screenshot={shot}")
     assert rendered.returncode == 0 and shot.exists(), rendered.stderr[-2000:]
     assert not console_errors(rendered.stderr), console_errors(rendered.stderr)
-    colours, non_white = _not_blank(shot)
+    colours, non_white = not_blank(shot)
     assert colours > 50 and non_white > 0.05, f"blank-looking screenshot: {colours} colours, {non_white:.3f} non-white"
+
+
+# ------------------------------------------------------------------------------------------------ token view
+def _views(records: int = 3, tokens: int = 300) -> list[dict]:
+    from relaylens.views import example_view
+
+    return [example_view(tokens=tokens, layers=LAYERS) | {"record_id": f"r{i}", "order": i} for i in range(records)]
+
+
+def test_token_view_section(tables):
+    html = report.render_report(tables, MANIFEST, views=_views())
+    assert html.count('<section id="token-view">') == 1 and 'class="rl-tv-layer"' in html
+    assert "://" not in html.split('<section id="token-view">')[1]
+    payload = re.search(r'<div class="rl-tv" id="relaylens-token-view">.*?<script type="application/json">(.*?)</script>',
+                        html, re.S)
+    assert [v["record_id"] for v in json.loads(payload.group(1))] == ["r0", "r1", "r2"]
+    assert '<section id="token-view">' not in report.render_report(tables, MANIFEST)
+
+
+def test_report_token_view_switches_layers_in_chromium(tmp_path, tables, write_run):
+    """`relaylens report` on a run with stored views: the token view renders for 3 records, and the layer selector
+    changes the shading and the screenshot (``#tv-layer=K`` preselects option K through the selector's own code)."""
+    from typer.testing import CliRunner
+
+    from relaylens.cli import app
+    from relaylens.views import write_view
+
+    binary = chromium()
+    run = write_run(tmp_path / "run", tables, spec_figures=())
+    for view in _views(records=4):
+        write_view(run, view)
+    result = CliRunner().invoke(app, ["report", str(run), "--view-records", "3"])
+    assert result.exit_code == 0, result.output
+    page = run / "report.html"
+    html = page.read_text(encoding="utf-8")
+    assert 'id="token-view"' in html and '"record_id":"r3"' not in html and '"record_id":"r2"' in html
+    standalone = tmp_path / "token-view.html"  # the section alone at the top of a page, so the screenshot shows it
+    section = html.split('<section id="token-view">')[1].split("</section>")[0]
+    standalone.write_text(f"<!doctype html><html><head><meta charset='utf-8'></head><body>{section}</body></html>",
+                          encoding="utf-8")
+    shading, shots = {}, {}
+    for option in (3, 3 + LAYERS - 1):  # after the three bands: layer 0 and the last layer
+        dom = run_chromium(binary, page, tmp_path, "--dump-dom", fragment=f"tv-layer={option}")
+        assert dom.returncode == 0 and not console_errors(dom.stderr), console_errors(dom.stderr) or dom.stderr[-2000:]
+        assert f'data-layer="{option}"' in dom.stdout
+        shading[option] = re.findall(r"background-color: (rgba\([^)]*\))", dom.stdout)
+        shot = tmp_path / f"token-view-{option}.png"
+        rendered = run_chromium(binary, standalone, tmp_path, f"--screenshot={shot}", fragment=f"tv-layer={option}")
+        assert rendered.returncode == 0 and shot.exists() and not console_errors(rendered.stderr)
+        colours, non_white = not_blank(shot)
+        assert colours > 20 and non_white > 0.02, f"blank-looking token view: {colours} colours, {non_white:.3f}"
+        shots[option] = shot.read_bytes()
+    first, last = shading.values()
+    assert first and last and first != last, "switching layers left the shading unchanged"
+    assert shots[3] != shots[3 + LAYERS - 1]

@@ -14,7 +14,8 @@ import torch
 from transformers.models.llama import modeling_llama
 
 from relaylens.prefill import PrefillResult
-from relaylens.selectors import H2O, AdaKV, CaM, ChunkKV, PyramidKV, SnapKV, capture_column_sums
+from relaylens.attention_stats import capture_column_sums
+from relaylens.selectors import H2O, AdaKV, CaM, ChunkKV, PyramidKV, SnapKV
 from relaylens.testing import tiny_model
 
 L, W, K = 96, 8, 24  # history, observation window, budget (states per layer and kv head)
@@ -64,7 +65,7 @@ def run():
         window_size=32,
         scaling=model.model.layers[0].self_attn.scaling,
         num_key_value_groups=GROUP,
-        extras={"column_sums": stats.column_sums},
+        column_sums=stats.column_sums,
     )
     attentions = [a[0].double() for a in out.attentions]  # per layer [q_head, L, L]
     return pre, attentions
@@ -222,7 +223,7 @@ def test_chunkkv_layer_reuse(run):
 def test_column_sums_equal_eager(run):
     pre, att = run
     for l in range(pre.num_layers):
-        torch.testing.assert_close(pre.extras["column_sums"][l].double(), att[l].sum(1), atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(pre.column_sums[l].double(), att[l].sum(1), atol=1e-5, rtol=1e-5)
 
 
 @pytest.mark.parametrize("normalize", [False, True])

@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from relaylens.errors import ShapeError
-from relaylens.selectors import H2O, capture_column_sums, causal_column_sums
+from relaylens.attention_stats import capture_column_sums, causal_column_sums
+from relaylens.selectors import H2O
 from relaylens.testing import ROPE_VARIANTS, tiny_model
 L = 40
 
@@ -31,20 +32,19 @@ def _eager_column_sums(model, ids) -> list[torch.Tensor]:
 def _prefill_with_sums(model, ids, chunk_size=None, block_size=7):
     from relaylens.prefill import prefill_history
 
-    with capture_column_sums(model, block_size=block_size) as stats:
-        pre = prefill_history(model, ids, window_size=8, chunk_size=chunk_size)
-    pre.extras["column_sums"] = stats.column_sums
-    return pre, stats
+    return prefill_history(model, ids, window_size=8, chunk_size=chunk_size, column_sums=True,
+                           column_block_size=block_size)
 
 
 @pytest.mark.parametrize("variant", ROPE_VARIANTS)
 def test_captured_column_sums_equal_eager(variant):
     """Every rope layout (YaRN amplitude, partial, interleaved, Gemma-3 sliding layers) through prefill_history."""
     model, ids = tiny_model(variant), _ids()
-    pre, stats = _prefill_with_sums(model, ids)
+    pre = _prefill_with_sums(model, ids)
     ref = _eager_column_sums(model, ids)
-    assert stats.num_queries == [L] * len(ref)
-    for got, want in zip(pre.extras["column_sums"], ref):
+    assert len(pre.column_sums) == len(ref)
+    for got, want in zip(pre.column_sums, ref):
+        torch.testing.assert_close(got.sum(-1), torch.full_like(got[:, 0], float(L)), atol=1e-4, rtol=0)  # L queries
         assert got.dtype == torch.float32 and got.shape == want.shape
         torch.testing.assert_close(got.double(), want, atol=2e-5, rtol=1e-5)
 
@@ -52,16 +52,16 @@ def test_captured_column_sums_equal_eager(variant):
 @pytest.mark.parametrize("chunk_size", [16, 9])
 def test_chunked_prefill_gives_the_same_sums(chunk_size):
     model, ids = tiny_model("llama"), _ids()
-    whole, _ = _prefill_with_sums(model, ids)
-    chunked, stats = _prefill_with_sums(model, ids, chunk_size=chunk_size)
-    assert stats.num_queries == [L, L]
-    for a, b in zip(whole.extras["column_sums"], chunked.extras["column_sums"]):
+    whole = _prefill_with_sums(model, ids)
+    chunked = _prefill_with_sums(model, ids, chunk_size=chunk_size)
+    for a, b in zip(whole.column_sums, chunked.column_sums):
+        torch.testing.assert_close(b.sum(-1), torch.full_like(b[:, 0], float(L)), atol=1e-4, rtol=0)  # each chunk counted
         torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
 
 
 def test_h2o_from_prefill_equals_eager_definition():
     model, ids = tiny_model("llama"), _ids()
-    pre, _ = _prefill_with_sums(model, ids)
+    pre = _prefill_with_sums(model, ids)
     ref = _eager_column_sums(model, ids)
     k, r = 10, 5
     sel = H2O().select(pre, None, k)

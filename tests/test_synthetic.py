@@ -20,7 +20,7 @@ from relaylens.datasets.synthetic import (
     synth_command,
 )
 from relaylens.datasets.synthetic_kinds import KINDS, Fact, Query, resolve
-from relaylens.records import load_records
+from relaylens.datasets import load_records
 from relaylens.testing import tiny_tokenizer
 
 N = 42  # six of each kind, every kind at every depth twice

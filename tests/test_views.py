@@ -89,20 +89,20 @@ def shading(dom: str) -> list[str]:
 
 
 def test_token_view_switches_layers_in_chromium(tmp_path):
-    from test_report import _chromium, _not_blank, _run_chromium, console_errors
+    from browser import chromium, console_errors, not_blank, run_chromium
 
-    binary = _chromium()
+    binary = chromium()
     page = _page(tmp_path, [example_view(tokens=400, layers=4)])
     doms, shots = {}, {}
     for option in (3, 6):  # bands come first: option 3 is layer 0, option 6 is layer 3
-        dom = _run_chromium(binary, page, tmp_path, "--dump-dom", fragment=f"tv-layer={option}")
+        dom = run_chromium(binary, page, tmp_path, "--dump-dom", fragment=f"tv-layer={option}")
         assert dom.returncode == 0 and not console_errors(dom.stderr), console_errors(dom.stderr) or dom.stderr[-2000:]
         assert f'data-layer="{option}"' in dom.stdout
         doms[option] = shading(dom.stdout)
         shot = tmp_path / f"view-{option}.png"
-        rendered = _run_chromium(binary, page, tmp_path, f"--screenshot={shot}", fragment=f"tv-layer={option}")
+        rendered = run_chromium(binary, page, tmp_path, f"--screenshot={shot}", fragment=f"tv-layer={option}")
         assert rendered.returncode == 0 and shot.exists() and not console_errors(rendered.stderr)
-        colours, non_white = _not_blank(shot)
+        colours, non_white = not_blank(shot)
         assert colours > 20 and non_white > 0.02, (colours, non_white)
         shots[option] = shot.read_bytes()
     assert doms[3] and doms[6] and doms[3] != doms[6], "switching layers left the shading unchanged"

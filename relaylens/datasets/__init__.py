@@ -1,16 +1,20 @@
-"""Dataset readers: LongMemEval, PersonaMem, Long-MT-Bench+, InfiniteBench, and the synthetic generator.
-
-Use :func:`relaylens.records.load_records`; it calls :func:`detect_format` and one of :data:`READERS`.
+"""Dataset readers (LongMemEval, PersonaMem, Long-MT-Bench+, InfiniteBench), the synthetic generator, and the
+loader: :func:`load_records` calls :func:`detect_format` and one of :data:`READERS`, each of which turns a file into
+:class:`relaylens.records.Record` s.
 
 Example:
-    >>> from relaylens.datasets.synthetic import bundled_sample_path
     >>> detect_format(bundled_sample_path())
     'longmemeval'
 """
 
 from __future__ import annotations
 
+import logging
+import warnings
 from pathlib import Path
+
+from relaylens.errors import RecordError
+from relaylens.records import LoadReport, Record, RecordCollector
 
 from relaylens.datasets.common import peek_text
 from relaylens.datasets.infinitebench import TASKS as INFINITEBENCH_TASKS
@@ -18,6 +22,8 @@ from relaylens.datasets.infinitebench import read_infinitebench
 from relaylens.datasets.longmemeval import read_longmemeval
 from relaylens.datasets.longmtbench import read_longmtbench
 from relaylens.datasets.personamem import read_personamem
+
+log = logging.getLogger("relaylens.records")
 
 READERS = {
     "longmemeval": read_longmemeval,
@@ -54,8 +60,6 @@ def _refuse_empty_or_broken_json(path: Path) -> None:
     """Name the real problem of an unrecognised file when it is empty or JSON that does not parse."""
     import json
 
-    from relaylens.errors import RecordError
-
     text = peek_text(path, 1 << 26).strip()  # unrecognised files only: reading them is the cheap part of an error
     if not text:
         raise RecordError(f"dataset file {path} is empty. Fix: pass a LongMemEval / PersonaMem / Long-MT-Bench+ / "
@@ -74,4 +78,57 @@ def _refuse_empty_or_broken_json(path: Path) -> None:
                 raise RecordError(f"{path}: not valid JSON ({err}). Fix: repair the file or re-download it") from None
 
 
-__all__ = ["READERS", "detect_format", "INFINITEBENCH_TASKS"]
+def bundled_sample_path() -> Path:
+    """Path of the bundled ``sample_longmemeval.json`` (24 synthetic records, ~2k-token histories)."""
+    return Path(__file__).resolve().parent.parent / "data" / "sample_longmemeval.json"
+
+
+FORMATS = ("longmemeval", "personamem", "longmtbench", "infinitebench")
+
+
+def load_records_with_report(path: str | Path, format: str = "auto", lenient: bool = False, **options) -> tuple[list[Record], LoadReport]:
+    """Read a dataset file into records and report what was skipped.
+
+    Args:
+        path: the dataset file (PersonaMem: the questions CSV; the shared contexts are found beside it).
+        format: ``"auto"`` or one of :data:`FORMATS`.
+        lenient: skip malformed records (each skip is reported, warned and logged) instead of raising.
+        **options: reader options, e.g. ``contexts_path=`` (PersonaMem) or ``task=`` (InfiniteBench).
+    """
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"dataset file {path} does not exist; pass the path of a LongMemEval / PersonaMem / "
+                                "Long-MT-Bench+ / InfiniteBench file")
+    fmt = detect_format(path) if format == "auto" else format
+    if fmt not in FORMATS:
+        raise ValueError(f"unknown dataset format {fmt!r}; expected 'auto' or one of {FORMATS}")
+    collector = RecordCollector(lenient, path)
+    try:
+        READERS[fmt](path, collector, **options)
+    except UnicodeDecodeError as err:
+        raise RecordError(f"{path}: not UTF-8 text (byte {err.object[err.start:err.start + 1]!r} at offset {err.start}: "
+                          f"{err.reason}). Fix: re-encode the file as UTF-8 (e.g. iconv -f latin1 -t utf-8)") from None
+    except RecursionError:
+        raise RecordError(f"{path}: the JSON is nested too deeply to read (more levels than Python's recursion "
+                          "limit). Fix: check that this is a dataset file; records are only a few levels deep") from None
+    report = LoadReport(str(path), fmt, len(collector.records), tuple(collector.skipped))
+    if report.num_skipped:
+        msg = f"{path}: skipped {report.num_skipped} malformed {fmt} record(s) (lenient=True); first: {report.skipped[0][0]}: {report.skipped[0][1]}"
+        log.warning(msg)
+        warnings.warn(msg, stacklevel=2)
+    return collector.records, report
+
+
+def load_records(path: str | Path, format: str = "auto", lenient: bool = False, **options) -> list[Record]:
+    """Read a dataset file into :class:`Record` s (see :func:`load_records_with_report` for the arguments).
+
+    >>> recs = load_records(bundled_sample_path())
+    >>> recs[0].source
+    'longmemeval'
+    """
+    records, _ = load_records_with_report(path, format=format, lenient=lenient, **options)
+    return records
+
+
+__all__ = ["READERS", "FORMATS", "detect_format", "INFINITEBENCH_TASKS", "load_records", "load_records_with_report",
+           "bundled_sample_path"]

@@ -7,8 +7,7 @@ turns with ``role`` user/assistant and string ``content``, ``has_answer`` a bool
 ``answer_session_ids`` entry naming a haystack session.
 
 Example:
-    >>> from relaylens.datasets.synthetic import bundled_sample_path
-    >>> from relaylens.records import load_records
+    >>> from relaylens.datasets import bundled_sample_path, load_records
     >>> rec = load_records(bundled_sample_path(), format="longmemeval")[0]
     >>> rec.sessions[0].date[4], rec.source
     ('/', 'longmemeval')

@@ -43,6 +43,7 @@ from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Callable
 
+from relaylens.datasets import bundled_sample_path  # noqa: F401 - the sample this module writes
 from relaylens.datasets import synthetic_text as tx
 from relaylens.datasets.longmemeval import parse_record
 from relaylens.datasets.synthetic_kinds import BUILDERS, KINDS, Fact, Plan, Query, build_plan, resolve
@@ -309,11 +310,6 @@ def _check(world: SynthWorld, plan: Plan) -> None:
     text = "\n".join(t["content"] for s in world.record["haystack_sessions"] for t in s)
     if plan.banned and tx.words_in(text, plan.banned):
         raise RuntimeError(f"{world.record['question_id']}: a banned near-miss word {plan.banned} occurs in the history")
-
-
-def bundled_sample_path() -> Path:
-    """Path of the bundled ``sample_longmemeval.json`` (24 synthetic records, ~2k-token histories)."""
-    return Path(__file__).resolve().parent.parent / "data" / "sample_longmemeval.json"
 
 
 def write_records(records: list[dict], path: str | Path) -> Path:

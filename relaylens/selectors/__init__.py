@@ -21,7 +21,6 @@ import dataclasses
 
 from relaylens.errors import RelaylensError
 from relaylens.selectors.adakv import AdaKV
-from relaylens.selectors.attention_stats import ColumnSumStats, capture_column_sums, causal_column_sums, rebuild_query_key
 from relaylens.selectors.base import Budget, Selector, WindowScore
 from relaylens.selectors.bm25 import BM25
 from relaylens.selectors.cam import CaM

@@ -116,7 +116,7 @@ class Selector:
 
     Class attributes say what the selector reads, so the pipeline knows what to capture during the prefill:
     ``needs_window_queries`` (the last ``w`` post-rotary queries), ``needs_column_sums``
-    (``prefill.extras["column_sums"]``, see :func:`relaylens.selectors.attention_stats.capture_column_sums`) and
+    (``prefill.column_sums``: ``prefill_history(..., column_sums=True)``) and
     ``needs_prompt`` (the rendered prompt's spans and question).
     """
 

@@ -74,7 +74,7 @@ class CaM(WindowSelector):
             first; ``None`` merges every evicted state. At 90% eviction merging everything inflates value mass by
             about ``G/m`` per gap of ``G``: watch ``info["value_norm_ratio"]``.
         attention: ``A`` of the Bernoulli rule: ``"window"`` (unpooled window sums, default) or ``"column_sums"``
-            (H2O statistics from ``prefill.extras``).
+            (H2O statistics from ``prefill.column_sums``).
         seed: seed of the Bernoulli draws (one generator, drawn per (layer, kv head) in order).
         window, kernel_size, pooling, gqa_reduction, pool_per_query_head: the base SnapKV (32, 7, max, mean).
 

@@ -2,7 +2,7 @@
 
 Reference: Zhang et al., "H2O: Heavy-Hitter Oracle for Efficient Generative Inference of Large Language Models"
 (arXiv 2306.14048), FMInference/H2O; ``reference/selectors.md`` §2 H2O. The column sums come from
-:func:`relaylens.selectors.attention_stats.capture_column_sums` during the prefill (query blocks, no ``L x L``).
+:func:`relaylens.prefill.prefill_history` with ``column_sums=True`` (query blocks, no ``L x L``).
 """
 
 from __future__ import annotations
@@ -30,14 +30,13 @@ from relaylens.selectors.base import (
 )
 
 
-def column_sums_of(prefill: PrefillResult, key: str = "column_sums") -> list[torch.Tensor]:
-    """The per-layer ``[q_head, L]`` column sums stored in ``prefill.extras[key]``, checked against the prefill."""
-    sums = prefill.extras.get(key)
+def column_sums_of(prefill: PrefillResult) -> list[torch.Tensor]:
+    """The per-layer ``[q_head, L]`` column sums of ``prefill.column_sums``, checked against the prefill."""
+    sums = prefill.column_sums
     if sums is None:
         raise ShapeError(
-            f"H2O needs prefill.extras[{key!r}] (per layer [q_head, L] causal attention column sums); capture them with "
-            f"`with capture_column_sums(model) as stats: pre = prefill_history(...)` then "
-            f"`pre.extras[{key!r}] = stats.column_sums`"
+            "H2O needs prefill.column_sums (per layer [q_head, L] causal attention column sums); capture them in the "
+            "same pass with `prefill_history(model, ids, column_sums=True)`"
         )
     length, q_heads = prefill.history_length, prefill.num_kv_heads * prefill.num_key_value_groups
     if len(sums) != prefill.num_layers:
@@ -63,12 +62,11 @@ class H2O(Selector):
             ``ObservedAttentionPress``; off by default (raw sums, as FMInference/H2O).
         gqa_reduction: ``"mean"`` (default), ``"max"`` or ``"sum"``.
         kernel_size, pooling: optional pooling of the scores (none by default, as H2O).
-        extras_key: where the column sums live in ``prefill.extras``.
 
     Example:
         >>> from relaylens.selectors.synthetic import random_prefill
         >>> pre = random_prefill(length=64)
-        >>> pre.extras["column_sums"] = [torch.rand(4, 64) for _ in range(2)]
+        >>> pre.column_sums = [torch.rand(4, 64) for _ in range(2)]
         >>> H2O().select(pre, None, 0.25).counts.tolist()
         [[16, 16], [16, 16]]
     """
@@ -79,7 +77,6 @@ class H2O(Selector):
     gqa_reduction: str = "mean"
     kernel_size: int = 1
     pooling: str = "none"
-    extras_key: str = "column_sums"
 
     name: ClassVar[str] = "h2o"
     needs_column_sums: ClassVar[bool] = True
@@ -103,7 +100,7 @@ class H2O(Selector):
         """``[layer, kv_head, L]`` float32 heavy-hitter scores (GQA-reduced, optionally normalised; unpooled)."""
         length, kv_heads = prefill.history_length, prefill.num_kv_heads
         out = []
-        for s in column_sums_of(prefill, self.extras_key):
+        for s in column_sums_of(prefill):
             s = reduce_gqa(s.float().view(kv_heads, -1, length), self.gqa_reduction)  # [kv_head, L]
             if self.normalize:
                 s = s / torch.arange(length, 0, -1, device=s.device, dtype=torch.float32)  # L - j queries see j

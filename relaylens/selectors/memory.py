@@ -45,7 +45,6 @@ def _measure(mode: str, length: int, block_size: int, threads: int) -> dict:
     from transformers import LlamaConfig, LlamaForCausalLM
 
     from relaylens.prefill import prefill_history
-    from relaylens.selectors.attention_stats import capture_column_sums
 
     torch.set_num_threads(threads)
     torch.manual_seed(0)
@@ -61,9 +60,7 @@ def _measure(mode: str, length: int, block_size: int, threads: int) -> dict:
     if mode == "plain":
         pre = prefill_history(model, ids, window_size=32)
     else:
-        with capture_column_sums(model, block_size=block_size) as stats:
-            pre = prefill_history(model, ids, window_size=32)
-        pre.extras["column_sums"] = stats.column_sums
+        pre = prefill_history(model, ids, window_size=32, column_sums=True, column_block_size=block_size)
     seconds = time.perf_counter() - start
     peak = _proc_kb("VmHWM")
     cache_mb = sum(k.numel() * k.element_size() * 2 for k in pre.keys) / 2**20

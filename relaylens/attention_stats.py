@@ -3,8 +3,9 @@
 H2O (and CaM with ``attention="column_sums"``) needs the causal column sums of the attention of **every** history
 query, ``colsum_q(j) = sum_{i >= j} a_q[i, j]``. The prefill runs with the fast kernel, which never exposes the
 weights, so :func:`capture_column_sums` hooks each layer's ``self_attn``, rebuilds the layer's post-rotary queries
-and keys from the hook's inputs with the prefill's recipes (:data:`relaylens.prefill.QUERY_RECIPES`: the model
-module's own projections, norms and ``apply_rotary_pos_emb``), and accumulates the sums in query blocks.
+and keys from the hook's inputs with the recipes of :data:`relaylens.hf.QUERY_RECIPES` (the model module's own
+projections, norms and ``apply_rotary_pos_emb``), and accumulates the sums in query blocks. The prefill runs it:
+``prefill_history(model, ids, column_sums=True)`` fills :attr:`relaylens.prefill.PrefillResult.column_sums`.
 
 Axes: ``q_head``, ``kv_head``, ``group`` (``q_head = kv_head * group + r``), ``pos`` (history position),
 ``block`` (query rows of one block), ``head_dim``.
@@ -32,30 +33,7 @@ from dataclasses import dataclass, field
 import torch
 
 from relaylens.errors import RopeError, ShapeError
-from relaylens.prefill import QUERY_RECIPES, decoder_layers
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# Query / key reconstruction: reuses the prefill's per-architecture recipes (one implementation in the codebase)
-def rebuild_query_key(
-    module: torch.nn.Module, hidden_states: torch.Tensor, position_embeddings: tuple[torch.Tensor, torch.Tensor]
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Post-rotary queries and keys of a Hugging Face self-attention module, as its forward computes them.
-
-    Delegates to :data:`relaylens.prefill.QUERY_RECIPES` (``q_proj`` -> optional query norm -> the modeling module's
-    own ``apply_rotary_pos_emb``; partial rotary for Phi), the same code that rebuilds the prefill's window queries.
-    ``hidden_states: [batch, n, hidden]`` -> ``q: [batch, q_head, n, d]``, ``k: [batch, kv_head, n, d]``.
-    """
-    name = type(module).__name__
-    if name not in QUERY_RECIPES:
-        raise RopeError(
-            f"cannot rebuild queries for attention class {name}; supported: {', '.join(sorted(QUERY_RECIPES))}. "
-            "Fix: add a recipe to relaylens.prefill.QUERY_RECIPES"
-        )
-    if position_embeddings is None:
-        raise RopeError(f"{name} received no position_embeddings (cos, sin); cannot rebuild rotary queries")
-    cos, sin = position_embeddings
-    return QUERY_RECIPES[name](module, hidden_states, cos, sin)
+from relaylens.hf import cached_keys, decoder_layers, rebuild_query_key
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -121,7 +99,7 @@ class ColumnSumStats:
     """Per-layer causal column sums captured by :func:`capture_column_sums`.
 
     Attributes:
-        column_sums: per layer ``[q_head, L]`` float32 (what H2O reads from ``prefill.extras["column_sums"]``).
+        column_sums: per layer ``[q_head, L]`` float32 (what H2O reads from ``PrefillResult.column_sums``).
         num_queries: per layer, the history queries accumulated so far (``L`` after one prefill).
     """
 
@@ -140,11 +118,8 @@ def capture_column_sums(
     forwards over consecutive positions with a cache) is supported: later chunks read past keys from the cache.
     Batch size must be 1. Hooks are always removed on exit. Run only the history prefill inside the block.
 
-    Usage::
-
-        with capture_column_sums(model) as stats:
-            pre = prefill_history(model, history_ids)
-        pre.extras["column_sums"] = stats.column_sums
+    :func:`relaylens.prefill.prefill_history` with ``column_sums=True`` runs its forwards inside this block and
+    stores ``stats.column_sums`` in the result.
 
     Parameters:
         block_size: query rows per block; peak extra memory is ``4 * q_heads * block_size * L`` bytes per layer.
@@ -167,7 +142,7 @@ def capture_column_sums(
                 if seen:  # a later chunk: past keys come from the cache, which now holds this chunk too
                     cache = kwargs.get("cache", kwargs.get("past_key_values"))
                     layer_idx = getattr(module, "layer_idx", index)
-                    cached = None if cache is None else cache.layers[layer_idx].keys[0]  # [kv_head, n_k, d]
+                    cached = None if cache is None else cached_keys(cache, layer_idx)[0]  # [kv_head, n_k, d]
                     if cached is None or cached.shape[1] != seen + q.shape[2]:
                         raise ShapeError(
                             f"layer {index}: a second forward inside capture_column_sums, but the cache does not hold "
