@@ -225,10 +225,15 @@ def run(
                        max_history_tokens=max_history_tokens, retry_skipped=retry_skipped)
     run_dir = _guard(run_analysis, spec, config)
     tables = load_tables(run_dir)
-    if len(tables["answers"]):
-        table = run_overview(tables)
-        print(table.to_string(index=False, float_format=lambda v: f"{v:.3f}"))
+    from relaylens.crossrun import choose_metrics
     from relaylens.retention import retention_lines
+
+    if len(tables["answers"]):
+        metrics, note = choose_metrics(tables["scores"])  # the paper's metric when the run has it
+        table = run_overview(tables, metric=metrics[0])
+        print(table.to_string(index=False, float_format=lambda v: f"{v:.3f}"))
+        if note:
+            print(f"note: {note}")
 
     for line in retention_lines(tables["answers"]):
         print(line)
