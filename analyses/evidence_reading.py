@@ -11,10 +11,12 @@ SPEC = ExperimentSpec(
     replay_conditions=("original", "half_gap", "relay") + ALPHA_CURVE,
     probes=True,
     teacher_forcing=True,
+    attribution=True,
     limit=8,
     figures=("figure6",),
     description="Per-layer evidence attention share, evidence value norm and phase-replay gold share, at the final "
-    "question token and the teacher-forced first answer token, with the compaction(alpha) curve.",
+    "question token and the teacher-forced first answer token, with the compaction(alpha) curve; evidence attribution "
+    "to the answer (gradient x input, direct logit attribution).",
 )
 
 PRESETS = {"paper": Preset(

@@ -55,6 +55,10 @@ class AttentionState:
             keys with ``u - p' < window``; the default), ``"source"`` (window measured on source positions) or
             ``"none"`` (cached history always visible; new tokens still windowed).
         observers: callables receiving each layer's tensors and probabilities (probes).
+        head_inputs: ``None`` (default), or a dict the attention fills with each call's per-query-head views of the
+            keys and values, ``layer -> [(key, value)]`` each ``[B, q_head, key, D]`` (the kv head's tensor indexed
+            once per query head): gradients taken w.r.t. them split a shared kv head's gradient by query head.
+            Filled only by the differentiable path (``run_condition(..., grad=True)``).
     """
 
     valid: dict[int, torch.Tensor] = field(default_factory=dict)
@@ -64,6 +68,7 @@ class AttentionState:
     new_source_positions: torch.Tensor | None = None
     window_mode: str = "condition"
     observers: list[Observer] = field(default_factory=list)
+    head_inputs: dict[int, list[tuple[torch.Tensor, torch.Tensor]]] | None = None
 
     def __post_init__(self) -> None:
         if self.window_mode not in WINDOW_MODES:
@@ -118,19 +123,26 @@ def relaylens_attention(module, query, key, value, attention_mask, scaling=None,
     if window:
         allow &= window_allow(state, layer, history, total, q_len, int(window), query.device)
 
+    observed_key, observed_value = key, value
+    if state.head_inputs is not None:  # differentiable path: one view of the keys/values per query head
+        kv_of = torch.arange(q_heads, device=key.device) // groups
+        key, value = key[:, kv_of], value[:, kv_of]  # [B, q_head, key, D]
+        state.head_inputs.setdefault(layer, []).append((key, value))
+        allow, kv_heads, groups = allow[kv_of], q_heads, 1
+    compute = torch.float64 if query.dtype == torch.float64 else torch.float32  # float64 for gradcheck
     grouped = query.reshape(batch, kv_heads, groups * q_len, head_dim)  # q_head h*groups+g → kv_head h
-    scores = torch.matmul(grouped.float(), key.float().transpose(-1, -2)) * scale  # [B, kv_head, groups*query, key]
+    scores = torch.matmul(grouped.to(compute), key.to(compute).transpose(-1, -2)) * scale  # [B, kv_head, groups*query, key]
     scores = scores.view(batch, kv_heads, groups, q_len, total)
     softcap = kwargs.get("softcap")
     if softcap:
         scores = torch.tanh(scores / softcap) * softcap
     scores = scores.masked_fill(~allow[None, :, None], float("-inf"))
-    probs = torch.softmax(scores, dim=-1)  # float32 [B, kv_head, groups, query, key]
+    probs = torch.softmax(scores, dim=-1)  # float32 (float64) [B, kv_head, groups, query, key]
     output = torch.matmul(probs.view(batch, kv_heads, groups * q_len, total).to(value.dtype), value)
     output = output.view(batch, q_heads, q_len, head_dim).transpose(1, 2).contiguous()  # [B, query, q_head, D]
     probs = probs.view(batch, q_heads, q_len, total)
     for observer in state.observers:
-        observer(layer, query, key, value, probs, state)
+        observer(layer, query, observed_key, observed_value, probs, state)
     return output, probs.to(query.dtype)
 
 

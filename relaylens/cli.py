@@ -1,4 +1,4 @@
-"""Command line: ``relaylens run | merge | judge | figures | report | bench | demo | data synth | model pull``.
+"""Command line: ``relaylens run | sweep | merge | judge | figures | report | bench | demo | data synth | model pull``.
 
 Every command prints where its output went; long work shows a rich progress bar. Errors from relaylens (bad input)
 are printed as one clear line with exit status 2, never as a traceback from deep inside torch.
@@ -37,7 +37,9 @@ def _load_kwargs(device, dtype, device_map, attn_implementation, rope_scaling, m
 
 
 def _fail(message: str) -> None:
-    console.print(f"[bold red]error:[/] {message}")
+    from rich.markup import escape
+
+    console.print(f"[bold red]error:[/] {escape(message)}")  # messages may hold brackets: pip install 'relaylens[ray]'
     raise typer.Exit(2)
 
 
@@ -175,6 +177,51 @@ def bench(
         console.print(f"[green]wrote[/] {csv_path} and {md_path}")
 
 
+def _spec_and_config(p: dict):
+    """The analysis spec and run config of the `run` options ``p`` (by parameter name; shared by `run` and `sweep`)."""
+    from relaylens.experiments import apply_overrides, load_analysis
+    from relaylens.presets import apply_preset
+    from relaylens.runner import RunConfig
+
+    module = _guard(load_analysis, p["analysis"])
+    spec = _guard(apply_preset, module, p["preset"])
+    spec = _guard(apply_overrides, spec, selectors=list(p["selector"] or []) or None,
+                  conditions=list(p["condition"] or []) or None, budgets=tuple(p["budget"]) if p["budget"] else None,
+                  max_new_tokens=p["max_new_tokens"], prompt_mode=p["prompt_mode"], granularity=p["granularity"],
+                  stop=p["stop"], sweep=p["sweep"])
+    placement = {k: p[k] for k in ("device", "dtype", "device_map", "attn_implementation", "rope_scaling", "max_position")}
+    _load_kwargs(**placement)  # bad values: one line, early
+    config = RunConfig(model=p["model"], data=p["data"], data_format=p["data_format"], limit=p["limit"],
+                       out=str(p["out"]) if p["out"] else None, shard=p["shard"], seed=p["seed"], force=p["force"],
+                       judge_url=p["judge_url"], judge_model=p["judge_model"], judge_key_env=p["judge_key_env"],
+                       max_history_tokens=p["max_history_tokens"], retry_skipped=p["retry_skipped"],
+                       view_records=p["view_records"], **placement)
+    return spec, config
+
+
+def _print_summary(run_dir) -> None:
+    """The accuracy table, evidence retention and skipped records of a finished run (stdout)."""
+    from relaylens.results import load_tables
+    from relaylens.retention import retention_lines
+    from relaylens.runner import skipped_summary
+    from relaylens.summaries import run_overview
+
+    from relaylens.crossrun import choose_metrics
+
+    tables = load_tables(run_dir)
+    if len(tables["answers"]):
+        metrics, note = choose_metrics(tables["scores"])  # the paper's metric when the run has it
+        table = run_overview(tables, metric=metrics[0])
+        print(table.to_string(index=False, float_format=lambda v: f"{v:.3f}"))
+        if note:
+            print(f"note: {note}")
+    for line in retention_lines(tables["answers"]):
+        print(line)
+    summary = skipped_summary(tables)
+    if summary:
+        print(summary)
+
+
 @app.command("run")
 def run(
     analysis: str = typer.Argument(..., help="analysis name (analyses/NAME.py), e.g. coordinate_ablation"),
@@ -198,67 +245,90 @@ def run(
     device: str = _DEVICE, dtype: str = _DTYPE, device_map: str = _DEVICE_MAP, attn_implementation: str = _ATTN,
     rope_scaling: str = _ROPE, max_position: int = _MAX_POS,
     out: Path = typer.Option(None, help="run directory (default runs/ANALYSIS)"),
-    shard: str = typer.Option(None, help="i/n: run the i-th of n deterministic record shards"),
+    shard: str = typer.Option(None, help="i/n: run the i-th of n deterministic record shards; auto: take i/n from "
+                              "torchrun/accelerate (RANK, WORLD_SIZE) or SLURM and write OUT/shards/I-of-N"),
     seed: int = typer.Option(0, help="seed for random selectors and orders"),
     force: bool = typer.Option(False, help="reuse a run directory whose manifest differs"),
     judge_url: str = typer.Option(None, "--judge-url", help="OpenAI-compatible base URL of an LLM judge (optional)"),
     judge_model: str = typer.Option(None, "--judge-model", help="judge model: name at --judge-url, or a local HF model spec"),
     judge_key_env: str = typer.Option(None, "--judge-key-env", help="environment variable with the judge's API key"),
+    view_records: int = typer.Option(3, "--view-records", min=0, help="store the token view (per-token attention of "
+                                     "the final question token) for the first N records with probes"),
+    sweep: str = typer.Option(None, "--sweep", help="'layers': per-layer causal sweep (relay in layer l only, and in "
+                              "layers 0..l, for every l): costs one extra question pass per layer and curve for every "
+                              "record (about 2 x layers passes); off by default; recorded in the manifest"),
 ) -> None:
     """Run (or resume) an analysis; every condition of a record shares one prefill and one selection."""
-    from relaylens.experiments import apply_overrides, load_analysis
-    from relaylens.presets import apply_preset
-    from relaylens.results import load_tables
-    from relaylens.runner import RunConfig, run_analysis, skipped_summary
-    from relaylens.summaries import run_overview
+    params = dict(locals())  # exactly the options above; `sweep` passes the same dictionary
+    from relaylens.runner import run_analysis
 
-    module = _guard(load_analysis, analysis)
-    spec = _guard(apply_preset, module, preset)
-    spec = _guard(apply_overrides, spec, selectors=selector or None, conditions=condition or None,
-                  budgets=tuple(budget) if budget else None, max_new_tokens=max_new_tokens, prompt_mode=prompt_mode,
-                  granularity=granularity, stop=stop)
-    _load_kwargs(device, dtype, device_map, attn_implementation, rope_scaling, max_position)  # bad values: one line, early
-    config = RunConfig(model=model, data=data, data_format=data_format, limit=limit, out=str(out) if out else None,
-                       shard=shard, seed=seed, force=force, judge_url=judge_url, judge_model=judge_model,
-                       judge_key_env=judge_key_env, device=device, dtype=dtype, device_map=device_map,
-                       attn_implementation=attn_implementation, rope_scaling=rope_scaling, max_position=max_position,
-                       max_history_tokens=max_history_tokens, retry_skipped=retry_skipped)
+    spec, config = _spec_and_config(params)
     run_dir = _guard(run_analysis, spec, config)
-    tables = load_tables(run_dir)
-    from relaylens.crossrun import choose_metrics
-    from relaylens.retention import retention_lines
-
-    if len(tables["answers"]):
-        metrics, note = choose_metrics(tables["scores"])  # the paper's metric when the run has it
-        table = run_overview(tables, metric=metrics[0])
-        print(table.to_string(index=False, float_format=lambda v: f"{v:.3f}"))
-        if note:
-            print(f"note: {note}")
-
-    for line in retention_lines(tables["answers"]):
-        print(line)
-    summary = skipped_summary(tables)
-    if summary:
-        print(summary)
+    _print_summary(run_dir)
     console.print(f"[green]run directory[/] {run_dir}")
+    if shard and shard.strip().lower() == "auto":  # rank 0 does not merge on its own: the others may still run
+        console.print(f"this is shard {run_dir.name} of one run; when every shard has finished: "
+                      f"relaylens merge {run_dir.parent.parent}")
+
+
+@app.command("sweep", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+def sweep(
+    ctx: typer.Context,
+    analysis: str = typer.Argument(..., help="analysis name, e.g. coordinate_ablation; any option of "
+                                   "`relaylens run` may follow (--model, --data, --limit, --budget, --out, ...)"),
+    shards: int = typer.Option(..., "--shards", help="number of record shards, one Ray task each"),
+    gpus_per_shard: float = typer.Option(0, "--gpus-per-shard", help="GPUs each shard reserves"),
+    cpus_per_shard: float = typer.Option(1, "--cpus-per-shard", help="CPUs each shard reserves (its torch threads)"),
+    ray_address: str = typer.Option(None, "--ray-address", help="Ray cluster to join (auto, ray://HEAD:10001); "
+                                    "default: start a local Ray instance"),
+    max_retries: int = typer.Option(3, "--max-retries", help="restarts of a shard whose worker died (each resumes)"),
+    report: bool = typer.Option(True, help="draw the figures and write the HTML report after the merge"),
+) -> None:
+    """Run an analysis as N shards on Ray (local or a cluster), merge them, then draw figures and the report.
+
+    RUN_DIR (--out) must be on storage every Ray worker sees; each shard writes RUN_DIR/shards/I-of-N.
+    Needs the ray extra: pip install 'relaylens[ray]'."""
+    from relaylens.sweep import SweepOptions, run_sweep
+
+    # the run options, parsed exactly as `run` parses them (a bad option is a usage error, as for `run`)
+    params = typer.main.get_command(app).commands["run"].make_context("relaylens sweep", [analysis, *ctx.args]).params
+    spec, config = _spec_and_config(params)
+    options = _guard(SweepOptions, shards=shards, gpus_per_shard=gpus_per_shard, cpus_per_shard=cpus_per_shard,
+                     ray_address=ray_address, max_retries=max_retries)
+    run_dir = _guard(run_sweep, spec, config, options, console=console, report=report)
+    _print_summary(run_dir)
+    console.print(f"[green]run directory[/] {run_dir} (merged from {shards} shards"
+                  f"{'; figures and report.html written' if report else ''})")
 
 
 @app.command("merge")
-def merge(shards: list[Path] = typer.Argument(..., help="shard run directories"),
-          out: Path = typer.Option(..., help="merged run directory"),
-          allow_incomplete: bool = typer.Option(False, "--allow-incomplete", help="merge even when shards or units "
-                                                "are missing (warned, and recorded in the manifest)")) -> None:
+def merge(
+    shards: list[Path] = typer.Argument(..., help="shard run directories, or one run directory whose shards/ "
+                                        "(from --shard auto or sweep) are merged into it"),
+    out: Path = typer.Option(None, help="merged run directory (needed when merging shard directories)"),
+    allow_incomplete: bool = typer.Option(False, "--allow-incomplete", help="merge even when shards or units "
+                                          "are missing (warned, and recorded in the manifest)"),
+) -> None:
     """Combine shard run directories into one (manifests must agree; keys must not conflict; complete unless
-    --allow-incomplete)."""
+    --allow-incomplete). With one RUN_DIR and no --out: merge RUN_DIR/shards/I-of-N into RUN_DIR."""
     import warnings
 
-    from relaylens.shards import merge_runs
+    from relaylens.shards import merge_run_dir, merge_runs
 
+    if out is None and len(shards) != 1:
+        _fail("relaylens merge: pass --out DIR to merge several shard directories, or one run directory whose "
+              "shards/ subdirectory holds the shards (relaylens merge RUN_DIR)")
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        _guard(merge_runs, [str(s) for s in shards], str(out), allow_incomplete=allow_incomplete)
+        if out is None:
+            merged = _guard(merge_run_dir, shards[0], allow_incomplete=allow_incomplete)
+        else:
+            _guard(merge_runs, [str(s) for s in shards], str(out), allow_incomplete=allow_incomplete)
     for w in caught:
         console.print(f"[bold yellow]warning:[/] {w.message}")
+    if out is None:
+        console.print(f"[green]merged[/] {len(merged)} shards into {shards[0]}")
+        return
     console.print(f"[green]merged[/] {len(shards)} shards into {out}")
 
 

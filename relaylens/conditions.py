@@ -259,17 +259,27 @@ _PARAMETER = {"query_only": ("shift", int), "common_shift": ("shift", int), "com
 _SPEC = re.compile(r"^\s*([a-z_]+)\s*(?:\(\s*(?:([a-z_]+)\s*=\s*)?([-+0-9.eE]+)\s*\))?\s*$")
 
 
-def get_condition(spec: str | Condition) -> Condition:
-    """Parse a condition name such as ``"relay"``, ``"query_only(2048)"``, ``"compaction(alpha=0.25)"``.
+def get_condition(spec: str | Condition, model=None) -> Condition:
+    """Parse a condition name such as ``"relay"``, ``"query_only(2048)"``, ``"compaction(alpha=0.25)"``, or a scoped
+    condition such as ``"relay@layers=0-9"`` (:mod:`relaylens.scopes`). ``model`` (or its config) gives scoped
+    conditions the layer types that ``layer_type=`` scopes need.
 
     >>> get_condition("random_order(3)").label
     'random_order(3)'
+    >>> get_condition("relay@heads=3.1,3.0").label
+    'relay@heads=3.0,3.1'
     """
-    if isinstance(spec, Condition):
-        return spec
+    if isinstance(spec, Condition) or "@" in str(spec):
+        from relaylens.scopes import Scoped, parse_scoped
+
+        condition = spec if isinstance(spec, Condition) else parse_scoped(str(spec))
+        if model is not None and isinstance(condition, Scoped):
+            condition = condition.bind(model)
+        return condition
     match = _SPEC.match(str(spec))
     if not match or match.group(1) not in CONDITIONS:
-        raise RelaylensError(f"unknown condition {spec!r}; known: {', '.join(CONDITIONS)} (parameters like query_only(2048))")
+        raise RelaylensError(f"unknown condition {spec!r}; known: {', '.join(CONDITIONS)} (parameters like query_only(2048); "
+                            "scopes like relay@layers=0-9)")
     name, keyword, raw = match.groups()
     cls = CONDITIONS[name]
     if raw is None:

@@ -36,6 +36,8 @@ class ExperimentSpec:
         replay_conditions: conditions evaluated by phase replay only (content from the ``original`` pass).
         probes: record evidence-reading probes (needs evidence annotations).
         teacher_forcing: also probe the teacher-forced first answer token.
+        attribution: also attribute the answer to the evidence (gradient x input, direct logit attribution; needs
+            ``probes`` and ``teacher_forcing``): the question pass runs with autograd, see :mod:`relaylens.attribution`.
         max_new_tokens: greedy decoding limit (short answers: room for a restated question).
         prompt_mode: ``"completion"``, ``"chat"`` or ``"auto"`` (chat where the tokenizer has a chat template;
             the runner records the mode it chose).
@@ -46,6 +48,11 @@ class ExperimentSpec:
         selector_options: per-selector hyperparameter overrides, e.g. ``{"adakv": {"floor_alpha": 0.5}}``.
         limit: default number of records on CPU (``None`` or 0: all).
         figures: figure names this analysis feeds (``relaylens figures``).
+        data: the bundled sample the analysis runs on when ``--data`` is ``sample``: ``"sample"`` (LongMemEval
+            schema) or ``"sample:infinitebench"`` (InfiniteBench format).
+        sweep: ``"layers"`` adds the per-layer causal sweep (:mod:`relaylens.layer_sweep`: relay in each layer
+            alone and in layers ``0..l``, one question pass each, about ``2 x layers`` passes per record); ``""``
+            (the default) runs none.
     """
 
     name: str
@@ -55,6 +62,7 @@ class ExperimentSpec:
     replay_conditions: tuple[str, ...] = ()
     probes: bool = False
     teacher_forcing: bool = False
+    attribution: bool = False
     max_new_tokens: int = 32
     prompt_mode: str = "completion"
     stop: str = "auto"
@@ -63,6 +71,8 @@ class ExperimentSpec:
     limit: int | None = None
     figures: tuple[str, ...] = ()
     description: str = ""
+    data: str = "sample"
+    sweep: str = ""
 
     def __post_init__(self) -> None:
         from relaylens.selectors import REGISTRY
@@ -92,8 +102,12 @@ class ExperimentSpec:
                 raise RelaylensError(f"analysis {self.name!r}: options given for selector {name!r}, which is not swept "
                                      f"(selectors: {list(self.selectors)})")
             make_selector(name, **options)  # unknown hyperparameters: one clear line naming the selector
+        if self.attribution and not (self.probes and self.teacher_forcing):
+            raise RelaylensError(f"analysis {self.name!r}: attribution=True needs probes=True and teacher_forcing=True")
         if self.max_new_tokens < 0:
             raise RelaylensError(f"max_new_tokens must be >= 0; got {self.max_new_tokens}")
+        if self.sweep not in ("", "layers"):
+            raise RelaylensError(f"sweep must be 'layers' or empty (none); got {self.sweep!r}")
 
     def stops_at_newline(self, prompt_mode: str) -> bool:
         """Whether decoding stops at the first newline under ``prompt_mode`` (the resolved one)."""
@@ -113,7 +127,10 @@ class ExperimentSpec:
         return dataclasses.replace(self, **{k: v for k, v in changes.items() if v is not None})
 
     def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
+        out = dataclasses.asdict(self)
+        if not out["sweep"]:  # manifests of runs without a sweep stay as they were before the field existed
+            del out["sweep"]
+        return out
 
 
 ANALYSES_PACKAGE = "relaylens.analyses"

@@ -25,6 +25,7 @@ Example:
 from __future__ import annotations
 
 import copy
+import dataclasses
 from dataclasses import dataclass, field
 
 import torch
@@ -47,6 +48,7 @@ class RelocatedCache:
     state: AttentionState
     coordinates: Coordinates
     widths: list[int]  # per layer: slots kept in the cache (the layer's widest head)
+    inputs: list[tuple[torch.Tensor, torch.Tensor]] | None = None  # grad=True: per layer (keys, values) [kv_head, slot, D]
 
 
 @dataclass
@@ -62,6 +64,9 @@ class GenerationResult:
     text: str = ""
     stop_reason: str = "limit"  # "eos", "newline", "limit"
     question_logits: torch.Tensor | None = None  # [Q, vocab] when requested
+    teacher_logits: torch.Tensor | None = None  # [vocab] logits of the teacher-forced token, when one was fed
+    inputs: list[tuple[torch.Tensor, torch.Tensor]] | None = None  # grad=True: RelocatedCache.inputs
+    head_inputs: dict | None = None  # grad=True: layer -> [(key, value) per-query-head views per pass], question first
 
     @property
     def hit_limit(self) -> bool:
@@ -98,19 +103,28 @@ def _check_selection(prefill: PrefillResult, selection: Selection) -> None:
         raise ShapeError(f"replacement values have head_dim {selection.values.shape[-1]}, the cache {prefill.values[0].shape[-1]}")
 
 
-@torch.no_grad()
 def build_cache(
     prefill: PrefillResult,
     selection: Selection,
     condition: str | Condition,
     factors: RotaryFactors,
     window_mode: str = "condition",
+    grad: bool = False,
 ) -> RelocatedCache:
-    """Gather kept states, relocate keys to the condition's positions, and pad each layer to its widest head."""
+    """Gather kept states, relocate keys to the condition's positions, and pad each layer to its widest head.
+
+    ``grad=True`` keeps autograd on: the graph reaches back to ``prefill`` keys/values that require grad, and
+    otherwise the relocated keys and kept values become leaves that require grad (``RelocatedCache.inputs``).
+    """
+    with torch.set_grad_enabled(grad):
+        return _build_cache(prefill, selection, condition, factors, window_mode, grad)
+
+
+def _build_cache(prefill, selection, condition, factors, window_mode: str, grad: bool) -> RelocatedCache:
     _check_selection(prefill, selection)
     coords = get_condition(condition).coordinates(selection)
-    state = AttentionState(window_mode=window_mode)
-    data, widths = [], []
+    state = AttentionState(window_mode=window_mode, head_inputs={} if grad else None)
+    data, widths, inputs = [], [], []
     for layer in range(prefill.num_layers):
         valid = selection.valid[layer]  # [kv_head, slot]
         width = int(valid.sum(-1).max())
@@ -128,16 +142,21 @@ def build_cache(
             moved = relocate_keys(kept_keys, source, target, factors, layer=layer if factors.per_layer else None)
         except NonFiniteError as err:
             raise NonFiniteError(f"layer {layer}: {err}") from None
+        except PositionError as err:
+            raise PositionError(f"condition {coords.condition}, layer {layer}: {err}") from None
         pad = (~valid)[..., None].to(moved.device)
         moved, kept_values = moved.masked_fill(pad, 0.0), kept_values.masked_fill(pad, 0.0)
         _check_finite(moved, layer, "relocated keys")
         _check_finite(kept_values, layer, "kept values")
+        if grad:
+            moved, kept_values = (t if t.requires_grad else t.detach().requires_grad_() for t in (moved, kept_values))
+            inputs.append((moved, kept_values))
         data.append((moved[None], kept_values[None]))  # [1, kv_head, slot, head_dim]
         state.valid[layer] = valid
         state.key_positions[layer] = torch.where(valid, target, torch.full_like(target, -(10**9)))
         state.source_positions[layer] = torch.where(valid, source, torch.full_like(source, -(10**9)))
         widths.append(width)
-    return RelocatedCache(cache_from_tensors(data), state, coords, widths)
+    return RelocatedCache(cache_from_tensors(data), state, coords, widths, inputs if grad else None)
 
 
 def _check_finite(tensor: torch.Tensor, layer: int, what: str) -> None:
@@ -147,20 +166,31 @@ def _check_finite(tensor: torch.Tensor, layer: int, what: str) -> None:
                              "of a merging selector); run the model in float32 or bfloat16")
 
 
-def _forward(model, ids: torch.Tensor, positions: torch.Tensor, relocated: RelocatedCache, source_positions: torch.Tensor):
+def _forward(model, ids: torch.Tensor, positions: torch.Tensor, relocated: RelocatedCache, source_positions: torch.Tensor,
+             grad: bool = False):
     state = relocated.state
     state.new_positions = torch.cat((state.new_positions, positions))
     base = state.new_source_positions if state.new_source_positions is not None else torch.zeros(0, dtype=torch.long)
     state.new_source_positions = torch.cat((base, source_positions))
     device = model.device
-    with torch.no_grad(), attention_context(model, state):
+    with torch.set_grad_enabled(grad), attention_context(model, state):
         out = model(
             input_ids=ids[None].to(device),
             position_ids=positions[None].to(device),
             cache=relocated.cache,
             use_cache=True,
         )
-    return out.logits[0].float()  # [T, vocab]
+    logits = out.logits[0]  # [T, vocab]
+    return logits if grad and logits.dtype == torch.float64 else logits.float()
+
+
+def _fork(relocated: RelocatedCache) -> RelocatedCache:
+    """A copy sharing the tensors (and their graph): cache updates concatenate, so neither side sees the other's."""
+    layers = [(layer.keys, layer.values) for layer in relocated.cache.layers]
+    state = dataclasses.replace(relocated.state, observers=[], valid=dict(relocated.state.valid),
+                                key_positions=dict(relocated.state.key_positions),
+                                source_positions=dict(relocated.state.source_positions))
+    return dataclasses.replace(relocated, cache=cache_from_tensors(layers), state=state)
 
 
 def run_condition(
@@ -179,6 +209,7 @@ def run_condition(
     keep_question_logits: bool = False,
     teacher_token: int | None = None,
     teacher_observers: list | None = None,
+    grad: bool = False,
 ) -> GenerationResult:
     """Question pass at the condition's coordinates, then greedy decoding with consecutive positions.
 
@@ -190,12 +221,17 @@ def run_condition(
         observers: attention observers active during the question pass only (probes).
         teacher_token: a token (e.g. the first reference-answer token) fed at the next continuation position on a
             copy of the cache, with ``teacher_observers`` active; decoding itself is unaffected.
+        grad: run the question pass (and the teacher-forced token) with autograd on the retained keys and values:
+            ``result.question_logits`` / ``result.teacher_logits`` carry the graph back to
+            ``result.inputs`` (per layer ``(keys, values)``) and to per-query-head views of them
+            (``result.head_inputs``, see :class:`~relaylens.attention.AttentionState`). Decoding still runs without
+            autograd. Default: no autograd.
     """
     factors = factors or RotaryFactors.from_model(model)
     question_ids = torch.as_tensor(question_ids, dtype=torch.long).reshape(-1)
     if question_ids.numel() == 0:
         raise ShapeError("the question has no tokens; render the prompt with a question block")
-    relocated = build_cache(prefill, selection, condition, factors, window_mode)
+    relocated = build_cache(prefill, selection, condition, factors, window_mode, grad=grad)
     coords = relocated.coordinates
     positions = coords.question_positions(question_ids.numel())
     label = str(coords.condition)
@@ -206,19 +242,23 @@ def run_condition(
                             fix=fix)
     source = torch.arange(question_ids.numel()) + prefill.history_length
     relocated.state.observers = list(observers or [])
-    logits = _forward(model, question_ids, positions, relocated, source)  # [Q, vocab]
+    logits = _forward(model, question_ids, positions, relocated, source, grad)  # [Q, vocab]
     relocated.state.observers = []
+    teacher_logits = None
     if teacher_token is not None:
-        forked = copy.deepcopy(relocated)
+        forked = _fork(relocated) if grad else copy.deepcopy(relocated)
         forked.state.observers = list(teacher_observers or [])
-        _forward(model, torch.tensor([int(teacher_token)]), positions[-1:] + 1, forked, source[-1:] + 1)
+        teacher_logits = _forward(model, torch.tensor([int(teacher_token)]), positions[-1:] + 1, forked, source[-1:] + 1, grad)[-1]
         del forked
-    result = GenerationResult(coords.condition, coords.question_start, positions, logits[-1].clone(),
-                              question_logits=logits if keep_question_logits else None)
+    result = GenerationResult(coords.condition, coords.question_start, positions, logits[-1].detach().clone(),
+                              question_logits=logits if keep_question_logits or grad else None,
+                              teacher_logits=teacher_logits, inputs=relocated.inputs,
+                              head_inputs=relocated.state.head_inputs)
+    relocated.state.head_inputs = None  # decoding records no per-head views
     eos = eos_token_ids if eos_token_ids is not None else default_eos_ids(model, tokenizer)
     next_position = int(positions[-1]) + 1
     next_source = int(source[-1]) + 1
-    current = logits[-1]
+    current = logits[-1].detach()
     for step in range(max_new_tokens):
         token = int(current.argmax())
         result.token_ids.append(token)

@@ -207,7 +207,6 @@ class RotaryFactors:
             )
 
 
-@torch.no_grad()
 def relocate_keys(
     keys: torch.Tensor,
     source_positions: torch.Tensor,
@@ -226,13 +225,22 @@ def relocate_keys(
         layer: the layer index, required when the model's rotary differs per layer (Gemma-3).
 
     Returns:
-        ``[..., n, head_dim]`` in the input dtype. Arithmetic runs in float32 (undo the model's exact phase at
-        ``p`` including the amplitude ``a^2``, apply the phase at ``p'``, fused into one complex multiplier per
-        plane); non-rotary features are copied bit for bit; values are never touched.
+        ``[..., n, head_dim]`` in the input dtype. Arithmetic runs in float32, float64 for float64 keys (undo the
+        model's exact phase at ``p`` including the amplitude ``a^2``, apply the phase at ``p'``, fused into one
+        complex multiplier per plane); non-rotary features are copied bit for bit; values are never touched.
+
+    Autograd: when ``keys`` requires grad (and grad mode is on) the result carries the graph back to ``keys``
+    (the map is linear in the keys; positions are integers and get no gradient). Otherwise the whole pass runs
+    under ``torch.no_grad()``, as fast as a copy.
 
     Raises:
         NonFiniteError: the keys hold NaN/inf, or the result would overflow the keys' dtype (never propagated).
     """
+    with torch.set_grad_enabled(torch.is_grad_enabled() and keys.requires_grad):
+        return _relocate(keys, source_positions, target_positions, factors, layer)
+
+
+def _relocate(keys, source_positions, target_positions, factors: RotaryFactors, layer: int | None) -> torch.Tensor:
     if keys.shape[-1] != factors.head_dim:
         raise ShapeError(f"keys have head_dim {keys.shape[-1]}, the model's is {factors.head_dim}")
     lead = keys.shape[:-1]  # [..., n]
@@ -263,8 +271,8 @@ def relocate_keys(
         src, dst = flat_src[rows], flat_dst[rows]
         multiplier = torch.where((src == dst)[:, None], one, forward[dst] * inverse[src])  # [chunk, plane]
         out[rows, :rotary] = _multiply_planes(flat_keys[rows, :rotary], multiplier, factors.layout)
-        if not math.isfinite(float(out[rows].sum(dtype=torch.float32))):  # one pass while the chunk is in cache
-            _raise_non_finite(flat_keys[rows], out[rows], start, keys.shape)  # (a finite sum proves every entry finite)
+        if not math.isfinite(float(out[rows].detach().sum(dtype=torch.float32))):  # one pass while the chunk is in cache
+            _raise_non_finite(flat_keys[rows].detach(), out[rows].detach(), start, keys.shape)  # (a finite sum proves every entry finite)
     return out.reshape(keys.shape)
 
 
@@ -294,8 +302,14 @@ def _raise_non_finite(flat_keys: torch.Tensor, out: torch.Tensor, start: int, sh
 
 
 def _multiply_planes(x: torch.Tensor, multiplier: torch.Tensor, layout: str) -> torch.Tensor:
-    """Multiply every plane of ``x`` ``[rows, rotary_dim]`` (read as ``x_1 + i x_2``) by ``multiplier`` ``[rows, plane]``."""
-    x = x.float()
+    """Multiply every plane of ``x`` ``[rows, rotary_dim]`` (read as ``x_1 + i x_2``) by ``multiplier`` ``[rows, plane]``.
+
+    Runs in float32, or float64 (complex128) when ``x`` is float64; differentiable in ``x``.
+    """
+    if x.dtype == torch.float64:
+        multiplier = multiplier.to(torch.complex128)
+    else:
+        x = x.float()
     if layout == "split_half":
         half = x.shape[-1] // 2
         z = torch.complex(x[:, :half], x[:, half:]) * multiplier
@@ -304,16 +318,22 @@ def _multiply_planes(x: torch.Tensor, multiplier: torch.Tensor, layout: str) -> 
     return torch.view_as_real(z).reshape(x.shape[0], -1)
 
 
-@torch.no_grad()
 def rotate_keys(keys: torch.Tensor, positions: torch.Tensor, factors: RotaryFactors, layer: int | None = None) -> torch.Tensor:
-    """Apply ``R_a(p)`` to *un-rotated* key or query content ``[..., n, head_dim]`` (used by phase replay)."""
-    return _apply_phases(keys, positions, factors, layer, inverse=False)
+    """Apply ``R_a(p)`` to *un-rotated* key or query content ``[..., n, head_dim]`` (used by phase replay).
+
+    Differentiable in ``keys`` when they require grad (float64 keys are computed in float64); no graph otherwise.
+    """
+    with torch.set_grad_enabled(torch.is_grad_enabled() and keys.requires_grad):
+        return _apply_phases(keys, positions, factors, layer, inverse=False)
 
 
-@torch.no_grad()
 def unrotate_keys(keys: torch.Tensor, positions: torch.Tensor, factors: RotaryFactors, layer: int | None = None) -> torch.Tensor:
-    """Apply ``R_a(p)^-1``: recover the un-rotated content of post-rotary keys or queries ``[..., n, head_dim]``."""
-    return _apply_phases(keys, positions, factors, layer, inverse=True)
+    """Apply ``R_a(p)^-1``: recover the un-rotated content of post-rotary keys or queries ``[..., n, head_dim]``.
+
+    Differentiable in ``keys`` like :func:`rotate_keys`.
+    """
+    with torch.set_grad_enabled(torch.is_grad_enabled() and keys.requires_grad):
+        return _apply_phases(keys, positions, factors, layer, inverse=True)
 
 
 def _apply_phases(keys: torch.Tensor, positions: torch.Tensor, factors: RotaryFactors, layer: int | None, inverse: bool) -> torch.Tensor:

@@ -22,6 +22,7 @@ Example (which retained states are gold: history tokens 4..5 are evidence; padde
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, field
 
 import pandas as pd
@@ -163,23 +164,43 @@ class ProbedCondition:
 
 def probe_condition(model, prefill: PrefillResult, selection: Selection, condition: str | Condition,
                     question_ids: torch.Tensor, evidence_mask: torch.Tensor, factors: RotaryFactors | None = None,
-                    teacher_token: int | None = None, **generation_kwargs) -> ProbedCondition:
+                    teacher_token: int | None = None, grad: bool = False, next_answer_token: int | None = None,
+                    **generation_kwargs) -> ProbedCondition:
     """Run one condition (question pass, optional teacher-forced first answer token, greedy decoding) with probes.
 
     ``generation_kwargs`` go to :func:`relaylens.generation.run_condition` (``max_new_tokens``, ``tokenizer``, ...).
+    ``grad=True`` runs the question pass with autograd and adds the attribution readouts of
+    :mod:`relaylens.attribution` towards ``teacher_token`` (the correct first answer token, required) at the final
+    question token, and towards ``next_answer_token`` (the answer's next token, if given) at the teacher-forced token.
     """
+    from relaylens.attribution import final_residuals, grad_x_input, logit_attribution, target_log_prob
     from relaylens.generation import run_condition
 
+    if grad and teacher_token is None:
+        raise RelaylensError("probe_condition(grad=True) attributes the correct first answer token's log-probability; "
+                             "pass teacher_token=<its id> (records without a reference answer have none)")
     factors = factors or RotaryFactors.from_model(model)
     gold = gold_slots(selection, evidence_mask)
     question_recorder, teacher_recorder = FinalTokenRecorder(), FinalTokenRecorder()
-    generation = run_condition(model, prefill, selection, condition, question_ids, factors=factors,
-                               observers=[question_recorder], teacher_token=teacher_token,
-                               teacher_observers=[teacher_recorder], **generation_kwargs)
+    with final_residuals(model) if grad else contextlib.nullcontext([]) as residuals:
+        generation = run_condition(model, prefill, selection, condition, question_ids, factors=factors,
+                                   observers=[question_recorder], teacher_token=teacher_token,
+                                   teacher_observers=[teacher_recorder], grad=grad, **generation_kwargs)
     groups = prefill.num_key_value_groups
     frames = [readouts(question_recorder, selection, gold, groups).assign(probe_point="question_final")]
     if teacher_token is not None:
         frames.append(readouts(teacher_recorder, selection, gold, groups).assign(probe_point="first_answer_token"))
+    if grad:
+        points = [("question_final", question_recorder, generation.question_logits[-1], teacher_token, residuals[0])]
+        if next_answer_token is not None:
+            points.append(("first_answer_token", teacher_recorder, generation.teacher_logits, next_answer_token, residuals[1]))
+        for point, recorder, logits, target, residual in points:
+            objective = target_log_prob(logits, target)
+            frames.append(grad_x_input(objective, generation.head_inputs, question_recorder.widths, selection, gold,
+                                       groups).assign(probe_point=point))
+            frames.append(logit_attribution(model, recorder, selection, gold, groups, target, residual).assign(probe_point=point))
+        generation.question_logits = generation.question_logits.detach()  # free the graph
+        generation.teacher_logits = generation.head_inputs = generation.inputs = None
     return ProbedCondition(generation.condition, generation, pd.concat(frames, ignore_index=True), question_recorder)
 
 

@@ -19,6 +19,8 @@ session without a date omits its ``Session Date:`` line and a record without ``q
   EOS only (:func:`stop_strings`).
 * ``mode="completion"``: plain text, no template (BOS prepended when the tokenizer adds one), ending
   ``Short answer:``; decoding stops at the first newline.
+* InfiniteBench records (``source == "infinitebench"``) use the benchmark's own task templates instead of this
+  layout: :mod:`relaylens.prompt_templates`.
 
 Tokenisation: the full prompt is tokenised **once** with offsets; ``history_ids + question_ids`` is exactly that
 tokenisation. The split is the first token whose character range ends after the question block starts: a token
@@ -43,14 +45,13 @@ from __future__ import annotations
 
 import json
 from bisect import bisect_left, bisect_right
-from dataclasses import dataclass
 from itertools import accumulate
 
 import torch
 
 from relaylens.errors import RecordError
 from relaylens.records import Record, Session
-from relaylens.spans import RenderedPrompt, Span
+from relaylens.spans import PromptLayout, RenderedPrompt, Span
 
 INSTRUCTION = ("I will give you several history chats between you and a user. "
                "Please answer the question based on the relevant chat history.")
@@ -71,24 +72,6 @@ def stop_strings(mode: str) -> tuple[str, ...]:
     """
     _check(mode, MODES, "mode")
     return ("\n",) if STOP_ON_NEWLINE[mode] else ()
-
-
-@dataclass(frozen=True)
-class PromptLayout:
-    """The rendered text (before any chat template) with character ranges of every unit.
-
-    ``sessions`` and ``turns`` are ``(Session / Turn index path, start, end)`` character ranges into ``text``;
-    ``question_start`` is where the question block begins.
-    """
-
-    text: str
-    question_start: int
-    sessions: tuple[tuple[Session, int, int], ...]
-    turns: tuple[tuple[Session, int, int, int], ...]  # (session, turn index in session, start, end)
-
-    @property
-    def history_text(self) -> str:
-        return self.text[: self.question_start]
 
 
 def ordered_sessions(record: Record) -> list[Session]:
@@ -161,7 +144,12 @@ def render_prompt(record: Record, tokenizer, mode: str = "chat", history_format:
         raise RecordError(f"record {record.record_id!r} has an empty history ({len(record.sessions)} sessions, no turns); "
                           "there is nothing to cache or select. Fix: drop the record or give it at least one session "
                           "with a turn")
-    layout = layout_prompt(record, mode, history_format)
+    if record.source == "infinitebench":  # the benchmark's own task templates (relaylens.prompt_templates)
+        from relaylens.prompt_templates import infinitebench_layout
+
+        layout = infinitebench_layout(record, mode)
+    else:
+        layout = layout_prompt(record, mode, history_format)
     if mode == "chat":
         if not getattr(tokenizer, "chat_template", None):
             raise ValueError(f"tokenizer {type(tokenizer).__name__} has no chat template; use mode='completion'")

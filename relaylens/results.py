@@ -470,7 +470,7 @@ def prepare_run_dir(run_dir: Path) -> None:
 
     A directory is accepted when it is new, empty, or a relaylens run (its ``manifest.json`` written by relaylens);
     an existing directory without a manifest may hold only what relaylens itself leaves there (an empty
-    ``units/``, the lock file, relaylens temp files)."""
+    ``units/``, the lock file, relaylens temp files, the ``shards/`` of ``--shard auto`` and ``sweep``)."""
     from relaylens.locks import LOCK_NAME
 
     run_dir = Path(run_dir)
@@ -485,7 +485,7 @@ def prepare_run_dir(run_dir: Path) -> None:
             for p in sorted(run_dir.iterdir()):
                 if p.name == UNITS and p.is_dir() and not p.is_symlink():
                     foreign += [f"{UNITS}/{q.name}" for q in sorted(p.iterdir()) if not _OWN_UNIT_TEMP.fullmatch(q.name)]
-                elif p.name != LOCK_NAME and not _OWN_TEMP.fullmatch(p.name):
+                elif p.name not in (LOCK_NAME, "shards") and not _OWN_TEMP.fullmatch(p.name):  # shards/: --shard auto, sweep
                     foreign.append(p.name)
             if foreign:
                 shown = ", ".join(foreign[:5]) + (f" and {len(foreign) - 5} more" if len(foreign) > 5 else "")

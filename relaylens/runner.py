@@ -58,13 +58,15 @@ class RunConfig:
     max_position: int | None = None  # max_position_embeddings override
     max_history_tokens: int | None = None  # longer histories are skipped and recorded (None: the rotary range)
     retry_skipped: bool = False  # recompute units recorded as skipped (e.g. after raising max_history_tokens)
+    view_records: int = 3  # token view data (RUN_DIR/views) for the first N records with probes (0: none)
 
-    def placement(self):
-        """The resolved :class:`relaylens.placement.Placement` of this run."""
+    def placement(self, local_rank: int | None = None):
+        """The resolved :class:`relaylens.placement.Placement` of this run (``local_rank``: the launcher's, which
+        ``--device auto`` turns into ``cuda:LOCAL_RANK``)."""
         from relaylens.placement import Placement
 
         return Placement.resolve(self.device, self.dtype, self.device_map, self.attn_implementation, self.rope_scaling,
-                                 self.max_position)
+                                 self.max_position, local_rank=local_rank)
 
 
 def make_judge(config: RunConfig, run_dir: Path):
@@ -103,11 +105,16 @@ def check_config(config: RunConfig) -> None:
 
 
 def resolve_data(data: str) -> Path:
-    """``sample`` → the bundled LongMemEval-schema sample; anything else is a path."""
+    """``sample`` → the bundled LongMemEval-schema sample; ``sample:infinitebench`` → the bundled InfiniteBench-format
+    sample; anything else is a path."""
     if data == SAMPLE:
         from relaylens.datasets import bundled_sample_path
 
         return Path(bundled_sample_path())
+    if data == "sample:infinitebench":
+        from relaylens.datasets.synthetic_infinitebench import bundled_infinitebench_path
+
+        return bundled_infinitebench_path()
     path = Path(data)
     if not path.exists():
         raise RelaylensError(f"dataset {data!r} does not exist; pass a file path or 'sample' for the bundled sample")
@@ -116,13 +123,19 @@ def resolve_data(data: str) -> Path:
 
 def first_answer_token(tokenizer, record: Record, mode: str) -> int | None:
     """The first token of the first reference answer as it would follow the answer cue."""
+    ids = answer_tokens(tokenizer, record, mode)
+    return ids[0] if ids else None
+
+
+def answer_tokens(tokenizer, record: Record, mode: str) -> list[int]:
+    """The tokens of the first reference answer as they would follow the answer cue (empty for abstentions)."""
     if not record.answers or record.is_abstention:
-        return None
+        return []
     prefix = " " if mode == "completion" else ""
     from relaylens.prompting import encode_data_text
 
     ids, _ = encode_data_text(tokenizer, prefix + record.answers[0])  # special-token strings in data stay text
-    return int(ids[0]) if ids else None
+    return [int(i) for i in ids]
 
 
 def _selector_objects(spec: ExperimentSpec, seed: int) -> dict:
@@ -140,6 +153,13 @@ def _selector_objects(spec: ExperimentSpec, seed: int) -> dict:
     return objects
 
 
+def query_window(config: RunConfig, selectors, history_length: int) -> int:
+    """Window queries the prefill captures: ``config.window_size``, or more when a selector votes with a longer
+    window of history queries (Scissorhands' ``query_window``), capped at the history length."""
+    extra = max([getattr(s, "query_window", 0) for s in selectors] + [0])
+    return max(config.window_size, min(extra, history_length))
+
+
 def _gold_units(prompt, selection, granularity: str) -> tuple[int, int]:
     units = [u for u in prompt.units(granularity) if u.is_evidence]
     kept = selection.positions[selection.valid]
@@ -149,16 +169,25 @@ def _gold_units(prompt, selection, granularity: str) -> tuple[int, int]:
 
 
 def process_unit(model, tokenizer, factors, record: Record, prompt, prefill, selector_name: str, selector, budget: float,
-                 spec: ExperimentSpec, config: RunConfig, judge=None) -> tuple[list[dict], list[dict], pd.DataFrame]:
-    """All conditions of one (record, selector, budget): rows for the answers, scores and probes tables."""
+                 spec: ExperimentSpec, config: RunConfig, judge=None, views: list | None = None
+                 ) -> tuple[list[dict], list[dict], pd.DataFrame]:
+    """All conditions of one (record, selector, budget): rows for the answers, scores and probes tables.
+
+    ``views``: when a list, the unit's token view (:func:`relaylens.views.token_view`) is appended to it.
+    """
     from relaylens.generation import run_condition
+    from relaylens.layer_sweep import layer_sweep
     from relaylens.probes import probe_condition, replay_conditions
+    from relaylens.scopes import expand_conditions
     from relaylens.scoring import score_answer
 
     selection = selector.select(prefill, prompt, budget)
     evidence = prompt.evidence_mask(spec.granularity)
     do_probes = spec.probes and bool(evidence.any())
-    teacher = first_answer_token(tokenizer, record, spec.prompt_mode) if spec.teacher_forcing else None
+    answer_ids = answer_tokens(tokenizer, record, spec.prompt_mode)
+    teacher = answer_ids[0] if spec.teacher_forcing and answer_ids else None
+    attribution = dict(grad=True, next_answer_token=answer_ids[1] if len(answer_ids) > 1 else None) \
+        if spec.attribution and teacher is not None else {}
     stop_newline = spec.stops_at_newline(spec.prompt_mode)
     eos = set() if spec.stop == "none" else None  # None: the model's EOS ids
     gold_total, gold_kept = _gold_units(prompt, selection, spec.granularity)
@@ -167,14 +196,16 @@ def process_unit(model, tokenizer, factors, record: Record, prompt, prefill, sel
             "cluster_id": record.cluster_id or record.record_id}
     answers, scores, probe_frames = [], [], []
     reference = None
-    for condition in spec.conditions:
+    recorders = {}
+    for condition in expand_conditions(spec.conditions, model):  # scoped conditions learn the model's layer types
         started = time.perf_counter()
         common = dict(max_new_tokens=spec.max_new_tokens, tokenizer=tokenizer, stop_at_newline=stop_newline,
                       window_mode=config.window_mode, eos_token_ids=eos)
         if do_probes:
             probed = probe_condition(model, prefill, selection, condition, prompt.question_ids, evidence, factors=factors,
-                                     teacher_token=teacher, **common)
+                                     teacher_token=teacher, **attribution, **common)
             generation = probed.generation
+            recorders[generation.condition] = probed.question_recorder
             probe_frames.append(probed.readouts.assign(condition=generation.condition, source="forward"))
             if generation.condition == "original":
                 reference = probed
@@ -196,10 +227,22 @@ def process_unit(model, tokenizer, factors, record: Record, prompt, prefill, sel
         for metric, value in metrics.items():
             scores.append({**key, "condition": label, **meta, "metric": metric, "value": float(value)})
     if do_probes and reference is not None and spec.replay_conditions:
-        replay = replay_conditions(reference, prefill, selection, evidence, list(spec.replay_conditions),
+        replay = replay_conditions(reference, prefill, selection, evidence, expand_conditions(spec.replay_conditions, model),
                                    int(prompt.question_ids.numel()), factors)
         probe_frames.append(replay.assign(source="replay"))
+    if spec.sweep == "layers":
+        sweep_scores, sweep_probes = layer_sweep(model, prefill, selection, prompt.question_ids, evidence if do_probes else None,
+                                                 first_answer_token(tokenizer, record, spec.prompt_mode), factors,
+                                                 config.window_mode)
+        scores.extend({**key, "condition": row["condition"], **meta, "metric": row["metric"], "value": row["value"]}
+                      for row in sweep_scores)
+        if len(sweep_probes):
+            probe_frames.append(sweep_probes)
     probes = pd.concat(probe_frames, ignore_index=True).assign(**key) if probe_frames else pd.DataFrame()
+    if views is not None and recorders:
+        from relaylens.views import token_view
+
+        views.append(token_view(prompt, tokenizer, selection, spec.granularity, recorders, key))
     return answers, scores, probes
 
 
@@ -214,30 +257,37 @@ def run_analysis(spec: ExperimentSpec, config: RunConfig, progress: bool = True,
     from relaylens.locks import run_lock
     from relaylens.models import load_model, model_files_fingerprint, model_fingerprint
     from relaylens.datasets import load_records
+    from relaylens.launch import detect_shard, shard_dir
     from relaylens.results import RunStore, build_manifest, prepare_run_dir
     from relaylens.shards import parse_shard, shard_records
 
     check_config(config)
-    placement = config.placement()
-    data_path = resolve_data(config.data)
+    auto = bool(config.shard) and config.shard.strip().lower() == "auto"
+    launcher = detect_shard() if auto else None  # torchrun / accelerate / SLURM: the shard and the local rank
+    placement = config.placement(local_rank=launcher.local_rank if launcher else None)
+    data_path = resolve_data(spec.data if config.data == SAMPLE else config.data)  # an analysis may bring its own sample
     records = load_records(data_path, format=config.data_format)
     if not records:
         raise RelaylensError(f"{data_path} holds no records")
     limit = config.limit if config.limit is not None else spec.limit
     records = records[:limit] if limit else records
-    shard = parse_shard(config.shard) if config.shard else None
+    shard = (launcher.index, launcher.count) if launcher else parse_shard(config.shard) if config.shard else None
     if shard:
         chosen = set(shard_records([r.record_id for r in records], *shard))
         records = [r for r in records if r.record_id in chosen]
     out = Path(config.out or f"runs/{spec.name}")
+    if launcher:  # one run directory, one shard directory per process
+        out = shard_dir(out, *shard)
     model, tokenizer = model_and_tokenizer or load_model(config.model, **placement.load_kwargs())
     if spec.prompt_mode == "auto":
         spec = spec.replace(prompt_mode="chat" if getattr(tokenizer, "chat_template", None) else "completion")
     factors = RotaryFactors.from_model(model)
-    run = vars(config) | {"out": None, "force": None, "shard": None, "retry_skipped": None,
+    run = vars(config) | {"out": None, "force": None, "shard": None, "retry_skipped": None, "view_records": None,
                           "judge_url": redact_url(config.judge_url) if config.judge_url else None}
     plan = {"record_ids": [r.record_id for r in records], "units": len(spec.units([r.record_id for r in records]))}
-    manifest = build_manifest(spec.name, {"spec": spec.to_dict(), "run": run, "placement": placement.to_dict(),
+    # the device kind, not its index: shards on cuda:0 and cuda:1 (or a resumed shard on another GPU) still agree
+    recorded = placement.to_dict() | {"device": placement.device and placement.device.split(":")[0]}
+    manifest = build_manifest(spec.name, {"spec": spec.to_dict(), "run": run, "placement": recorded,
                                           "rope": _rope_summary(model)},
                               config.model, model_fingerprint(model), data_path, shard,
                               model_info=model_files_fingerprint(model, tokenizer), plan=plan)
@@ -254,6 +304,7 @@ def _run_units(model, tokenizer, factors, records, spec: ExperimentSpec, config:
                progress: bool) -> None:
     from relaylens.prompting import render_prompt
     from relaylens.results import UnitKey
+    from relaylens.views import write_view
 
     selectors = _selector_objects(spec, config.seed)
     units = spec.units([r.record_id for r in records])
@@ -261,7 +312,7 @@ def _run_units(model, tokenizer, factors, records, spec: ExperimentSpec, config:
     per_record = len(spec.selectors) * len(spec.budgets)
     with bar as live:
         task = live.add_task(f"{spec.name}", total=len(units), stage="loading") if live else None
-        for record in records:
+        for order, record in enumerate(records):
             keys = [UnitKey(record.record_id, name, b) for name in spec.selectors for b in spec.budgets]
             if config.retry_skipped:
                 _forget_skipped(store, keys)
@@ -278,11 +329,14 @@ def _run_units(model, tokenizer, factors, records, spec: ExperimentSpec, config:
                 _advance(live, task, len(pending), record.record_id, f"skipped ({reason[0]})")
                 continue
             prefill = _prefill(model, prompt, config, selectors.values())
+            prepared = {name: selectors[name].prepare(model, prefill, prompt, factors)  # FINCH: its question pass
+                        for name in dict.fromkeys(name for name, _ in pending)}
             for name, budget in pending:
                 _advance(live, task, 0, record.record_id, f"{name} @ {budget:g}")
+                views = [] if order < config.view_records else None
                 try:
                     answers, scores, probes = process_unit(model, tokenizer, factors, record, prompt, prefill, name,
-                                                           selectors[name], budget, spec, config, judge)
+                                                           prepared[name], budget, spec, config, judge, views)
                 except (BudgetError, ShapeError) as err:
                     if not _is_too_short(err):
                         raise
@@ -290,6 +344,8 @@ def _run_units(model, tokenizer, factors, records, spec: ExperimentSpec, config:
                           f"record {record.record_id}: {name} @ {budget:g}: {err}")
                     _advance(live, task, 1, record.record_id, "skipped (too_short)")
                     continue
+                for view in views or []:
+                    write_view(store.run_dir, view | {"order": order})
                 store.write_unit(UnitKey(record.record_id, name, budget), answers, scores, probes)
                 _advance(live, task, 1, record.record_id, "committed")
 
@@ -298,8 +354,9 @@ def _prefill(model, prompt, config: RunConfig, selectors):
     from relaylens.prefill import prefill_history
 
     needs_columns = any(getattr(s, "needs_column_sums", False) for s in selectors)
-    return prefill_history(model, prompt.history_ids, window_size=config.window_size, chunk_size=config.chunk_size,
-                           attn_implementation=config.attn_implementation, column_sums=needs_columns)
+    return prefill_history(model, prompt.history_ids, window_size=query_window(config, selectors, prompt.history_length),
+                           chunk_size=config.chunk_size, attn_implementation=config.attn_implementation,
+                           column_sums=needs_columns)
 
 
 def history_problem(prompt, spec: ExperimentSpec, config: RunConfig, factors) -> tuple[str, str] | None:
@@ -364,12 +421,25 @@ def skipped_summary(tables: dict[str, pd.DataFrame]) -> str:
 
 
 def _progress(enabled: bool):
-    if not enabled:
-        return nullcontext(None)
+    if not enabled or _jupyter_without_widgets():
+        return nullcontext(None)  # in Jupyter without ipywidgets rich would warn once per refresh: no bar instead
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
     return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[stage]}"),
                     TimeElapsedColumn(), TimeRemainingColumn(), transient=False)
+
+
+def _jupyter_without_widgets() -> bool:
+    """True inside a Jupyter kernel where ipywidgets cannot be imported (rich's live display needs it there)."""
+    import sys
+
+    if "ipykernel" not in sys.modules:
+        return False
+    try:
+        import ipywidgets  # noqa: F401
+    except ImportError:
+        return True
+    return False
 
 
 def _advance(live, task, steps: int, record_id: str, stage: str) -> None:

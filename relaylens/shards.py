@@ -18,6 +18,9 @@ import pandas as pd
 
 from relaylens.results import UNITS, ResultStoreError, RunStore, _atomic_write, manifest_diff
 
+SHARDS = "shards"
+"""The folder of a run directory that holds its shard directories ``I-of-N`` (``--shard auto``, ``relaylens sweep``)."""
+
 
 def parse_shard(text: str) -> tuple[int, int]:
     """``"i/n"`` -> ``(i, n)``; shards are numbered ``0..n-1``.
@@ -154,3 +157,42 @@ def _copy_units(stores: list[RunStore], out: RunStore) -> dict[str, pd.DataFrame
             _atomic_write(out.run_dir / UNITS / path.name, path.read_bytes(), out.run_dir, out.writer)
             seen[path.name] = path
     return out.consolidate()
+
+
+def merge_run_dir(run_dir: str | Path, allow_incomplete: bool = False) -> list[Path]:
+    """Merge the shard directories ``RUN_DIR/shards/I-of-N`` (written by ``relaylens run --shard auto`` or
+    ``relaylens sweep``) into ``RUN_DIR`` itself; returns the shard directories merged.
+
+    Refuses, naming the shard and the fix: no shards, shards of different sweeps (two values of N), a missing shard
+    or missing units (unless ``allow_incomplete``), a shard directory holding another shard, and shards of
+    different configurations (:func:`merge_runs`)."""
+    import re
+
+    run_dir = Path(run_dir)
+    found = {}
+    for path in sorted((run_dir / SHARDS).glob("*-of-*")):
+        match = re.fullmatch(r"(\d+)-of-(\d+)", path.name)
+        if match and path.is_dir():
+            found[path] = (int(match[1]), int(match[2]))
+    if not found:
+        raise ResultStoreError(f"{run_dir / SHARDS} holds no shard directories (I-of-N). Fix: pass the --out of "
+                               "`relaylens run --shard auto` or `relaylens sweep`, or merge explicit shard "
+                               "directories with --out")
+    counts = sorted({n for _, n in found.values()})
+    if len(counts) > 1:
+        raise ResultStoreError(f"{run_dir / SHARDS} mixes shards of sweeps with {' and '.join(map(str, counts))} "
+                               "shards. Fix: delete the stale shard directories (or start a new --out) and merge again")
+    count = counts[0]
+    missing = sorted(set(range(count)) - {i for i, _ in found.values()})
+    if missing and not allow_incomplete:
+        raise ResultStoreError(f"shard(s) {', '.join(f'{i}-of-{count}' for i in missing)} missing in {run_dir / SHARDS}: "
+                               "that process never started, or wrote to storage this machine does not see (the run "
+                               "directory must be on storage every process shares). Fix: run the missing ranks with "
+                               "the same command (finished units are kept), then merge again")
+    for path, (index, _) in found.items():
+        shard = RunStore.open(path).manifest.get("shard")
+        if shard != {"index": index, "count": count}:
+            raise ResultStoreError(f"{path} holds shard {shard}, not {index}-of-{count}. Fix: move it to the "
+                                   "directory its manifest names, or re-run that shard")
+    merge_runs(list(found), run_dir, allow_incomplete=allow_incomplete)  # configurations agree; every unit present
+    return list(found)

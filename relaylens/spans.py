@@ -9,6 +9,8 @@ from dataclasses import dataclass
 
 import torch
 
+from relaylens.records import Session
+
 
 @dataclass(frozen=True)
 class Span:
@@ -83,3 +85,21 @@ class RenderedPrompt:
             if span.is_evidence:
                 mask[span.start : span.end] = True
         return mask
+
+
+@dataclass(frozen=True)
+class PromptLayout:
+    """The rendered text (before any chat template) with character ranges of every unit.
+
+    ``sessions`` and ``turns`` are ``(Session / Turn index path, start, end)`` character ranges into ``text``;
+    ``question_start`` is where the question block begins.
+    """
+
+    text: str
+    question_start: int
+    sessions: tuple[tuple[Session, int, int], ...]
+    turns: tuple[tuple[Session, int, int, int], ...]  # (session, turn index in session, start, end)
+
+    @property
+    def history_text(self) -> str:
+        return self.text[: self.question_start]

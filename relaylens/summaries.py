@@ -30,7 +30,7 @@ METRIC_ORDER = ("judge", "choice_accuracy", "contains", "f1", "exact_match")
 """The order metrics appear in tables and panels (``judge_<name>`` of other judges follow)."""
 N_RESAMPLES = 10_000
 REFERENCE = "original"
-SHARE_METRICS = ("evidence_share", "history_share", "replay_gold_share")
+SHARE_METRICS = ("evidence_share", "history_share", "replay_gold_share", "evidence_grad_x_input_share")
 """Metrics that are probability shares: their band deltas are reported in percentage points."""
 CONDITION_FAMILIES = ["original", "relay", "half_gap", "key_only", "query_only", "common_shift", "rank_sync",
                       "score_order", "reverse_order", "RandomMean", "random_order", "compaction"]

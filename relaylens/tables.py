@@ -26,6 +26,9 @@ is_abstention, cluster_id, metric, value``; metrics ``exact_match``, ``f1``, ``c
 ``probes`` — one row per (key, probe point, layer, head, metric): columns ``record_id, selector, budget,
 condition, probe_point, source, layer, head, metric, value``; ``probe_point`` is ``question_final`` or
 ``first_answer_token``; ``source`` is ``forward`` (readouts of the real pass) or ``replay`` (phase replay).
+With ``attribution`` (the ``evidence_reading`` analysis) the forward readouts add ``evidence_grad_x_input``,
+``history_grad_x_input``, ``evidence_grad_x_input_share``, ``evidence_logit_contribution`` and
+``history_logit_contribution`` (:mod:`relaylens.attribution`).
 
 ``skipped`` — one row per (record, selector, budget) unit that was not run: columns ``record_id, selector, budget,
 reason, history_length, detail``; ``reason`` is ``too_long`` (history over ``--max-history-tokens`` or the rotary

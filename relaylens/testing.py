@@ -140,3 +140,36 @@ def tiny_tokenizer():
         pad_token="<|endoftext|>",
         chat_template=chat_template,
     )
+
+
+class exact_float64_norms:
+    """``with exact_float64_norms(model):`` RMSNorms of a float64 model compute in float64 (transformers' RMSNorms
+    round through float32, which breaks finite differences in ``torch.autograd.gradcheck``). Restores on exit.
+
+    Example:
+        >>> model = tiny_model("llama", dtype=torch.float64)
+        >>> with exact_float64_norms(model):
+        ...     out = model.model.norm(torch.randn(1, 64, dtype=torch.float64))
+        >>> out.dtype, "forward" in vars(model.model.norm)
+        (torch.float64, False)
+    """
+
+    def __init__(self, model):
+        self.norms = [m for m in model.modules() if type(m).__name__.endswith("RMSNorm")]
+
+    def __enter__(self):
+        from relaylens.attribution import rms_norm_gain
+
+        for module in self.norms:
+            gain, eps = rms_norm_gain(module)
+            offset = (gain - module.weight.detach().float()).mean().round()  # 0 (Llama: weight) or 1 (Gemma: 1 + weight)
+
+            def forward(x, module=module, eps=eps, offset=float(offset)):
+                return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * (offset + module.weight.to(x.dtype))
+
+            module.forward = forward
+        return self
+
+    def __exit__(self, *exc):
+        for module in self.norms:
+            vars(module).pop("forward", None)

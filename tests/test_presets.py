@@ -35,6 +35,15 @@ PAPER = {
     "overhead": {"selectors": ("bm25", "snapkv", "pyramidkv"), "budgets": (2048, 8192),
                  "conditions": ("original", "relay"), "max_new_tokens": 128, "stop": "none", "limit": 20},
     "full_kv": {"selectors": ("full",), "budgets": (1.0,), "conditions": ("original",), **MEMORY_DECODING},
+    # Table 2: InfiniteBench, SnapKV at 1%, Original vs RoPERelay (the benchmark's objective metrics)
+    "infinitebench": {"selectors": ("snapkv",), "budgets": (0.01,), "conditions": ("original", "relay"),
+                      "selector_options": {}},  # SnapKV as published (window 32), not the CPU sample's window 8
+    # Table 7: FINCH vs BM25 / PyramidKV / ChunkKV + RoPERelay at 10%, judge / F1 / choice accuracy
+    "finch_comparison": {"selectors": ("finch", "bm25", "pyramidkv", "chunkkv"), "budgets": (0.10,),
+                         "conditions_include": ("original", "relay"), **MEMORY_DECODING},
+    # not an experiment of the paper (issue 17): its decoding and gold unit on the layer scopes
+    "layer_scope": {"selectors": ("bm25",), "budgets": (0.10,), "conditions_include": ("original", "relay", "key_only"),
+                    "probes": True, "teacher_forcing": True, **MEMORY_DECODING, **SESSION_GOLD},
 }
 
 

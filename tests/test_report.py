@@ -4,17 +4,13 @@ escaping, missing pieces, and a real render in headless Chromium (screenshot not
 from __future__ import annotations
 
 import json
-import os
 import re
-import shutil
-import subprocess
-from pathlib import Path
 
-import numpy as np
 import pytest
 
 from relaylens import figures, report, summaries
 from relaylens.tables import example_tables
+from browser import chromium, console_errors, not_blank, run_chromium  # tests/ helpers
 
 LAYERS, HEADS = 4, 2
 MANIFEST = {"analysis": "evidence_reading", "config": {"spec": {"figures": ["figure6"]}},
@@ -124,50 +120,16 @@ def test_empty_tables_are_a_clear_error(tmp_path):
 
 # ------------------------------------------------------------------------------------------- headless Chromium
 
-def _chromium() -> str:
-    for name in ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable"):
-        path = shutil.which(name)
-        if path:
-            return path
-    reason = ("headless Chromium not found (looked for chromium, chromium-browser, google-chrome). Install it with: "
-              "apt-get update && apt-get install -y chromium")
-    if os.environ.get("CI", "").strip().lower() in {"1", "true", "yes"}:
-        pytest.fail(f"CI=true requires Chromium for the report render test; {reason}", pytrace=False)
-    pytest.skip(reason)
-
-
-def _run_chromium(binary: str, page: Path, tmp: Path, *mode: str) -> subprocess.CompletedProcess:
-    args = [binary, "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-            "--disable-component-update", "--no-first-run", "--disable-extensions", "--mute-audio",
-            f"--user-data-dir={tmp / 'profile'}", "--enable-logging=stderr", "--v=0", "--window-size=1200,2000",
-            *mode, page.resolve().as_uri()]
-    return subprocess.run(args, capture_output=True, text=True, timeout=90)
-
-
-def console_errors(log: str) -> list[str]:
-    """Console output of the page (our page logs nothing) and uncaught exceptions, from Chromium's stderr."""
-    return [line for line in log.splitlines() if ":CONSOLE" in line or "Uncaught" in line]
-
-
-def _not_blank(png: Path) -> tuple[int, float]:
-    from PIL import Image
-
-    image = np.asarray(Image.open(png).convert("RGB"))
-    colours = len(np.unique(image.reshape(-1, 3), axis=0))
-    non_white = float((image.min(axis=-1) < 245).mean())
-    return colours, non_white
-
-
 def test_console_check_catches_a_broken_page(tmp_path):
-    binary = _chromium()
+    binary = chromium()
     page = tmp_path / "broken.html"
     page.write_text("<html><body><p>x</p><script>JSON.parse('{oops');</script></body></html>")
-    result = _run_chromium(binary, page, tmp_path, "--dump-dom")
+    result = run_chromium(binary, page, tmp_path, "--dump-dom")
     assert any("Uncaught" in line for line in console_errors(result.stderr)), result.stderr[-2000:]
 
 
 def test_report_renders_in_headless_chromium(tmp_path, tables, write_run):
-    binary = _chromium()
+    binary = chromium()
     run = write_run(tmp_path / "run", tables, spec_figures=("figure6",))
     from typer.testing import CliRunner
 
@@ -176,14 +138,14 @@ def test_report_renders_in_headless_chromium(tmp_path, tables, write_run):
     result = CliRunner().invoke(app, ["report", str(run)])
     assert result.exit_code == 0, result.output
     page = run / "report.html"
-    dom = _run_chromium(binary, page, tmp_path, "--dump-dom")
+    dom = run_chromium(binary, page, tmp_path, "--dump-dom")
     assert dom.returncode == 0, dom.stderr[-2000:]
     assert not console_errors(dom.stderr), console_errors(dom.stderr)
     # the embedded script ran and parsed the data
     assert f"3 condition rows, {LAYERS} layers" in dom.stdout
     shot = tmp_path / "report.png"
-    rendered = _run_chromium(binary, page, tmp_path, f"--screenshot={shot}")
+    rendered = run_chromium(binary, page, tmp_path, f"--screenshot={shot}")
     assert rendered.returncode == 0 and shot.exists(), rendered.stderr[-2000:]
     assert not console_errors(rendered.stderr), console_errors(rendered.stderr)
-    colours, non_white = _not_blank(shot)
+    colours, non_white = not_blank(shot)
     assert colours > 50 and non_white > 0.05, f"blank-looking screenshot: {colours} colours, {non_white:.3f} non-white"

@@ -24,6 +24,7 @@ from relaylens.selectors import (
     make_selector,
 )
 from relaylens.selectors.adakv import adaptive_head_budgets
+from relaylens.selectors.finch import QuestionAttention
 from relaylens.selectors.base import largest_remainder, pool_scores, top_positions
 from relaylens.selectors.pyramidkv import pyramid_schedule
 from relaylens.selectors.synthetic import random_prefill
@@ -49,9 +50,16 @@ def _prompt(length: int = L) -> RenderedPrompt:
                           "what is my dog called", sessions, ())
 
 
+_GEN = torch.Generator().manual_seed(3)
+#: hyperparameters that fit the fixture (32 window queries captured; FINCH's question attention for 6 layers)
+FIXTURE_OPTIONS = {"scissorhands": {"history_window": 32},
+                   "finch": {"question_attention": QuestionAttention([torch.rand(8, L, generator=_GEN) for _ in range(6)],
+                                                                     [torch.rand(8, L, generator=_GEN) for _ in range(6)])}}
+
+
 def _all_selections(pre, budget):
     prompt = _prompt()
-    return {name: cls().select(pre, prompt, budget) for name, cls in REGISTRY.items()}
+    return {name: cls(**FIXTURE_OPTIONS.get(name, {})).select(pre, prompt, budget) for name, cls in REGISTRY.items()}
 
 
 # -------------------------------------------------------------------------------------------------------------
@@ -115,7 +123,8 @@ def test_bad_hyperparameters_raise(name, kwargs):
 
 
 def test_registry_and_unknown_name():
-    assert set(REGISTRY) == {"bm25", "snapkv", "h2o", "pyramidkv", "adakv", "chunkkv", "cam", "streaming", "random", "full"}
+    assert set(REGISTRY) == {"bm25", "snapkv", "h2o", "pyramidkv", "adakv", "chunkkv", "cam", "streaming", "random", "full",
+                             "scissorhands", "finch"}
     assert make_selector("AdaKV", floor_alpha=0.5) == AdaKV(floor_alpha=0.5)
     with pytest.raises(RelaylensError, match="unknown selector 'snapkvv'.*adakv"):
         make_selector("snapkvv")
@@ -138,7 +147,7 @@ def test_every_selector_obeys_the_contract(pre, budget):
             for h in range(4):
                 p = sel.positions[l, h][sel.valid[l, h]]
                 assert (p[1:] > p[:-1]).all() and p.unique().numel() == p.numel(), name
-        if name in ("snapkv", "h2o", "cam", "streaming", "random"):
+        if name in ("snapkv", "h2o", "cam", "streaming", "random", "scissorhands", "finch"):
             assert (sel.counts == k).all(), name  # exactly K per (layer, kv head)
         elif name == "pyramidkv":
             assert int(sel.counts.sum()) == 6 * 4 * k and (sel.counts == sel.counts[:, :1]).all()
@@ -154,7 +163,7 @@ def test_every_selector_obeys_the_contract(pre, budget):
 def test_head_structure(pre):
     """Per-head sets where the method says so; one shared set per layer where it does not."""
     sels = _all_selections(pre, 0.25)
-    for name in ("snapkv", "h2o", "adakv", "pyramidkv", "cam", "random"):
+    for name in ("snapkv", "h2o", "adakv", "pyramidkv", "cam", "random", "scissorhands", "finch"):
         pos = sels[name].positions
         assert not (pos == pos[:, :1]).all(), f"{name} should differ across kv heads"
     for name in ("chunkkv", "streaming", "bm25", "full"):
@@ -167,7 +176,8 @@ def test_head_structure(pre):
 
 def test_deterministic_and_seeded(pre):
     for name, cls in REGISTRY.items():
-        a, b = cls().select(pre, _prompt(), 0.25), cls().select(pre, _prompt(), 0.25)
+        options = FIXTURE_OPTIONS.get(name, {})
+        a, b = cls(**options).select(pre, _prompt(), 0.25), cls(**options).select(pre, _prompt(), 0.25)
         assert torch.equal(a.positions, b.positions) and torch.equal(a.scores, b.scores), name
     assert not torch.equal(RandomSelector(seed=0).select(pre, None, 0.25).positions,
                            RandomSelector(seed=1).select(pre, None, 0.25).positions)

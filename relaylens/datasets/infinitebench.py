@@ -3,8 +3,9 @@
 JSONL fields: ``id`` (int), ``context``, ``input``, ``answer`` (list of str), ``options`` (list, empty unless
 multiple choice). The long context becomes one session of ``"document"`` turns: paragraphs packed into chunks of at
 most :data:`CHUNK_CHARS` characters (turn-level spans are then retrievable chunks). Records sharing a book or script
-share ``cluster_id`` (a hash of the context). The task comes from ``task=``, else from the file name, else from the
-content (non-empty options: ``longbook_choice_eng``; ``$$MASK$$`` in the context: ``longdialogue_qa_eng``).
+share ``cluster_id`` (a hash of the context). The task comes from ``task=``, else from the file name, else from a
+per-record ``task`` key (files that mix tasks, like the bundled sample), else from the content (non-empty options:
+``longbook_choice_eng``; ``$$MASK$$`` in the context: ``longdialogue_qa_eng``).
 
 Example:
     >>> chunk_paragraphs("a\\n\\nb", max_chars=10)
@@ -70,7 +71,9 @@ def parse_record(obj, path, where: str, task: str | None) -> Record:
         if not isinstance(obj.get(key), types):
             raise record_error(path, where, key, " or ".join(t.__name__ for t in types), obj.get(key),
                                f"InfiniteBench records carry {key!r}")
-    task = task or _infer_task(obj, path, where)
+    if obj.get("task") is not None and obj["task"] not in TASKS:
+        raise record_error(path, where, "task", f"one of {TASKS}", obj["task"], "name the record's InfiniteBench task")
+    task = task or obj.get("task") or _infer_task(obj, path, where)
     answers = obj["answer"] if isinstance(obj["answer"], list) else [obj["answer"]]
     if not answers or not all(isinstance(a, str) for a in answers):
         raise record_error(path, where, "answer", "a non-empty list of strings", obj["answer"], "list the gold answers")

@@ -1,9 +1,10 @@
 """KV-cache selectors on one interface: ``selector.select(prefill, prompt, budget) -> Selection``.
 
-Each selector is a small frozen dataclass of hyperparameters (defaults documented on the class). Only BM25 reads
-``prompt`` (the question text); the attention-based selectors read the prefill's window queries (SnapKV, PyramidKV,
-AdaKV, ChunkKV, CaM) or its captured column sums (H2O, see :func:`capture_column_sums`). The specification is
-``reference/selectors.md``.
+Each selector is a small frozen dataclass of hyperparameters (defaults documented on the class). Only BM25 and
+FINCH read ``prompt`` (BM25 the question text; FINCH the question tokens, run once over the full cache by
+:meth:`Selector.prepare`); the attention-based selectors read the prefill's window queries (SnapKV, PyramidKV,
+AdaKV, ChunkKV, CaM, Scissorhands) or its captured column sums (H2O, see :func:`capture_column_sums`). The
+specification is ``reference/selectors.md``.
 
 Example:
     >>> from relaylens.selectors.synthetic import random_prefill
@@ -11,7 +12,7 @@ Example:
     >>> sel.counts.tolist()
     [[24, 24], [24, 24]]
     >>> sorted(REGISTRY)
-    ['adakv', 'bm25', 'cam', 'chunkkv', 'full', 'h2o', 'pyramidkv', 'random', 'snapkv', 'streaming']
+    ['adakv', 'bm25', 'cam', 'chunkkv', 'finch', 'full', 'h2o', 'pyramidkv', 'random', 'scissorhands', 'snapkv', 'streaming']
 """
 
 from __future__ import annotations
@@ -24,10 +25,12 @@ from relaylens.selectors.base import Budget, Selector, WindowScore
 from relaylens.selectors.bm25 import BM25
 from relaylens.selectors.cam import CaM
 from relaylens.selectors.chunkkv import ChunkKV
+from relaylens.selectors.finch import Finch
 from relaylens.selectors.full import FullKV
 from relaylens.selectors.h2o import H2O
 from relaylens.selectors.pyramidkv import PyramidKV
 from relaylens.selectors.random_selector import RandomSelector
+from relaylens.selectors.scissorhands import Scissorhands
 from relaylens.selectors.snapkv import SnapKV
 from relaylens.selectors.streaming import StreamingLLM
 
@@ -39,6 +42,8 @@ REGISTRY: dict[str, type[Selector]] = {
     "adakv": AdaKV,
     "chunkkv": ChunkKV,
     "cam": CaM,
+    "scissorhands": Scissorhands,
+    "finch": Finch,
     "streaming": StreamingLLM,
     "random": RandomSelector,
     "full": FullKV,
@@ -72,6 +77,8 @@ __all__ = [
     "AdaKV",
     "ChunkKV",
     "CaM",
+    "Scissorhands",
+    "Finch",
     "StreamingLLM",
     "RandomSelector",
     "FullKV",

@@ -125,6 +125,12 @@ class Selector:
     needs_column_sums: ClassVar[bool] = False
     needs_prompt: ClassVar[bool] = False
 
+    def prepare(self, model, prefill: PrefillResult, prompt=None, factors=None) -> Selector:
+        """The selector to use on this record: itself, or a copy carrying what :meth:`select` needs beyond the
+        prefill and the prompt (FINCH: its question pass over the full cache). The runner calls it once per record
+        and selector, after the prefill."""
+        return self
+
     def select(self, prefill: PrefillResult, prompt=None, budget: Budget | float | int | str = 0.10) -> Selection:
         raise NotImplementedError
 

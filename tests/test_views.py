@@ -1,0 +1,109 @@
+"""Token view: per-token attention against a manual per-head recomputation, storage, and the HTML fragment."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from transformers import DynamicCache
+
+from relaylens.generation import prefill_from_cache
+from relaylens.probes import probe_condition
+from relaylens.selection import Selection
+from relaylens.testing import tiny_model
+from relaylens.views import example_view, final_token_attention, load_views, view_html, write_view
+
+L, Q = 30, 4
+
+
+@pytest.fixture(scope="module")
+def probed():
+    model = tiny_model("llama", seed=3)
+    gen = torch.Generator().manual_seed(3)
+    history = torch.randint(3, 300, (L,), generator=gen)
+    with torch.no_grad():
+        out = model(history[None], use_cache=True, cache=DynamicCache())
+    pre = prefill_from_cache(history, out.cache, model)
+    keep = [[sorted(torch.randperm(L, generator=gen)[: 8 + 4 * h].tolist()) for h in range(pre.num_kv_heads)]
+            for _ in range(pre.num_layers)]
+    sel = Selection.from_lists(keep, L)
+    evidence = torch.zeros(L, dtype=torch.bool)
+    evidence[5:9] = True
+    result = probe_condition(model, pre, sel, "relay", torch.arange(40, 40 + Q), evidence, max_new_tokens=0)
+    return result, sel, keep
+
+
+def test_final_token_attention_is_the_head_mean_on_source_positions(probed):
+    result, sel, keep = probed
+    per_layer = final_token_attention(result.question_recorder, sel, L)
+    recorder = result.question_recorder
+    for layer, weights in per_layer.items():
+        q_heads = recorder.rows[layer].shape[0]
+        expected = torch.zeros(L)
+        for head in range(q_heads):  # loop over heads and slots: an independent, explicit scatter
+            kv = head // (q_heads // len(keep[layer]))
+            for slot, position in enumerate(keep[layer][kv]):
+                expected[position] += float(recorder.rows[layer][head, slot]) / q_heads
+        assert torch.allclose(weights, expected, atol=1e-7)
+        evicted = torch.ones(L, dtype=torch.bool)
+        evicted[sorted({p for head in keep[layer] for p in head})] = False
+        assert float(weights[evicted].abs().max()) == 0.0
+        # history share of the final token, mean over heads, equals the total shading
+        assert float(weights.sum()) == pytest.approx(float(recorder.rows[layer][:, : recorder.widths[layer]].sum() / q_heads), abs=1e-6)
+
+
+def test_views_round_trip_and_limit(tmp_path):
+    for order, rid in enumerate(("b", "a", "c", "d")):
+        for selector in ("snapkv", "bm25"):
+            write_view(tmp_path, example_view() | {"record_id": rid, "selector": selector, "order": order})
+    views = load_views(tmp_path, 3)
+    assert [v["record_id"] for v in views] == ["b", "b", "a", "a", "c", "c"]
+    assert load_views(tmp_path / "missing") == []
+
+
+def test_view_html_is_self_contained():
+    view = example_view() | {"tokens": ["<script>alert(1)</script> ", "http://x.org "] + [f"t{i} " for i in range(38)]}
+    html = view_html([view])
+    assert "://" not in html and "<script>alert" not in html and "http" not in html.replace("http:\\/\\/", "")
+    payload = html.split('<script type="application/json">')[1].split("</script>")[0]
+    data = json.loads(payload)
+    assert data[0]["tokens"][0].startswith("<script>")
+    assert [o["label"].split(" (")[0] for o in data[0]["options"]][:4] == ["band: early", "band: middle", "band: late", "layer 0"]
+    assert view_html([]) == ""
+
+
+# ------------------------------------------------------------------------------------------- headless Chromium
+def _page(tmp_path, views) -> "Path":
+    page = tmp_path / "view.html"
+    page.write_text(f"<!doctype html><html><head><meta charset='utf-8'></head><body>{view_html(views)}</body></html>",
+                    encoding="utf-8")
+    return page
+
+
+def shading(dom: str) -> list[str]:
+    """The background colours of the shaded tokens, in document order (what the layer selector changes)."""
+    import re
+
+    return re.findall(r'background-color: (rgba\([^)]*\))', dom)
+
+
+def test_token_view_switches_layers_in_chromium(tmp_path):
+    from browser import chromium, console_errors, not_blank, run_chromium
+
+    binary = chromium()
+    page = _page(tmp_path, [example_view(tokens=400, layers=4)])
+    doms, shots = {}, {}
+    for option in (3, 6):  # bands come first: option 3 is layer 0, option 6 is layer 3
+        dom = run_chromium(binary, page, tmp_path, "--dump-dom", fragment=f"tv-layer={option}")
+        assert dom.returncode == 0 and not console_errors(dom.stderr), console_errors(dom.stderr) or dom.stderr[-2000:]
+        assert f'data-layer="{option}"' in dom.stdout
+        doms[option] = shading(dom.stdout)
+        shot = tmp_path / f"view-{option}.png"
+        rendered = run_chromium(binary, page, tmp_path, f"--screenshot={shot}", fragment=f"tv-layer={option}")
+        assert rendered.returncode == 0 and shot.exists() and not console_errors(rendered.stderr)
+        colours, non_white = not_blank(shot)
+        assert colours > 20 and non_white > 0.02, (colours, non_white)
+        shots[option] = shot.read_bytes()
+    assert doms[3] and doms[6] and doms[3] != doms[6], "switching layers left the shading unchanged"
+    assert shots[3] != shots[6]
