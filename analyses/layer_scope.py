@@ -23,7 +23,7 @@ SPEC = ExperimentSpec(
     probes=True,
     teacher_forcing=True,
     limit=8,
-    figures=(),  # the layer_scope figure lands with the reporting refactor (issue 13)
+    figures=("layer_scope",),
     description="Relay in some layers only (per band, per layer type), original elsewhere: accuracy and final-token "
     "evidence share against original, with paired bootstrap intervals; optional per-layer causal sweep.",
 )

@@ -6,7 +6,8 @@ on the unit's shared selection, question pass only (no decoding):
 * ``relay@layers=l`` (relay in layer ``l`` only, ``original`` everywhere else): the per-layer effect;
 * ``relay@layers=0-l`` (relay in layers ``0..l``): the cumulative curve, ending at relay everywhere;
 
-plus ``original`` as the paired reference. It reads two things per condition:
+plus ``original`` as the paired reference (the ``layer_scope`` figure draws the curves:
+:func:`relaylens.figures.layer_scope.sweep_curves`). It reads two things per condition:
 
 * ``first_answer_logprob``: the log-probability the final question token gives the first reference-answer token
   (teacher-forced: the correct token is scored, whatever greedy decoding would pick); a row of the ``scores`` table;
@@ -28,10 +29,10 @@ import torch
 
 from relaylens.conditions import Condition, Original, Relay
 from relaylens.scopes import Scoped
+from relaylens.tables import FIRST_ANSWER_LOGPROB as LOGPROB_METRIC
+from relaylens.tables import SWEEP_SOURCE
 
 SWEEPS = ("layers",)
-SWEEP_SOURCE = "sweep"
-LOGPROB_METRIC = "first_answer_logprob"
 
 
 def sweep_conditions(num_layers: int) -> list[Condition]:
@@ -39,24 +40,6 @@ def sweep_conditions(num_layers: int) -> list[Condition]:
     single = [Scoped(Relay(), layers=(layer,)) for layer in range(num_layers)]
     cumulative = [Scoped(Relay(), layers=tuple(range(layer + 1))) for layer in range(1, num_layers)]
     return [Original(), *single, *cumulative]
-
-
-def sweep_kind(label: str) -> tuple[str, int] | None:
-    """``("single", l)`` for ``relay@layers=l``, ``("cumulative", l)`` for ``relay@layers=0-l``, else None.
-
-    >>> sweep_kind("relay@layers=4"), sweep_kind("relay@layers=0-4"), sweep_kind("relay@band=late")
-    (('single', 4), ('cumulative', 4), None)
-    """
-    prefix = "relay@layers="
-    if not label.startswith(prefix):
-        return None
-    rest = label[len(prefix):]
-    if rest.isdigit():
-        return "single", int(rest)
-    low, _, high = rest.partition("-")
-    if low == "0" and high.isdigit():
-        return "cumulative", int(high)
-    return None
 
 
 def layer_sweep(model, prefill, selection, question_ids: torch.Tensor, evidence_mask: torch.Tensor | None,

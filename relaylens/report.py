@@ -274,6 +274,31 @@ def _drilldown(tables: dict) -> list[dict]:
     return units
 
 
+def _scope_rows(tables: dict) -> tuple[list[dict], list[dict]]:
+    """Layer-scope rows (scoped conditions vs original, paired) and per-layer sweep rows, when the run has them."""
+    from relaylens.figures.layer_scope import layer_scope_table, sweep_curves
+
+    conditions = set(get_table(tables, "scores")["condition"])
+    scopes = []
+    if any("@" in c for c in conditions):
+        table = layer_scope_table(tables)
+        for cond, g in table.groupby("condition", sort=False):
+            by_metric = {r["metric"]: r for _, r in g.iterrows()}
+            cells = []
+            for metric in ("contains", "evidence_share"):
+                r = by_metric.get(metric)
+                cells.append("" if r is None else f"{r['mean']:+.3f} [{r['low']:.3f}, {r['high']:.3f}]")
+            scopes.append({"condition": cond, "n": int(g["n"].max()), "cells": cells})
+    curves = sweep_curves(tables)
+    sweep = []
+    if len(curves):
+        wide = curves.set_index(["layer", "metric", "kind"])["mean"]
+        for layer in sorted(curves["layer"].unique()):
+            sweep.append({"layer": int(layer), "cells": [_num(wide.get((layer, metric, kind))) for metric in
+                          ("first_answer_logprob", "evidence_share") for kind in ("single", "cumulative")]})
+    return scopes, sweep
+
+
 def report_context(tables: dict, manifest: dict, figure_names: list[str] | None = None) -> dict:
     """Everything the template needs (plain strings, numbers and base64 PNGs)."""
     check_not_empty(tables)
@@ -289,6 +314,7 @@ def report_context(tables: dict, manifest: dict, figure_names: list[str] | None 
             continue
         rendered.append({"name": name, "title": entry.title, "png": _png(build(name, tables))})
     has_probes = needs_probes(tables) is None
+    scope_rows, sweep_rows = _scope_rows(tables)
     per_layer = layer_table(probes) if has_probes else None
     data = {
         "analysis": manifest.get("analysis"),
@@ -310,6 +336,8 @@ def report_context(tables: dict, manifest: dict, figure_names: list[str] | None 
         "band_rows": _band_rows(tables) if has_probes else [],
         "layers": _layers(per_layer) if has_probes else [],
         "records": _drilldown(tables) if len(tables["answers"]) else [],
+        "scope_rows": scope_rows,
+        "sweep_rows": sweep_rows,
         "data_json": _json_script(_clean(data)),
     }
 

@@ -21,7 +21,7 @@ import pandas as pd
 
 from relaylens.bootstrap import cluster_bootstrap, condition_means
 from relaylens.errors import RelaylensError
-from relaylens.tables import get_table
+from relaylens.tables import SWEEP_SOURCE, get_table
 
 METRICS = ("contains", "f1")
 """Accuracy metrics reported when a run has neither judge verdicts nor multiple-choice answers (the fallback of
@@ -185,7 +185,9 @@ def with_random_mean(scores: pd.DataFrame) -> pd.DataFrame:
 
 def layer_table(probes: pd.DataFrame) -> pd.DataFrame:
     """Per (probe_point, source, metric, condition, layer): mean over records and heads, band, and the difference
-    vs original (``delta``; ``delta_pp`` for share metrics)."""
+    vs original (``delta``; ``delta_pp`` for share metrics). Sweep rows (``source = "sweep"``) are left out: the
+    ``layer_scope`` figure draws them."""
+    probes = probes[probes["source"] != SWEEP_SOURCE]
     num_layers = int(probes["layer"].max()) + 1
     keys = ["probe_point", "source", "metric", "condition", "layer"]
     table = probes.groupby(keys, sort=True)["value"].mean().reset_index()

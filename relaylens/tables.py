@@ -25,7 +25,10 @@ is_abstention, cluster_id, metric, value``; metrics ``exact_match``, ``f1``, ``c
 
 ``probes`` — one row per (key, probe point, layer, head, metric): columns ``record_id, selector, budget,
 condition, probe_point, source, layer, head, metric, value``; ``probe_point`` is ``question_final`` or
-``first_answer_token``; ``source`` is ``forward`` (readouts of the real pass) or ``replay`` (phase replay).
+``first_answer_token``; ``source`` is ``forward`` (readouts of the real pass) or ``replay`` (phase replay), or
+``sweep`` (the per-layer causal sweep of ``--sweep layers``: ``evidence_share`` of the conditions ``original``,
+``relay@layers=l`` and ``relay@layers=0-l``; their ``first_answer_logprob`` scores sit in ``scores``, and they have
+no ``answers`` rows).
 With ``attribution`` (the ``evidence_reading`` analysis) the forward readouts add ``evidence_grad_x_input``,
 ``history_grad_x_input``, ``evidence_grad_x_input_share``, ``evidence_logit_contribution`` and
 ``history_logit_contribution`` (:mod:`relaylens.attribution`).
@@ -69,6 +72,10 @@ SKIPPED_COLUMNS = ["record_id", "selector", "budget", "reason", "history_length"
 TABLES = {"answers": ANSWER_COLUMNS, "scores": SCORE_COLUMNS, "probes": PROBE_COLUMNS, "skipped": SKIPPED_COLUMNS}
 OPTIONAL_TABLES = ("skipped",)
 """Tables that unit files written before they existed may lack (read as empty)."""
+SWEEP_SOURCE = "sweep"
+"""``source`` of the probe rows of the per-layer causal sweep (kept out of per-layer tables of the main conditions)."""
+FIRST_ANSWER_LOGPROB = "first_answer_logprob"
+"""Score metric: log-probability the final question token gives the first reference-answer token (sweep rows)."""
 
 INT, FLOAT, BOOL, STR, OPT_STR = "int", "float", "bool", "str", "str?"
 DTYPES: dict[str, str] = {

@@ -7,13 +7,14 @@ import json
 import pandas as pd
 import pytest
 
-from relaylens.layer_sweep import LOGPROB_METRIC, SWEEP_SOURCE, sweep_conditions, sweep_kind
+from relaylens.figures.layer_scope import sweep_kind
+from relaylens.layer_sweep import LOGPROB_METRIC, SWEEP_SOURCE, sweep_conditions
 from relaylens.results import load_tables
 
 
 @pytest.fixture(scope="module")
 def sweep_run(tmp_path_factory):
-    from analyses.layer_scope import SPEC
+    from relaylens.analyses.layer_scope import SPEC
     from relaylens.datasets.synthetic import generate_records
     from relaylens.runner import RunConfig, run_analysis
     from relaylens.testing import tiny_model, tiny_tokenizer
@@ -65,3 +66,28 @@ def test_sweep_ends_exactly_at_the_unscoped_conditions(sweep_run):
     relay_full = sweep[sweep["condition"] == "relay@layers=0-2"]["value"].to_numpy()
     single = sweep[sweep["condition"] == "relay@layers=1"]["value"].to_numpy()
     assert not (relay_full == single).all()  # the scopes do differ
+
+
+def test_figure_and_report_section(sweep_run, tmp_path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from relaylens.figures.layer_scope import layer_scope, layer_scope_table, sweep_curves
+    from relaylens.report import render_report
+    from relaylens.summaries import layer_table
+
+    tables, manifest = sweep_run
+    fig = layer_scope(tables)
+    assert len(fig.axes) == 4  # scope deltas (accuracy, evidence) + sweep curves (log-prob, evidence)
+    table = layer_scope_table(tables)
+    assert {"relay@layer_type=sliding_attention", "relay@layer_type=full_attention"} <= set(table["condition"])
+    curves = sweep_curves(tables)
+    assert set(curves["kind"]) == {"single", "cumulative"} and set(curves["layer"]) == {0, 1, 2}
+    # relay in layers 0..2 is relay everywhere: the cumulative curve ends at the relay scope's evidence delta
+    last = curves[(curves["kind"] == "cumulative") & (curves["layer"] == 2) & (curves["metric"] == "evidence_share")]
+    relay = table[(table["condition"] == "relay") & (table["metric"] == "evidence_share")]
+    assert abs(float(last["mean"].iloc[0]) - float(relay["mean"].iloc[0])) < 1e-9
+    assert SWEEP_SOURCE not in set(layer_table(tables["probes"])["source"])
+    html = render_report(tables, manifest)
+    assert '<section id="scopes">' in html and "Per-layer causal sweep" in html
+    assert html.count('<section id="layer-') == 3  # one per layer: the sweep adds none

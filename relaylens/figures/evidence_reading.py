@@ -10,7 +10,7 @@ from matplotlib.figure import Figure
 from relaylens import plots
 from relaylens.figures.registry import needs_probes, register
 from relaylens.summaries import REFERENCE, SHARE_METRICS, alpha_of, band_of, band_table, bands, condition_order
-from relaylens.tables import get_table
+from relaylens.tables import SWEEP_SOURCE, get_table
 
 EVIDENCE_PANELS = (("replay", "replay_gold_share", "phase-replay gold share"),
                    ("forward", "evidence_share", "evidence attention share"),
@@ -23,6 +23,7 @@ PROBE_POINTS = (("question_final", "final question token"), ("first_answer_token
           "original; pp for shares)", needs_probes)
 def layer_bands(tables: dict) -> pd.DataFrame:
     probes = get_table(tables, "probes")
+    probes = probes[probes["source"] != SWEEP_SOURCE]  # the layer sweep has its own figure (layer_scope)
     num_layers = int(probes["layer"].max()) + 1
     keys = ["selector", "probe_point", "source"]
     pooled = band_table(probes.assign(selector="all"), num_layers, keys)
