@@ -33,13 +33,17 @@ from relaylens import plots
 from relaylens.figures import REGISTRY, build, select_figures
 from relaylens.figures.heatmap import HEATMAP_METRIC, evidence_heatmap
 from relaylens.figures.registry import check_not_empty, needs_probes
-from relaylens.summaries import (REFERENCE, accuracy_scores, accuracy_table, budget_label, condition_order, metric_list,
-                                 layer_table)
+    everything = tables  # paper tables may read more than the three main tables (Table 2: the skipped records)
+    tables = {**{k: tables[k] for k in ("metrics", "metric_note") if k in tables},
+              **{name: get_table(tables, name) for name in ("answers", "scores", "probes", "skipped")}}
 from relaylens.tables import get_table
 
 __all__ = ["render_report", "write_report", "report_context", "TEMPLATE"]
 
 TEMPLATE = "report.html.j2"
+OWN_SECTIONS = ("table1", "table8")
+"""Registered tables the report shows in sections of its own (conditions, evidence bands); every other table a run
+draws (e.g. Table 2, Table 7) gets a table of its own in the "Tables" section."""
 
 
 # ------------------------------------------------------------------------------------------------- formatting
@@ -302,17 +306,20 @@ def _scope_rows(tables: dict) -> tuple[list[dict], list[dict]]:
 def report_context(tables: dict, manifest: dict, figure_names: list[str] | None = None) -> dict:
     """Everything the template needs (plain strings, numbers and base64 PNGs)."""
     check_not_empty(tables)
+    everything = tables  # paper tables may read more than the three main tables (Table 2: the skipped records)
     tables = {**{k: tables[k] for k in ("metrics", "metric_note") if k in tables},
               **{name: get_table(tables, name) for name in ("answers", "scores", "probes", "skipped")}}
     probes = tables["probes"]
     condition_rows, condition_table = _condition_table(tables)
     names = figure_names if figure_names is not None else select_figures(tables, manifest)
-    rendered = []
+    rendered, paper_tables = [], []
     for name in names:
         entry = REGISTRY[name]
-        if entry.kind != "figure":
-            continue
-        rendered.append({"name": name, "title": entry.title, "png": _png(build(name, tables))})
+        if entry.kind == "figure":
+            rendered.append({"name": name, "title": entry.title, "png": _png(build(name, tables))})
+        elif name not in OWN_SECTIONS:
+            head, rows = table_cells(build(name, everything))
+            paper_tables.append({"name": name, "title": entry.title, "head": head, "rows": rows})
     has_probes = needs_probes(tables) is None
     scope_rows, sweep_rows = _scope_rows(tables)
     per_layer = layer_table(probes) if has_probes else None
@@ -329,6 +336,7 @@ def report_context(tables: dict, manifest: dict, figure_names: list[str] | None 
                     if condition_table is not None and m in condition_table],
         "condition_rows": condition_rows,
         "figures": rendered,
+        "paper_tables": paper_tables,
         "has_probes": has_probes,
         "no_probes_reason": needs_probes(tables),
         "heatmap": _heatmap(probes) if has_probes else None,

@@ -208,8 +208,8 @@ def alpha_of(condition: str) -> float | None:
     return float(m.group(1)) if m else None
 
 
-def table_markdown(df: pd.DataFrame, digits: int = 3) -> str:
-    """A Markdown table; ``x, x_low, x_high`` columns are shown together as ``x [low, high]``."""
+def table_cells(df: pd.DataFrame, digits: int = 3) -> tuple[list[str], list[list[str]]]:
+    """Header and formatted rows of a table; ``x, x_low, x_high`` columns become one ``x [low, high]`` cell."""
     cols = [c for c in df.columns if not re.search(r"_(low|high)$", c)]
 
     def fmt(v, col: str = "") -> str:
@@ -228,11 +228,17 @@ def table_markdown(df: pd.DataFrame, digits: int = 3) -> str:
                 lo, hi = r[f"{c}_low"], r[f"{c}_high"]
                 if np.isfinite(lo) and np.isfinite(hi):
                     cell += f" [{lo:.{digits}f}, {hi:.{digits}f}]"
-            cells.append(cell.replace("|", "\\|"))
+            cells.append(cell)
         rows.append(cells)
     head = [c + (" [95% CI]" if f"{c}_low" in df.columns else "") for c in cols]
+    return head, rows
+
+
+def table_markdown(df: pd.DataFrame, digits: int = 3) -> str:
+    """A Markdown table; ``x, x_low, x_high`` columns are shown together as ``x [low, high]``."""
+    head, rows = table_cells(df, digits)
     lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
-    lines += ["| " + " | ".join(r) + " |" for r in rows]
+    lines += ["| " + " | ".join(c.replace("|", "\\|") for c in r) + " |" for r in rows]
     return "\n".join(lines) + "\n"
 
 
