@@ -33,9 +33,8 @@ from relaylens import plots
 from relaylens.figures import REGISTRY, build, select_figures
 from relaylens.figures.heatmap import HEATMAP_METRIC, evidence_heatmap
 from relaylens.figures.registry import check_not_empty, needs_probes
-    everything = tables  # paper tables may read more than the three main tables (Table 2: the skipped records)
-    tables = {**{k: tables[k] for k in ("metrics", "metric_note") if k in tables},
-              **{name: get_table(tables, name) for name in ("answers", "scores", "probes", "skipped")}}
+from relaylens.summaries import (REFERENCE, accuracy_scores, accuracy_table, budget_label, condition_order, layer_table,
+                                 metric_list, table_cells)
 from relaylens.tables import get_table
 
 __all__ = ["render_report", "write_report", "report_context", "TEMPLATE"]
