@@ -44,17 +44,25 @@ Observer = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor
 class AttentionState:
     """What the attention function needs beyond the tensors transformers hands it.
 
+    One row (a sequential run) stores the per-layer tensors without a batch axis; a batch of ``B`` rows (see
+    :mod:`relaylens.rows`) stores them with a leading ``[B, ...]`` axis, one row per (selection, condition).
+
     Attributes:
-        valid: per layer ``[kv_head, N_l]`` bool validity of the cached history slots (absent: all valid).
-        key_positions: per layer ``[kv_head, N_l]`` long condition positions of the history slots (windows).
-        source_positions: per layer ``[kv_head, N_l]`` long source positions (``window_mode="source"``).
-        new_positions: ``[T]`` long positions of every new token fed so far (question, then generated tokens);
-            the runtime extends it before each forward.
-        new_source_positions: ``[T]`` positions of the new tokens in the source frame (``L + t``).
+        valid: per layer ``[kv_head, N_l]`` (or ``[B, kv_head, N_l]``) bool validity of the cached history slots
+            (absent: all valid).
+        key_positions: per layer ``[kv_head, N_l]`` (or ``[B, kv_head, N_l]``) long condition positions of the
+            history slots (windows).
+        source_positions: per layer, same shape, long source positions (``window_mode="source"``).
+        new_positions: ``[T]`` (or ``[B, T]``) long positions of every new token fed so far (question, then
+            generated tokens); the runtime extends it before each forward.
+        new_source_positions: ``[T]`` (or ``[B, T]``) positions of the new tokens in the source frame (``L + t``).
         window_mode: sliding-window layers under a relocated cache: ``"condition"`` (a query at ``u`` sees kept
             keys with ``u - p' < window``; the default), ``"source"`` (window measured on source positions) or
             ``"none"`` (cached history always visible; new tokens still windowed).
-        observers: callables receiving each layer's tensors and probabilities (probes).
+        observers: callables receiving each layer's tensors and probabilities (probes), for the whole batch.
+        row_observers: per batch row, observers that receive that row alone exactly as a sequential run would show
+            it: history cut to the row's own width, with ``row_states[b]`` (the row's unpadded state) as ``state``.
+        row_states: per batch row, the row's own unbatched :class:`AttentionState` (set with ``row_observers``).
         head_inputs: ``None`` (default), or a dict the attention fills with each call's per-query-head views of the
             keys and values, ``layer -> [(key, value)]`` each ``[B, q_head, key, D]`` (the kv head's tensor indexed
             once per query head): gradients taken w.r.t. them split a shared kv head's gradient by query head.
@@ -68,6 +76,8 @@ class AttentionState:
     new_source_positions: torch.Tensor | None = None
     window_mode: str = "condition"
     observers: list[Observer] = field(default_factory=list)
+    row_observers: list[list[Observer]] = field(default_factory=list)
+    row_states: list[AttentionState] = field(default_factory=list)
     head_inputs: dict[int, list[tuple[torch.Tensor, torch.Tensor]]] | None = None
 
     def __post_init__(self) -> None:
@@ -78,27 +88,40 @@ class AttentionState:
 _ACTIVE: contextvars.ContextVar[AttentionState | None] = contextvars.ContextVar("relaylens_attention", default=None)
 
 
+def _batched(tensor: torch.Tensor | None, dims: int) -> torch.Tensor | None:
+    """Add the leading batch axis to an unbatched per-row tensor (``dims``: rank without the batch axis)."""
+    return tensor if tensor is None or tensor.dim() > dims else tensor[None]
+
+
 def window_allow(state: AttentionState, layer: int, history: int, total: int, q_len: int, window: int, device) -> torch.Tensor | None:
-    """``[kv_head or 1, query, key]`` bool: keys inside the sliding window of each query, or None (no limit)."""
+    """Bool mask of the keys inside the sliding window of each query.
+
+    Shape ``[kv_head or 1, query, key]`` for an unbatched state, ``[B, kv_head or 1, query, key]`` for a batched one.
+    """
+    unbatched = state.new_positions.dim() == 1
     if state.window_mode == "source" and state.new_source_positions is not None:
         hist, new = state.source_positions.get(layer), state.new_source_positions
     else:
         hist, new = state.key_positions.get(layer), state.new_positions
-    new = new[: total - history].to(device)  # positions of new-token keys so far
-    if new.numel() != total - history:
-        raise RuntimeError(f"layer {layer}: {total - history} new keys but only {new.numel()} new positions recorded")
-    queries = new[-q_len:]  # [query]
+    new = _batched(new, 1)[:, : total - history].to(device)  # [B, new] positions of new-token keys so far
+    if new.shape[-1] != total - history:
+        raise RuntimeError(f"layer {layer}: {total - history} new keys but only {new.shape[-1]} new positions recorded")
+    queries = new[:, -q_len:]  # [B, query]
     if history and hist is None:
         raise RuntimeError(f"layer {layer}: sliding window needs the history key positions of the condition")
-    keys = new[None].expand(1, -1) if not history else torch.cat((hist.to(device), new[None].expand(hist.shape[0], -1)), dim=-1)
-    allow = (queries[None, :, None] - keys[:, None, :]) < window  # [kv_head or 1, query, key]
+    if history:
+        hist = _batched(hist, 2).to(device)  # [B, kv_head, N]
+        keys = torch.cat((hist, new[:, None].expand(-1, hist.shape[1], -1)), dim=-1)  # [B, kv_head, key]
+    else:
+        keys = new[:, None]  # [B, 1, key]
+    allow = (queries[:, None, :, None] - keys[:, :, None, :]) < window  # [B, kv_head or 1, query, key]
     if state.window_mode == "none" and history:
         allow[..., :history] = True
-    return allow
+    return allow[0] if unbatched else allow
 
 
 def relaylens_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
-    """Attention with per-(layer, kv_head) history validity, built from the shapes of this call.
+    """Attention with per-(row, layer, kv_head) history validity, built from the shapes of this call.
 
     Shapes: query ``[B, q_head, query, D]``, key/value ``[B, kv_head, key, D]`` (history slots, then new tokens).
     Returns ``([B, query, q_head, D], probs [B, q_head, query, key])``.
@@ -111,24 +134,26 @@ def relaylens_attention(module, query, key, value, attention_mask, scaling=None,
     kv_heads, total = key.shape[1], key.shape[-2]
     groups = q_heads // kv_heads
     scale = scaling if scaling is not None else head_dim**-0.5
-    valid = state.valid.get(layer)
+    valid = _batched(state.valid.get(layer), 2)  # [B or 1, kv_head, N]
     history = 0 if valid is None else valid.shape[-1]
 
     rows = torch.arange(q_len, device=query.device)[:, None]
     cols = torch.arange(total, device=query.device)[None]
-    allow = (cols <= total - q_len + rows)[None].expand(kv_heads, q_len, total).clone()  # [kv_head, query, key]
+    allow = (cols <= total - q_len + rows)[None, None]  # [1, 1, query, key] causal among new tokens
     if valid is not None:
-        allow[..., :history] &= valid.to(query.device)[:, None, :]
+        history_allow = valid.to(query.device)[:, :, None, :].expand(-1, -1, q_len, -1)  # [B, kv_head, query, N]
+        allow = torch.cat((history_allow, allow[..., history:].expand(history_allow.shape[0], kv_heads, -1, -1)), dim=-1)
     window = kwargs.get("sliding_window") or getattr(module, "sliding_window", None)
     if window:
-        allow &= window_allow(state, layer, history, total, q_len, int(window), query.device)
+        inside = window_allow(state, layer, history, total, q_len, int(window), query.device)
+        allow = allow & (inside if inside.dim() == 4 else inside[None])
 
     observed_key, observed_value = key, value
     if state.head_inputs is not None:  # differentiable path: one view of the keys/values per query head
         kv_of = torch.arange(q_heads, device=key.device) // groups
         key, value = key[:, kv_of], value[:, kv_of]  # [B, q_head, key, D]
         state.head_inputs.setdefault(layer, []).append((key, value))
-        allow, kv_heads, groups = allow[kv_of], q_heads, 1
+        allow, kv_heads, groups = allow.expand(-1, kv_heads, -1, -1)[:, kv_of], q_heads, 1
     compute = torch.float64 if query.dtype == torch.float64 else torch.float32  # float64 for gradcheck
     grouped = query.reshape(batch, kv_heads, groups * q_len, head_dim)  # q_head h*groups+g → kv_head h
     scores = torch.matmul(grouped.to(compute), key.to(compute).transpose(-1, -2)) * scale  # [B, kv_head, groups*query, key]
@@ -136,14 +161,32 @@ def relaylens_attention(module, query, key, value, attention_mask, scaling=None,
     softcap = kwargs.get("softcap")
     if softcap:
         scores = torch.tanh(scores / softcap) * softcap
-    scores = scores.masked_fill(~allow[None, :, None], float("-inf"))
+    scores = scores.masked_fill(~allow[:, :, None], float("-inf"))
     probs = torch.softmax(scores, dim=-1)  # float32 (float64) [B, kv_head, groups, query, key]
     output = torch.matmul(probs.view(batch, kv_heads, groups * q_len, total).to(value.dtype), value)
     output = output.view(batch, q_heads, q_len, head_dim).transpose(1, 2).contiguous()  # [B, query, q_head, D]
     probs = probs.view(batch, q_heads, q_len, total)
     for observer in state.observers:
         observer(layer, query, observed_key, observed_value, probs, state)
+    if state.row_observers:
+        _observe_rows(state, layer, history, query, observed_key, observed_value, probs)
     return output, probs.to(query.dtype)
+
+
+def _observe_rows(state: AttentionState, layer: int, history: int, query, key, value, probs) -> None:
+    """Show each row's observers that row alone, history cut to the row's own width (padding slots dropped)."""
+    for row, observers in enumerate(state.row_observers):
+        if not observers:
+            continue
+        row_state = state.row_states[row]
+        own = row_state.valid[layer].shape[-1] if layer in row_state.valid else 0
+        pick = slice(row, row + 1)
+        k, v, p = key[pick], value[pick], probs[pick]
+        if own < history:  # padded to a wider row of the batch: keep slots [0, own) and the new tokens
+            keep = torch.cat((torch.arange(own), torch.arange(history, key.shape[-2]))).to(key.device)
+            k, v, p = k.index_select(2, keep), v.index_select(2, keep), p.index_select(3, keep)
+        for observer in observers:
+            observer(layer, query[pick], k, v, p, row_state)
 
 
 AttentionInterface.register(ATTENTION_NAME, relaylens_attention)

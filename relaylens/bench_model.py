@@ -1,10 +1,11 @@
-"""Model-level benchmarks (not tests): end-to-end overhead, probe cost, prefill throughput, selector memory, scaling.
+"""Model-level benchmarks (not tests): probe cost, prefill throughput, selector memory, scaling (request-level ones:
+:mod:`relaylens.bench_requests`).
 
 Every ratio compares two things measured in the same process, interleaved, as medians of repeated runs. Peak
 memory is the kernel's high-water mark above the resident set before the call (``/proc/self/clear_refs``; Linux).
 
 Example:
-    $ relaylens bench overhead
+    $ relaylens bench probes
 """
 
 from __future__ import annotations
@@ -73,50 +74,6 @@ def _load(model_spec: str, load_kwargs: dict | None = None):
     from relaylens.models import load_model
 
     return load_model(model_spec, **(load_kwargs or {}))
-
-
-def run_overhead(repeats: int = 3, records: int = 3, model_spec: str = DEFAULT_MODEL, load_kwargs: dict | None = None, new_tokens: int = 32, **_) -> list[dict]:
-    """Complete requests (prefill, selection, relocation, question pass, ``new_tokens`` greedy tokens) for original
-    and relay on the same records; geometric mean of the per-record relay/original ratio minus one."""
-    from relaylens.generation import run_condition
-    from relaylens.geometry import RotaryFactors
-    from relaylens.prefill import prefill_history
-    from relaylens.selectors import make_selector
-
-    model, tokenizer = _load(model_spec, load_kwargs)
-    factors = RotaryFactors.from_model(model)
-    selector = make_selector("snapkv")
-    rows, ratios, tail_ratios = [], [], []
-    for prompt in _sample_prompts(tokenizer, records):
-        def request(condition, prompt=prompt):
-            prefill = prefill_history(model, prompt.history_ids)
-            selection = selector.select(prefill, prompt, 0.10)
-            return run_condition(model, prefill, selection, condition, prompt.question_ids, max_new_tokens=new_tokens,
-                                 factors=factors, eos_token_ids=set())
-
-        prefill = prefill_history(model, prompt.history_ids)
-        selection = selector.select(prefill, prompt, 0.10)
-
-        def tail(condition):
-            return run_condition(model, prefill, selection, condition, prompt.question_ids, max_new_tokens=new_tokens,
-                                 factors=factors, eos_token_ids=set())
-
-        request("relay")  # warm-up
-        original_s, relay_s = _paired_medians(lambda: request("original"), lambda: request("relay"), repeats)
-        tail_original, tail_relay = _paired_medians(lambda: tail("original"), lambda: tail("relay"), repeats)
-        _, original_mb = peak_extra_mb(lambda: request("original"))
-        _, relay_mb = peak_extra_mb(lambda: request("relay"))
-        ratios.append(relay_s / original_s)
-        tail_ratios.append(tail_relay / tail_original)
-        rows.append({"benchmark": "overhead", "case": f"{prompt.record_id} (L={prompt.history_length})",
-                     "original_s": original_s, "relay_s": relay_s, "ratio": relay_s / original_s,
-                     "post_selection_ratio": tail_relay / tail_original,
-                     "original_peak_mb": original_mb, "relay_peak_mb": relay_mb})
-    geo = math.exp(statistics.fmean(math.log(r) for r in ratios)) - 1
-    geo_tail = math.exp(statistics.fmean(math.log(r) for r in tail_ratios)) - 1
-    rows.append({"benchmark": "overhead", "case": "geometric mean", "ratio": 1 + geo, "post_selection_ratio": 1 + geo_tail,
-                 "overhead_pct": 100 * geo, "target": "<= +0.5% (paper: +1.34% to +2.70%)"})
-    return rows
 
 
 def run_probes(repeats: int = 5, records: int = 3, model_spec: str = DEFAULT_MODEL, load_kwargs: dict | None = None, **_) -> list[dict]:

@@ -149,11 +149,13 @@ def data_synth(
 
 @app.command("bench")
 def bench(
-    which: str = typer.Argument("geometry", help="geometry, overhead, probes, prefill, selectors, scaling or all"),
+    which: str = typer.Argument("geometry", help="geometry, overhead, throughput, probes, prefill, selectors, scaling or all"),
     out: Path = typer.Option(Path("runs/bench"), help="directory for the CSV and Markdown tables"),
     repeats: int = typer.Option(5, help="repetitions per timing (median reported)"),
     small: bool = typer.Option(False, help="skip the Llama-3.1-8B-sized cache (1.6 GB of keys)"),
-    model: str = typer.Option("smollm2-135m-instruct", help="model of the model benchmarks (overhead, probes, prefill, scaling)"),
+    records: int = typer.Option(None, help="records of the bundled sample (overhead, probes; default: the benchmark's)"),
+    new_tokens: int = typer.Option(None, "--new-tokens", help="greedy tokens per request (overhead, throughput)"),
+    model: str = typer.Option("smollm2-135m-instruct", help="model of the model benchmarks (overhead, throughput, probes, prefill, scaling)"),
     device: str = _DEVICE, dtype: str = _DTYPE, device_map: str = _DEVICE_MAP, attn_implementation: str = _ATTN,
     rope_scaling: str = _ROPE, max_position: int = _MAX_POS,
 ) -> None:
@@ -170,7 +172,8 @@ def bench(
             _fail(f"unknown benchmark {name!r}; choose one of {sorted(bench_module.BENCHMARKS)} or all")
     for name in names:
         with console.status(f"running benchmark {name} ..."):
-            extra = {} if name in ("geometry", "selectors") else dict(model_spec=model, load_kwargs=load_kwargs)
+            extra = {} if name in ("geometry", "selectors") else dict(model_spec=model, load_kwargs=load_kwargs,
+                                                                      records=records, new_tokens=new_tokens)
             rows = _guard(bench_module.BENCHMARKS[name], repeats=repeats, include_large=not small, **extra)
         csv_path, md_path = bench_module.write_results(rows, out, name)
         print(md_path.read_text())
@@ -195,7 +198,8 @@ def _spec_and_config(p: dict):
                        out=str(p["out"]) if p["out"] else None, shard=p["shard"], seed=p["seed"], force=p["force"],
                        judge_url=p["judge_url"], judge_model=p["judge_model"], judge_key_env=p["judge_key_env"],
                        max_history_tokens=p["max_history_tokens"], retry_skipped=p["retry_skipped"],
-                       view_records=p["view_records"], **placement)
+                       view_records=p["view_records"], **placement,
+                       batch_rows=p["batch_rows"] if p["batch_rows"] is not None else getattr(module, "BATCH_ROWS", None))
     return spec, config
 
 
@@ -252,6 +256,8 @@ def run(
     judge_url: str = typer.Option(None, "--judge-url", help="OpenAI-compatible base URL of an LLM judge (optional)"),
     judge_model: str = typer.Option(None, "--judge-model", help="judge model: name at --judge-url, or a local HF model spec"),
     judge_key_env: str = typer.Option(None, "--judge-key-env", help="environment variable with the judge's API key"),
+    batch_rows: int = typer.Option(None, "--batch-rows", help="rows (selector x budget x condition) of a record decoded "
+                                   "in one batch (default: all; 1: one at a time, per-request timings)"),
     view_records: int = typer.Option(3, "--view-records", min=0, help="store the token view (per-token attention of "
                                      "the final question token) for the first N records with probes"),
     sweep: str = typer.Option(None, "--sweep", help="'layers': per-layer causal sweep (relay in layer l only, and in "
@@ -410,6 +416,8 @@ def report_command(
                                "when the run has it, else contains and f1)"),
     retained_only: bool = typer.Option(False, "--retained-only", help="probe sections over records whose gold "
                                        "evidence survived the selection only"),
+    view_records: int = typer.Option(3, "--view-records", min=0, help="token view: show the first N records the run "
+                                     "stored views for (0: no token view)"),
 ) -> None:
     """Render the self-contained per-layer HTML report of a run (offline; figures and data inline)."""
     import matplotlib
@@ -418,7 +426,7 @@ def report_command(
     from relaylens.report import write_report
 
     with console.status("rendering report ..."):
-        path = _guard(write_report, run_dir, out, metric=metric, retained_only=retained_only)
+        path = _guard(write_report, run_dir, out, view_records, metric=metric, retained_only=retained_only)
     print(path)
     console.print(f"[green]wrote[/] {path}")
 

@@ -106,23 +106,32 @@ def _check_selection(prefill: PrefillResult, selection: Selection) -> None:
 def build_cache(
     prefill: PrefillResult,
     selection: Selection,
-    condition: str | Condition,
+    condition: str | Condition | Coordinates,
     factors: RotaryFactors,
     window_mode: str = "condition",
     grad: bool = False,
 ) -> RelocatedCache:
     """Gather kept states, relocate keys to the condition's positions, and pad each layer to its widest head.
 
+    ``condition`` may also be ready-made :class:`~relaylens.conditions.Coordinates` of ``selection``. Without
+    ``grad``, a head whose every target position equals its source position (all of ``original``, and heads a
+    scoped condition leaves alone) is not relocated: its kept keys are the gathered cache rows, so ``original``
+    costs what a plain sparse cache costs.
+
     ``grad=True`` keeps autograd on: the graph reaches back to ``prefill`` keys/values that require grad, and
     otherwise the relocated keys and kept values become leaves that require grad (``RelocatedCache.inputs``).
     """
+    if not grad:
+        layers = relocate_selection(prefill, selection, condition, factors, window_mode)
+        data = [(keys[None], values[None]) for keys, values in layers.data]  # [1, kv_head, slot, head_dim]
+        return RelocatedCache(DynamicCache(ddp_cache_data=data), layers.state, layers.coordinates, layers.widths)
     with torch.set_grad_enabled(grad):
         return _build_cache(prefill, selection, condition, factors, window_mode, grad)
 
 
 def _build_cache(prefill, selection, condition, factors, window_mode: str, grad: bool) -> RelocatedCache:
     _check_selection(prefill, selection)
-    coords = get_condition(condition).coordinates(selection)
+    coords = coordinates_of(condition, selection)
     state = AttentionState(window_mode=window_mode, head_inputs={} if grad else None)
     data, widths, inputs = [], [], []
     for layer in range(prefill.num_layers):
@@ -157,6 +166,84 @@ def _build_cache(prefill, selection, condition, factors, window_mode: str, grad:
         state.source_positions[layer] = torch.where(valid, source, torch.full_like(source, -(10**9)))
         widths.append(width)
     return RelocatedCache(cache_from_tensors(data), state, coords, widths, inputs if grad else None)
+
+
+@dataclass
+class RelocatedLayers:
+    """Per layer ``(keys, values)`` ``[kv_head, slot, head_dim]`` at the condition's coordinates, before caching."""
+
+    data: list[tuple[torch.Tensor, torch.Tensor]]
+    state: AttentionState
+    coordinates: Coordinates
+    widths: list[int]
+
+
+def coordinates_of(condition: str | Condition | Coordinates, selection: Selection) -> Coordinates:
+    """The condition's :class:`Coordinates` on ``selection`` (ready-made coordinates are checked and passed through)."""
+    if isinstance(condition, Coordinates):
+        if tuple(condition.key_positions.shape) != tuple(selection.positions.shape):
+            raise ShapeError(
+                f"coordinates {condition.condition!r} have key positions {tuple(condition.key_positions.shape)} but the "
+                f"selection is {tuple(selection.positions.shape)}; build them from the same selection"
+            )
+        return condition
+    return get_condition(condition).coordinates(selection)
+
+
+@torch.no_grad()
+def relocate_selection(
+    prefill: PrefillResult,
+    selection: Selection,
+    condition: str | Condition | Coordinates,
+    factors: RotaryFactors,
+    window_mode: str = "condition",
+) -> RelocatedLayers:
+    """The work of :func:`build_cache` without the cache object (batched rows stack these)."""
+    _check_selection(prefill, selection)
+    coords = coordinates_of(condition, selection)
+    state = AttentionState(window_mode=window_mode)
+    data, widths = [], []
+    for layer in range(prefill.num_layers):
+        valid = selection.valid[layer]  # [kv_head, slot]
+        width = int(valid.sum(-1).max())
+        valid = valid[:, :width]
+        source = selection.positions[layer, :, :width].clamp_min(0)  # [kv_head, slot]; padding reads slot 0
+        target = torch.where(valid, coords.key_positions[layer, :, :width], source)
+        keys = prefill.keys[layer]  # [kv_head, L, head_dim]
+        index = source[..., None].expand(-1, -1, keys.shape[-1]).to(keys.device)
+        kept_keys = keys.gather(1, index)  # [kv_head, slot, head_dim]
+        if selection.values is not None:
+            kept_values = selection.values[layer, :, :width].to(prefill.values[layer])
+        else:
+            kept_values = prefill.values[layer].gather(1, index)
+        moving = (target != source).any(-1)  # [kv_head]: heads with at least one key to move
+        pad = (~valid)[..., None].to(kept_keys.device)
+        if bool(moving.any()):
+            moved = kept_keys.clone() if not bool(moving.all()) else None
+            heads = moving.nonzero()[:, 0] if moved is not None else slice(None)
+            try:
+                relocated = relocate_keys(kept_keys[heads], source[heads], target[heads], factors,
+                                          layer=layer if factors.per_layer else None)  # checks its output is finite
+            except NonFiniteError as err:
+                raise NonFiniteError(f"layer {layer}: {err}") from None
+            except PositionError as err:
+                raise PositionError(f"condition {coords.condition}, layer {layer}: {err}") from None
+            if moved is None:
+                moved = relocated
+            else:
+                moved[heads] = relocated
+                _check_finite(moved[~moving], layer, "kept keys")
+        else:  # identity: every key stays where it was cached (a plain sparse cache)
+            moved = kept_keys
+            _check_finite(moved, layer, "kept keys")
+        moved, kept_values = moved.masked_fill(pad, 0.0), kept_values.masked_fill(pad, 0.0)
+        _check_finite(kept_values, layer, "kept values")
+        data.append((moved, kept_values))  # [kv_head, slot, head_dim]
+        state.valid[layer] = valid
+        state.key_positions[layer] = torch.where(valid, target, torch.full_like(target, -(10**9)))
+        state.source_positions[layer] = torch.where(valid, source, torch.full_like(source, -(10**9)))
+        widths.append(width)
+    return RelocatedLayers(data, state, coords, widths)
 
 
 def _check_finite(tensor: torch.Tensor, layer: int, what: str) -> None:
@@ -197,7 +284,7 @@ def run_condition(
     model,
     prefill: PrefillResult,
     selection: Selection,
-    condition: str | Condition,
+    condition: str | Condition | Coordinates,
     question_ids: torch.Tensor,
     max_new_tokens: int = 32,
     factors: RotaryFactors | None = None,
@@ -226,7 +313,17 @@ def run_condition(
             ``result.inputs`` (per layer ``(keys, values)``) and to per-query-head views of them
             (``result.head_inputs``, see :class:`~relaylens.attention.AttentionState`). Decoding still runs without
             autograd. Default: no autograd.
+
+    Without ``grad`` this is :func:`relaylens.rows.run_rows` with one row; batch a record's conditions with
+    ``run_rows``.
     """
+    if not grad:  # one row of relaylens.rows.run_rows (the batched path, batch of one)
+        from relaylens.rows import Row, run_rows
+
+        row = Row(selection, condition, tuple(observers or ()), tuple(teacher_observers or ()))
+        return run_rows(model, prefill, [row], question_ids, max_new_tokens=max_new_tokens, factors=factors,
+                        eos_token_ids=eos_token_ids, tokenizer=tokenizer, stop_at_newline=stop_at_newline,
+                        window_mode=window_mode, keep_question_logits=keep_question_logits, teacher_token=teacher_token)[0]
     factors = factors or RotaryFactors.from_model(model)
     question_ids = torch.as_tensor(question_ids, dtype=torch.long).reshape(-1)
     if question_ids.numel() == 0:

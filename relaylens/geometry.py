@@ -46,7 +46,7 @@ STATIC_ROPE_TYPES = ("default", "linear", "yarn", "llama3")
 #: Rope types whose frequencies change with the sequence length (``@dynamic_rope_update``): refused.
 DYNAMIC_ROPE_TYPES = ("dynamic", "longrope")
 
-_CHUNK_SLOTS = 8192  # slots relocated per step: temporaries stay in cache, so the pass is close to a copy
+_CHUNK_SLOTS = 4096  # slots relocated per step: the scratch phases stay in cache, so the pass is close to a copy
 
 
 NOPE = "<no positional encoding>"  # the layer type of NoPE layers in RotaryFactors' tables
@@ -172,6 +172,29 @@ class RotaryFactors:
             self._tables[key] = cached
         return cached
 
+    def phase_tables(self, size: int, layer: int | None = None) -> tuple[torch.Tensor, ...]:
+        """``(c, s, c / a^2, -s / a^2)`` float32 ``[P >= size, plane]``: phases and exact inverse phases per position."""
+        cos, sin = self.tables(size, layer)  # [P, plane]
+        key = ("phases", self._layer_type(layer))
+        cached = self._tables.get(key)
+        if cached is None or cached[0] is not cos:
+            amplitude_sq = cos * cos + sin * sin  # a^2: 1 for default RoPE, mscale^2 for YaRN
+            cached = (cos, sin, (cos / amplitude_sq).contiguous(), (-sin / amplitude_sq).contiguous())
+            self._tables[key] = cached
+        return cached
+
+    def workspace(self, device) -> tuple[torch.Tensor, ...]:
+        """Six ``[chunk, plane]`` float32 scratch buffers for :func:`relocate_keys`, allocated once per device.
+
+        Reusing them keeps relocation free of per-call allocations (fresh pages cost more than the arithmetic).
+        """
+        key = ("workspace", str(device))
+        cached = self._tables.get(key)
+        if cached is None:
+            cached = tuple(torch.empty(_CHUNK_SLOTS, self.rotary_dim // 2, device=device) for _ in range(6))
+            self._tables[key] = cached
+        return cached
+
     def _layer_type(self, layer: int | None) -> str | None:
         if not self.per_layer:
             return None
@@ -230,17 +253,22 @@ def relocate_keys(
         complex multiplier per plane); non-rotary features are copied bit for bit; values are never touched.
 
     Autograd: when ``keys`` requires grad (and grad mode is on) the result carries the graph back to ``keys``
-    (the map is linear in the keys; positions are integers and get no gradient). Otherwise the whole pass runs
-    under ``torch.no_grad()``, as fast as a copy.
+    (the map is linear in the keys; positions are integers and get no gradient). Otherwise (and for non-float64
+    keys) the pass runs under ``torch.no_grad()`` as one relative rotation per slot, multiply-adds written in place
+    into reused scratch buffers (``relaylens bench geometry`` compares it with a float32 copy).
 
     Raises:
         NonFiniteError: the keys hold NaN/inf, or the result would overflow the keys' dtype (never propagated).
     """
-    with torch.set_grad_enabled(torch.is_grad_enabled() and keys.requires_grad):
-        return _relocate(keys, source_positions, target_positions, factors, layer)
+    if (torch.is_grad_enabled() and keys.requires_grad) or keys.dtype == torch.float64:
+        with torch.set_grad_enabled(torch.is_grad_enabled() and keys.requires_grad):
+            return _relocate(keys, source_positions, target_positions, factors, layer)  # differentiable (and float64)
+    with torch.no_grad():
+        return _relocate(keys, source_positions, target_positions, factors, layer, fast=True)
 
 
-def _relocate(keys, source_positions, target_positions, factors: RotaryFactors, layer: int | None) -> torch.Tensor:
+def _relocate(keys, source_positions, target_positions, factors: RotaryFactors, layer: int | None,
+              fast: bool = False) -> torch.Tensor:
     if keys.shape[-1] != factors.head_dim:
         raise ShapeError(f"keys have head_dim {keys.shape[-1]}, the model's is {factors.head_dim}")
     lead = keys.shape[:-1]  # [..., n]
@@ -257,6 +285,8 @@ def _relocate(keys, source_positions, target_positions, factors: RotaryFactors, 
     if keys.numel() == 0:
         return keys.clone()
     size = int(max(source.max(), target.max())) + 1
+    if fast:
+        return _relocate_in_place(keys, source, target, factors, layer, size)
     forward, inverse = factors.complex_tables(size, layer)  # [P, plane] complex64
     flat_src = source.reshape(-1).to(forward.device)  # [slots]
     flat_dst = target.reshape(-1).to(forward.device)
@@ -274,6 +304,66 @@ def _relocate(keys, source_positions, target_positions, factors: RotaryFactors, 
         if not math.isfinite(float(out[rows].detach().sum(dtype=torch.float32))):  # one pass while the chunk is in cache
             _raise_non_finite(flat_keys[rows].detach(), out[rows].detach(), start, keys.shape)  # (a finite sum proves every entry finite)
     return out.reshape(keys.shape)
+
+
+def _relocate_in_place(keys: torch.Tensor, source: torch.Tensor, target: torch.Tensor, factors: RotaryFactors,
+                       layer: int | None, size: int) -> torch.Tensor:
+    """The no-autograd relocation: one relative rotation ``(c, s)`` per slot and plane from the model's phase tables
+    (phase at ``p'`` times the exact inverse phase at ``p``), then one multiply and one multiply-add per feature written
+    in place, all into scratch buffers reused across calls (no per-call allocations besides the result)."""
+    cos_table, sin_table, inv_cos, inv_sin = factors.phase_tables(size, layer)  # [P, plane] float32 each
+    flat_src = source.reshape(-1).to(cos_table.device)  # [slots]
+    flat_dst = target.reshape(-1).to(cos_table.device)
+    flat_keys = keys.reshape(-1, keys.shape[-1])  # [slots, head_dim]
+    out = torch.empty(flat_keys.shape, dtype=keys.dtype, device=keys.device)
+    rotary = factors.rotary_dim
+    if rotary < keys.shape[-1]:
+        out[:, rotary:] = flat_keys[:, rotary:]  # pass-through features, bit for bit
+    scratch = factors.workspace(cos_table.device)  # six [chunk, plane] float32 buffers, reused across calls
+    for start in range(0, flat_keys.shape[0], _CHUNK_SLOTS):
+        rows = slice(start, start + _CHUNK_SLOTS)
+        src, dst = flat_src[rows], flat_dst[rows]
+        n = src.shape[0]
+        to_c, to_s, from_c, from_s, cos, sin = (buffer[:n] for buffer in scratch)
+        torch.index_select(cos_table, 0, dst, out=to_c)  # the model's phase at p'
+        torch.index_select(sin_table, 0, dst, out=to_s)
+        torch.index_select(inv_cos, 0, src, out=from_c)  # the exact inverse of its phase at p
+        torch.index_select(inv_sin, 0, src, out=from_s)
+        torch.mul(to_c, from_c, out=cos).addcmul_(to_s, from_s, value=-1.0)  # one rotation from p to p'
+        torch.mul(to_c, from_s, out=sin).addcmul_(to_s, from_c)
+        same = (src == dst)[:, None]
+        if bool(same.any()):  # keys that stay put: an identity, bit for bit
+            cos.masked_fill_(same, 1.0)
+            sin.masked_fill_(same, 0.0)
+        _rotate_planes(flat_keys[rows, :rotary], cos, sin, factors.layout, out[rows, :rotary])
+        if not math.isfinite(float(out[rows].sum(dtype=torch.float32))):  # one pass while the chunk is in cache
+            _raise_non_finite(flat_keys[rows], out[rows], start, keys.shape)  # (a finite sum proves every entry finite)
+    return out.reshape(keys.shape)
+
+
+def _rotate_planes(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: str, out: torch.Tensor) -> None:
+    """``out`` = every plane ``(x_1, x_2)`` of ``x`` ``[rows, rotary_dim]`` rotated by ``(cos, sin)`` ``[rows, plane]``.
+
+    One multiply and one multiply-add per output feature, written in place (``x_1 c - x_2 s``, ``x_1 s + x_2 c``).
+    """
+    if layout == "split_half":
+        half = x.shape[-1] // 2
+        x1, x2, o1, o2 = x[:, :half], x[:, half:], out[:, :half], out[:, half:]
+    else:
+        x1, x2, o1, o2 = x[:, 0::2], x[:, 1::2], out[:, 0::2], out[:, 1::2]
+    if x.dtype != torch.float32 or out.dtype != torch.float32:  # compute in float32, cast back once
+        x1, x2 = x1.float(), x2.float()
+        first = x1 * cos
+        first.addcmul_(x2, sin, value=-1.0)
+        second = x1 * sin
+        second.addcmul_(x2, cos)
+        o1.copy_(first)
+        o2.copy_(second)
+        return
+    torch.mul(x1, cos, out=o1)  # strided views of ``out``: written in place, no temporaries
+    o1.addcmul_(x2, sin, value=-1.0)
+    torch.mul(x1, sin, out=o2)
+    o2.addcmul_(x2, cos)
 
 
 def _raise_non_finite(flat_keys: torch.Tensor, out: torch.Tensor, start: int, shape: torch.Size) -> None:

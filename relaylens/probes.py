@@ -215,3 +215,27 @@ def replay_conditions(reference: ProbedCondition, prefill: PrefillResult, select
         label = get_condition(condition).label
         frames.append(phase_replay(content, selection, gold, condition, num_question_tokens, factors).assign(condition=label))
     return pd.concat(frames, ignore_index=True).assign(probe_point="question_final")
+
+
+def probe_rows(model, prefill: PrefillResult, rows: list[tuple[Selection, str | Condition]], question_ids: torch.Tensor,
+               evidence_mask: torch.Tensor, factors: RotaryFactors | None = None, teacher_token: int | None = None,
+               **generation_kwargs) -> list[ProbedCondition]:
+    """:func:`probe_condition` for many ``(selection, condition)`` rows of one prefill, decoded in one batch.
+
+    Every row gets the readouts a sequential :func:`probe_condition` call gives (its observers see the row alone);
+    ``generation_kwargs`` go to :func:`relaylens.rows.run_rows`.
+    """
+    from relaylens.rows import Row, run_rows
+
+    factors = factors or RotaryFactors.from_model(model)
+    recorders = [(FinalTokenRecorder(), FinalTokenRecorder()) for _ in rows]
+    batch = [Row(selection, condition, (question,), (teacher,)) for (selection, condition), (question, teacher) in zip(rows, recorders)]
+    generations = run_rows(model, prefill, batch, question_ids, factors=factors, teacher_token=teacher_token, **generation_kwargs)
+    groups, probed = prefill.num_key_value_groups, []
+    for (selection, _), (question, teacher), generation in zip(rows, recorders, generations):
+        gold = gold_slots(selection, evidence_mask)
+        frames = [readouts(question, selection, gold, groups).assign(probe_point="question_final")]
+        if teacher_token is not None:
+            frames.append(readouts(teacher, selection, gold, groups).assign(probe_point="first_answer_token"))
+        probed.append(ProbedCondition(generation.condition, generation, pd.concat(frames, ignore_index=True), question))
+    return probed

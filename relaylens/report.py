@@ -36,11 +36,12 @@ from relaylens.figures.registry import check_not_empty, needs_probes
 from relaylens.summaries import (REFERENCE, accuracy_scores, accuracy_table, budget_label, condition_order, layer_table,
                                  metric_list, table_cells)
 from relaylens.tables import get_table
+from relaylens.views import view_html
 
 __all__ = ["render_report", "write_report", "report_context", "TEMPLATE"]
 
 TEMPLATE = "report.html.j2"
-OWN_SECTIONS = ("table1", "table8")
+OWN_SECTIONS = ("table1", "layer_bands")
 """Registered tables the report shows in sections of its own (conditions, evidence bands); every other table a run
 draws (e.g. Table 2, Table 7) gets a table of its own in the "Tables" section."""
 
@@ -302,8 +303,12 @@ def _scope_rows(tables: dict) -> tuple[list[dict], list[dict]]:
     return scopes, sweep
 
 
-def report_context(tables: dict, manifest: dict, figure_names: list[str] | None = None) -> dict:
-    """Everything the template needs (plain strings, numbers and base64 PNGs)."""
+def report_context(tables: dict, manifest: dict, figure_names: list[str] | None = None,
+                   views: list[dict] | None = None) -> dict:
+    """Everything the template needs (plain strings, numbers and base64 PNGs).
+
+    ``views``: stored token views (:func:`relaylens.views.load_views`) shown in the token-view section.
+    """
     check_not_empty(tables)
     everything = tables  # paper tables may read more than the three main tables (Table 2: the skipped records)
     tables = {**{k: tables[k] for k in ("metrics", "metric_note") if k in tables},
@@ -346,6 +351,8 @@ def report_context(tables: dict, manifest: dict, figure_names: list[str] | None 
         "scope_rows": scope_rows,
         "sweep_rows": sweep_rows,
         "data_json": _json_script(_clean(data)),
+        "token_view": Markup(view_html(views)) if views else None,
+        "token_view_records": len({v["record_id"] for v in views or []}),
     }
 
 
@@ -356,23 +363,27 @@ def _environment():
                               finalize=_finalize, undefined=jinja2.StrictUndefined, keep_trailing_newline=True)
 
 
-def render_report(tables: dict, manifest: dict, figure_names: list[str] | None = None) -> str:
+def render_report(tables: dict, manifest: dict, figure_names: list[str] | None = None,
+                  views: list[dict] | None = None) -> str:
     """The report as one HTML string (self-contained, deterministic)."""
-    return _environment().get_template(TEMPLATE).render(**report_context(tables, manifest, figure_names))
+    return _environment().get_template(TEMPLATE).render(**report_context(tables, manifest, figure_names, views))
 
 
-def write_report(run_dir: str | Path, out: str | Path | None = None, metric: str | None = None,
+def write_report(run_dir: str | Path, out: str | Path | None = None, view_records: int = 3, metric: str | None = None,
                  retained_only: bool = False) -> Path:
     """Render ``RUN_DIR/report.html`` (or ``out``) from the run's tables and manifest; returns the path.
 
+    The token view shows the stored views (``RUN_DIR/views``) of the first ``view_records`` records (0: none).
     ``metric``: a ``--metric`` name (default: the paper's metric when the run has it); ``retained_only``: probe
     sections over records whose gold evidence survived (:func:`relaylens.figures.registry.prepare_tables`)."""
     from relaylens.figures.registry import prepare_tables
     from relaylens.results import RunStore, load_tables
+    from relaylens.views import load_views
 
     run_dir = Path(run_dir)
     manifest = RunStore.open(run_dir).manifest
-    html = render_report(prepare_tables(load_tables(run_dir), metric, retained_only), manifest)
+    views = load_views(run_dir, view_records) if view_records > 0 else []
+    html = render_report(prepare_tables(load_tables(run_dir), metric, retained_only), manifest, views=views)
     path = Path(out) if out else run_dir / "report.html"
     path.write_text(html, encoding="utf-8")
     return path

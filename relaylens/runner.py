@@ -1,8 +1,9 @@
 """Experiment runner: records x selectors x budgets x conditions, paired, resumable, with a progress bar.
 
-For each record: render the prompt, prefill the history once, then for each (selector, budget) select once and run
-every condition on that selection (question pass with probes, greedy generation, scoring). One (record, selector,
-budget) is one unit of work, committed atomically to the run directory; re-running the same command skips committed
+For each record: render the prompt, prefill the history once, then for each (selector, budget) select once; the rows
+(selector x budget x condition) of the record then run in batches of ``batch_rows`` rows (default: all of them in one
+batch; ``1``: one row at a time) sharing the prefill (question pass with probes, greedy generation, scoring; see
+:mod:`relaylens.rows`). One (record, selector, budget) is one unit of work, committed atomically to the run directory; re-running the same command skips committed
 units, so a killed run resumes where it stopped.
 
 Example (the CLI: ``relaylens run coordinate_ablation --limit 4 --out runs/ablation``; from Python):
@@ -59,6 +60,7 @@ class RunConfig:
     max_history_tokens: int | None = None  # longer histories are skipped and recorded (None: the rotary range)
     retry_skipped: bool = False  # recompute units recorded as skipped (e.g. after raising max_history_tokens)
     view_records: int = 3  # token view data (RUN_DIR/views) for the first N records with probes (0: none)
+    batch_rows: int | None = None  # rows (unit x condition) of a record decoded together; None: all; 1: sequential
 
     def placement(self, local_rank: int | None = None):
         """The resolved :class:`relaylens.placement.Placement` of this run (``local_rank``: the launcher's, which
@@ -98,6 +100,10 @@ def check_config(config: RunConfig) -> None:
         raise RelaylensError(f"window_size must be a positive number of tokens; got {config.window_size!r}")
     if config.chunk_size is not None and (not isinstance(config.chunk_size, int) or config.chunk_size < 1):
         raise RelaylensError(f"chunk_size must be a positive number of tokens or None; got {config.chunk_size!r}")
+    if config.batch_rows is not None and (isinstance(config.batch_rows, bool) or not isinstance(config.batch_rows, int)
+                                          or config.batch_rows < 1):
+        raise RelaylensError(f"batch_rows must be a positive number of rows or None (all rows of a record); got "
+                             f"{config.batch_rows!r}. Fix: pass --batch-rows N with N >= 1")
     if config.window_mode not in WINDOW_MODES:
         raise RelaylensError(f"window_mode must be one of {WINDOW_MODES}; got {config.window_mode!r}")
     if config.max_history_tokens is not None and (not isinstance(config.max_history_tokens, int) or config.max_history_tokens < 1):
@@ -168,58 +174,117 @@ def _gold_units(prompt, selection, granularity: str) -> tuple[int, int]:
     return len(units), sum(bool(kept_set[u.start : u.end].any()) for u in units)
 
 
-def process_unit(model, tokenizer, factors, record: Record, prompt, prefill, selector_name: str, selector, budget: float,
-                 spec: ExperimentSpec, config: RunConfig, judge=None, views: list | None = None
-                 ) -> tuple[list[dict], list[dict], pd.DataFrame]:
-    """All conditions of one (record, selector, budget): rows for the answers, scores and probes tables.
+@dataclass
+class UnitWork:
+    """One (record, selector, budget) of a record: its selection and how long selecting took."""
 
-    ``views``: when a list, the unit's token view (:func:`relaylens.views.token_view`) is appended to it.
+    selector: str
+    budget: float
+    selection: object  # relaylens.selection.Selection
+    selection_s: float
+
+
+def select_units(prefill, prompt, pending: list[tuple[str, float]], selectors: dict) -> tuple[list[UnitWork], list]:
+    """Select once per pending (selector, budget); every condition of that unit shares the selection.
+
+    ``selectors``: selector name -> the object whose ``select`` runs (prepared for this record). Returns the units and
+    ``(selector, budget, error)`` for budgets the record's history is too short for.
     """
-    from relaylens.generation import run_condition
-    from relaylens.layer_sweep import layer_sweep
-    from relaylens.probes import probe_condition, replay_conditions
-    from relaylens.scopes import expand_conditions
-    from relaylens.scoring import score_answer
+    units, too_short = [], []
+    for name, budget in pending:
+        started = time.perf_counter()
+        try:
+            selection = selectors[name].select(prefill, prompt, budget)
+        except (BudgetError, ShapeError) as err:
+            if not _is_too_short(err):
+                raise
+            too_short.append((name, budget, err))
+            continue
+        units.append(UnitWork(name, budget, selection, time.perf_counter() - started))
+    return units, too_short
 
-    selection = selector.select(prefill, prompt, budget)
+
+def process_record(model, tokenizer, factors, record: Record, prompt, prefill, prefill_s: float, units: list[UnitWork],
+                   spec: ExperimentSpec, config: RunConfig, judge=None, views: bool = False):
+    """Every row (unit x condition) of one record, decoded in batches of ``config.batch_rows`` rows (None: all).
+
+    Yields ``(unit, answers, scores, probes, view)`` per unit, in order, as soon as all its rows are done (``view``:
+    the unit's token view when ``views`` and probes ran, else None). Attribution probes (``spec.attribution``) need
+    autograd and run one row at a time.
+    """
+    from relaylens.probes import probe_condition, probe_rows
+    from relaylens.rows import Row, run_rows
+    from relaylens.scopes import expand_conditions
+
     evidence = prompt.evidence_mask(spec.granularity)
     do_probes = spec.probes and bool(evidence.any())
     answer_ids = answer_tokens(tokenizer, record, spec.prompt_mode)
     teacher = answer_ids[0] if spec.teacher_forcing and answer_ids else None
     attribution = dict(grad=True, next_answer_token=answer_ids[1] if len(answer_ids) > 1 else None) \
         if spec.attribution and teacher is not None else {}
-    stop_newline = spec.stops_at_newline(spec.prompt_mode)
-    eos = set() if spec.stop == "none" else None  # None: the model's EOS ids
+    common = dict(max_new_tokens=spec.max_new_tokens, tokenizer=tokenizer, stop_at_newline=spec.stops_at_newline(spec.prompt_mode),
+                  window_mode=config.window_mode, factors=factors, eos_token_ids=set() if spec.stop == "none" else None)
+    units = list(units)
+    conditions = expand_conditions(spec.conditions, model)  # scoped conditions learn the model's layer types
+    rows = [(unit, condition) for unit in units for condition in conditions]
+    size = 1 if attribution and do_probes else (config.batch_rows or len(rows))
+    outcomes: list[tuple] = []  # per row, in order: (generation, probed or None, elapsed_s, rows in its batch)
+    width = len(conditions)
+    for first in range(0, len(rows), size):
+        chunk = rows[first : first + size]
+        started = time.perf_counter()
+        if do_probes and attribution:
+            (unit, condition), = chunk
+            probed = [probe_condition(model, prefill, unit.selection, condition, prompt.question_ids, evidence,
+                                      teacher_token=teacher, **attribution, **common)]
+            results = [(p.generation, p) for p in probed]
+        elif do_probes:
+            probed = probe_rows(model, prefill, [(unit.selection, condition) for unit, condition in chunk],
+                                prompt.question_ids, evidence, teacher_token=teacher, **common)
+            results = [(p.generation, p) for p in probed]
+        else:
+            generations = run_rows(model, prefill, [Row(unit.selection, condition) for unit, condition in chunk],
+                                   prompt.question_ids, **common)
+            results = [(g, None) for g in generations]
+        elapsed = (time.perf_counter() - started) / len(chunk)
+        outcomes.extend((generation, probed, elapsed, len(chunk)) for generation, probed in results)
+        while len(outcomes) >= width:  # a unit's rows are consecutive: commit each unit as soon as it is complete
+            mine, outcomes = outcomes[:width], outcomes[width:]
+            unit = units.pop(0)
+            yield (unit, *_unit_tables(model, tokenizer, record, prompt, prefill, prefill_s, unit, mine, spec, config,
+                                        factors, evidence, do_probes, judge, views))
+
+
+def _unit_tables(model, tokenizer, record, prompt, prefill, prefill_s, unit: UnitWork, outcomes: list, spec, config,
+                 factors, evidence, do_probes, judge, views: bool) -> tuple:
+    """The answers, scores and probes rows of one unit from its conditions' outcomes (plus its layer sweep and token
+    view, if any)."""
+    from relaylens.layer_sweep import layer_sweep
+    from relaylens.probes import replay_conditions
+    from relaylens.scopes import expand_conditions
+    from relaylens.scoring import score_answer
+
+    selection = unit.selection
     gold_total, gold_kept = _gold_units(prompt, selection, spec.granularity)
-    key = {"record_id": record.record_id, "selector": selector_name, "budget": float(budget)}
+    key = {"record_id": record.record_id, "selector": unit.selector, "budget": float(unit.budget)}
     meta = {"question_type": record.question_type, "is_abstention": bool(record.is_abstention),
             "cluster_id": record.cluster_id or record.record_id}
-    answers, scores, probe_frames = [], [], []
-    reference = None
-    recorders = {}
-    for condition in expand_conditions(spec.conditions, model):  # scoped conditions learn the model's layer types
-        started = time.perf_counter()
-        common = dict(max_new_tokens=spec.max_new_tokens, tokenizer=tokenizer, stop_at_newline=stop_newline,
-                      window_mode=config.window_mode, eos_token_ids=eos)
-        if do_probes:
-            probed = probe_condition(model, prefill, selection, condition, prompt.question_ids, evidence, factors=factors,
-                                     teacher_token=teacher, **attribution, **common)
-            generation = probed.generation
-            recorders[generation.condition] = probed.question_recorder
-            probe_frames.append(probed.readouts.assign(condition=generation.condition, source="forward"))
-            if generation.condition == "original":
-                reference = probed
-        else:
-            generation = run_condition(model, prefill, selection, condition, prompt.question_ids, factors=factors, **common)
-        elapsed = time.perf_counter() - started
+    answers, scores, probe_frames, reference, recorders = [], [], [], None, {}
+    for generation, probed, elapsed, batch_rows in outcomes:
         label = generation.condition
+        if probed is not None:
+            recorders[label] = probed.question_recorder
+            probe_frames.append(probed.readouts.assign(condition=label, source="forward"))
+            if label == "original":
+                reference = probed
         answers.append({
             **key, "condition": label, **meta, "prompt_mode": spec.prompt_mode, "answer": generation.text,
             "stop_reason": generation.stop_reason, "hit_limit": generation.hit_limit,
             "new_tokens": len(generation.token_ids), "history_length": prompt.history_length,
             "max_count": selection.max_count, "mean_count": float(selection.counts.float().mean()),
             "question_start": generation.question_start, "gold_units_total": gold_total, "gold_units_kept": gold_kept,
-            "references": json.dumps(list(record.answers)), "elapsed_s": elapsed,
+            "references": json.dumps(list(record.answers)), "elapsed_s": elapsed, "prefill_s": prefill_s,
+            "selection_s": unit.selection_s, "batch_rows": batch_rows,
         })
         metrics = score_answer(record, generation.text)
         if judge is not None:  # blinded: the judge sees question, references and answer, never selector or condition
@@ -239,11 +304,12 @@ def process_unit(model, tokenizer, factors, record: Record, prompt, prefill, sel
         if len(sweep_probes):
             probe_frames.append(sweep_probes)
     probes = pd.concat(probe_frames, ignore_index=True).assign(**key) if probe_frames else pd.DataFrame()
-    if views is not None and recorders:
+    view = None
+    if views and recorders:
         from relaylens.views import token_view
 
-        views.append(token_view(prompt, tokenizer, selection, spec.granularity, recorders, key))
-    return answers, scores, probes
+        view = token_view(prompt, tokenizer, selection, spec.granularity, recorders, key)
+    return answers, scores, probes, view
 
 
 def run_analysis(spec: ExperimentSpec, config: RunConfig, progress: bool = True, model_and_tokenizer=None) -> Path:
@@ -282,7 +348,7 @@ def run_analysis(spec: ExperimentSpec, config: RunConfig, progress: bool = True,
     if spec.prompt_mode == "auto":
         spec = spec.replace(prompt_mode="chat" if getattr(tokenizer, "chat_template", None) else "completion")
     factors = RotaryFactors.from_model(model)
-    run = vars(config) | {"out": None, "force": None, "shard": None, "retry_skipped": None, "view_records": None,
+    run = vars(config) | {"out": None, "force": None, "shard": None, "retry_skipped": None, "batch_rows": None, "view_records": None,
                           "judge_url": redact_url(config.judge_url) if config.judge_url else None}
     plan = {"record_ids": [r.record_id for r in records], "units": len(spec.units([r.record_id for r in records]))}
     # the device kind, not its index: shards on cuda:0 and cuda:1 (or a resumed shard on another GPU) still agree
@@ -328,25 +394,24 @@ def _run_units(model, tokenizer, factors, records, spec: ExperimentSpec, config:
                     _skip(store, record.record_id, name, budget, prompt.history_length, *reason)
                 _advance(live, task, len(pending), record.record_id, f"skipped ({reason[0]})")
                 continue
+            started = time.perf_counter()
             prefill = _prefill(model, prompt, config, selectors.values())
             prepared = {name: selectors[name].prepare(model, prefill, prompt, factors)  # FINCH: its question pass
                         for name in dict.fromkeys(name for name, _ in pending)}
-            for name, budget in pending:
-                _advance(live, task, 0, record.record_id, f"{name} @ {budget:g}")
-                views = [] if order < config.view_records else None
-                try:
-                    answers, scores, probes = process_unit(model, tokenizer, factors, record, prompt, prefill, name,
-                                                           prepared[name], budget, spec, config, judge, views)
-                except (BudgetError, ShapeError) as err:
-                    if not _is_too_short(err):
-                        raise
-                    _skip(store, record.record_id, name, budget, prompt.history_length, "too_short",
-                          f"record {record.record_id}: {name} @ {budget:g}: {err}")
-                    _advance(live, task, 1, record.record_id, "skipped (too_short)")
-                    continue
-                for view in views or []:
+            prefill_s = time.perf_counter() - started
+            _advance(live, task, 0, record.record_id, f"selecting {len(pending)} units")
+            units, too_short = select_units(prefill, prompt, pending, prepared)
+            for name, budget, err in too_short:
+                _skip(store, record.record_id, name, budget, prompt.history_length, "too_short",
+                      f"record {record.record_id}: {name} @ {budget:g}: {err}")
+                _advance(live, task, 1, record.record_id, "skipped (too_short)")
+            _advance(live, task, 0, record.record_id, f"decoding {len(units) * len(spec.conditions)} rows")
+            for unit, answers, scores, probes, view in process_record(
+                    model, tokenizer, factors, record, prompt, prefill, prefill_s, units, spec, config, judge,
+                    views=order < config.view_records):
+                if view is not None:
                     write_view(store.run_dir, view | {"order": order})
-                store.write_unit(UnitKey(record.record_id, name, budget), answers, scores, probes)
+                store.write_unit(UnitKey(record.record_id, unit.selector, unit.budget), answers, scores, probes)
                 _advance(live, task, 1, record.record_id, "committed")
 
 

@@ -17,7 +17,12 @@ conditions of one (record, selector, budget) share one prefill and one selection
 | question_start | int | first question position under the condition |
 | gold_units_total, gold_units_kept | int, int | gold units of the record, and those with at least one retained token |
 | references | str | JSON list of reference answers |
-| elapsed_s | float | timing column (excluded from determinism checks) |
+| elapsed_s | float | question pass + decoding of this row (a batch's wall time split evenly over its rows) |
+| prefill_s, selection_s | float | the record's history prefill, and this unit's selection (shared by its conditions) |
+| batch_rows | int | rows decoded together with this one (``--batch-rows``; 1: sequential, complete-request timing) |
+
+Timing columns (``elapsed_s``, ``prefill_s``, ``selection_s``, ``batch_rows``) are excluded from determinism checks;
+a complete request is ``prefill_s + selection_s + elapsed_s`` of a ``batch_rows == 1`` row.
 
 ``scores`` — one row per (key, metric): columns ``record_id, selector, budget, condition, question_type,
 is_abstention, cluster_id, metric, value``; metrics ``exact_match``, ``f1``, ``contains``, ``choice_accuracy``,
@@ -59,12 +64,12 @@ import numpy as np
 import pandas as pd
 
 KEY_COLUMNS = ["record_id", "selector", "budget", "condition"]
-TIMING_COLUMNS = ["elapsed_s"]
+TIMING_COLUMNS = ["elapsed_s", "prefill_s", "selection_s", "batch_rows"]
 
 ANSWER_COLUMNS = KEY_COLUMNS + [
     "question_type", "is_abstention", "cluster_id", "prompt_mode", "answer", "stop_reason", "hit_limit", "new_tokens",
     "history_length", "max_count", "mean_count", "question_start", "gold_units_total", "gold_units_kept", "references",
-    "elapsed_s",
+    "elapsed_s", "prefill_s", "selection_s", "batch_rows",
 ]
 SCORE_COLUMNS = KEY_COLUMNS + ["question_type", "is_abstention", "cluster_id", "metric", "value"]
 PROBE_COLUMNS = KEY_COLUMNS + ["probe_point", "source", "layer", "head", "metric", "value"]
@@ -83,8 +88,8 @@ DTYPES: dict[str, str] = {
     "is_abstention": BOOL, "cluster_id": OPT_STR, "prompt_mode": STR, "answer": STR, "stop_reason": STR,
     "hit_limit": BOOL, "new_tokens": INT, "history_length": INT, "max_count": INT, "mean_count": FLOAT,
     "question_start": INT, "gold_units_total": INT, "gold_units_kept": INT, "references": STR,
-    "elapsed_s": FLOAT, "metric": STR, "value": FLOAT, "probe_point": STR, "source": STR, "layer": INT,
-    "head": INT, "reason": STR, "detail": STR,
+    "elapsed_s": FLOAT, "prefill_s": FLOAT, "selection_s": FLOAT, "batch_rows": INT, "metric": STR, "value": FLOAT,
+    "probe_point": STR, "source": STR, "layer": INT, "head": INT, "reason": STR, "detail": STR,
 }
 """Column kinds: ``int`` (int64), ``float`` (float64, None -> NaN), ``bool``, ``str``, ``str?`` (None allowed)."""
 
@@ -159,7 +164,8 @@ def example_tables(records: int = 6, selectors: Sequence[str] = ("bm25", "snapkv
                         stop_reason="newline", hit_limit=False, new_tokens=int(rng.integers(1, 20)),
                         history_length=400, max_count=40, mean_count=40.0, question_start=400,
                         gold_units_total=total, gold_units_kept=kept, references=json.dumps(["harp"]),
-                        elapsed_s=float(rng.uniform(0.1, 1.0))))
+                        elapsed_s=float(rng.uniform(0.1, 1.0)), prefill_s=float(rng.uniform(1.0, 2.0)),
+                        selection_s=0.05, batch_rows=1))
                     for metric in ("contains", "f1", "exact_match"):
                         value = float(ok) if metric != "f1" else float(ok) * float(rng.uniform(0.3, 1.0))
                         scores.append(key | common | dict(condition=cond, metric=metric, value=value))

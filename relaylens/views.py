@@ -23,8 +23,6 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import torch
-
 from relaylens.summaries import bands
 
 VIEWS = "views"
@@ -33,6 +31,8 @@ VIEW_CONDITIONS = ("original", "relay")  # shown first, side by side
 
 def final_token_attention(recorder, selection, history_length: int) -> dict[int, torch.Tensor]:
     """``layer -> [L]`` float32: the final question token's attention on each history position, mean over query heads."""
+    import torch
+
     out = {}
     for layer in sorted(recorder.rows):
         width = recorder.widths[layer]
@@ -55,6 +55,8 @@ def token_strings(tokenizer, ids: torch.Tensor) -> list[str]:
 
 def token_view(prompt, tokenizer, selection, granularity: str, recorders: dict[str, object], key: dict) -> dict:
     """The stored view of one (record, selector, budget): ``recorders`` maps condition -> FinalTokenRecorder."""
+    import torch
+
     length = prompt.history_length
     kept = []  # per layer: positions kept by at least one kv head, ascending
     for layer in range(selection.positions.shape[0]):
@@ -147,15 +149,18 @@ _SCRIPT = """
       var w=new Float64Array(n),kept=new Uint8Array(n);
       opt.layers.forEach(function(l){var ps=v.kept[l],a=v.attention[c][l];
         for(var j=0;j<ps.length;j++){w[ps[j]]+=a[j]/opt.layers.length;kept[ps[j]]=1;}});
-      var max=0;for(var i=0;i<n;i++)if(w[i]>max)max=w[i];
+      var max=0,vals=[];for(var i=0;i<n;i++){if(w[i]>max)max=w[i];if(kept[i])vals.push(w[i]);}
+      vals.sort(function(a,b){return a-b;});
+      var scale=vals.length?vals[Math.floor(0.98*(vals.length-1))]:0;if(!(scale>0))scale=max;
       var col=document.createElement('div');col.className='rl-tv-col';
       var h=document.createElement('div');h.textContent=c+' (max weight '+max.toPrecision(3)+')';col.appendChild(h);
       var box=document.createElement('div');box.className='rl-tv-text';box.setAttribute('data-condition',c);
       for(var i=0;i<n;i++){var s=document.createElement('span');s.textContent=v.tokens[i];
         var cls=kept[i]?'kp':'ev';if(gold[i])cls+=' gd';s.className=cls;
-        if(kept[i]&&max>0){var t=Math.sqrt(w[i]/max);s.style.backgroundColor='rgba(230,120,20,'+t.toFixed(3)+')';}
+        if(kept[i]&&scale>0){var t=Math.min(1,Math.sqrt(w[i]/scale));s.style.backgroundColor='rgba(235,110,0,'+(0.9*t).toFixed(3)+')';}
         s.title=i+': '+w[i].toPrecision(3);box.appendChild(s);}
-      col.appendChild(box);cols.appendChild(col);});
+      col.appendChild(box);cols.appendChild(col);
+      var first=box.querySelector('.gd');if(first)box.scrollTop=Math.max(0,first.offsetTop-box.offsetTop-60);});
     root.setAttribute('data-layer',layerSel.value);}
   unitSel.addEventListener('change',function(){fillLayers();render();});
   layerSel.addEventListener('change',render);
@@ -173,7 +178,7 @@ def view_html(views: list[dict], element_id: str = "relaylens-token-view") -> st
     """
     if not views:
         return ""
-    legend = ('<div class="rl-tv-legend"><span>shading: final question token attention (mean over heads)</span>'
+    legend = ('<div class="rl-tv-legend"><span>shading: final question token attention (mean over heads; full colour at the 98th percentile)</span>'
               '<span style="text-decoration:underline 2px #c0392b">gold evidence</span>'
               '<span style="outline:1px solid #5b7fb8">retained</span><span style="color:#9a9a9a">evicted</span></div>')
     script = _SCRIPT.replace("ROOT_ID", json.dumps(element_id))

@@ -77,10 +77,10 @@ def test_unsupported_and_empty_are_clear(tables):
 def test_selection_follows_the_spec_then_the_tables(tables):
     manifest = {"config": {"spec": {"figures": ["figure6"]}}}
     assert figures.select_figures(tables, manifest) == ["figure6", "layer_bands"]
-    # no spec: all supported (the example tables have no InfiniteBench records, no FINCH and one judge: not Tables 2
-    # and 7, not the cross-judge table)
-    assert figures.select_figures(tables, {}) == [n for n in figures.names() if n not in ("table2", "table7",
-                                                                                          "cross_judge")]
+    # no spec: all supported (the example tables have no InfiniteBench records, no FINCH, no attribution readouts
+    # and one judge: not Tables 2 and 7, the attribution companion or the cross-judge table)
+    assert figures.select_figures(tables, {}) == [n for n in figures.names()
+                                                  if n not in ("table2", "table7", "figure6_attribution", "cross_judge")]
     assert "fewer than two judges" in figures.supported(tables, "cross_judge")
     one_budget = {n: df[df["budget"] == 0.1] for n, df in tables.items()}
     assert "figure3" not in figures.select_figures(one_budget, {})
@@ -195,3 +195,20 @@ def test_figures_command_follows_the_spec_and_fails_clearly(tmp_path, write_run)
     RunStore.create_or_open(empty, {"analysis": "evidence_reading", "config": {}})
     result = CliRunner().invoke(app, ["figures", str(empty)])
     assert result.exit_code == 2 and "empty" in result.output
+
+
+def test_attribution_companion_of_figure6(tables):
+    from relaylens.figures.evidence_attribution import ATTRIBUTION_PANELS
+
+    probes = tables["probes"]
+    base = probes[(probes["metric"] == "evidence_share") & (probes["source"] == "forward")]
+    rng = np.random.default_rng(1)
+    extra = [base.assign(metric=metric, value=rng.uniform(-0.2, 1.0, len(base))) for metric, _ in ATTRIBUTION_PANELS]
+    with_attribution = dict(tables, probes=pd.concat([probes, *extra], ignore_index=True))
+    assert "attribution" in figures.supported(tables, "figure6_attribution")
+    result = figures.build("figure6_attribution", with_attribution)
+    drawn = [ax for ax in result.axes if ax.lines]
+    assert len(drawn) == 2 * len(ATTRIBUTION_PANELS)  # both probe points, every panel
+    manifest = {"config": {"spec": {"figures": ["figure6"]}}}
+    assert "figure6_attribution" in figures.select_figures(with_attribution, manifest)
+    assert "figure6_attribution" not in figures.select_figures(tables, manifest)

@@ -149,3 +149,58 @@ def test_report_renders_in_headless_chromium(tmp_path, tables, write_run):
     assert not console_errors(rendered.stderr), console_errors(rendered.stderr)
     colours, non_white = not_blank(shot)
     assert colours > 50 and non_white > 0.05, f"blank-looking screenshot: {colours} colours, {non_white:.3f} non-white"
+
+
+# ------------------------------------------------------------------------------------------------ token view
+def _views(records: int = 3, tokens: int = 300) -> list[dict]:
+    from relaylens.views import example_view
+
+    return [example_view(tokens=tokens, layers=LAYERS) | {"record_id": f"r{i}", "order": i} for i in range(records)]
+
+
+def test_token_view_section(tables):
+    html = report.render_report(tables, MANIFEST, views=_views())
+    assert html.count('<section id="token-view">') == 1 and 'class="rl-tv-layer"' in html
+    assert "://" not in html.split('<section id="token-view">')[1]
+    payload = re.search(r'<div class="rl-tv" id="relaylens-token-view">.*?<script type="application/json">(.*?)</script>',
+                        html, re.S)
+    assert [v["record_id"] for v in json.loads(payload.group(1))] == ["r0", "r1", "r2"]
+    assert '<section id="token-view">' not in report.render_report(tables, MANIFEST)
+
+
+def test_report_token_view_switches_layers_in_chromium(tmp_path, tables, write_run):
+    """`relaylens report` on a run with stored views: the token view renders for 3 records, and the layer selector
+    changes the shading and the screenshot (``#tv-layer=K`` preselects option K through the selector's own code)."""
+    from typer.testing import CliRunner
+
+    from relaylens.cli import app
+    from relaylens.views import write_view
+
+    binary = chromium()
+    run = write_run(tmp_path / "run", tables, spec_figures=())
+    for view in _views(records=4):
+        write_view(run, view)
+    result = CliRunner().invoke(app, ["report", str(run), "--view-records", "3"])
+    assert result.exit_code == 0, result.output
+    page = run / "report.html"
+    html = page.read_text(encoding="utf-8")
+    assert 'id="token-view"' in html and '"record_id":"r3"' not in html and '"record_id":"r2"' in html
+    standalone = tmp_path / "token-view.html"  # the section alone at the top of a page, so the screenshot shows it
+    section = html.split('<section id="token-view">')[1].split("</section>")[0]
+    standalone.write_text(f"<!doctype html><html><head><meta charset='utf-8'></head><body>{section}</body></html>",
+                          encoding="utf-8")
+    shading, shots = {}, {}
+    for option in (3, 3 + LAYERS - 1):  # after the three bands: layer 0 and the last layer
+        dom = run_chromium(binary, page, tmp_path, "--dump-dom", fragment=f"tv-layer={option}")
+        assert dom.returncode == 0 and not console_errors(dom.stderr), console_errors(dom.stderr) or dom.stderr[-2000:]
+        assert f'data-layer="{option}"' in dom.stdout
+        shading[option] = re.findall(r"background-color: (rgba\([^)]*\))", dom.stdout)
+        shot = tmp_path / f"token-view-{option}.png"
+        rendered = run_chromium(binary, standalone, tmp_path, f"--screenshot={shot}", fragment=f"tv-layer={option}")
+        assert rendered.returncode == 0 and shot.exists() and not console_errors(rendered.stderr)
+        colours, non_white = not_blank(shot)
+        assert colours > 20 and non_white > 0.02, f"blank-looking token view: {colours} colours, {non_white:.3f}"
+        shots[option] = shot.read_bytes()
+    first, last = shading.values()
+    assert first and last and first != last, "switching layers left the shading unchanged"
+    assert shots[3] != shots[3 + LAYERS - 1]

@@ -180,3 +180,26 @@ def test_run_with_an_openai_compatible_judge(workspace):
     assert set(failed.value) == {0.0, 1.0}, "malformed verdicts are recorded as failures"
     assert judged[failed.value.to_numpy() == 1.0].value.isna().all(), "a failed verdict never counts as correct"
     assert not any("relay" in message or "original" in message or "bm25" in message for message in seen)
+
+
+def test_sequential_rows_match_the_batched_default(workspace, reference_run):
+    """``--batch-rows 1`` (one row at a time) and the default (all rows of a record in one batch) agree."""
+    root, model_dir, data = workspace
+    out, _ = reference_run
+    sequential = root / "sequential"
+    _run(model_dir, data, sequential, "--batch-rows", "1")
+    batched, one = load_tables(out), load_tables(sequential)
+    assert set(batched["answers"].batch_rows) == {5} and set(one["answers"].batch_rows) == {1}
+    assert (one["answers"][["prefill_s", "selection_s", "elapsed_s"]] > 0).all().all()
+    left, right = _comparable(batched), _comparable(one)
+    pd.testing.assert_frame_equal(left["answers"], right["answers"])
+    pd.testing.assert_frame_equal(left["scores"], right["scores"])
+    pd.testing.assert_frame_equal(left["probes"], right["probes"], check_exact=False, atol=1e-5, rtol=5e-5)
+
+
+def test_bad_batch_rows_is_one_clear_line(workspace, tmp_path):
+    root, model_dir, data = workspace
+    result = subprocess.run(_command(model_dir, data, tmp_path / "bad", "--batch-rows", "0"), capture_output=True,
+                            text=True, timeout=600)
+    assert result.returncode != 0 and "batch_rows must be a positive number" in result.stderr
+    assert "Traceback" not in result.stderr

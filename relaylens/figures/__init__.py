@@ -9,36 +9,13 @@ are 95% paired cluster-bootstrap intervals (:mod:`relaylens.bootstrap`, through 
 One file per figure, named after its analysis; :mod:`relaylens.figures.registry` holds the registry
 (:data:`REGISTRY`, by name; ``SPEC.figures`` of each analysis names its entries) and the run-directory writer.
 
-=========== ======= =================== ============================================================================
-name        kind    file                what
-=========== ======= =================== ============================================================================
-table1      table   main_table          metric per selector x budget x condition, paired difference vs original
-table2      table   infinitebench       InfiniteBench per task: official metric, original vs relay, paired delta
-table6      table   question_types      the same per question type
-table7      table   finch_comparison    FINCH (own coordinates) vs selectors + relay, paired differences to FINCH
-table8      table   paired_settings     the paper's Table 8: paired relay - original per setting, N of M improve
-cross_judge table   cross_judge         gain under each judge, raw agreement, Cohen's kappa (relaylens judge)
-layer_bands table   evidence_reading    evidence-reading band table (early / middle / late, deltas vs original)
-table3      table   overhead            timing per condition from ``elapsed_s``
-figure3     figure  budget_curves       metric vs budget, one panel per selector, original vs relay
-figure4     figure  coordinate_ablation per-condition means and paired differences vs original, band deltas
-figure5     figure  ordering            source / score / reverse / RandomMean and the seed spread
-figure6     figure  evidence_reading    evidence reading per layer and selector + the compaction(alpha) curve
-alignment   figure  alignment           relay (right-aligned) vs rank_sync (left-aligned)
-layer_scope figure  layer_scope         relay per band / layer type vs original; per-layer causal sweep curves
-=========== ======= =================== ============================================================================
-
-Example:
-    >>> sorted(REGISTRY)  # doctest: +NORMALIZE_WHITESPACE
-    ['alignment', 'cross_judge', 'figure3', 'figure4', 'figure5', 'figure6', 'layer_bands', 'layer_scope', 'table1',
-     'table2', 'table3', 'table6', 'table7', 'table8']
-"""
+=========== ======= =================== ====================================================================="""
 
 from __future__ import annotations
 
 from relaylens.figures import (  # noqa: F401 - importing a figure file registers its entries
-    alignment, budget_curves, coordinate_ablation, cross_judge, evidence_reading, finch_comparison, infinitebench,
-    layer_scope, main_table, ordering, overhead, paired_settings, question_types)
+    alignment, budget_curves, coordinate_ablation, cross_judge, evidence_attribution, evidence_reading, finch_comparison,
+    infinitebench, layer_scope, main_table, ordering, overhead, paired_settings, question_types)
 from relaylens.figures.registry import (COMPANIONS, ORDER, REGISTRY, FigureEntry, FigureError, build, names,
                                         select_figures, supported, write_entry, write_figures)
 REGISTRY.update({name: REGISTRY.pop(name) for name in names()})  # iteration order = drawing order (ORDER first)

@@ -34,13 +34,14 @@ __all__ = ["REGISTRY", "ORDER", "COMPANIONS", "FigureEntry", "FigureError", "reg
            "needs_probes"]
 
 ORDER = ("table1", "table2", "table6", "table7", "table8", "cross_judge", "layer_bands", "table3", "figure3", "figure4",
-         "figure5", "figure6", "alignment")
+         "figure5", "figure6", "figure6_attribution", "alignment")
 """The order in which entries are drawn and listed (entries not named here follow, in registration order)."""
 CROSS_RUN = ("table1", "table8", "cross_judge")
 """Entries built across several run directories (one per model x dataset)."""
-COMPANIONS = {"figure6": ("layer_bands",), "table1": ("table8", "cross_judge")}
-"""Entries drawn together with an entry named in ``SPEC.figures`` (Figure 6's numbers are the layer-band table;
-Table 1's paired differences per setting are Table 8; a second judge adds the cross-judge table)."""
+COMPANIONS = {"figure6": ("layer_bands", "figure6_attribution"), "table1": ("table8", "cross_judge")}
+"""Entries drawn together with an entry named in ``SPEC.figures`` (Figure 6's numbers are the layer-band table and
+its attribution companion is drawn when the probes table has attribution readouts; Table 1's paired differences per
+setting are Table 8; a second judge adds the cross-judge table)."""
 
 
 class FigureError(RelaylensError):
