@@ -212,10 +212,15 @@ def _print_summary(run_dir) -> None:
     from relaylens.runner import skipped_summary
     from relaylens.summaries import run_overview
 
+    from relaylens.crossrun import choose_metrics
+
     tables = load_tables(run_dir)
     if len(tables["answers"]):
-        table = run_overview(tables)
+        metrics, note = choose_metrics(tables["scores"])  # the paper's metric when the run has it
+        table = run_overview(tables, metric=metrics[0])
         print(table.to_string(index=False, float_format=lambda v: f"{v:.3f}"))
+        if note:
+            print(f"note: {note}")
     for line in retention_lines(tables["answers"]):
         print(line)
     summary = skipped_summary(tables)
@@ -376,11 +381,17 @@ def judge_command(
 
 @app.command("figures")
 def figures_command(
-    run_dir: Path = typer.Argument(..., help="run directory (the --out of `relaylens run`)"),
+    run_dirs: list[Path] = typer.Argument(..., help="run directory (the --out of `relaylens run`); several (one per "
+                                          "model x dataset) build the cross-run tables into --out"),
     only: str = typer.Option(None, help="draw only these figures/tables (comma-separated), e.g. figure6,table8"),
     formats: str = typer.Option("png,pdf,svg", "--format", help="comma-separated figure formats: png, pdf, svg"),
     all_supported: bool = typer.Option(False, "--all", help="draw every figure the tables support, not only the "
                                        "analysis's SPEC.figures"),
+    metric: str = typer.Option(None, help="judge, choice, contains, f1, em or judge_NAME (default: the paper's metric "
+                               "when the run has it, else contains and f1)"),
+    retained_only: bool = typer.Option(False, "--retained-only", help="probe figures over records whose gold evidence "
+                                       "survived the selection only"),
+    out: Path = typer.Option(None, help="output directory (default RUN_DIR/figures; required with several runs)"),
 ) -> None:
     """Draw the run's figures and tables into RUN_DIR/figures/ from its result tables (byte-stable output)."""
     import matplotlib
@@ -391,17 +402,22 @@ def figures_command(
     fmts = [f.strip() for f in formats.split(",") if f.strip()]
     if not fmts:
         _fail(f"--format {formats!r} names no figure format. Fix: pass one or more of png, pdf, svg (e.g. --format png)")
-    paths = _guard(write_figures, run_dir, only=only, formats=fmts, all_supported=all_supported,
-                   progress=lambda name: console.print(f"drawing {name} ..."))
+    paths = _guard(write_figures, run_dirs[0] if len(run_dirs) == 1 else run_dirs, only=only, formats=fmts,
+                   all_supported=all_supported, progress=lambda name: console.print(f"drawing {name} ..."),
+                   metric=metric, retained_only=retained_only, out=out)
     for path in paths:
         print(path)
-    console.print(f"[green]wrote[/] {len(paths)} files to {Path(run_dir) / 'figures'}")
+    console.print(f"[green]wrote[/] {len(paths)} files to {out or Path(run_dirs[0]) / 'figures'}")
 
 
 @app.command("report")
 def report_command(
     run_dir: Path = typer.Argument(..., help="run directory (the --out of `relaylens run`)"),
     out: Path = typer.Option(None, help="output HTML file (default RUN_DIR/report.html)"),
+    metric: str = typer.Option(None, help="judge, choice, contains, f1, em or judge_NAME (default: the paper's metric "
+                               "when the run has it, else contains and f1)"),
+    retained_only: bool = typer.Option(False, "--retained-only", help="probe sections over records whose gold "
+                                       "evidence survived the selection only"),
     view_records: int = typer.Option(3, "--view-records", min=0, help="token view: show the first N records the run "
                                      "stored views for (0: no token view)"),
 ) -> None:
@@ -412,7 +428,7 @@ def report_command(
     from relaylens.report import write_report
 
     with console.status("rendering report ..."):
-        path = _guard(write_report, run_dir, out, view_records)
+        path = _guard(write_report, run_dir, out, view_records, metric=metric, retained_only=retained_only)
     print(path)
     console.print(f"[green]wrote[/] {path}")
 

@@ -30,7 +30,7 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
 from relaylens.atomic import write_atomic
-from relaylens.summaries import METRICS, band_table, bands, budget_label, condition_family
+from relaylens.summaries import band_table, bands, budget_label, condition_family, metric_list
 
 __all__ = ["style", "save_figure", "figure_png_base64", "condition_color", "shade_bands", "interval_bars",
            "layer_lines", "heatmap", "note_axis", "FORMATS", "BAND_SHADES", "metric_label", "units_note",
@@ -218,7 +218,9 @@ def note_axis(ax: Axes, text: str) -> None:
 
 def metric_label(metric: str) -> str:
     """Axis label of an accuracy metric."""
-    return {"contains": "accuracy (contains)", "f1": "F1"}.get(metric, metric)
+    labels = {"contains": "accuracy (contains)", "f1": "F1", "judge": "judge accuracy",
+              "choice_accuracy": "choice accuracy", "exact_match": "exact match"}
+    return labels.get(metric, metric.replace("judge_", "judge accuracy: ") if metric.startswith("judge_") else metric)
 
 
 def units_note(scores: pd.DataFrame) -> str:
@@ -242,9 +244,10 @@ def delta_points(ax: Axes, deltas: pd.DataFrame, conditions: list[str], referenc
     """Paired differences vs ``reference`` with intervals, one marker per metric (``summaries.paired_deltas``)."""
     from matplotlib.lines import Line2D
 
-    markers = {"contains": "o", "f1": "s"}
+    shapes = ("o", "s", "D", "^", "v")
     order = [c for c in conditions if c in set(deltas["condition"])]
-    present = [m for m in METRICS if (deltas["metric"] == m).any()]
+    present = metric_list(deltas)
+    markers = {m: shapes[k % len(shapes)] for k, m in enumerate(present)}
     for k, metric in enumerate(present):
         sub = deltas[deltas["metric"] == metric]
         for i, cond in enumerate(order):
@@ -252,7 +255,7 @@ def delta_points(ax: Axes, deltas: pd.DataFrame, conditions: list[str], referenc
             if r.empty:
                 continue
             mean, low, high = (float(r[c].iloc[0]) for c in ("mean", "low", "high"))
-            x = i + (k - 0.5) * 0.25
+            x = i + (k - (len(present) - 1) / 2) * 0.25
             ax.errorbar(x, mean, yerr=[[max(mean - low, 0)], [max(high - mean, 0)]], fmt=markers[metric], ms=4,
                         color=condition_color(cond), ecolor="#333333", elinewidth=1, capsize=2, zorder=3)
     ax.axhline(0, color="#999999", lw=0.8, zorder=1)

@@ -33,15 +33,15 @@ from relaylens import plots
 from relaylens.figures import REGISTRY, build, select_figures
 from relaylens.figures.heatmap import HEATMAP_METRIC, evidence_heatmap
 from relaylens.figures.registry import check_not_empty, needs_probes
-from relaylens.summaries import (METRICS, REFERENCE, accuracy_scores, accuracy_table, budget_label, condition_order,
-                                 layer_table, table_cells)
+from relaylens.summaries import (REFERENCE, accuracy_scores, accuracy_table, budget_label, condition_order, layer_table,
+                                 metric_list, table_cells)
 from relaylens.tables import get_table
 from relaylens.views import view_html
 
 __all__ = ["render_report", "write_report", "report_context", "TEMPLATE"]
 
 TEMPLATE = "report.html.j2"
-OWN_SECTIONS = ("table1", "table8")
+OWN_SECTIONS = ("table1", "layer_bands")
 """Registered tables the report shows in sections of its own (conditions, evidence bands); every other table a run
 draws (e.g. Table 2, Table 7) gets a table of its own in the "Tables" section."""
 
@@ -139,6 +139,30 @@ def _summary(tables: dict, manifest: dict) -> list[tuple[str, str]]:
     if len(probes):
         rows.append(("probes", f"{int(probes['layer'].max()) + 1} layers x {int(probes['head'].max()) + 1} heads; "
                      + ", ".join(sorted(probes["probe_point"].unique()))))
+    rows += _paper_rows(tables)
+    return rows
+
+
+def _paper_rows(tables: dict) -> list[tuple[str, str]]:
+    """The metric (and its note), evidence retention, Table 8's settings count, and the skipped records."""
+    from relaylens.crossrun import paired_settings_table, settings_count
+    from relaylens.retention import retention_lines
+
+    scores = accuracy_scores(tables)
+    metrics = metric_list(scores)
+    rows = [("metric", ", ".join(metrics) + (f" ({tables['metric_note']})" if tables.get("metric_note") else ""))]
+    if len(tables["answers"]):
+        rows += [("evidence retention", line) for line in retention_lines(tables["answers"])]
+    if {"original", "relay"} <= set(scores["condition"]):
+        for metric in metrics:
+            t8 = paired_settings_table(scores, metric)
+            if len(t8):
+                deltas = ", ".join(f"{r.selector} @ {budget_label(float(r.budget))} {r.delta:+.3f} "
+                                   f"[{r.delta_low:+.3f}, {r.delta_high:+.3f}]" for r in t8.itertuples())
+                rows.append((f"Table 8 ({metric})", f"{settings_count(t8)}: {deltas}"))
+    skipped = get_table(tables, "skipped")
+    for rid, g in skipped.groupby("record_id", sort=True):
+        rows.append(("skipped", f"{rid}: {g['reason'].iloc[0]} ({len(g)} unit(s)) - {g['detail'].iloc[0]}"))
     return rows
 
 
@@ -150,8 +174,9 @@ def _condition_table(tables: dict) -> tuple[list[dict], pd.DataFrame | None]:
     for _, r in table.iterrows():
         rows.append({"selector": r["selector"], "budget": budget_label(float(r["budget"])),
                      "condition": r["condition"], "n": int(r["n"]),
-                     "cells": [_interval(r, m) for m in METRICS if m in table]
-                     + [_interval(r, f"{m}_delta", signed=True) for m in METRICS if m in table]})
+                     "cells": [_interval(r, m) for m in metric_list(accuracy_scores(tables)) if m in table]
+                     + [_interval(r, f"{m}_delta", signed=True) for m in metric_list(accuracy_scores(tables))
+                        if m in table]})
     return rows, table
 
 
@@ -197,7 +222,7 @@ def _layers(layer_table: pd.DataFrame) -> list[dict]:
 
 
 def _band_rows(tables: dict) -> list[dict]:
-    t8 = build("table8", tables)
+    t8 = build("layer_bands", tables)
     t8 = t8[t8["selector"] == "all"]
     rows = []
     for (point, source, metric, cond), g in t8.groupby(["probe_point", "source", "metric", "condition"], sort=False):
@@ -222,7 +247,8 @@ def _heatmap(probes: pd.DataFrame) -> str | None:
 
 def _drilldown(tables: dict) -> list[dict]:
     answers, scores = tables["answers"], tables["scores"]
-    wide = (scores[scores["metric"].isin(METRICS)]
+    metrics = metric_list(accuracy_scores(tables))
+    wide = (scores[scores["metric"].isin(set(metrics) | {"contains", "f1"})]
             .pivot_table(index=["record_id", "selector", "budget", "condition"], columns="metric", values="value",
                          aggfunc="first"))
     units = []
@@ -237,11 +263,12 @@ def _drilldown(tables: dict) -> list[dict]:
         order = {c: i for i, c in enumerate(condition_order(g["condition"]))}
         for _, r in g.assign(_o=g["condition"].map(order)).sort_values("_o").iterrows():
             key = (rid, sel, budget, r["condition"])
-            metrics = wide.loc[key].to_dict() if key in wide.index else {}
-            contains = metrics.get("contains")
-            correct = None if contains is None or not np.isfinite(contains) else bool(contains >= 0.5)
+            values = wide.loc[key].to_dict() if key in wide.index else {}
+            contains = values.get("contains")
+            main = values.get(metrics[0]) if metrics else None  # correctness under the reported metric
+            correct = None if main is None or not np.isfinite(main) else bool(main >= 0.5)
             rows.append({"condition": r["condition"], "answer": r["answer"], "stop": r["stop_reason"],
-                         "tokens": int(r["new_tokens"]), "contains": _num(contains), "f1": _num(metrics.get("f1")),
+                         "tokens": int(r["new_tokens"]), "contains": _num(contains), "f1": _num(values.get("f1")),
                          "correct": correct})
         n_correct = sum(1 for r in rows if r["correct"])
         units.append({"id": f"rec-{len(units)}", "record_id": rid, "selector": sel,
@@ -284,7 +311,8 @@ def report_context(tables: dict, manifest: dict, figure_names: list[str] | None 
     """
     check_not_empty(tables)
     everything = tables  # paper tables may read more than the three main tables (Table 2: the skipped records)
-    tables = {name: get_table(tables, name) for name in ("answers", "scores", "probes")}
+    tables = {**{k: tables[k] for k in ("metrics", "metric_note") if k in tables},
+              **{name: get_table(tables, name) for name in ("answers", "scores", "probes", "skipped")}}
     probes = tables["probes"]
     condition_rows, condition_table = _condition_table(tables)
     names = figure_names if figure_names is not None else select_figures(tables, manifest)
@@ -308,7 +336,8 @@ def report_context(tables: dict, manifest: dict, figure_names: list[str] | None 
         "title": f"relaylens report: {manifest.get('analysis') or 'run'}",
         "summary": _summary(tables, manifest),
         "manifest_json": json.dumps(manifest, indent=2, sort_keys=True, default=str),
-        "metrics": [m for m in METRICS if condition_table is not None and m in condition_table],
+        "metrics": [m for m in metric_list(accuracy_scores(tables))
+                    if condition_table is not None and m in condition_table],
         "condition_rows": condition_rows,
         "figures": rendered,
         "paper_tables": paper_tables,
@@ -340,21 +369,24 @@ def render_report(tables: dict, manifest: dict, figure_names: list[str] | None =
     return _environment().get_template(TEMPLATE).render(**report_context(tables, manifest, figure_names, views))
 
 
-def write_report(run_dir: str | Path, out: str | Path | None = None, view_records: int = 3) -> Path:
+def write_report(run_dir: str | Path, out: str | Path | None = None, view_records: int = 3, metric: str | None = None,
+                 retained_only: bool = False) -> Path:
     """Render ``RUN_DIR/report.html`` (or ``out``) from the run's tables and manifest; returns the path.
 
     The token view shows the stored views (``RUN_DIR/views``) of the first ``view_records`` records (0: none).
-    """
+    ``metric``: a ``--metric`` name (default: the paper's metric when the run has it); ``retained_only``: probe
+    sections over records whose gold evidence survived (:func:`relaylens.figures.registry.prepare_tables`)."""
+    from relaylens.figures.registry import prepare_tables
     from relaylens.results import RunStore, load_tables
     from relaylens.views import load_views
 
+    run_dir = Path(run_dir)
+    manifest = RunStore.open(run_dir).manifest
     from relaylens.atomic import write_atomic
     from relaylens.locks import run_lock
 
-    run_dir = Path(run_dir)
-    manifest = RunStore.open(run_dir).manifest
     with run_lock(run_dir, "report"):  # one writer per run directory
         views = load_views(run_dir, view_records) if view_records > 0 else []
-        html = render_report(load_tables(run_dir), manifest, views=views)
+        html = render_report(prepare_tables(load_tables(run_dir), metric, retained_only), manifest, views=views)
         path = Path(out) if out else run_dir / "report.html"
         return write_atomic(path, html)  # a full disk keeps the previous report

@@ -24,7 +24,10 @@ from relaylens.errors import RelaylensError
 from relaylens.tables import SWEEP_SOURCE, get_table
 
 METRICS = ("contains", "f1")
-"""Accuracy metrics reported everywhere: ``contains`` (default) and ``f1``."""
+"""Accuracy metrics reported when a run has neither judge verdicts nor multiple-choice answers (the fallback of
+:func:`relaylens.crossrun.choose_metrics`; ``tables["metrics"]`` carries the chosen ones)."""
+METRIC_ORDER = ("judge", "choice_accuracy", "contains", "f1", "exact_match")
+"""The order metrics appear in tables and panels (``judge_<name>`` of other judges follow)."""
 N_RESAMPLES = 10_000
 REFERENCE = "original"
 SHARE_METRICS = ("evidence_share", "history_share", "replay_gold_share", "evidence_grad_x_input_share")
@@ -94,10 +97,25 @@ def band_table(frame: pd.DataFrame, num_layers: int, keys: list[str], boundaries
 
 # ------------------------------------------------------------------------------------------------- accuracy
 
-def accuracy_scores(tables: dict) -> pd.DataFrame:
-    """The ``scores`` rows of the accuracy :data:`METRICS` (empty, with the schema's columns, when none)."""
+def metric_list(scores: pd.DataFrame) -> list[str]:
+    """Metrics present in ``scores`` in :data:`METRIC_ORDER` (then ``judge_<name>`` and others, sorted); failure
+    flags excluded.
+
+    >>> metric_list(pd.DataFrame({"metric": ["f1", "judge_b", "judge", "judge_failed"]}))
+    ['judge', 'f1', 'judge_b']
+    """
+    present = set(scores["metric"].unique()) if len(scores) else set()
+    rank = {m: i for i, m in enumerate(METRIC_ORDER)}
+    return sorted((m for m in present if not m.endswith("_failed")), key=lambda m: (rank.get(m, len(rank)), m))
+
+
+def accuracy_scores(tables: dict, metrics: Sequence[str] | None = None) -> pd.DataFrame:
+    """The ``scores`` rows of the metrics the tables report: ``metrics``, else ``tables["metrics"]`` (the
+    ``--metric`` choice, :func:`relaylens.crossrun.choose_metrics`), else :data:`METRICS`; empty, with the schema's
+    columns, when none."""
     scores = get_table(tables, "scores")
-    return scores[scores["metric"].isin(METRICS)]
+    chosen = metrics or tables.get("metrics") or METRICS
+    return scores[scores["metric"].isin(chosen)]
 
 
 def forward_evidence_share(probes: pd.DataFrame) -> pd.DataFrame:
@@ -106,10 +124,10 @@ def forward_evidence_share(probes: pd.DataFrame) -> pd.DataFrame:
                   & (probes["probe_point"] == "question_final")]
 
 
-def accuracy_means(scores: pd.DataFrame, by: Sequence[str], metrics: Sequence[str] = METRICS) -> pd.DataFrame:
+def accuracy_means(scores: pd.DataFrame, by: Sequence[str], metrics: Sequence[str] | None = None) -> pd.DataFrame:
     """Per-group means with cluster-bootstrap intervals, long over ``metric``."""
     frames = [condition_means(scores, m, by=tuple(by), n_resamples=N_RESAMPLES).assign(metric=m)
-              for m in metrics if (scores["metric"] == m).any()]
+              for m in (metrics or metric_list(scores)) if (scores["metric"] == m).any()]
     if not frames:
         return pd.DataFrame(columns=list(by) + ["mean", "low", "high", "n_clusters", "n", "n_dropped", "metric"])
     return pd.concat(frames, ignore_index=True)
@@ -123,7 +141,7 @@ def _cluster_ids(df: pd.DataFrame) -> pd.Series:
 
 
 def paired_deltas(scores: pd.DataFrame, by: Sequence[str], reference: str = REFERENCE,
-                  metrics: Sequence[str] = METRICS) -> pd.DataFrame:
+                  metrics: Sequence[str] | None = None) -> pd.DataFrame:
     """``condition - reference`` per group of ``by`` and metric, paired by (record, selector, budget) and
     cluster-bootstrapped with :func:`relaylens.bootstrap.cluster_bootstrap` (pairs with a NaN side are dropped).
 
@@ -131,7 +149,7 @@ def paired_deltas(scores: pd.DataFrame, by: Sequence[str], reference: str = REFE
     by = list(by)
     rows = []
     pair = ["record_id", "selector", "budget"]
-    for metric in metrics:
+    for metric in (metrics or metric_list(scores)):
         df = scores[scores["metric"] == metric]
         if df.empty or reference not in set(df["condition"]):
             continue
@@ -233,7 +251,7 @@ def accuracy_table(tables: dict, by: Sequence[str] = ("selector", "budget")) -> 
     deltas = paired_deltas(scores, by)
     keys = by + ["condition"]
     out = None
-    for metric in METRICS:
+    for metric in metric_list(scores):
         m = means[means["metric"] == metric]
         if m.empty:
             continue

@@ -18,7 +18,8 @@ from relaylens import figures, plots, summaries
 from relaylens.tables import TABLES, example_tables
 
 ROOT = Path(__file__).resolve().parents[1]
-PAPER_ENTRIES = {"table1", "table3", "table6", "table8", "figure3", "figure4", "figure5", "figure6", "alignment"}
+PAPER_ENTRIES = {"table1", "table3", "table6", "table8", "layer_bands", "figure3", "figure4", "figure5", "figure6",
+                 "alignment"}
 @pytest.fixture(autouse=True)
 def fast_bootstrap(monkeypatch):
     monkeypatch.setattr(summaries, "N_RESAMPLES", 300)
@@ -75,10 +76,12 @@ def test_unsupported_and_empty_are_clear(tables):
 
 def test_selection_follows_the_spec_then_the_tables(tables):
     manifest = {"config": {"spec": {"figures": ["figure6"]}}}
-    assert figures.select_figures(tables, manifest) == ["figure6", "table8"]
-    # no spec: all supported (the example tables have no InfiniteBench records, no FINCH and no attribution readouts)
+    assert figures.select_figures(tables, manifest) == ["figure6", "layer_bands"]
+    # no spec: all supported (the example tables have no InfiniteBench records, no FINCH, no attribution readouts
+    # and one judge: not Tables 2 and 7, the attribution companion or the cross-judge table)
     assert figures.select_figures(tables, {}) == [n for n in figures.names()
-                                                  if n not in ("table2", "table7", "figure6_attribution")]
+                                                  if n not in ("table2", "table7", "figure6_attribution", "cross_judge")]
+    assert "fewer than two judges" in figures.supported(tables, "cross_judge")
     one_budget = {n: df[df["budget"] == 0.1] for n, df in tables.items()}
     assert "figure3" not in figures.select_figures(one_budget, {})
 
@@ -122,7 +125,7 @@ def test_layer_table_and_band_deltas_in_percentage_points():
     relay = lt[(lt["metric"] == "evidence_share") & (lt["condition"] == "relay")].set_index("layer")
     assert relay["delta_pp"].round(9).tolist() == [0.0, 1.0, 2.0, 3.0, 4.0, 5.0]
     assert relay["band"].tolist() == ["early"] * 2 + ["middle"] * 2 + ["late"] * 2
-    t8 = figures.build("table8", t)
+    t8 = figures.build("layer_bands", t)
     row = t8[(t8["metric"] == "evidence_share") & (t8["condition"] == "relay") & (t8["band"] == "late")].iloc[0]
     assert row["delta_pp"] == pytest.approx(4.5)
 
@@ -182,8 +185,8 @@ def test_figures_command_follows_the_spec_and_fails_clearly(tmp_path, write_run)
     run = write_run(tmp_path / "run", example_tables(records=2, layers=3, budgets=(0.1,)))
     result = CliRunner().invoke(app, ["figures", str(run), "--format", "png"])
     assert result.exit_code == 0, result.output
-    assert sorted(p.name for p in (run / "figures").iterdir()) == ["figure6.png", "index.json", "table8.csv",
-                                                                  "table8.md"]
+    assert sorted(p.name for p in (run / "figures").iterdir()) == ["figure6.png", "index.json", "layer_bands.csv",
+                                                                  "layer_bands.md"]
     bad = CliRunner().invoke(app, ["figures", str(run), "--only", "figure3"])
     assert bad.exit_code == 2 and "single budget" in bad.output
     empty = tmp_path / "empty"

@@ -2,42 +2,20 @@
 
 ``tables`` is the dict of :func:`relaylens.results.load_tables` (``answers``, ``scores``, ``probes``; columns of
 :mod:`relaylens.tables`). Nothing here imports torch, transformers or a model: figures are regenerated from a run
-directory on any machine (``relaylens figures RUN_DIR``). Accuracy is ``contains`` with ``f1`` alongside; intervals
+directory on any machine (``relaylens figures RUN_DIR``). The metric is the paper's where the run has it (judge or
+choice accuracy), else ``contains`` with ``f1`` alongside (``--metric`` chooses; ``tables["metrics"]``); intervals
 are 95% paired cluster-bootstrap intervals (:mod:`relaylens.bootstrap`, through :mod:`relaylens.summaries`).
 
 One file per figure, named after its analysis; :mod:`relaylens.figures.registry` holds the registry
 (:data:`REGISTRY`, by name; ``SPEC.figures`` of each analysis names its entries) and the run-directory writer.
 
-name       kind    file                    what
-=========== ======= ======================= =========================================================================
-name        kind    file                    what
-=========== ======= ======================= =========================================================================
-table1      table   main_table              accuracy per selector x budget x condition, paired difference vs original
-table6      table   question_types          the same per question type
-table8      table   evidence_reading        evidence-reading band table (early / middle / late, deltas vs original)
-table3      table   overhead                complete-request time, overhead over original
-figure3     figure  budget_curves           accuracy vs budget, one panel per selector, original vs relay
-figure4     figure  coordinate_ablation     per-condition means and paired differences vs original, band deltas
-figure5     figure  ordering                source / score / reverse / RandomMean and the seed spread
-figure6     figure  evidence_reading        evidence reading per layer + the compaction(alpha) curve
-figure6_a.. figure  evidence_attribution    figure6_attribution: Figure 6's companion, attribution of the answer
-alignment   figure  alignment               relay (right-aligned) vs rank_sync (left-aligned)
-layer_scope figure  layer_scope             relay per band / layer type vs original; per-layer causal sweep curves
-table2      table   infinitebench           InfiniteBench per task: official metric, original vs relay, paired delta
-table7      table   finch_comparison        FINCH (own coordinates) vs selectors + relay, paired differences to FINCH
-=========== ======= ======================= =========================================================================
-
-Example:
-    >>> sorted(REGISTRY)  # doctest: +NORMALIZE_WHITESPACE
-    ['alignment', 'figure3', 'figure4', 'figure5', 'figure6', 'figure6_attribution', 'layer_scope', 'table1', 'table2',
-     'table3', 'table6', 'table7', 'table8']
-"""
+=========== ======= =================== ====================================================================="""
 
 from __future__ import annotations
 
 from relaylens.figures import (  # noqa: F401 - importing a figure file registers its entries
-    alignment, budget_curves, coordinate_ablation, evidence_attribution, evidence_reading, finch_comparison, infinitebench, layer_scope,
-    main_table, ordering, overhead, question_types)
+    alignment, budget_curves, coordinate_ablation, cross_judge, evidence_attribution, evidence_reading, finch_comparison,
+    infinitebench, layer_scope, main_table, ordering, overhead, paired_settings, question_types)
 from relaylens.figures.registry import (COMPANIONS, ORDER, REGISTRY, FigureEntry, FigureError, build, names,
                                         select_figures, supported, write_entry, write_figures)
 REGISTRY.update({name: REGISTRY.pop(name) for name in names()})  # iteration order = drawing order (ORDER first)

@@ -7,7 +7,7 @@ from matplotlib.figure import Figure
 
 from relaylens import plots
 from relaylens.figures.registry import needs_rank_sync, register
-from relaylens.summaries import METRICS, accuracy_means, accuracy_scores, condition_order, forward_evidence_share
+from relaylens.summaries import accuracy_means, accuracy_scores, condition_order, forward_evidence_share, metric_list
 from relaylens.tables import get_table
 
 
@@ -19,10 +19,12 @@ def alignment(tables: dict) -> Figure:
     selectors = sorted(scores["selector"].unique())
     probes = get_table(tables, "probes")
     share = forward_evidence_share(probes)
-    panels = 2 + (not share.empty)
+    metrics = metric_list(means)
+    n = len(metrics)
+    panels = n + (not share.empty)
     fig = Figure(figsize=(3.6 * panels, 3.2), layout="constrained")
     axes = fig.subplots(1, panels, squeeze=False)[0]
-    for ax, metric in zip(axes[:2], METRICS):
+    for ax, metric in zip(axes[:n], metrics):
         sub = means[means["metric"] == metric]
         plots.interval_bars(ax, sub, "selector", hue="condition", order=selectors,
                             hue_order=[c for c in conditions if c in set(sub["condition"])])
@@ -33,9 +35,9 @@ def alignment(tables: dict) -> Figure:
     if not share.empty:
         num_layers = int(probes["layer"].max()) + 1
         per_layer = share.groupby(["condition", "layer"])["value"].mean().reset_index()
-        plots.layer_lines(axes[2], per_layer, conditions, num_layers)
-        axes[2].set_ylabel("evidence_share")
-        axes[2].set_title("evidence attention share (final question token)", pad=12)
-        axes[2].legend(loc="upper left", bbox_to_anchor=(1.0, 1.0))
+        plots.layer_lines(axes[n], per_layer, conditions, num_layers)
+        axes[n].set_ylabel("evidence_share")
+        axes[n].set_title("evidence attention share (final question token)", pad=12)
+        axes[n].legend(loc="upper left", bbox_to_anchor=(1.0, 1.0))
     fig.supxlabel(f"{plots.units_note(scores)}; error bars: 95% cluster bootstrap", fontsize=7, color="#555555")
     return fig

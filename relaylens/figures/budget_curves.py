@@ -7,7 +7,7 @@ from matplotlib.figure import Figure
 
 from relaylens import plots
 from relaylens.figures.registry import needs_budgets, register
-from relaylens.summaries import METRICS, accuracy_means, accuracy_scores, budget_label, condition_order
+from relaylens.summaries import accuracy_means, accuracy_scores, budget_label, condition_order, metric_list
 
 
 @register("figure3", "figure", "Figure 3: accuracy vs retention budget, one panel per selector", needs_budgets)
@@ -18,7 +18,7 @@ def figure3(tables: dict) -> Figure:
     present = set(means["condition"])
     conditions = [c for c in ("original", "relay") if c in present]
     conditions = conditions if len(conditions) == 2 else condition_order(present)
-    metrics = [m for m in METRICS if (means["metric"] == m).any()]
+    metrics = metric_list(means)
     fig = Figure(figsize=(3.0 * len(selectors) + 0.4, 2.5 * len(metrics) + 0.5), layout="constrained")
     axes = fig.subplots(len(metrics), len(selectors), squeeze=False, sharey="row")
     for i, metric in enumerate(metrics):

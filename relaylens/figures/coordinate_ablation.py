@@ -7,8 +7,8 @@ from matplotlib.figure import Figure
 
 from relaylens import plots
 from relaylens.figures.registry import needs_other_conditions, register
-from relaylens.summaries import (METRICS, REFERENCE, accuracy_means, accuracy_scores, condition_order,
-                                 forward_evidence_share, paired_deltas)
+from relaylens.summaries import (REFERENCE, accuracy_means, accuracy_scores, condition_order,
+                                 forward_evidence_share, metric_list, paired_deltas)
 from relaylens.tables import get_table
 
 
@@ -20,15 +20,17 @@ def figure4(tables: dict) -> Figure:
     deltas = paired_deltas(scores, [])
     conditions = condition_order(scores["condition"].unique())
     share = forward_evidence_share(get_table(tables, "probes"))
-    panels = 3 + (not share.empty)
+    metrics = metric_list(means)
+    n = len(metrics)
+    panels = n + 1 + (not share.empty)
     fig = Figure(figsize=(3.3 * panels, 3.2), layout="constrained")
     axes = fig.subplots(1, panels, squeeze=False)[0]
-    for ax, metric in zip(axes[:2], METRICS):
+    for ax, metric in zip(axes[:n], metrics):
         plots.condition_bars(ax, means, metric, conditions)
         ax.set_title(plots.metric_label(metric))
-    plots.delta_points(axes[2], deltas, [c for c in conditions if c != REFERENCE], REFERENCE)
-    axes[2].set_title(f"paired difference vs {REFERENCE}")
+    plots.delta_points(axes[n], deltas, [c for c in conditions if c != REFERENCE], REFERENCE)
+    axes[n].set_title(f"paired difference vs {REFERENCE}")
     if not share.empty:
-        plots.band_delta_panel(axes[3], share, conditions, REFERENCE)
+        plots.band_delta_panel(axes[n + 1], share, conditions, REFERENCE)
     fig.supxlabel(f"{plots.units_note(scores)}; error bars: 95% cluster bootstrap", fontsize=7, color="#555555")
     return fig

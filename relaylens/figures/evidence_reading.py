@@ -1,4 +1,4 @@
-"""Figure 6 and Table 8 (``analyses/evidence_reading.py``): how each layer reads the retained gold evidence under
+"""Figure 6 and the layer-band table (``analyses/evidence_reading.py``): how each layer reads the retained gold evidence under
 original / half_gap / relay (phase-replay gold share, evidence attention share, evidence value norm), the
 compaction(alpha) curve per band, and the band table behind it (deltas vs original; pp for shares)."""
 
@@ -19,9 +19,9 @@ FIGURE6_CONDITIONS = ("original", "half_gap", "relay")
 PROBE_POINTS = (("question_final", "final question token"), ("first_answer_token", "first answer token (teacher-forced)"))
 
 
-@register("table8", "table", "Table 8: evidence reading by layer band (deltas vs original; pp for shares)",
-          needs_probes)
-def table8(tables: dict) -> pd.DataFrame:
+@register("layer_bands", "table", "Layer-band table: evidence reading by early / middle / late band (deltas vs "
+          "original; pp for shares)", needs_probes)
+def layer_bands(tables: dict) -> pd.DataFrame:
     probes = get_table(tables, "probes")
     probes = probes[probes["source"] != SWEEP_SOURCE]  # the layer sweep has its own figure (layer_scope)
     num_layers = int(probes["layer"].max()) + 1
@@ -56,17 +56,22 @@ def _annotate_band_deltas(ax, data: pd.DataFrame, num_layers: int, conditions: l
                     fontsize=6.5, color=plots.condition_color(cond), zorder=5)
 
 
-@register("figure6", "figure", "Figure 6: evidence reading per layer, with the compaction(alpha) curve", needs_probes)
+@register("figure6", "figure", "Figure 6: evidence reading per layer and selector, with the compaction(alpha) curve",
+          needs_probes)
 def figure6(tables: dict) -> Figure:
-    probes = get_table(tables, "probes")
-    num_layers = int(probes["layer"].max()) + 1
-    points = [(p, label) for p, label in PROBE_POINTS if (probes["probe_point"] == p).any()]
-    fig = Figure(figsize=(13.0, 2.9 * len(points) + 0.4), layout="constrained")
-    axes = fig.subplots(len(points), 4, squeeze=False)
-    present = set(probes["condition"])
+    every = get_table(tables, "probes")
+    num_layers = int(every["layer"].max()) + 1
+    points = [(p, label) for p, label in PROBE_POINTS if (every["probe_point"] == p).any()]
+    selectors = sorted(every["selector"].unique())  # each selector its own rows: never pooled
+    rows = [(sel, p, label) for sel in selectors for p, label in points]
+    fig = Figure(figsize=(13.0, 2.9 * len(rows) + 0.4), layout="constrained")
+    axes = fig.subplots(len(rows), 4, squeeze=False)
+    present = set(every["condition"])
     main_conditions = [c for c in FIGURE6_CONDITIONS if c in present] or [
         c for c in condition_order(present) if not c.startswith("compaction(")]
-    for i, (point, point_label) in enumerate(points):
+    for i, (selector, point, point_label) in enumerate(rows):
+        probes = every[every["selector"] == selector]
+        point_label = f"{point_label}, {selector}"
         for j, (source, metric, label) in enumerate(EVIDENCE_PANELS):
             ax = axes[i, j]
             data = probes[(probes["probe_point"] == point) & (probes["source"] == source) & (probes["metric"] == metric)
@@ -90,7 +95,7 @@ def figure6(tables: dict) -> Figure:
             handles.setdefault(lab, h)
     ordered = [c for c in main_conditions if c in handles]
     fig.legend([handles[c] for c in ordered], ordered, loc="outside upper center", ncols=max(1, min(len(ordered), 6)))
-    n = probes["record_id"].nunique()
+    n = every["record_id"].nunique()
     fig.supxlabel(f"{n} record{'s' if n != 1 else ''}; mean over records and heads; shaded: early / middle / late "
                   "layer bands; numbers: band mean minus original (pp for shares)", fontsize=7, color="#555555")
     return fig

@@ -9,8 +9,8 @@ from matplotlib.figure import Figure
 
 from relaylens import plots
 from relaylens.figures.registry import needs_ordering, register
-from relaylens.summaries import (METRICS, REFERENCE, accuracy_means, accuracy_scores, condition_order,
-                                 forward_evidence_share, paired_deltas, with_random_mean)
+from relaylens.summaries import (REFERENCE, accuracy_means, accuracy_scores, condition_order,
+                                 forward_evidence_share, paired_deltas, with_random_mean, metric_list)
 from relaylens.tables import get_table
 
 
@@ -30,9 +30,11 @@ def figure5(tables: dict) -> Figure:
         keys = ["record_id", "selector", "budget", "probe_point", "source", "layer", "head", "metric"]
         mean = rnd.groupby(keys, sort=True)["value"].mean().reset_index().assign(condition="RandomMean")
         share = pd.concat([share.drop(rnd.index), mean[share.columns]], ignore_index=True)
-    fig = Figure(figsize=(3.5 * (3 + (not share.empty)), 3.3), layout="constrained")
-    axes = fig.subplots(1, 3 + (not share.empty))
-    for ax, metric in zip(axes[:2], METRICS):
+    metrics = metric_list(means)
+    n = len(metrics)
+    fig = Figure(figsize=(3.5 * (n + 1 + (not share.empty)), 3.3), layout="constrained")
+    axes = fig.subplots(1, n + 1 + (not share.empty), squeeze=False)[0]
+    for ax, metric in zip(axes[:n], metrics):
         centres = plots.condition_bars(ax, means, metric, conditions)
         sm = seed_means[seed_means["metric"] == metric]
         if ("RandomMean", None) in centres and not sm.empty:
@@ -44,11 +46,11 @@ def figure5(tables: dict) -> Figure:
             ax.legend(loc="upper left")
         ax.set_title(plots.metric_label(metric))
         ax.set_ylim(0, max(1.05, ax.get_ylim()[1] * 1.15))
-    plots.delta_points(axes[2], deltas, [c for c in conditions if c != reference], reference)
-    axes[2].set_title(f"paired difference vs {reference} (source order)" if reference == "relay"
+    plots.delta_points(axes[n], deltas, [c for c in conditions if c != reference], reference)
+    axes[n].set_title(f"paired difference vs {reference} (source order)" if reference == "relay"
                       else f"paired difference vs {reference}")
     if not share.empty:
-        plots.band_delta_panel(axes[3], share, conditions, reference)
+        plots.band_delta_panel(axes[n + 1], share, conditions, reference)
     n_seeds = seeds["condition"].nunique()
     fig.supxlabel(f"{plots.units_note(scores)}; RandomMean over {n_seeds} seed{'s' if n_seeds != 1 else ''}; "
                   "error bars: 95% cluster bootstrap", fontsize=7, color="#555555")

@@ -34,12 +34,15 @@ __all__ = ["REGISTRY", "ORDER", "COMPANIONS", "FigureEntry", "FigureError", "reg
            "needs_answers", "needs_other_conditions", "needs_budgets", "needs_ordering", "needs_rank_sync",
            "needs_probes"]
 
-ORDER = ("table1", "table2", "table6", "table7", "table8", "table3", "figure3", "figure4", "figure5", "figure6",
-         "figure6_attribution", "alignment")
+ORDER = ("table1", "table2", "table6", "table7", "table8", "cross_judge", "layer_bands", "table3", "figure3", "figure4",
+         "figure5", "figure6", "figure6_attribution", "alignment")
 """The order in which entries are drawn and listed (entries not named here follow, in registration order)."""
-COMPANIONS = {"figure6": ("table8", "figure6_attribution")}
-"""Entries drawn together with a figure named in ``SPEC.figures`` (Figure 6's numbers are Table 8; its attribution
-companion is drawn when the probes table has attribution readouts)."""
+CROSS_RUN = ("table1", "table8", "cross_judge")
+"""Entries built across several run directories (one per model x dataset)."""
+COMPANIONS = {"figure6": ("layer_bands", "figure6_attribution"), "table1": ("table8", "cross_judge")}
+"""Entries drawn together with an entry named in ``SPEC.figures`` (Figure 6's numbers are the layer-band table and
+its attribution companion is drawn when the probes table has attribution readouts; Table 1's paired differences per
+setting are Table 8; a second judge adds the cross-judge table)."""
 
 
 class FigureError(RelaylensError):
@@ -77,8 +80,16 @@ def names() -> list[str]:
 # ------------------------------------------------------------------------------------------------ requirements
 
 def needs_scores(tables: dict) -> str | None:
-    """Why accuracy figures cannot be drawn (no contains/f1 rows), or None."""
-    return None if len(accuracy_scores(tables)) else "no contains/f1 rows in the scores table"
+    """Why accuracy figures cannot be drawn (no rows of the reported metrics), or None."""
+    chosen = "/".join(tables.get("metrics") or ("contains", "f1"))
+    return None if len(accuracy_scores(tables)) else f"no {chosen} rows in the scores table"
+
+
+def needs_relay_pairs(tables: dict) -> str | None:
+    """Why Table 8 cannot be built (no original/relay pairs), or None."""
+    reason = needs_scores(tables)
+    conds = set(accuracy_scores(tables)["condition"])
+    return reason or (None if {"original", "relay"} <= conds else "no original and relay conditions to pair")
 
 
 def needs_answers(tables: dict) -> str | None:
@@ -142,7 +153,44 @@ def build(name: str, tables: dict) -> Figure | pd.DataFrame:
     if reason:
         raise FigureError(f"cannot build {name}: {reason}")
     with plots.style():
-        return REGISTRY[name].build(tables)
+        result = REGISTRY[name].build(tables)
+        footer = footer_lines(tables)
+        if isinstance(result, Figure) and footer:
+            label = getattr(result, "_supxlabel", None)  # the figure's footnote, extended with the run's caveats
+            if label is not None:
+                label.set_text("\n".join([label.get_text(), *footer]))
+            else:
+                result.supxlabel("\n".join(footer), fontsize=7, color="#555555")
+        return result
+
+
+def footer_lines(tables: dict) -> list[str]:
+    """What every figure footer and table note states: the metric note (when the run lacks the paper's metric)
+    and "gold evidence retained in X of N records" per selector and budget."""
+    from relaylens.retention import retention_lines
+
+    lines = [tables["metric_note"]] if tables.get("metric_note") else []
+    answers = get_table(tables, "answers")
+    if len(answers):
+        retained = retention_lines(answers)
+        if retained:
+            lines.append("; ".join(retained))
+    return lines
+
+
+def prepare_tables(tables: dict, metric: str | None = None, retained_only: bool = False) -> dict:
+    """``tables`` with the metric choice (``tables["metrics"]``, ``tables["metric_note"]``; see
+    :func:`relaylens.crossrun.choose_metrics`) and, with ``retained_only``, probes restricted to the units whose
+    gold evidence survived the selection (the answers keep every unit, so footers still count all of them)."""
+    from relaylens.crossrun import choose_metrics
+    from relaylens.retention import restrict_to_retained
+
+    metrics, note = choose_metrics(get_table(tables, "scores"), metric)
+    out = dict(tables, metrics=metrics, metric_note=note)
+    if retained_only and len(get_table(tables, "probes")):
+        out["probes"] = restrict_to_retained(tables["probes"], get_table(tables, "answers"))
+        out["metric_note"] = "; ".join(filter(None, [note, "probes: records whose gold evidence was retained"]))
+    return out
 
 
 # ------------------------------------------------------------------------------------------------ run drawing
@@ -184,36 +232,54 @@ def write_entry(name: str, tables: dict, out_dir: str | Path, formats: Sequence[
     if isinstance(result, pd.DataFrame):
         csv, md = out_dir / f"{name}.csv", out_dir / f"{name}.md"
         write_atomic(csv, result.to_csv(index=False, float_format="%.6g", lineterminator="\n"))
-        write_atomic(md, f"**{REGISTRY[name].title}**\n\n" + table_markdown(result))
+        notes = [result.attrs["note"]] if result.attrs.get("note") else []
+        notes += footer_lines(tables)
+        write_atomic(md, f"**{REGISTRY[name].title}**\n\n" + table_markdown(result)
+                     + "".join(f"\n{line}\n" for line in notes))
         return [csv, md]
     return plots.save_figure(result, out_dir / name, formats)
 
 
 def write_figures(run_dir: str | Path, only: str | Sequence[str] | None = None,
                   formats: Sequence[str] = plots.FORMATS, all_supported: bool = False,
-                  progress: Callable[[str], None] | None = None) -> list[Path]:
-    """Draw the run's figures/tables into ``RUN_DIR/figures/`` (see :func:`select_figures`); returns the files."""
+                  progress: Callable[[str], None] | None = None, metric: str | None = None,
+                  retained_only: bool = False, out: str | Path | None = None) -> list[Path]:
+    """Draw the run's figures/tables into ``RUN_DIR/figures/`` (see :func:`select_figures`); returns the files.
+
+    ``metric`` is a ``--metric`` name (default: the paper's metric when the run has it); ``retained_only`` restricts
+    probe figures to records whose gold evidence survived (:func:`prepare_tables`). Several run directories (one
+    per model x dataset) build the cross-run tables (:data:`CROSS_RUN`) into ``out``."""
+    from relaylens.crossrun import load_runs
     from relaylens.results import RunStore, load_tables
 
     for fmt in formats:
         if fmt not in plots.FORMATS:
             raise FigureError(f"unknown figure format {fmt!r}; choose from {', '.join(plots.FORMATS)}")
+    run_dirs = [Path(run_dir)] if isinstance(run_dir, (str, Path)) else [Path(d) for d in run_dir]
+    if len(run_dirs) == 1:
+        manifest = RunStore.open(run_dirs[0]).manifest
+        tables = prepare_tables(load_tables(run_dirs[0]), metric, retained_only)
+        out_dir = Path(out) if out else run_dirs[0] / "figures"
+        chosen = select_figures(tables, manifest, only, all_supported)
+    else:
+        if out is None:
+            raise FigureError("several run directories make cross-run tables; pass --out DIR for them")
+        grid, labels = load_runs(run_dirs)
+        tables = prepare_tables(grid, metric, retained_only)
+        manifest = {"analysis": "cross-run", "runs": labels}
+        out_dir = Path(out)
+        chosen = select_figures(tables, manifest, only or [n for n in CROSS_RUN if supported(tables, n) is None])
+    from contextlib import nullcontext
+
     from relaylens.locks import run_lock
 
-    run_dir = Path(run_dir)
-    manifest = RunStore.open(run_dir).manifest
-    with run_lock(run_dir, "figures"):  # one writer per run directory; every file written atomically
-        return _write_figures(run_dir, manifest, load_tables(run_dir), only, formats, all_supported, progress)
-
-
-def _write_figures(run_dir: Path, manifest: dict, tables: dict, only, formats, all_supported, progress) -> list[Path]:
-    chosen = select_figures(tables, manifest, only, all_supported)
     paths = []
-    for name in chosen:
-        if progress:
-            progress(name)
-        paths += write_entry(name, tables, run_dir / "figures", formats)
-    index = {"analysis": manifest.get("analysis"), "entries": chosen,
-             "files": [p.name for p in paths]}
-    write_atomic(run_dir / "figures" / "index.json", json.dumps(index, indent=2, sort_keys=True) + "\n")
+    with run_lock(run_dirs[0], "figures") if len(run_dirs) == 1 else nullcontext():  # one writer per run directory
+        for name in chosen:
+            if progress:
+                progress(name)
+            paths += write_entry(name, tables, out_dir, formats)
+        index = {"analysis": manifest.get("analysis"), "entries": chosen,
+                 "files": [p.name for p in paths]}
+        write_atomic(out_dir / "index.json", json.dumps(index, indent=2, sort_keys=True) + "\n")
     return paths
