@@ -32,6 +32,7 @@ from matplotlib.figure import Figure
 from relaylens import plots
 from relaylens.figures import REGISTRY, build, select_figures
 from relaylens.figures.heatmap import HEATMAP_METRIC, evidence_heatmap
+from relaylens.figures.layer_scope import report_rows
 from relaylens.figures.registry import check_not_empty, needs_probes
 from relaylens.summaries import (REFERENCE, accuracy_scores, accuracy_table, budget_label, condition_order, layer_table,
                                  metric_list, table_cells)
@@ -278,31 +279,6 @@ def _drilldown(tables: dict) -> list[dict]:
     return units
 
 
-def _scope_rows(tables: dict) -> tuple[list[dict], list[dict]]:
-    """Layer-scope rows (scoped conditions vs original, paired) and per-layer sweep rows, when the run has them."""
-    from relaylens.figures.layer_scope import layer_scope_table, sweep_curves
-
-    conditions = set(get_table(tables, "scores")["condition"])
-    scopes = []
-    if any("@" in c for c in conditions):
-        table = layer_scope_table(tables)
-        for cond, g in table.groupby("condition", sort=False):
-            by_metric = {r["metric"]: r for _, r in g.iterrows()}
-            cells = []
-            for metric in ("contains", "evidence_share"):
-                r = by_metric.get(metric)
-                cells.append("" if r is None else f"{r['mean']:+.3f} [{r['low']:.3f}, {r['high']:.3f}]")
-            scopes.append({"condition": cond, "n": int(g["n"].max()), "cells": cells})
-    curves = sweep_curves(tables)
-    sweep = []
-    if len(curves):
-        wide = curves.set_index(["layer", "metric", "kind"])["mean"]
-        for layer in sorted(curves["layer"].unique()):
-            sweep.append({"layer": int(layer), "cells": [_num(wide.get((layer, metric, kind))) for metric in
-                          ("first_answer_logprob", "evidence_share") for kind in ("single", "cumulative")]})
-    return scopes, sweep
-
-
 def report_context(tables: dict, manifest: dict, figure_names: list[str] | None = None,
                    views: list[dict] | None = None) -> dict:
     """Everything the template needs (plain strings, numbers and base64 PNGs).
@@ -325,7 +301,7 @@ def report_context(tables: dict, manifest: dict, figure_names: list[str] | None 
             head, rows = table_cells(build(name, everything))
             paper_tables.append({"name": name, "title": entry.title, "head": head, "rows": rows})
     has_probes = needs_probes(tables) is None
-    scope_rows, sweep_rows = _scope_rows(tables)
+    scope_rows, sweep_rows = report_rows(tables)
     per_layer = layer_table(probes) if has_probes else None
     data = {
         "analysis": manifest.get("analysis"),

@@ -158,3 +158,30 @@ def layer_scope_table(tables: dict) -> pd.DataFrame:
     order = {c: i for i, c in enumerate(scope_order(deltas["condition"]))}
     deltas = deltas[deltas["condition"].isin(order)]
     return deltas.assign(_o=deltas["condition"].map(order)).sort_values(["metric", "_o"]).drop(columns="_o").reset_index(drop=True)
+
+
+def _fmt(value) -> str:
+    return "" if value is None or not np.isfinite(value) else f"{value:.3f}"
+
+
+def report_rows(tables: dict) -> tuple[list[dict], list[dict]]:
+    """Layer-scope rows (scoped conditions vs original, paired) and per-layer sweep rows, when the run has them."""
+    conditions = set(get_table(tables, "scores")["condition"])
+    scopes = []
+    if any("@" in c for c in conditions):
+        table = layer_scope_table(tables)
+        for cond, g in table.groupby("condition", sort=False):
+            by_metric = {r["metric"]: r for _, r in g.iterrows()}
+            cells = []
+            for metric in ("contains", "evidence_share"):
+                r = by_metric.get(metric)
+                cells.append("" if r is None else f"{r['mean']:+.3f} [{r['low']:.3f}, {r['high']:.3f}]")
+            scopes.append({"condition": cond, "n": int(g["n"].max()), "cells": cells})
+    curves = sweep_curves(tables)
+    sweep = []
+    if len(curves):
+        wide = curves.set_index(["layer", "metric", "kind"])["mean"]
+        for layer in sorted(curves["layer"].unique()):
+            sweep.append({"layer": int(layer), "cells": [_fmt(wide.get((layer, metric, kind))) for metric in
+                          ("first_answer_logprob", "evidence_share") for kind in ("single", "cumulative")]})
+    return scopes, sweep
