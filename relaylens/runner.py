@@ -409,9 +409,9 @@ def _run_units(model, tokenizer, factors, records, spec: ExperimentSpec, config:
             for unit, answers, scores, probes, view in process_record(
                     model, tokenizer, factors, record, prompt, prefill, prefill_s, units, spec, config, judge,
                     views=order < config.view_records):
-                if view is not None:
-                    write_view(store.run_dir, view | {"order": order})
                 store.write_unit(UnitKey(record.record_id, unit.selector, unit.budget), answers, scores, probes)
+                if view is not None:  # after the commit: a failed unit leaves no view behind (reliability suite)
+                    write_view(store.run_dir, view | {"order": order})
                 _advance(live, task, 1, record.record_id, "committed")
 
 

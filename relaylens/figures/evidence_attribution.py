@@ -9,7 +9,7 @@ import pandas as pd
 from matplotlib.figure import Figure
 
 from relaylens import plots
-from relaylens.figures.evidence_reading import FIGURE6_CONDITIONS, PROBE_POINTS, _annotate_band_deltas
+from relaylens.figures.evidence_reading import FIGURE6_CONDITIONS, PROBE_POINTS, annotate_band_deltas
 from relaylens.figures.registry import register
 from relaylens.summaries import SHARE_METRICS, condition_order
 from relaylens.tables import get_table
@@ -51,7 +51,7 @@ def figure6_attribution(tables: dict) -> Figure:
             plots.layer_lines(ax, per_layer, conditions, num_layers)
             if metric not in SHARE_METRICS:
                 ax.axhline(0.0, color="#888888", lw=0.6, zorder=1)
-            _annotate_band_deltas(ax, data, num_layers, conditions, metric in SHARE_METRICS)
+            annotate_band_deltas(ax, data, num_layers, conditions, metric in SHARE_METRICS)
             ax.set_title(f"{label}\n{point_label}", fontsize=8.5, pad=12)
             ax.set_ylabel(metric, fontsize=7)
     handles = {}

@@ -38,7 +38,7 @@ def layer_bands(tables: dict) -> pd.DataFrame:
     return out.drop(columns=["_b", "_c", "_s", "_p"]).reset_index(drop=True)
 
 
-def _annotate_band_deltas(ax, data: pd.DataFrame, num_layers: int, conditions: list[str], share: bool) -> None:
+def annotate_band_deltas(ax, data: pd.DataFrame, num_layers: int, conditions: list[str], share: bool) -> None:
     """Write each condition's band delta vs original (pp for shares) inside the band, in the condition's colour."""
     bt = band_table(data, num_layers, [])
     others = [c for c in conditions if c != REFERENCE and c in set(bt["condition"])]
@@ -85,7 +85,7 @@ def figure6(tables: dict) -> Figure:
             share = metric in SHARE_METRICS
             top = float(per_layer["value"].max())
             ax.set_ylim(bottom=0 if per_layer["value"].min() >= 0 else None, top=top * 1.45 if top > 0 else 1)
-            _annotate_band_deltas(ax, data, num_layers, main_conditions, share)
+            annotate_band_deltas(ax, data, num_layers, main_conditions, share)
             ax.set_title(f"{label}\n{point_label}", fontsize=8.5, pad=12)
             ax.set_ylabel(metric)
         _alpha_panel(axes[i, 3], probes, point, point_label, num_layers)
