@@ -9,7 +9,31 @@ are 95% paired cluster-bootstrap intervals (:mod:`relaylens.bootstrap`, through 
 One file per figure, named after its analysis; :mod:`relaylens.figures.registry` holds the registry
 (:data:`REGISTRY`, by name; ``SPEC.figures`` of each analysis names its entries) and the run-directory writer.
 
-=========== ======= =================== ====================================================================="""
+=================== ====== ==================== =========================================================================
+name                kind   file                 what
+=================== ====== ==================== =========================================================================
+table1              table  main_table           accuracy per selector and condition, paired difference vs original
+table2              table  infinitebench        InfiniteBench per task: official metric, original vs relay, paired delta
+table6              table  question_types       accuracy per question type
+table7              table  finch_comparison     FINCH (own coordinates) vs selectors + relay, paired differences to FINCH
+table8              table  paired_settings      paired RoPERelay - original difference per setting, sign counts
+cross_judge         table  cross_judge          gain under each judge, agreement and Cohen's kappa
+layer_bands         table  evidence_reading     evidence reading by early / middle / late band (deltas vs original)
+table3              table  overhead             complete-request time per condition and overhead over original
+figure3             figure budget_curves        accuracy vs budget, one panel per selector, original vs relay
+figure4             figure coordinate_ablation  per-condition means and paired differences vs original, band deltas
+figure5             figure ordering             source / score / reverse / RandomMean and the seed spread
+figure6             figure evidence_reading     evidence reading per layer + the compaction(alpha) curve
+figure6_attribution figure evidence_attribution Figure 6's companion: attribution of the answer to the evidence
+alignment           figure alignment            relay (right-aligned) vs rank_sync (left-aligned)
+layer_scope         figure layer_scope          relay per band / layer type vs original; per-layer causal sweep curves
+=================== ====== ==================== =========================================================================
+
+Example:
+    >>> sorted(REGISTRY)  # doctest: +NORMALIZE_WHITESPACE
+    ['alignment', 'cross_judge', 'figure3', 'figure4', 'figure5', 'figure6', 'figure6_attribution',
+     'layer_bands', 'layer_scope', 'table1', 'table2', 'table3', 'table6', 'table7', 'table8']
+"""
 
 from __future__ import annotations
 
