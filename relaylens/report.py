@@ -38,6 +38,7 @@ from relaylens.summaries import (REFERENCE, accuracy_scores, accuracy_table, bud
                                  metric_list, table_cells)
 from relaylens.tables import get_table
 from relaylens.views import view_html
+from relaylens.htmlsafe import clean, defang, finalize, interval, json_script, num, records
 
 __all__ = ["render_report", "write_report", "report_context", "TEMPLATE"]
 
@@ -45,68 +46,6 @@ TEMPLATE = "report.html.j2"
 OWN_SECTIONS = ("table1", "layer_bands")
 """Registered tables the report shows in sections of its own (conditions, evidence bands); every other table a run
 draws (e.g. Table 2, Table 7) gets a table of its own in the "Tables" section."""
-
-
-# ------------------------------------------------------------------------------------------------- formatting
-
-def _defang(text: str) -> str:
-    return text.replace("://", ":&#47;&#47;")
-
-
-def _finalize(value: Any) -> Any:
-    """Jinja ``finalize``: escape, then write ``://`` as ``:&#47;&#47;`` (renders the same, is no URL)."""
-    if value is None:
-        return ""
-    if isinstance(value, Markup):
-        return value
-    if isinstance(value, str):
-        return Markup(_defang(str(escape(value))))
-    return value
-
-
-def _num(v: Any, digits: int = 3) -> str:
-    if v is None or (isinstance(v, float) and not math.isfinite(v)):
-        return ""
-    if isinstance(v, (int, np.integer)) and not isinstance(v, bool):
-        return str(int(v))
-    v = float(v)
-    return f"{v:.{digits}f}" if abs(v) >= 10 ** -digits or v == 0 else f"{v:.2e}"
-
-
-def _interval(row: pd.Series, col: str, signed: bool = False) -> str:
-    v = row.get(col)
-    if v is None or not np.isfinite(v):
-        return ""
-    lo, hi = row.get(f"{col}_low"), row.get(f"{col}_high")
-    head = f"{v:+.3f}" if signed else f"{v:.3f}"
-    return head + (f" [{lo:.3f}, {hi:.3f}]" if lo is not None and np.isfinite(lo) and np.isfinite(hi) else "")
-
-
-def _json_script(data: Any) -> Markup:
-    """JSON safe inside ``<script type="application/json">``: ``<``, ``>``, ``&`` and ``/`` escaped."""
-    text = json.dumps(data, sort_keys=True, allow_nan=False, default=str, separators=(",", ":"))
-    for a, b in (("<", "\\u003c"), (">", "\\u003e"), ("&", "\\u0026"), ("/", "\\/")):
-        text = text.replace(a, b)
-    return Markup(text)
-
-
-def _clean(obj: Any) -> Any:
-    """Replace NaN/inf with None and numpy scalars with Python ones (strict JSON)."""
-    if isinstance(obj, dict):
-        return {str(k): _clean(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_clean(v) for v in obj]
-    if isinstance(obj, (np.integer,)):
-        return int(obj)
-    if isinstance(obj, (float, np.floating)):
-        return float(obj) if math.isfinite(obj) else None
-    if isinstance(obj, (np.bool_,)):
-        return bool(obj)
-    return obj
-
-
-def _records(df: pd.DataFrame) -> list[dict]:
-    return _clean(df.to_dict(orient="records"))
 
 
 def _png(fig: Figure, dpi: int = 100) -> str:
@@ -175,8 +114,8 @@ def _condition_table(tables: dict) -> tuple[list[dict], pd.DataFrame | None]:
     for _, r in table.iterrows():
         rows.append({"selector": r["selector"], "budget": budget_label(float(r["budget"])),
                      "condition": r["condition"], "n": int(r["n"]),
-                     "cells": [_interval(r, m) for m in metric_list(accuracy_scores(tables)) if m in table]
-                     + [_interval(r, f"{m}_delta", signed=True) for m in metric_list(accuracy_scores(tables))
+                     "cells": [interval(r, m) for m in metric_list(accuracy_scores(tables)) if m in table]
+                     + [interval(r, f"{m}_delta", signed=True) for m in metric_list(accuracy_scores(tables))
                         if m in table]})
     return rows, table
 
@@ -191,7 +130,7 @@ def _readout_name(point: str, source: str, metric: str) -> str:
 
 
 def _with_delta(value: float, delta: float, delta_pp: float, reference: bool) -> str:
-    text = _num(value)
+    text = num(value)
     if not reference and np.isfinite(delta):
         text += f" ({delta_pp:+.1f}pp)" if np.isfinite(delta_pp) else f" ({delta:+.3f})"
     return text
@@ -269,7 +208,7 @@ def _drilldown(tables: dict) -> list[dict]:
             main = values.get(metrics[0]) if metrics else None  # correctness under the reported metric
             correct = None if main is None or not np.isfinite(main) else bool(main >= 0.5)
             rows.append({"condition": r["condition"], "answer": r["answer"], "stop": r["stop_reason"],
-                         "tokens": int(r["new_tokens"]), "contains": _num(contains), "f1": _num(values.get("f1")),
+                         "tokens": int(r["new_tokens"]), "contains": num(contains), "f1": num(values.get("f1")),
                          "correct": correct})
         n_correct = sum(1 for r in rows if r["correct"])
         units.append({"id": f"rec-{len(units)}", "record_id": rid, "selector": sel,
@@ -305,8 +244,8 @@ def report_context(tables: dict, manifest: dict, figure_names: list[str] | None 
     per_layer = layer_table(probes) if has_probes else None
     data = {
         "analysis": manifest.get("analysis"),
-        "conditions": _records(condition_table) if condition_table is not None else [],
-        "layers": _records(per_layer) if per_layer is not None else [],
+        "conditions": records(condition_table) if condition_table is not None else [],
+        "layers": records(per_layer) if per_layer is not None else [],
     }
     return {
         "title": f"relaylens report: {manifest.get('analysis') or 'run'}",
@@ -326,7 +265,7 @@ def report_context(tables: dict, manifest: dict, figure_names: list[str] | None 
         "records": _drilldown(tables) if len(tables["answers"]) else [],
         "scope_rows": scope_rows,
         "sweep_rows": sweep_rows,
-        "data_json": _json_script(_clean(data)),
+        "data_json": json_script(clean(data)),
         "token_view": Markup(view_html(views)) if views else None,
         "token_view_records": len({v["record_id"] for v in views or []}),
     }
@@ -336,7 +275,7 @@ def _environment():
     import jinja2
 
     return jinja2.Environment(loader=jinja2.PackageLoader("relaylens", "templates"), autoescape=True,
-                              finalize=_finalize, undefined=jinja2.StrictUndefined, keep_trailing_newline=True)
+                              finalize=finalize, undefined=jinja2.StrictUndefined, keep_trailing_newline=True)
 
 
 def render_report(tables: dict, manifest: dict, figure_names: list[str] | None = None,
