@@ -129,24 +129,31 @@ def build_cache(
         return _build_cache(prefill, selection, condition, factors, window_mode, grad)
 
 
+def _gather_layer(prefill, selection, coords, layer: int):
+    """One layer's kept states, cut to the layer's widest head: validity, source and target positions
+    ``[kv_head, slot]``, kept keys and values ``[kv_head, slot, head_dim]`` (padding reads slot 0)."""
+    valid = selection.valid[layer]  # [kv_head, slot]
+    width = int(valid.sum(-1).max())
+    valid = valid[:, :width]
+    source = selection.positions[layer, :, :width].clamp_min(0)  # [kv_head, slot]
+    target = torch.where(valid, coords.key_positions[layer, :, :width], source)
+    keys = prefill.keys[layer]  # [kv_head, L, head_dim]
+    index = source[..., None].expand(-1, -1, keys.shape[-1]).to(keys.device)
+    kept_keys = keys.gather(1, index)  # [kv_head, slot, head_dim]
+    if selection.values is not None:
+        kept_values = selection.values[layer, :, :width].to(prefill.values[layer])
+    else:
+        kept_values = prefill.values[layer].gather(1, index)
+    return valid, source, target, kept_keys, kept_values
+
+
 def _build_cache(prefill, selection, condition, factors, window_mode: str, grad: bool) -> RelocatedCache:
     _check_selection(prefill, selection)
     coords = coordinates_of(condition, selection)
     state = AttentionState(window_mode=window_mode, head_inputs={} if grad else None)
     data, widths, inputs = [], [], []
     for layer in range(prefill.num_layers):
-        valid = selection.valid[layer]  # [kv_head, slot]
-        width = int(valid.sum(-1).max())
-        valid = valid[:, :width]
-        source = selection.positions[layer, :, :width].clamp_min(0)  # [kv_head, slot]; padding reads slot 0
-        target = torch.where(valid, coords.key_positions[layer, :, :width], source)
-        keys = prefill.keys[layer]  # [kv_head, L, head_dim]
-        index = source[..., None].expand(-1, -1, keys.shape[-1]).to(keys.device)
-        kept_keys = keys.gather(1, index)  # [kv_head, slot, head_dim]
-        if selection.values is not None:
-            kept_values = selection.values[layer, :, :width].to(prefill.values[layer])
-        else:
-            kept_values = prefill.values[layer].gather(1, index)
+        valid, source, target, kept_keys, kept_values = _gather_layer(prefill, selection, coords, layer)
         try:
             moved = relocate_keys(kept_keys, source, target, factors, layer=layer if factors.per_layer else None)
         except NonFiniteError as err:
@@ -164,7 +171,7 @@ def _build_cache(prefill, selection, condition, factors, window_mode: str, grad:
         state.valid[layer] = valid
         state.key_positions[layer] = torch.where(valid, target, torch.full_like(target, -(10**9)))
         state.source_positions[layer] = torch.where(valid, source, torch.full_like(source, -(10**9)))
-        widths.append(width)
+        widths.append(valid.shape[-1])
     return RelocatedCache(cache_from_tensors(data), state, coords, widths, inputs if grad else None)
 
 
@@ -204,18 +211,7 @@ def relocate_selection(
     state = AttentionState(window_mode=window_mode)
     data, widths = [], []
     for layer in range(prefill.num_layers):
-        valid = selection.valid[layer]  # [kv_head, slot]
-        width = int(valid.sum(-1).max())
-        valid = valid[:, :width]
-        source = selection.positions[layer, :, :width].clamp_min(0)  # [kv_head, slot]; padding reads slot 0
-        target = torch.where(valid, coords.key_positions[layer, :, :width], source)
-        keys = prefill.keys[layer]  # [kv_head, L, head_dim]
-        index = source[..., None].expand(-1, -1, keys.shape[-1]).to(keys.device)
-        kept_keys = keys.gather(1, index)  # [kv_head, slot, head_dim]
-        if selection.values is not None:
-            kept_values = selection.values[layer, :, :width].to(prefill.values[layer])
-        else:
-            kept_values = prefill.values[layer].gather(1, index)
+        valid, source, target, kept_keys, kept_values = _gather_layer(prefill, selection, coords, layer)
         moving = (target != source).any(-1)  # [kv_head]: heads with at least one key to move
         pad = (~valid)[..., None].to(kept_keys.device)
         if bool(moving.any()):
@@ -242,7 +238,7 @@ def relocate_selection(
         state.valid[layer] = valid
         state.key_positions[layer] = torch.where(valid, target, torch.full_like(target, -(10**9)))
         state.source_positions[layer] = torch.where(valid, source, torch.full_like(source, -(10**9)))
-        widths.append(width)
+        widths.append(valid.shape[-1])
     return RelocatedLayers(data, state, coords, widths)
 
 
