@@ -227,7 +227,7 @@ def process_record(model, tokenizer, factors, record: Record, prompt, prefill, p
     units = list(units)
     conditions = expand_conditions(spec.conditions, model)  # scoped conditions learn the model's layer types
     rows = [(unit, condition) for unit in units for condition in conditions]
-    size = 1 if attribution and do_probes else (config.batch_rows or len(rows))
+    size = 1 if attribution and do_probes else (config.batch_rows or max(len(rows), 1))  # no rows: nothing to run
     outcomes: list[tuple] = []  # per row, in order: (generation, probed or None, elapsed_s, rows in its batch)
     width = len(conditions)
     for first in range(0, len(rows), size):
