@@ -146,3 +146,16 @@ def test_summarization_runs_end_to_end_with_the_stub_judge(tmp_path):
     assert list(table10["setting"]) == ["FullKV", "snapkv 10% original", "snapkv 10% relay"]
     assert (table10["n"] == 2).all() and table10["quality"].between(0, 1).all()
     assert set(build("table11", tables)["category"]) == {items[0]["category"], items[1]["category"]}
+    # `relaylens judge RUN_DIR`: a second judge re-scores the same summaries by checklist, answers untouched
+    from relaylens.figures.registry import prepare_tables
+    from relaylens.rejudge import rejudge_run
+
+    before = (out / "answers.parquet").read_bytes()
+    result = rejudge_run(out, Scripted(_reply([0.5] * 6)), "second")
+    assert result.judged == len(answers) and not result.failures and (out / "answers.parquet").read_bytes() == before
+    second = build("table10", prepare_tables(load_tables(out), "quality_second"))
+    assert (second["quality"] == 0.5).all() and (second["coverage"] == 0.5).all() and (second["failures"] == 0).all()
+    broken = rejudge_run(out, Scripted("no idea"), "broken")
+    assert len(broken.failures) == len(answers)
+    failed = build("table10", dict(load_tables(out), metrics=("quality_broken",)))  # every reply failed
+    assert (failed["failures"] == 2).all() and (failed["n"] == 0).all() and failed["quality"].isna().all()

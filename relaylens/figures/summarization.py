@@ -40,7 +40,7 @@ TABLE11_COLUMNS = ["category", "setting", *SETTING, "n", *METRICS]
 def needs_checklist(tables: dict) -> str | None:
     """Why Tables 10-11 cannot be built (no checklist-judged summaries), or None."""
     scores = get_table(tables, "scores")
-    if not (scores["metric"] == FAILED).any():
+    if not (scores["metric"] == FAILED + judge_suffix(tables)).any():
         return "no checklist judge scores (run the summarization analysis with --judge-model/--judge-url, or stub)"
     return None
 
@@ -53,10 +53,19 @@ def setting_label(selector: str, budget: float, condition: str) -> str:
     return f"{selector} {shown} {condition}"
 
 
+def judge_suffix(tables: dict) -> str:
+    """``""`` for the run's inline checklist judge, ``"_NAME"`` when the chosen metric is ``quality_NAME`` (a judge
+    added by ``relaylens judge RUN_DIR --name NAME``; ``--metric quality_NAME`` picks it)."""
+    chosen = (tables.get("metrics") or ("quality",))[0]
+    return chosen[len("quality"):] if chosen.startswith("quality_") else ""
+
+
 def _wide(tables: dict) -> pd.DataFrame:
     """One row per judged answer: key, category and the checklist metrics as columns."""
+    suffix = judge_suffix(tables)
     scores = get_table(tables, "scores")
-    scores = scores[scores["metric"].isin([*METRICS, FAILED])]
+    scores = scores[scores["metric"].isin([f"{m}{suffix}" for m in (*METRICS, FAILED)])]
+    scores = scores.assign(metric=scores["metric"].str.slice(0, -len(suffix) if suffix else None))
     wide = scores.pivot_table(index=["record_id", *SETTING, "question_type"], columns="metric", values="value",
                               aggfunc="first", dropna=False).reset_index()
     for column in (*METRICS, FAILED):
