@@ -148,3 +148,34 @@ def test_no_protected_tokens_is_the_plain_selection(pre):
 def test_bad_masks_are_named_errors(pre, mask, message):
     with pytest.raises(ShapeError, match=message):
         select_protected(make_selector("snapkv"), pre, None, 0.2, mask)
+
+
+def test_memory_runs_take_the_option_and_record_it(tmp_path):
+    """--protect-instructions on a memory task: the instruction, template and separators are kept on top of 30% of
+    the session tokens; the manifest records the option (absent when off, as before the option existed)."""
+    import json
+
+    from relaylens.datasets import load_records
+    from relaylens.datasets.synthetic import generate_records
+    from relaylens.experiments import apply_overrides, load_analysis
+    from relaylens.prompting import render_prompt
+    from relaylens.results import load_tables
+    from relaylens.runner import RunConfig, run_analysis
+    from relaylens.testing import tiny_model, tiny_tokenizer
+
+    data = tmp_path / "records.json"
+    data.write_text(json.dumps(generate_records(n=1, seed=3, history_tokens=600)))
+    base = load_analysis("main_table").SPEC
+    assert base.protect_instructions is False and "protect_instructions" not in base.to_dict()
+    spec = apply_overrides(base, selectors=["snapkv:window=8"], conditions=["relay"], budgets=(0.3,), max_new_tokens=2,
+                           protect_instructions=True)
+    model, tok = tiny_model("llama", seed=0), tiny_tokenizer()
+    out = run_analysis(spec, RunConfig(out=str(tmp_path / "run"), data=str(data)), progress=False,
+                       model_and_tokenizer=(model, tok))
+    prompt = render_prompt(load_records(data)[0], tok, mode=spec.prompt_mode)
+    protected = int(prompt.protected_mask().sum())
+    assert protected > 0
+    answers = load_tables(out)["answers"]
+    assert (answers["mean_count"] == protected + math.floor(0.3 * (prompt.history_length - protected))).all()
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["config"]["spec"]["protect_instructions"] is True
