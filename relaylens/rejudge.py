@@ -89,6 +89,7 @@ def rejudge_run(run_dir: str | Path, backend, name: str, data: str | Path | None
     run_dir = Path(run_dir)
     store = RunStore.open(run_dir)
     records = records_of_run(store.manifest, data)
+    _warn_short_checklist_replies(records, backend)
     from relaylens.checklist import METRICS as CHECKLIST_METRICS, ChecklistJudge, is_checklist_record
 
     metric, failed_metric = f"judge_{name}", f"judge_{name}_failed"
@@ -135,6 +136,19 @@ def rejudge_run(run_dir: str | Path, backend, name: str, data: str | Path | None
         _write_json(run_dir / f"judge_{name}_failures.json", result.failures)
         _record_judge(run_dir, name, backend, result)
     return result
+
+
+def _warn_short_checklist_replies(records: dict, backend) -> None:
+    """Checklist replies list every item: a judge limited to a few dozen output tokens cuts them off (failures)."""
+    import warnings
+
+    from relaylens.checklist import CHECKLIST_MAX_TOKENS, is_checklist_record
+
+    limit = getattr(backend, "max_tokens", None)
+    if limit is not None and limit < 512 and any(is_checklist_record(r) for r in records.values()):
+        warnings.warn(f"the run holds summaries judged by checklist, but the judge may answer with at most {limit} "
+                      f"tokens: replies will be cut off and counted as failures. Fix: --max-tokens "
+                      f"{CHECKLIST_MAX_TOKENS}", stacklevel=3)
 
 
 def _lock(run_dir: Path):

@@ -150,6 +150,10 @@ def test_summarization_runs_end_to_end_with_the_stub_judge(tmp_path):
     assert result.judged == len(answers) and not result.failures and (out / "answers.parquet").read_bytes() == before
     second = build("table10", prepare_tables(load_tables(out), "quality_second"))
     assert (second["quality"] == 0.5).all() and (second["coverage"] == 0.5).all() and (second["failures"] == 0).all()
+    short = Scripted(_reply([0.5] * 6))
+    short.max_tokens = 32  # the memory judge's default: too short for a checklist reply
+    with pytest.warns(UserWarning, match="--max-tokens 2048"):
+        rejudge_run(out, short, "short")
     broken = rejudge_run(out, Scripted("no idea"), "broken")
     assert len(broken.failures) == len(answers)
     failed = build("table10", dict(load_tables(out), metrics=("quality_broken",)))  # every reply failed
