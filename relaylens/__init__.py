@@ -13,8 +13,8 @@ records          ``Record``, ``Session``, ``Turn`` (records); ``load_records``, 
 model, prompt    ``load_model``, ``load_tokenizer`` (models); ``render_prompt`` (prompting)
 prefill          ``prefill_history``, ``PrefillResult`` (prefill)
 selection        ``make_selector``, ``Selector`` (selectors); ``Selection`` (selection)
-conditions       ``get_condition``, ``Condition`` (conditions); ``RotaryFactors``, ``relocate_keys`` (geometry)
-question pass    ``build_cache``, ``run_condition``, ``GenerationResult`` (generation)
+conditions       ``Condition`` (conditions); ``get_condition`` (scopes); ``RotaryFactors``, ``relocate_keys`` (geometry)
+question pass    ``build_cache`` (relocation); ``run_condition`` (generation); ``GenerationResult`` (rows)
 probes           ``probe_condition``, ``replay_conditions``, ``FinalTokenRecorder`` (probes)
 scoring          ``score_answer`` (scoring)
 sweeps           ``ExperimentSpec``, ``load_analysis``, ``available_analyses`` (experiments); ``RunConfig``,
@@ -45,9 +45,12 @@ _HOMES = {
     "prefill": ("prefill_history", "PrefillResult"),
     "selectors": ("make_selector", "Selector"),
     "selection": ("Selection",),
-    "conditions": ("get_condition", "Condition"),
+    "conditions": ("Condition",),
+    "scopes": ("get_condition",),
     "geometry": ("RotaryFactors", "relocate_keys"),
-    "generation": ("build_cache", "run_condition", "GenerationResult"),
+    "relocation": ("build_cache",),
+    "generation": ("run_condition",),
+    "rows": ("GenerationResult",),
     "probes": ("probe_condition", "replay_conditions", "FinalTokenRecorder"),
     "scoring": ("score_answer",),
     "experiments": ("ExperimentSpec", "load_analysis", "available_analyses"),

@@ -103,7 +103,6 @@ def tiny_model(variant: str = "llama", seed: int = 0, attn_implementation: str =
     from transformers import AutoModelForCausalLM
 
     cfg = tiny_config(variant, **overrides)
-    cfg._attn_implementation = attn_implementation
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(cfg, attn_implementation=attn_implementation, dtype=dtype)
     return model.eval()

@@ -17,7 +17,7 @@ import pytest
 import torch
 from transformers.models.llama import modeling_llama
 
-from relaylens.conditions import get_condition
+from relaylens.scopes import get_condition
 from relaylens.errors import RelaylensError, ShapeError
 from relaylens.generation import build_cache, run_condition
 from relaylens.geometry import RotaryFactors
