@@ -75,21 +75,34 @@ def min_cpu_seconds(fn: Callable[[], object], repeats: int = 5) -> float:
     return min(times)
 
 
-def bench_relocation(shape: CacheShape, repeats: int = 5, seed: int = 0) -> dict:
-    """Relocation time of a whole cache to RoPERelay slots vs a plain float32 copy of the same key tensor."""
+def bench_relocation(shape: CacheShape, repeats: int = 5, seed: int = 0, fused: bool = True) -> dict:
+    """Relocation time of a whole cache to RoPERelay slots vs a plain float32 copy of the same key tensor.
+
+    ``fused``: the fused CPU kernel (:mod:`relaylens.kernels`, the default path) or the eager PyTorch path.
+    """
+    import contextlib
+
+    from relaylens import kernels
+
     factors = RotaryFactors.from_model(rotary_only_model(shape.head_dim, shape.rope_parameters))
     generator = torch.Generator().manual_seed(seed)
     keys = torch.randn(shape.layers, shape.kv_heads, shape.slots, shape.head_dim, generator=generator)  # [layer, kv_head, slot, head_dim]
     noise = torch.rand(shape.layers, shape.kv_heads, shape.history_length, generator=generator)
     source = noise.topk(shape.slots, dim=-1).indices.sort(dim=-1).values  # [layer, kv_head, slot]
     target = torch.arange(shape.slots).expand_as(source)  # relay slots (uniform counts: M - m + i = i)
-    copy_s = median_seconds(lambda: keys.clone(), repeats)
-    relocate_s = median_seconds(lambda: relocate_keys(keys, source, target, factors), repeats)
-    copy_cpu = min_cpu_seconds(lambda: keys.clone(), repeats)
-    relocate_cpu = min_cpu_seconds(lambda: relocate_keys(keys, source, target, factors), repeats)
+    with contextlib.nullcontext() if fused else kernels.disabled():
+        path = "fused" if kernels.usable(keys, factors.rotary_dim) else "eager"
+        relocate = lambda: relocate_keys(keys, source, target, factors)  # noqa: E731
+        relocate()  # compile / load the kernel outside the timings
+        copy_s = median_seconds(lambda: keys.clone(), repeats)
+        relocate_s = median_seconds(relocate, repeats)
+        copy_cpu = min_cpu_seconds(lambda: keys.clone(), repeats)
+        relocate_cpu = min_cpu_seconds(relocate, repeats)
     return {
         "benchmark": "relocation",
         "case": shape.name,
+        "path": path,
+        "threads": torch.get_num_threads(),
         "relocate_ms": relocate_s * 1e3,
         "copy_ms": copy_s * 1e3,
         "ratio": relocate_s / copy_s,
@@ -130,9 +143,10 @@ def bench_delta_rotation_error(rope_name: str, rope_parameters: dict, head_dim: 
 
 
 def run_geometry(repeats: int = 5, include_large: bool = True) -> list[dict]:
-    rows = [bench_relocation(SMOLLM2, repeats)]
+    rows = [bench_relocation(SMOLLM2, repeats), bench_relocation(SMOLLM2, repeats, fused=False)]
     if include_large:
         rows.append(bench_relocation(LLAMA31_8B, repeats=max(3, repeats // 2)))
+        rows.append(bench_relocation(LLAMA31_8B, repeats=max(3, repeats // 2), fused=False))
     rows.append(bench_delta_rotation_error("default (theta 1e4)", {"rope_type": "default", "rope_theta": 10000.0}))
     rows.append(bench_delta_rotation_error(
         "yarn factor 4", {"rope_type": "yarn", "factor": 4.0, "rope_theta": 1e6, "original_max_position_embeddings": 32768}))

@@ -193,7 +193,7 @@ def _spec_and_config(p: dict):
     spec = _guard(apply_overrides, spec, selectors=list(p["selector"] or []) or None,
                   conditions=list(p["condition"] or []) or None, budgets=tuple(p["budget"]) if p["budget"] else None,
                   max_new_tokens=p["max_new_tokens"], prompt_mode=p["prompt_mode"], granularity=p["granularity"],
-                  stop=p["stop"], sweep=p["sweep"])
+                  stop=p["stop"], sweep=p["sweep"], protect_instructions=p["protect_instructions"])
     placement = {k: p[k] for k in ("device", "dtype", "device_map", "attn_implementation", "rope_scaling", "max_position")}
     _load_kwargs(**placement)  # bad values: one line, early
     config = RunConfig(model=p["model"], data=p["data"], data_format=p["data_format"], limit=p["limit"],
@@ -248,6 +248,10 @@ def run(
     max_history_tokens: int = typer.Option(None, "--max-history-tokens", help="skip (and record) records whose history is "
                                            "longer (default: what the rotary range and the largest condition shift allow)"),
     retry_skipped: bool = typer.Option(False, "--retry-skipped", help="recompute units recorded as skipped"),
+    protect_instructions: bool = typer.Option(None, "--protect-instructions/--no-protect-instructions",
+                                              help="keep the instruction and chat-template tokens outside the budget "
+                                              "(every selector keeps them; the budget applies to the source text); "
+                                              "default: the analysis's (on for summarization, off for memory tasks)"),
     device: str = _DEVICE, dtype: str = _DTYPE, device_map: str = _DEVICE_MAP, attn_implementation: str = _ATTN,
     rope_scaling: str = _ROPE, max_position: int = _MAX_POS,
     out: Path = typer.Option(None, help="run directory (default runs/ANALYSIS)"),
@@ -256,7 +260,8 @@ def run(
     seed: int = typer.Option(0, help="seed for random selectors and orders"),
     force: bool = typer.Option(False, help="reuse a run directory whose manifest differs"),
     judge_url: str = typer.Option(None, "--judge-url", help="OpenAI-compatible base URL of an LLM judge (optional)"),
-    judge_model: str = typer.Option(None, "--judge-model", help="judge model: name at --judge-url, or a local HF model spec"),
+    judge_model: str = typer.Option(None, "--judge-model", help="judge model: name at --judge-url, a local HF model "
+                                    "spec, or 'stub' (deterministic local checklist stub, summarization demos/tests)"),
     judge_key_env: str = typer.Option(None, "--judge-key-env", help="environment variable with the judge's API key"),
     batch_rows: int = typer.Option(None, "--batch-rows", help="rows (selector x budget x condition) of a record decoded "
                                    "in one batch (default: all; 1: one at a time, per-request timings)"),

@@ -35,7 +35,8 @@ from relaylens.errors import RelaylensError
 __all__ = ["METRIC_NAMES", "choose_metrics", "run_label", "load_runs", "paired_settings_table", "settings_count",
            "SETTING_COLUMNS"]
 
-METRIC_NAMES = {"judge": "judge", "choice": "choice_accuracy", "contains": "contains", "f1": "f1", "em": "exact_match"}
+METRIC_NAMES = {"judge": "judge", "choice": "choice_accuracy", "contains": "contains", "f1": "f1", "em": "exact_match",
+                "quality": "quality", "factuality": "factuality", "coverage": "coverage"}
 """``--metric`` names -> ``scores.metric`` values."""
 FALLBACK = ("contains", "f1")
 FALLBACK_NOTE = ("no judge verdicts or multiple-choice answers in this run: contains and F1 shown (the paper's metric "
@@ -60,6 +61,8 @@ def choose_metrics(scores: pd.DataFrame, requested: str | None = None) -> tuple[
         return (metric,), ""
     if len(scores) == 0:
         return FALLBACK, ""
+    if _has(scores, "quality") and not _has(scores, "judge"):  # checklist-judged summaries (Tables 10-11)
+        return ("quality",), ""
     if _has(scores, "choice_accuracy") and not _has(scores, "judge"):
         return ("choice_accuracy",), ""
     judges = ["judge"] if _has(scores, "judge") else sorted(

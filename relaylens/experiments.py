@@ -49,7 +49,11 @@ class ExperimentSpec:
         limit: default number of records on CPU (``None`` or 0: all).
         figures: figure names this analysis feeds (``relaylens figures``).
         data: the bundled sample the analysis runs on when ``--data`` is ``sample``: ``"sample"`` (LongMemEval
-            schema) or ``"sample:infinitebench"`` (InfiniteBench format).
+            schema), ``"sample:infinitebench"`` (InfiniteBench format) or ``"sample:hellobench"`` (HelloBench
+            summarization format).
+        protect_instructions: keep every history token outside the source units (task instruction, chat-template
+            head, separators) and apply the budget to the source tokens only (:mod:`relaylens.protection`; the
+            paper's summarization rule). Off by default for the memory tasks.
         sweep: ``"layers"`` adds the per-layer causal sweep (:mod:`relaylens.layer_sweep`: relay in each layer
             alone and in layers ``0..l``, one question pass each, about ``2 x layers`` passes per record); ``""``
             (the default) runs none.
@@ -73,6 +77,7 @@ class ExperimentSpec:
     description: str = ""
     data: str = "sample"
     sweep: str = ""
+    protect_instructions: bool = False
 
     def __post_init__(self) -> None:
         from relaylens.selectors import REGISTRY
@@ -130,6 +135,8 @@ class ExperimentSpec:
         out = dataclasses.asdict(self)
         if not out["sweep"]:  # manifests of runs without a sweep stay as they were before the field existed
             del out["sweep"]
+        if not out["protect_instructions"]:  # likewise for runs without protected spans
+            del out["protect_instructions"]
         return out
 
 

@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
+from relaylens import kernels
 from relaylens.errors import NonFiniteError, PositionError, RopeError, ShapeError
 from relaylens.hf import call_rotary, detect_layout, find_rotary_embedding, nope_layers
 
@@ -213,14 +214,14 @@ class RotaryFactors:
             raise ShapeError(f"layer {layer} out of range 0..{self.num_layers - 1}")
         return NOPE if layer in self.nope_layers else self.layer_types[layer]
 
-    def check_positions(self, positions: torch.Tensor, what: str, fix: str | None = None) -> None:
+    def check_positions(self, positions: torch.Tensor, what: str, fix: str | None = None) -> int:
         """Raise :class:`PositionError` for non-integer, negative or out-of-range positions; ``fix`` replaces the
-        default advice for out-of-range positions."""
+        default advice for out-of-range positions. Returns the largest position (-1 when there is none)."""
         if positions.is_floating_point() or positions.dtype == torch.bool:
             raise PositionError(f"{what} must be integer positions; got dtype {positions.dtype}")
         if positions.numel() == 0:
-            return
-        low, high = int(positions.min()), int(positions.max())
+            return -1
+        low, high = (int(v) for v in torch.aminmax(positions))  # one pass, one synchronisation
         if low < 0:
             raise PositionError(f"{what} contain a negative position ({low}); positions start at 0")
         if self.max_position is not None and high >= self.max_position:
@@ -228,6 +229,7 @@ class RotaryFactors:
                 f"{what} reach position {high}, past what this model's rotary supports (max_position_embeddings="
                 f"{self.max_position}); {fix or 'use a smaller shift or a model with a longer context'}"
             )
+        return high
 
 
 def relocate_keys(
@@ -280,11 +282,9 @@ def _relocate(keys, source_positions, target_positions, factors: RotaryFactors, 
             f"positions {tuple(source_positions.shape)} / {tuple(target_positions.shape)} do not broadcast to the "
             f"keys' slots {tuple(lead)} (keys {tuple(keys.shape)}); give one position per slot"
         ) from err
-    factors.check_positions(source, "source positions")
-    factors.check_positions(target, "target positions")
+    size = max(factors.check_positions(source, "source positions"), factors.check_positions(target, "target positions")) + 1
     if keys.numel() == 0:
         return keys.clone()
-    size = int(max(source.max(), target.max())) + 1
     if fast:
         return _relocate_in_place(keys, source, target, factors, layer, size)
     forward, inverse = factors.complex_tables(size, layer)  # [P, plane] complex64
@@ -315,6 +315,14 @@ def _relocate_in_place(keys: torch.Tensor, source: torch.Tensor, target: torch.T
     flat_src = source.reshape(-1).to(cos_table.device)  # [slots]
     flat_dst = target.reshape(-1).to(cos_table.device)
     flat_keys = keys.reshape(-1, keys.shape[-1])  # [slots, head_dim]
+    if kernels.usable(keys, factors.rotary_dim) and cos_table.device.type == "cpu":  # one fused pass, about a copy
+        out, finite = kernels.relocate_rows(flat_keys, flat_src, flat_dst, (cos_table, sin_table, inv_cos, inv_sin),
+                                            factors.rotary_dim, factors.layout == "split_half")
+        if not finite:  # name the first bad slot (or return quietly: the float64 check sum itself overflowed)
+            for start in range(0, flat_keys.shape[0], _CHUNK_SLOTS):
+                rows = slice(start, start + _CHUNK_SLOTS)
+                _raise_non_finite(flat_keys[rows], out[rows], start, keys.shape)
+        return out.reshape(keys.shape)
     out = torch.empty(flat_keys.shape, dtype=keys.dtype, device=keys.device)
     rotary = factors.rotary_dim
     if rotary < keys.shape[-1]:

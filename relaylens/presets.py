@@ -67,6 +67,8 @@ def apply_preset(module, name: str | None):
 def _describe(spec) -> str:
     budgets = ", ".join(f"B{b}" if b > 1 else f"{b * 100:g}%" for b in spec.budgets)
     stop = spec.stop if spec.stop != "auto" else ("newline" if spec.prompt_mode == "completion" else "eos")
+    if spec.protect_instructions:
+        budgets += " of the source (instructions protected)"
     return (f"{'/'.join(spec.selectors)} @ {budgets}; {len(spec.conditions)} conditions; {spec.granularity} gold; "
             f"{spec.max_new_tokens} tok, stop {stop}, {spec.prompt_mode}; limit {spec.limit or 'all'}")
 

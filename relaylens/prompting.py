@@ -148,6 +148,10 @@ def render_prompt(record: Record, tokenizer, mode: str = "chat", history_format:
         from relaylens.prompt_templates import infinitebench_layout
 
         layout = infinitebench_layout(record, mode)
+    elif record.source == "hellobench":  # instruction head + source text as history, the prompt's tail as question
+        from relaylens.datasets.hellobench import hellobench_layout
+
+        layout = hellobench_layout(record, mode)
     else:
         layout = layout_prompt(record, mode, history_format)
     if mode == "chat":

@@ -1,7 +1,9 @@
 """``relaylens judge RUN_DIR``: re-score a finished run's answers with another judge, never touching generations.
 
 Each answer of the run is judged (blinded, :mod:`relaylens.judge`) and two score rows are added per answer:
-``judge_<name>`` (1/0, NaN on failure) and ``judge_<name>_failed`` (1/0). Rows of an earlier pass with the same name
+``judge_<name>`` (1/0, NaN on failure) and ``judge_<name>_failed`` (1/0); summaries (HelloBench records) are judged
+by checklist instead (:mod:`relaylens.checklist`; give ``--max-tokens 2048``: the reply lists every item) and add
+``quality_<name>``, ``factuality_<name>``, ``coverage_<name>`` and ``checklist_failed_<name>``. Rows of an earlier pass with the same name
 are replaced; answers, probes and every other score are rewritten unchanged (so ``answers.parquet`` is
 byte-identical). Malformed replies count as failures and are listed (``RUN_DIR/judge_<name>_failures.json``). The
 judge's settings go to ``RUN_DIR/judges.json``; its verdicts are cached in ``RUN_DIR/judge_cache_<name>.jsonl``, so
@@ -87,28 +89,37 @@ def rejudge_run(run_dir: str | Path, backend, name: str, data: str | Path | None
     run_dir = Path(run_dir)
     store = RunStore.open(run_dir)
     records = records_of_run(store.manifest, data)
+    from relaylens.checklist import METRICS as CHECKLIST_METRICS, ChecklistJudge, is_checklist_record
+
     metric, failed_metric = f"judge_{name}", f"judge_{name}_failed"
+    checklist_metrics = [f"{m}_{name}" for m in (*CHECKLIST_METRICS, "checklist_failed")]
     result = RejudgeResult(name)
     with _lock(run_dir):
         judge = Judge(backend, cache_path=run_dir / f"judge_cache_{name}.jsonl")
+        checklist = ChecklistJudge(backend, cache_path=run_dir / f"judge_cache_checklist_{name}.jsonl")
         paths = store.unit_paths()
         for done, path in enumerate(paths, 1):
             tables = store.load_unit(path)  # raw column lists: rewritten exactly as stored
             answers = _rows(tables["answers"])
             if not answers:
                 continue
-            scores = [row for row in _rows(tables["scores"]) if row["metric"] not in (metric, failed_metric)]
+            scores = [row for row in _rows(tables["scores"])
+                      if row["metric"] not in (metric, failed_metric, *checklist_metrics)]
             for row in answers:
                 record = records.get(row["record_id"])
                 if record is None:
                     raise RelaylensError(f"record {row['record_id']} of the run is not in the dataset. Fix: pass --data "
                                          "with the file the run used")
-                verdict = judge.judge(record, row["answer"])
                 meta = {k: row[k] for k in ("record_id", "selector", "budget", "condition", "question_type",
                                             "is_abstention", "cluster_id")}
-                values = verdict.scores()
-                scores.append({**meta, "metric": metric, "value": values["judge"]})
-                scores.append({**meta, "metric": failed_metric, "value": values["judge_failed"]})
+                if is_checklist_record(record):  # summaries: HelloEval checklist scores, suffixed with the name
+                    verdict = checklist.judge(record, row["answer"])
+                    scores += [{**meta, "metric": f"{m}_{name}", "value": v} for m, v in verdict.scores().items()]
+                else:
+                    verdict = judge.judge(record, row["answer"])
+                    values = verdict.scores()
+                    scores.append({**meta, "metric": metric, "value": values["judge"]})
+                    scores.append({**meta, "metric": failed_metric, "value": values["judge_failed"]})
                 result.judged += 1
                 if verdict.failed:
                     result.failures.append({**{k: row[k] for k in ("record_id", "selector", "budget", "condition")},
@@ -119,7 +130,8 @@ def rejudge_run(run_dir: str | Path, backend, name: str, data: str | Path | None
             if progress:
                 progress(done, len(paths))
         store.consolidate()
-        result.calls, result.cache_hits = judge.stats["calls"], judge.stats["cache_hits"]
+        result.calls = judge.stats["calls"] + checklist.stats["calls"]
+        result.cache_hits = judge.stats["cache_hits"] + checklist.stats["cache_hits"]
         _write_json(run_dir / f"judge_{name}_failures.json", result.failures)
         _record_judge(run_dir, name, backend, result)
     return result

@@ -72,21 +72,32 @@ class RunConfig:
 
 
 def make_judge(config: RunConfig, run_dir: Path):
-    """The optional LLM judge of a run (None without one), cached in ``RUN_DIR/judge_cache.jsonl``."""
+    """The optional LLM judge of a run (None without one): the ``memory_judge_v1`` verdict for question records and
+    HelloEval checklist judging (:mod:`relaylens.checklist`, 2,048 output tokens) for summarization records, cached in
+    ``RUN_DIR/judge_cache.jsonl`` and ``RUN_DIR/judge_cache_checklist.jsonl``. ``--judge-model stub`` (no URL) is
+    the deterministic local checklist stub (tests and CPU demos; question records then get no verdict)."""
+    from relaylens.checklist import CHECKLIST_MAX_TOKENS, ChecklistJudge, RoutedJudge, StubChecklistBackend
     from relaylens.judge import HFBackend, Judge, OpenAIBackend
 
     if not config.judge_model and not config.judge_url:
         return None
+    checklist_cache = run_dir / "judge_cache_checklist.jsonl"
+    if config.judge_model == "stub" and not config.judge_url:
+        return RoutedJudge(None, ChecklistJudge(StubChecklistBackend(), cache_path=checklist_cache))
     if config.judge_url:
         if not config.judge_model:
             raise RelaylensError("--judge-url needs --judge-model (the model name the endpoint serves)")
         backend = OpenAIBackend(config.judge_url, config.judge_model, api_key_env=config.judge_key_env)
+        long = OpenAIBackend(config.judge_url, config.judge_model, api_key_env=config.judge_key_env,
+                             max_tokens=CHECKLIST_MAX_TOKENS)
     else:
         from relaylens.models import load_model
 
         model, tokenizer = load_model(config.judge_model)
         backend = HFBackend(model, tokenizer, model_id=config.judge_model)
-    return Judge(backend, cache_path=run_dir / "judge_cache.jsonl")
+        long = HFBackend(model, tokenizer, model_id=config.judge_model, max_tokens=CHECKLIST_MAX_TOKENS)
+    return RoutedJudge(Judge(backend, cache_path=run_dir / "judge_cache.jsonl"),
+                       ChecklistJudge(long, cache_path=checklist_cache))
 
 
 def check_config(config: RunConfig) -> None:
@@ -111,12 +122,16 @@ def check_config(config: RunConfig) -> None:
 
 
 def resolve_data(data: str) -> Path:
-    """``sample`` → the bundled LongMemEval-schema sample; ``sample:infinitebench`` → the bundled InfiniteBench-format
-    sample; anything else is a path."""
+    """``sample`` → the bundled LongMemEval-schema sample; ``sample:infinitebench`` / ``sample:hellobench`` → the
+    bundled InfiniteBench-format / HelloBench summarization sample; anything else is a path."""
     if data == SAMPLE:
         from relaylens.datasets import bundled_sample_path
 
         return Path(bundled_sample_path())
+    if data == "sample:hellobench":
+        from relaylens.datasets.synthetic_hellobench import bundled_hellobench_path
+
+        return bundled_hellobench_path()
     if data == "sample:infinitebench":
         from relaylens.datasets.synthetic_infinitebench import bundled_infinitebench_path
 
@@ -184,17 +199,22 @@ class UnitWork:
     selection_s: float
 
 
-def select_units(prefill, prompt, pending: list[tuple[str, float]], selectors: dict) -> tuple[list[UnitWork], list]:
+def select_units(prefill, prompt, pending: list[tuple[str, float]], selectors: dict,
+                 protect: bool = False) -> tuple[list[UnitWork], list]:
     """Select once per pending (selector, budget); every condition of that unit shares the selection.
 
-    ``selectors``: selector name -> the object whose ``select`` runs (prepared for this record). Returns the units and
-    ``(selector, budget, error)`` for budgets the record's history is too short for.
+    ``selectors``: selector name -> the object whose ``select`` runs (prepared for this record). ``protect``: keep
+    the instruction and template states outside the budget (:func:`relaylens.protection.select_protected`).
+    Returns the units and ``(selector, budget, error)`` for budgets the record's history is too short for.
     """
+    from relaylens.protection import select_protected
+
     units, too_short = [], []
     for name, budget in pending:
         started = time.perf_counter()
         try:
-            selection = selectors[name].select(prefill, prompt, budget)
+            selection = (select_protected(selectors[name], prefill, prompt, budget) if protect
+                         else selectors[name].select(prefill, prompt, budget))
         except (BudgetError, ShapeError) as err:
             if not _is_too_short(err):
                 raise
@@ -286,7 +306,7 @@ def _unit_tables(model, tokenizer, record, prompt, prefill, prefill_s, unit: Uni
             "references": json.dumps(list(record.answers)), "elapsed_s": elapsed, "prefill_s": prefill_s,
             "selection_s": unit.selection_s, "batch_rows": batch_rows,
         })
-        metrics = score_answer(record, generation.text)
+        metrics = score_answer(record, generation.text) if record.answers else {}  # summaries: judged only
         if judge is not None:  # blinded: the judge sees question, references and answer, never selector or condition
             metrics.update(judge.judge(record, generation.text).scores())
         for metric, value in metrics.items():
@@ -400,7 +420,7 @@ def _run_units(model, tokenizer, factors, records, spec: ExperimentSpec, config:
                         for name in dict.fromkeys(name for name, _ in pending)}
             prefill_s = time.perf_counter() - started
             _advance(live, task, 0, record.record_id, f"selecting {len(pending)} units")
-            units, too_short = select_units(prefill, prompt, pending, prepared)
+            units, too_short = select_units(prefill, prompt, pending, prepared, spec.protect_instructions)
             for name, budget, err in too_short:
                 _skip(store, record.record_id, name, budget, prompt.history_length, "too_short",
                       f"record {record.record_id}: {name} @ {budget:g}: {err}")

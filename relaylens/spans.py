@@ -78,6 +78,14 @@ class RenderedPrompt:
             return self.turns
         raise ValueError(f"unit granularity must be 'session' or 'turn'; got {granularity!r}")
 
+    def protected_mask(self) -> torch.Tensor:
+        """``[L]`` bool: history tokens outside every session span (task instruction, chat-template head, separators
+        between units): what ``--protect-instructions`` keeps outside the budget (:mod:`relaylens.protection`)."""
+        mask = torch.ones(self.history_length, dtype=torch.bool)
+        for span in self.sessions:
+            mask[span.start : span.end] = False
+        return mask
+
     def evidence_mask(self, granularity: str = "turn") -> torch.Tensor:
         """``[L]`` bool: history tokens inside gold evidence units at the given granularity."""
         mask = torch.zeros(self.history_length, dtype=torch.bool)

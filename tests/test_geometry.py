@@ -8,6 +8,7 @@ import pytest
 import torch
 from transformers import DynamicCache
 
+from relaylens import kernels
 from relaylens.errors import PositionError, RopeError, ShapeError
 from relaylens.geometry import RotaryFactors, relocate_keys, rotate_keys, unrotate_keys
 from relaylens.testing import ROPE_VARIANTS, tiny_model
@@ -18,6 +19,17 @@ MAX_POSITION = 32768
 @pytest.fixture(scope="module", params=ROPE_VARIANTS)
 def variant_model(request):
     return request.param, tiny_model(request.param, seed=1)
+
+
+@pytest.fixture(params=["fused", "eager"])
+def relocation_path(request):
+    """Run the test on the fused CPU kernel (relaylens.kernels) and on the eager PyTorch path."""
+    if request.param == "fused":
+        assert kernels.fused_available(), "numba is a dependency: the fused kernel must be available"
+        yield request.param
+        return
+    with kernels.disabled():
+        yield request.param
 
 
 def _hf_rotate(model, variant, pre_keys, cos, sin):
@@ -74,7 +86,7 @@ def _hf_cos_sin(model, positions, layer):
         return model.model.rotary_emb(dummy, positions, layer_type)
 
 
-def test_relocation_matches_transformers_direct_rotation(variant_model):
+def test_relocation_matches_transformers_direct_rotation(variant_model, relocation_path):
     """Oracle: rotate a captured pre-rotary key at p with transformers, relocate to p', compare to rotating at p'."""
     variant, model = variant_model
     factors = RotaryFactors.from_model(model)
@@ -94,7 +106,7 @@ def test_relocation_matches_transformers_direct_rotation(variant_model):
         direct = _hf_rotate(model, variant, k_pre, cos_q, sin_q)
         moved = relocate_keys(at_source, source[:, None], target[:, None], factors, layer=layer if factors.per_layer else None)
         worst = max(worst, float((moved - direct).abs().max()))
-    assert worst <= 1e-5, f"{variant}: relocated vs direct rotation max abs error {worst:.2e}"
+    assert worst <= 1e-5, f"{variant} ({relocation_path}): relocated vs direct rotation max abs error {worst:.2e}"
 
 
 def test_bfloat16_cache_within_one_rounding(variant_model):
@@ -136,7 +148,7 @@ def _complex_reference(keys, source, target, model, layer_type, layout, rotary_d
 
 
 @pytest.mark.parametrize("variant", ["llama", "cohere_interleaved", "glm_partial_interleaved", "phi_partial", "gemma3"])
-def test_complex_number_reference(variant):
+def test_complex_number_reference(variant, relocation_path):
     model = tiny_model(variant)
     factors = RotaryFactors.from_model(model)
     generator = torch.Generator().manual_seed(11)

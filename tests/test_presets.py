@@ -41,6 +41,11 @@ PAPER = {
     # Table 7: FINCH vs BM25 / PyramidKV / ChunkKV + RoPERelay at 10%, judge / F1 / choice accuracy
     "finch_comparison": {"selectors": ("finch", "bm25", "pyramidkv", "chunkkv"), "budgets": (0.10,),
                          "conditions_include": ("original", "relay"), **MEMORY_DECODING},
+    # Tables 10-11: HelloBench summarization, SnapKV 10% of the source text (instructions and templates kept and
+    # counted separately), FullKV / Original / RoPERelay, greedy up to 8,192 tokens, EOS
+    "summarization": {"selectors": ("snapkv", "full"), "budgets": (0.10,), "conditions": ("original", "relay"),
+                      "max_new_tokens": 8192, "stop": "eos", "prompt_mode": "auto", "protect_instructions": True,
+                      "selector_options": {}},
     # not an experiment of the paper (issue 17): its decoding and gold unit on the layer scopes
     "layer_scope": {"selectors": ("bm25",), "budgets": (0.10,), "conditions_include": ("original", "relay", "key_only"),
                     "probes": True, "teacher_forcing": True, **MEMORY_DECODING, **SESSION_GOLD},

@@ -1,4 +1,4 @@
-"""Dataset readers (LongMemEval, PersonaMem, Long-MT-Bench+, InfiniteBench), the synthetic generator, and the
+"""Dataset readers (LongMemEval, PersonaMem, Long-MT-Bench+, InfiniteBench, HelloBench summarization), the synthetic generator, and the
 loader: :func:`load_records` calls :func:`detect_format` and one of :data:`READERS`, each of which turns a file into
 :class:`relaylens.records.Record` s.
 
@@ -18,6 +18,7 @@ from relaylens.records import LoadReport, Record, RecordCollector
 
 from relaylens.datasets.common import peek_text
 from relaylens.datasets.infinitebench import TASKS as INFINITEBENCH_TASKS
+from relaylens.datasets.hellobench import read_hellobench
 from relaylens.datasets.infinitebench import read_infinitebench
 from relaylens.datasets.longmemeval import read_longmemeval
 from relaylens.datasets.longmtbench import read_longmtbench
@@ -30,6 +31,7 @@ READERS = {
     "personamem": read_personamem,
     "longmtbench": read_longmtbench,
     "infinitebench": read_infinitebench,
+    "hellobench": read_hellobench,
 }
 
 
@@ -49,6 +51,8 @@ def detect_format(path: str | Path) -> str:
                 return "longmemeval"
             if '"conversation_id"' in head and '"sessions"' in head:
                 return "longmtbench"
+            if '"raw_text"' in head and ('"checklists"' in head or '"chat_prompt"' in head or '"category"' in head):
+                return "hellobench"
             if any(t in path.name for t in INFINITEBENCH_TASKS) or ('"context"' in head and '"input"' in head):
                 return "infinitebench"
     _refuse_empty_or_broken_json(path)
@@ -83,7 +87,7 @@ def bundled_sample_path() -> Path:
     return Path(__file__).resolve().parent.parent / "data" / "sample_longmemeval.json"
 
 
-FORMATS = ("longmemeval", "personamem", "longmtbench", "infinitebench")
+FORMATS = ("longmemeval", "personamem", "longmtbench", "infinitebench", "hellobench")
 
 
 def load_records_with_report(path: str | Path, format: str = "auto", lenient: bool = False, **options) -> tuple[list[Record], LoadReport]:

@@ -17,6 +17,8 @@ table2              table  infinitebench        InfiniteBench per task: official
 table6              table  question_types       accuracy per question type
 table7              table  finch_comparison     FINCH (own coordinates) vs selectors + relay, paired differences to FINCH
 table8              table  paired_settings      paired RoPERelay - original difference per setting, sign counts
+table10             table  summarization        HelloEval quality / factuality / coverage, length, EOS rate per setting
+table11             table  summarization        the same checklist scores per source category
 cross_judge         table  cross_judge          gain under each judge, agreement and Cohen's kappa
 layer_bands         table  evidence_reading     evidence reading by early / middle / late band (deltas vs original)
 table3              table  overhead             complete-request time per condition and overhead over original
@@ -32,14 +34,15 @@ layer_scope         figure layer_scope          relay per band / layer type vs o
 Example:
     >>> sorted(REGISTRY)  # doctest: +NORMALIZE_WHITESPACE
     ['alignment', 'cross_judge', 'figure3', 'figure4', 'figure5', 'figure6', 'figure6_attribution',
-     'layer_bands', 'layer_scope', 'table1', 'table2', 'table3', 'table6', 'table7', 'table8']
+     'layer_bands', 'layer_scope', 'table1', 'table10', 'table11', 'table2', 'table3', 'table6', 'table7',
+     'table8']
 """
 
 from __future__ import annotations
 
 from relaylens.figures import (  # noqa: F401 - importing a figure file registers its entries
     alignment, budget_curves, coordinate_ablation, cross_judge, evidence_attribution, evidence_reading, finch_comparison,
-    infinitebench, layer_scope, main_table, ordering, overhead, paired_settings, question_types)
+    infinitebench, layer_scope, main_table, ordering, overhead, paired_settings, question_types, summarization)
 from relaylens.figures.registry import (COMPANIONS, ORDER, REGISTRY, FigureEntry, FigureError, build, names,
                                         select_figures, supported, write_entry, write_figures)
 REGISTRY.update({name: REGISTRY.pop(name) for name in names()})  # iteration order = drawing order (ORDER first)

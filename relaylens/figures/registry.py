@@ -34,7 +34,7 @@ __all__ = ["REGISTRY", "ORDER", "COMPANIONS", "FigureEntry", "FigureError", "reg
            "needs_answers", "needs_other_conditions", "needs_budgets", "needs_ordering", "needs_rank_sync",
            "needs_probes"]
 
-ORDER = ("table1", "table2", "table6", "table7", "table8", "cross_judge", "layer_bands", "table3", "figure3", "figure4",
+ORDER = ("table1", "table2", "table6", "table7", "table8", "table10", "table11", "cross_judge", "layer_bands", "table3", "figure3", "figure4",
          "figure5", "figure6", "figure6_attribution", "alignment")
 """The order in which entries are drawn and listed (entries not named here follow, in registration order)."""
 CROSS_RUN = ("table1", "table8", "cross_judge")

@@ -134,6 +134,13 @@ class Selector:
     def select(self, prefill: PrefillResult, prompt=None, budget: Budget | float | int | str = 0.10) -> Selection:
         raise NotImplementedError
 
+    def protected_request(self, source_budget: int, protected: int) -> int:
+        """States to ask :meth:`select` for when ``protected`` instruction/template states are kept outside a
+        ``source_budget`` (:func:`relaylens.protection.select_protected`): ``source_budget + protected``, so that
+        the selector's own ranking picks the source states; a selector that never keeps a protected state returns
+        ``source_budget``."""
+        return source_budget + protected
+
 
 def check_choice(name: str, value, choices) -> None:
     if value not in choices:

@@ -105,6 +105,10 @@ class BM25(Selector):
         if self.packing not in PACKINGS:
             raise RelaylensError(f"BM25 packing must be one of {PACKINGS}; got {self.packing!r}")
 
+    def protected_request(self, source_budget: int, protected: int) -> int:
+        """BM25 keeps only unit tokens (source), so it packs the source budget itself, unless ``keep_prefix``."""
+        return source_budget + protected if self.keep_prefix else source_budget
+
     def unit_texts(self, prompt: RenderedPrompt, units: tuple[Span, ...]) -> list[str]:
         """The text indexed for each unit."""
         if self.indexed_text == "all":

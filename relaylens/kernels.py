@@ -1,0 +1,168 @@
+"""Fused CPU relocation: one pass over the keys, as cheap as a copy (the fast path of ``geometry.relocate_keys``).
+
+Eager PyTorch needs about a dozen passes per chunk of slots to relocate keys (gather four phase rows, combine them
+into one relative rotation, rotate both halves of every plane, check finiteness), each pass streaming ``[slot, plane]``
+buffers through the cache and paying a per-operator cost; on a SmolLM2-sized cache that is about 20x a float32 copy.
+This kernel (compiled once by numba, cached on disk) reads each key once, looks its four phase values up in the
+model's phase tables (small, cache-resident), writes the relocated key once and sums ``0 * output`` (0 when every entry is finite,
+NaN otherwise), so one flag says whether anything became NaN/inf. It is used for contiguous float32 CPU keys without
+autograd; every other case (CUDA, bfloat16/float16, float64, autograd) keeps the eager path in ``geometry``.
+
+The arithmetic is the eager path's: ``cos = c' * c_inv - s' * s_inv`` and ``sin = c' * s_inv + s' * c_inv`` (the phase
+at ``p'`` times the exact inverse phase at ``p``) and ``(x_1 cos - x_2 sin, x_1 sin + x_2 cos)`` per plane, in float32;
+slots with ``p' == p`` are copied bit for bit. Results agree with the eager path to float32 rounding (not bit for bit:
+the order of the float32 operations differs) and are checked against transformers' own rotation in the tests.
+
+``RELAYLENS_NO_FUSED=1`` (or numba missing) turns the kernel off; :func:`fused_available` says which path runs.
+
+Example:
+    >>> import torch
+    >>> from relaylens.geometry import RotaryFactors, relocate_keys
+    >>> from relaylens.testing import tiny_model
+    >>> factors = RotaryFactors.from_model(tiny_model("llama"))
+    >>> keys = torch.randn(2, 5, 16)                                  # [kv_head, n, head_dim]
+    >>> src = torch.tensor([[0, 3, 9, 10, 40]] * 2)                    # [kv_head, n]
+    >>> fused = relocate_keys(keys, src, src + 7, factors)           # the fused kernel when available
+    >>> with disabled():
+    ...     eager = relocate_keys(keys, src, src + 7, factors)
+    >>> bool((fused - eager).abs().max() < 1e-6)
+    True
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+
+import torch
+
+_KERNEL = None  # the compiled kernel once built; False when numba is unavailable
+_LOCK = threading.Lock()
+_STATE = threading.local()
+
+
+def fused_available() -> bool:
+    """Whether the fused kernel runs (numba importable and not disabled by ``RELAYLENS_NO_FUSED=1``/:func:`disabled`)."""
+    if os.environ.get("RELAYLENS_NO_FUSED", "") not in ("", "0") or getattr(_STATE, "disabled", False):
+        return False
+    return _kernel() is not False
+
+
+@contextlib.contextmanager
+def disabled():
+    """Run relocation on the eager path inside this block (this thread only); used to compare the two paths."""
+    before = getattr(_STATE, "disabled", False)
+    _STATE.disabled = True
+    try:
+        yield
+    finally:
+        _STATE.disabled = before
+
+
+def usable(keys: torch.Tensor, rotary_dim: int) -> bool:
+    """Whether ``keys`` can go through the fused kernel: float32, CPU, no autograd graph, an even rotary width."""
+    return (keys.device.type == "cpu" and keys.dtype == torch.float32 and not keys.requires_grad
+            and rotary_dim % 2 == 0 and fused_available())
+
+
+def relocate_rows(flat_keys: torch.Tensor, source: torch.Tensor, target: torch.Tensor,
+                  tables: tuple[torch.Tensor, ...], rotary_dim: int, split_half: bool) -> tuple[torch.Tensor, bool]:
+    """Relocate ``flat_keys`` ``[slots, head_dim]`` from ``source`` to ``target`` ``[slots]`` (int64 positions).
+
+    ``tables`` are ``(c, s, c / a^2, -s / a^2)`` float32 ``[P, plane]`` (``RotaryFactors.phase_tables``). Returns the
+    relocated keys ``[slots, head_dim]`` and whether every output entry is finite. Large inputs are split into
+    ``torch.get_num_threads()`` row ranges run on as many threads (the kernel releases the GIL).
+    """
+    kernel = _kernel()[split_half]
+    keys = flat_keys.contiguous().numpy()  # [slots, head_dim]
+    out = torch.empty(flat_keys.shape, dtype=flat_keys.dtype)
+    result = out.numpy()
+    src, dst = source.contiguous().numpy(), target.contiguous().numpy()  # [slots] int64
+    cos, sin, inv_cos, inv_sin = (t.contiguous().numpy() for t in tables)  # [P, plane] each
+    slots = keys.shape[0]
+    parts = max(1, min(torch.get_num_threads(), slots // PARALLEL_SLOTS))
+    bounds = [slots * i // parts for i in range(parts + 1)]
+
+    def run(i: int) -> float:
+        rows = slice(bounds[i], bounds[i + 1])
+        return kernel(keys[rows], src[rows], dst[rows], cos, sin, inv_cos, inv_sin, rotary_dim, result[rows])
+
+    poison = [run(0)] if parts == 1 else list(_pool(parts).map(run, range(parts)))
+    return out, all(p == 0.0 for p in poison)
+
+
+PARALLEL_SLOTS = 8192  # fewer slots per thread than this: one thread (starting threads would cost more than they save)
+_POOLS: dict = {}
+
+
+def _pool(workers: int):
+    from concurrent.futures import ThreadPoolExecutor
+
+    with _LOCK:
+        if workers not in _POOLS:
+            _POOLS[workers] = ThreadPoolExecutor(workers, thread_name_prefix="relaylens-relocate")
+        return _POOLS[workers]
+
+
+def _kernel():
+    global _KERNEL
+    if _KERNEL is None:
+        with _LOCK:
+            if _KERNEL is None:
+                _KERNEL = _build()
+    return _KERNEL
+
+
+def _build():
+    try:
+        import numba  # noqa: F401
+    except ImportError:  # the eager path stays correct, only slower
+        return False
+    return {True: _compile(True), False: _compile(False)}
+
+
+def _compile(split_half: bool):
+    """The kernel for one plane layout (a compile-time constant: a runtime flag would stop the loop vectorising)."""
+    import numba
+    import numpy as np
+
+    zero = np.float32(0.0)
+
+    @numba.njit(cache=True, nogil=True, boundscheck=False, fastmath={"reassoc"})
+    def relocate(keys, source, target, cos, sin, inv_cos, inv_sin, rotary_dim, out):  # pragma: no cover
+        # ``reassoc`` only lets the poison sum below vectorise: no product is contracted or reordered, and NaN/inf
+        # still propagate (x * 0 is NaN for x = inf or NaN, 0 otherwise), so ``poison`` is 0 iff every output is finite
+        slots, head_dim = keys.shape
+        planes = rotary_dim // 2
+        poison = zero
+        for row in range(slots):
+            src = source[row]
+            dst = target[row]
+            if src == dst:  # stays put: an identity, bit for bit
+                for j in range(head_dim):
+                    out[row, j] = keys[row, j]
+                    poison += keys[row, j] * zero
+                continue
+            for j in range(planes):
+                first = j if split_half else 2 * j  # a plane's two features: (j, j + planes) or (2j, 2j + 1)
+                second = j + planes if split_half else 2 * j + 1
+                to_c = cos[dst, j]
+                to_s = sin[dst, j]
+                from_c = inv_cos[src, j]
+                from_s = inv_sin[src, j]
+                c = to_c * from_c - to_s * from_s  # one rotation from p to p' (float32)
+                s = to_c * from_s + to_s * from_c
+                x1 = keys[row, first]
+                x2 = keys[row, second]
+                y1 = x1 * c - x2 * s
+                y2 = x1 * s + x2 * c
+                out[row, first] = y1
+                out[row, second] = y2
+                poison += y1 * zero + y2 * zero
+            for j in range(rotary_dim, head_dim):  # pass-through features, bit for bit
+                out[row, j] = keys[row, j]
+                poison += keys[row, j] * zero
+        return poison
+
+    return relocate
