@@ -12,11 +12,12 @@ records          ``Record``, ``Session``, ``Turn`` (records); ``load_records``, 
                  ``bundled_sample_path`` (datasets); ``generate_records`` (datasets.synthetic)
 model, prompt    ``load_model``, ``load_tokenizer`` (models); ``render_prompt`` (prompting)
 prefill          ``prefill_history``, ``PrefillResult`` (prefill)
-selection        ``make_selector``, ``Selector`` (selectors); ``Selection`` (selection)
+selection        ``make_selector``, ``Selector`` (selectors); ``Selection`` (selection); ``select_protected``
+                 (protection: instruction and template states kept outside the budget)
 conditions       ``Condition`` (conditions); ``get_condition`` (scopes); ``RotaryFactors``, ``relocate_keys`` (geometry)
 question pass    ``build_cache`` (relocation); ``run_condition`` (generation); ``GenerationResult`` (rows)
 probes           ``probe_condition``, ``replay_conditions``, ``FinalTokenRecorder`` (probes)
-scoring          ``score_answer`` (scoring)
+scoring          ``score_answer`` (scoring); ``ChecklistJudge`` (checklist: HelloEval checklist judging)
 sweeps           ``ExperimentSpec``, ``load_analysis``, ``available_analyses`` (experiments); ``RunConfig``,
                  ``run_analysis`` (runner); ``RunStore``, ``load_tables`` (results)
 tables, figures  ``example_tables`` (tables); ``accuracy_table``, ``layer_table`` (summaries); ``write_figures``
@@ -45,6 +46,7 @@ _HOMES = {
     "prefill": ("prefill_history", "PrefillResult"),
     "selectors": ("make_selector", "Selector"),
     "selection": ("Selection",),
+    "protection": ("select_protected",),
     "conditions": ("Condition",),
     "scopes": ("get_condition",),
     "geometry": ("RotaryFactors", "relocate_keys"),
@@ -53,6 +55,7 @@ _HOMES = {
     "rows": ("GenerationResult",),
     "probes": ("probe_condition", "replay_conditions", "FinalTokenRecorder"),
     "scoring": ("score_answer",),
+    "checklist": ("ChecklistJudge",),
     "experiments": ("ExperimentSpec", "load_analysis", "available_analyses"),
     "runner": ("RunConfig", "run_analysis"),
     "results": ("RunStore", "load_tables"),

@@ -99,10 +99,11 @@ _POOLS: dict = {}
 def _pool(workers: int):
     from concurrent.futures import ThreadPoolExecutor
 
+    key = (os.getpid(), workers)  # a forked child gets its own pool (the parent's worker threads do not survive a fork)
     with _LOCK:
-        if workers not in _POOLS:
-            _POOLS[workers] = ThreadPoolExecutor(workers, thread_name_prefix="relaylens-relocate")
-        return _POOLS[workers]
+        if key not in _POOLS:
+            _POOLS[key] = ThreadPoolExecutor(workers, thread_name_prefix="relaylens-relocate")
+        return _POOLS[key]
 
 
 def _kernel():

@@ -270,10 +270,10 @@ def accuracy_table(tables: dict, by: Sequence[str] = ("selector", "budget")) -> 
 
 
 def run_overview(tables: dict[str, pd.DataFrame], metric: str = "contains") -> pd.DataFrame:
-    """Plain means of ``metric`` and ``f1`` per (selector, budget, condition), with the answer-limit rate (the
+    """Plain means of ``metric`` and ``f1`` (when scored) per (selector, budget, condition), with the answer-limit rate (the
     quick summary ``relaylens run`` prints; no intervals)."""
     scores = tables["scores"]
     chosen = scores[scores.metric == metric].groupby(["selector", "budget", "condition"])["value"].mean().rename(metric)
     f1 = scores[scores.metric == "f1"].groupby(["selector", "budget", "condition"])["value"].mean().rename("f1")
     limit = tables["answers"].groupby(["selector", "budget", "condition"])["hit_limit"].mean().rename("hit_limit_rate")
-    return pd.concat([chosen, f1, limit], axis=1).reset_index()
+    return pd.concat([chosen, *([f1] if len(f1) else []), limit], axis=1).reset_index()  # summaries have no F1

@@ -26,7 +26,9 @@ a complete request is ``prefill_s + selection_s + elapsed_s`` of a ``batch_rows 
 
 ``scores`` — one row per (key, metric): columns ``record_id, selector, budget, condition, question_type,
 is_abstention, cluster_id, metric, value``; metrics ``exact_match``, ``f1``, ``contains``, ``choice_accuracy``,
-``abstention``, ``judge`` (``value`` NaN with ``judge_failed`` when a judge verdict is not valid JSON).
+``abstention``, ``judge`` (``value`` NaN with ``judge_failed`` when a judge verdict is not valid JSON); summaries
+(HelloBench) carry ``quality``, ``factuality``, ``coverage`` (0-1; NaN with ``checklist_failed`` when the checklist
+reply is malformed, :mod:`relaylens.checklist`) instead of the answer metrics.
 
 ``probes`` — one row per (key, probe point, layer, head, metric): columns ``record_id, selector, budget,
 condition, probe_point, source, layer, head, metric, value``; ``probe_point`` is ``question_final`` or

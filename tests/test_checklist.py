@@ -123,13 +123,8 @@ def test_summarization_runs_end_to_end_with_the_stub_judge(tmp_path):
     from relaylens.runner import RunConfig, run_analysis
     from relaylens.testing import tiny_model, tiny_tokenizer
 
-    items = [json.loads(line) for line in bundled_hellobench_path().read_text().splitlines()[:2]]
-    for item in items:  # short sources keep the tiny model fast
-        text = " ".join(item["raw_text"].split()[:120])
-        item["chat_prompt"] = item["chat_prompt"].replace(item["raw_text"], text)
-        item["raw_text"] = text
     data = tmp_path / "summarization.jsonl"
-    data.write_text("".join(json.dumps(i) + "\n" for i in items))
+    items = _short_sample(data)
     spec = load_analysis("summarization").SPEC.replace(max_new_tokens=4, selector_options={"snapkv": {"window": 8}})
     out = run_analysis(spec, RunConfig(out=str(tmp_path / "run"), data=str(data), judge_model="stub"), progress=False,
                        model_and_tokenizer=(tiny_model("llama", seed=0), tiny_tokenizer()))
@@ -159,3 +154,48 @@ def test_summarization_runs_end_to_end_with_the_stub_judge(tmp_path):
     assert len(broken.failures) == len(answers)
     failed = build("table10", dict(load_tables(out), metrics=("quality_broken",)))  # every reply failed
     assert (failed["failures"] == 2).all() and (failed["n"] == 0).all() and failed["quality"].isna().all()
+
+
+def _short_sample(path, n: int = 2, words: int = 120):
+    items = [json.loads(line) for line in bundled_hellobench_path().read_text().splitlines()[:n]]
+    for item in items:  # short sources keep the tiny model fast
+        text = " ".join(item["raw_text"].split()[:words])
+        item["chat_prompt"] = item["chat_prompt"].replace(item["raw_text"], text)
+        item["raw_text"] = text
+    path.write_text("".join(json.dumps(i) + "\n" for i in items))
+    return items
+
+
+@pytest.mark.slow
+def test_cli_paper_preset_with_the_stub_judge_and_the_report(tmp_path):
+    """``relaylens run summarization --preset paper --limit 2 --max-new-tokens N --judge-model stub`` then
+    ``relaylens report``: Tables 10 and 11 are sections of the report; --no-protect-instructions turns it off."""
+    import subprocess
+    import sys
+
+    from relaylens.testing import tiny_model, tiny_tokenizer
+
+    model_dir = tmp_path / "tiny-llama"
+    tiny_model("llama", seed=0).save_pretrained(model_dir)
+    tiny_tokenizer().save_pretrained(model_dir)
+    data = tmp_path / "summarization.jsonl"
+    _short_sample(data)
+
+    def cli(*args):
+        result = subprocess.run([sys.executable, "-m", "relaylens.cli", *map(str, args)], capture_output=True,
+                                text=True, timeout=600)
+        assert result.returncode == 0, result.stderr[-3000:]
+        return result
+
+    out = tmp_path / "run"
+    cli("run", "summarization", "--preset", "paper", "--limit", "2", "--max-new-tokens", "3", "--model", model_dir,
+        "--data", data, "--out", out, "--judge-model", "stub")
+    spec = json.loads((out / "manifest.json").read_text())["config"]["spec"]
+    assert spec["protect_instructions"] is True and spec["max_new_tokens"] == 3 and spec["selectors"] == ["snapkv", "full"]
+    cli("report", out)
+    html = (out / "report.html").read_text()
+    assert "Table 10: summarization" in html and "Table 11: summarization per source category" in html
+    off = tmp_path / "off"
+    cli("run", "summarization", "--limit", "1", "--max-new-tokens", "2", "--model", model_dir, "--data", data,
+        "--out", off, "--no-protect-instructions", "--judge-model", "stub")
+    assert "protect_instructions" not in json.loads((off / "manifest.json").read_text())["config"]["spec"]

@@ -91,3 +91,4 @@ def test_environment_variable_turns_the_kernel_off():
     env = {**os.environ, "RELAYLENS_NO_FUSED": "1"}
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
