@@ -14,8 +14,8 @@ model, prompt    ``load_model``, ``load_tokenizer`` (models); ``render_prompt`` 
 prefill          ``prefill_history``, ``PrefillResult`` (prefill)
 selection        ``make_selector``, ``Selector`` (selectors); ``Selection`` (selection); ``select_protected``
                  (protection: instruction and template states kept outside the budget)
-conditions       ``get_condition``, ``Condition`` (conditions); ``RotaryFactors``, ``relocate_keys`` (geometry)
-question pass    ``build_cache``, ``run_condition``, ``GenerationResult`` (generation)
+conditions       ``Condition`` (conditions); ``get_condition`` (scopes); ``RotaryFactors``, ``relocate_keys`` (geometry)
+question pass    ``build_cache`` (relocation); ``run_condition`` (generation); ``GenerationResult`` (rows)
 probes           ``probe_condition``, ``replay_conditions``, ``FinalTokenRecorder`` (probes)
 scoring          ``score_answer`` (scoring); ``ChecklistJudge`` (checklist: HelloEval checklist judging)
 sweeps           ``ExperimentSpec``, ``load_analysis``, ``available_analyses`` (experiments); ``RunConfig``,
@@ -47,9 +47,12 @@ _HOMES = {
     "selectors": ("make_selector", "Selector"),
     "selection": ("Selection",),
     "protection": ("select_protected",),
-    "conditions": ("get_condition", "Condition"),
+    "conditions": ("Condition",),
+    "scopes": ("get_condition",),
     "geometry": ("RotaryFactors", "relocate_keys"),
-    "generation": ("build_cache", "run_condition", "GenerationResult"),
+    "relocation": ("build_cache",),
+    "generation": ("run_condition",),
+    "rows": ("GenerationResult",),
     "probes": ("probe_condition", "replay_conditions", "FinalTokenRecorder"),
     "scoring": ("score_answer",),
     "checklist": ("ChecklistJudge",),

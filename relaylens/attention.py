@@ -16,7 +16,8 @@ Example:
     >>> state = AttentionState(new_positions=torch.arange(4))
     >>> with attention_context(model, state):
     ...     logits = model(torch.tensor([[5, 6, 7, 8]]), position_ids=torch.arange(4)[None]).logits
-    >>> model.config._attn_implementation
+    >>> from relaylens.hf import attention_kernel_name
+    >>> attention_kernel_name(model)
     'sdpa'
 """
 

@@ -128,11 +128,11 @@ def bench_delta_rotation_error(rope_name: str, rope_parameters: dict, head_dim: 
     cos_d, sin_d = factors.plane_factors(delta.abs())
     sign = torch.sign(delta).float()[:, None]
     amplitude = (cos_d * cos_d + sin_d * sin_d).sqrt()
-    from relaylens.geometry import _multiply_planes
+    from relaylens.geometry import multiply_planes
 
     single = cached.clone()
     delta_phase = torch.complex(cos_d / amplitude, sign * sin_d / amplitude)  # e^{i phi(p' - p)}, unit amplitude
-    single[:, : factors.rotary_dim] = _multiply_planes(cached[:, : factors.rotary_dim], delta_phase, factors.layout)
+    single[:, : factors.rotary_dim] = multiply_planes(cached[:, : factors.rotary_dim], delta_phase, factors.layout)
     return {
         "benchmark": "accuracy",
         "case": f"{rope_name}, p up to {max_position:,}",

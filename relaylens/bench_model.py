@@ -20,7 +20,8 @@ import torch
 DEFAULT_MODEL = "smollm2-135m-instruct"
 
 
-def _proc_kb(field: str) -> int | None:
+def proc_status_kb(field: str) -> int | None:
+    """A ``/proc/self/status`` field in kB (``VmRSS``, ``VmHWM``); None where the file or field is missing."""
     try:
         with open("/proc/self/status") as handle:
             for line in handle:
@@ -34,14 +35,14 @@ def _proc_kb(field: str) -> int | None:
 def peak_extra_mb(fn) -> tuple[object, float | None]:
     """Run ``fn()``; return its result and the peak resident memory above the level before it, in MB."""
     gc.collect()
-    before = _proc_kb("VmRSS")
+    before = proc_status_kb("VmRSS")
     try:
         with open("/proc/self/clear_refs", "w") as handle:
             handle.write("5")  # reset the high-water mark to the current RSS
     except OSError:
         before = None
     result = fn()
-    peak = _proc_kb("VmHWM")
+    peak = proc_status_kb("VmHWM")
     return result, None if before is None or peak is None else (peak - before) / 1024
 
 
@@ -60,7 +61,8 @@ def _paired_medians(first, second, repeats: int) -> tuple[float, float]:
     return statistics.median(a), statistics.median(b)
 
 
-def _sample_prompts(tokenizer, count: int):
+def sample_prompts(tokenizer, count: int):
+    """Completion-mode prompts of the first ``count`` records of the bundled sample."""
     from relaylens.datasets import bundled_sample_path, load_records
     from relaylens.prompting import render_prompt
 
@@ -68,7 +70,7 @@ def _sample_prompts(tokenizer, count: int):
     return [render_prompt(record, tokenizer, mode="completion") for record in records]
 
 
-def _load(model_spec: str, load_kwargs: dict | None = None):
+def load_bench_model(model_spec: str, load_kwargs: dict | None = None):
     """The benchmarked model; ``load_kwargs`` are :func:`relaylens.models.load_model` placement options
     (device, dtype, device map, attention kernel, rotary overrides)."""
     from relaylens.models import load_model
@@ -84,10 +86,10 @@ def run_probes(repeats: int = 5, records: int = 3, model_spec: str = DEFAULT_MOD
     from relaylens.probes import FinalTokenRecorder
     from relaylens.selectors import make_selector
 
-    model, tokenizer = _load(model_spec, load_kwargs)
+    model, tokenizer = load_bench_model(model_spec, load_kwargs)
     factors = RotaryFactors.from_model(model)
     rows, ratios = [], []
-    for prompt in _sample_prompts(tokenizer, records):
+    for prompt in sample_prompts(tokenizer, records):
         prefill = prefill_history(model, prompt.history_ids)
         selection = make_selector("snapkv").select(prefill, prompt, 0.10)
 
@@ -113,7 +115,7 @@ def run_prefill(repeats: int = 3, lengths=(1000, 4000), model_spec: str = DEFAUL
 
     from relaylens.prefill import prefill_history
 
-    model, _ = _load(model_spec, load_kwargs)
+    model, _ = load_bench_model(model_spec, load_kwargs)
     rows = []
     for length in lengths:
         ids = torch.randint(100, 20000, (length,), generator=torch.Generator().manual_seed(length))
@@ -159,7 +161,7 @@ def run_scaling(repeats: int = 3, counts=(1000, 4000, 16000), model_spec: str = 
     from relaylens.prefill import PrefillResult
     from relaylens.selection import Selection
 
-    model, _ = _load(model_spec, load_kwargs)
+    model, _ = load_bench_model(model_spec, load_kwargs)
     config = model.config
     # a timing benchmark: 16k retained states of a 32k history run past SmolLM2's trained 8k context, which default
     # RoPE computes all the same; widen the checked range for this measurement only

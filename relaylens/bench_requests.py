@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from relaylens.bench_model import DEFAULT_MODEL, _load, _proc_kb, _sample_prompts
+from relaylens.bench_model import DEFAULT_MODEL, load_bench_model, proc_status_kb, sample_prompts
 
 OVERHEAD_SELECTORS = ("bm25", "snapkv", "pyramidkv")
 CPU_BUDGETS = (256, 1024)
@@ -54,7 +54,7 @@ class MemoryProbe:
             torch.cuda.reset_peak_memory_stats(self.device)
             self.base = (torch.cuda.memory_allocated(self.device), torch.cuda.memory_reserved(self.device))
         else:
-            self.before_kb = _proc_kb("VmRSS")
+            self.before_kb = proc_status_kb("VmRSS")
             try:
                 with open("/proc/self/clear_refs", "w") as handle:
                     handle.write("5")  # reset the high-water mark to the current resident set
@@ -68,7 +68,7 @@ class MemoryProbe:
             self.peaks = {"peak_allocated_mb": (torch.cuda.max_memory_allocated(self.device) - self.base[0]) / 2**20,
                           "peak_reserved_mb": (torch.cuda.max_memory_reserved(self.device) - self.base[1]) / 2**20}
         else:
-            peak = _proc_kb("VmHWM")
+            peak = proc_status_kb("VmHWM")
             self.peaks = {"peak_rss_mb": None if self.before_kb is None or peak is None else (peak - self.before_kb) / 1024}
 
 
@@ -80,9 +80,9 @@ def kv_logical_bytes(selection, head_dim: int, dtype: torch.dtype) -> int:
 
 def complete_request(model, prompt, selector, budget, condition: str, factors, new_tokens: int) -> dict:
     """One complete request with stage times (CUDA synchronised at each boundary) and memory peaks."""
-    from relaylens.generation import GenerationResult, relocate_selection
     from relaylens.prefill import prefill_history
-    from relaylens.rows import _decode, _forward, stack_rows
+    from relaylens.relocation import relocate_selection
+    from relaylens.rows import GenerationResult, decode_rows, forward_rows, stack_rows
 
     device = model.device
     stamps = {}
@@ -102,11 +102,11 @@ def complete_request(model, prompt, selector, budget, condition: str, factors, n
         q = prompt.question_ids.numel()
         positions = layers.coordinates.question_positions(q)[None]  # [1, Q]
         source = (torch.arange(q) + prefill.history_length)[None]
-        logits = _forward(model, batch, prompt.question_ids[None], positions, source)
+        logits = forward_rows(model, batch, prompt.question_ids[None], positions, source)
         synchronize(device)
         stamps["question_s"] = time.perf_counter()
         result = GenerationResult(layers.coordinates.condition, layers.coordinates.question_start, positions[0], logits[0, -1])
-        _decode(model, batch, [result], logits[:, -1], positions[:, -1] + 1, source[:, -1] + 1, new_tokens, set(), None, False)
+        decode_rows(model, batch, [result], logits[:, -1], positions[:, -1] + 1, source[:, -1] + 1, new_tokens, set(), None, False)
         synchronize(device)
         stamps["generation_s"] = time.perf_counter()
         request_cpu_s = time.process_time() - cpu_start  # CPU time of this process: robust to other load on the cores
@@ -142,9 +142,9 @@ def run_overhead(repeats: int = 3, records: int = 2, model_spec: str = DEFAULT_M
     from relaylens.geometry import RotaryFactors
     from relaylens.selectors import make_selector
 
-    model, tokenizer = _load(model_spec, load_kwargs)
+    model, tokenizer = load_bench_model(model_spec, load_kwargs)
     factors = RotaryFactors.from_model(model)
-    prompts = _sample_prompts(tokenizer, records)
+    prompts = sample_prompts(tokenizer, records)
     chosen = {name: make_selector(name) for name in selectors}
     complete_request(model, prompts[0], chosen[selectors[0]], budgets[0], "relay", factors, 4)  # warm-up
     rows, per_record = [], []
@@ -189,9 +189,9 @@ def run_throughput(repeats: int = 1, model_spec: str = DEFAULT_MODEL, new_tokens
     from relaylens.rows import Row, run_rows
     from relaylens.selectors import make_selector
 
-    model, tokenizer = _load(model_spec, load_kwargs)
+    model, tokenizer = load_bench_model(model_spec, load_kwargs)
     factors = RotaryFactors.from_model(model)
-    prompt = _sample_prompts(tokenizer, record + 1)[record]
+    prompt = sample_prompts(tokenizer, record + 1)[record]
     prefill = prefill_history(model, prompt.history_ids)
     selections = [make_selector(name).select(prefill, prompt, 0.1) for name in ("snapkv", "pyramidkv", "bm25")]
     conditions = ("original", "key_only", "relay", "query_only(2048)", "common_shift(2048)")  # coordinate_ablation

@@ -21,8 +21,8 @@ from __future__ import annotations
 
 import torch
 
-from relaylens.hf import (attention_kernel, cache_lengths, call_rotary, cached_keys, decoder_layers,
-                          find_rotary_embedding, new_cache, pre_rotary_keys, rotary_function)
+from relaylens.hf import (attention_kernel, attention_kernel_name, cache_lengths, call_rotary, cached_keys,
+                          decoder_layers, find_rotary_embedding, new_cache, pre_rotary_keys, rotary_function)
 
 
 #: Relative error allowed per check name prefix, for float32 models and for 16-bit models.
@@ -81,7 +81,7 @@ def run_checks(model, tokenizer, history_tokens: int = 700, keep_every: int = 5)
     keep_all = float((original.question_logits.to(reference.device) - reference).abs().max())
     results.append(("keep-all original vs full forward, max |logit diff| / max |logit|", keep_all / scale))
     if model.dtype != torch.float32:  # the tolerance of a reduced-precision forward: two kernels on the same input
-        before = model.config._attn_implementation
+        before = attention_kernel_name(model)
         other_name = "eager" if before != "eager" else "sdpa"
         with attention_kernel(model, other_name), torch.no_grad():
             other = model(full_ids).logits[0, history.numel():].float()

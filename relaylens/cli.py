@@ -417,8 +417,9 @@ def figures_command(
 
 @app.command("report")
 def report_command(
-    run_dir: Path = typer.Argument(..., help="run directory (the --out of `relaylens run`)"),
-    out: Path = typer.Option(None, help="output HTML file (default RUN_DIR/report.html)"),
+    run_dirs: list[Path] = typer.Argument(..., help="run directory (the --out of `relaylens run`); several (one per "
+                                          "model x dataset) make one cross-run report into --out"),
+    out: Path = typer.Option(None, help="output HTML file (default RUN_DIR/report.html; required with several runs)"),
     metric: str = typer.Option(None, help="judge, choice, contains, f1, em or judge_NAME (default: the paper's metric "
                                "when the run has it, else contains and f1)"),
     retained_only: bool = typer.Option(False, "--retained-only", help="probe sections over records whose gold "
@@ -426,14 +427,16 @@ def report_command(
     view_records: int = typer.Option(3, "--view-records", min=0, help="token view: show the first N records the run "
                                      "stored views for (0: no token view)"),
 ) -> None:
-    """Render the self-contained per-layer HTML report of a run (offline; figures and data inline)."""
+    """Render the self-contained per-layer HTML report of a run, or the cross-run report of several (offline;
+    figures and data inline)."""
     import matplotlib
 
     matplotlib.use("Agg")
     from relaylens.report import write_report
 
     with console.status("rendering report ..."):
-        path = _guard(write_report, run_dir, out, view_records, metric=metric, retained_only=retained_only)
+        path = _guard(write_report, run_dirs[0] if len(run_dirs) == 1 else run_dirs, out, view_records, metric=metric,
+                      retained_only=retained_only)
     print(path)
     console.print(f"[green]wrote[/] {path}")
 

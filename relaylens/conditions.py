@@ -26,7 +26,7 @@ Values, selection and counts are never changed; only the phases keys carry move.
 Example (the worked example of the design notes, head B of ``L = 20``, ``M = 6``):
     >>> from relaylens.selection import Selection
     >>> sel = Selection.from_lists([[[2, 5, 6, 11, 17, 19], [0, 9, 18, 19]]], history_length=20)
-    >>> coords = get_condition("half_gap").coordinates(sel)
+    >>> coords = parse_condition("half_gap").coordinates(sel)
     >>> coords.key_positions[0, 1, :4].tolist(), coords.question_start
     ([1, 6, 11, 12], 13)
 """
@@ -66,7 +66,9 @@ def _compact(sel: Selection) -> torch.Tensor:
     return sel.max_count - counts + _slot_index(sel)
 
 
-def _finish(name: str, sel: Selection, key_positions: torch.Tensor, question_start: int) -> Coordinates:
+def make_coordinates(name: str, sel: Selection, key_positions: torch.Tensor, question_start: int) -> Coordinates:
+    """:class:`Coordinates` named ``name``: ``key_positions`` ``[layer, kv_head, slot]`` where the selection is valid,
+    ``-1`` in its padded slots."""
     key_positions = torch.where(sel.valid, key_positions.long(), torch.full_like(key_positions, PAD_POSITION, dtype=torch.long))
     return Coordinates(name, key_positions, int(question_start))
 
@@ -91,7 +93,7 @@ class Original(Condition):
     name = "original"
 
     def coordinates(self, sel: Selection) -> Coordinates:
-        return _finish(self.label, sel, sel.positions, sel.history_length)
+        return make_coordinates(self.label, sel, sel.positions, sel.history_length)
 
 
 @dataclass(frozen=True)
@@ -101,7 +103,7 @@ class Relay(Condition):
     name = "relay"
 
     def coordinates(self, sel: Selection) -> Coordinates:
-        return _finish(self.label, sel, _compact(sel), sel.max_count)
+        return make_coordinates(self.label, sel, _compact(sel), sel.max_count)
 
 
 @dataclass(frozen=True)
@@ -111,7 +113,7 @@ class RankSync(Condition):
     name = "rank_sync"
 
     def coordinates(self, sel: Selection) -> Coordinates:
-        return _finish(self.label, sel, _slot_index(sel), sel.max_count)
+        return make_coordinates(self.label, sel, _slot_index(sel), sel.max_count)
 
 
 @dataclass(frozen=True)
@@ -121,7 +123,7 @@ class KeyOnly(Condition):
     name = "key_only"
 
     def coordinates(self, sel: Selection) -> Coordinates:
-        return _finish(self.label, sel, _compact(sel), sel.history_length)
+        return make_coordinates(self.label, sel, _compact(sel), sel.history_length)
 
 
 @dataclass(frozen=True)
@@ -136,7 +138,7 @@ class QueryOnly(Condition):
         return f"query_only({self.shift})"
 
     def coordinates(self, sel: Selection) -> Coordinates:
-        return _finish(self.label, sel, sel.positions, sel.history_length + self.shift)
+        return make_coordinates(self.label, sel, sel.positions, sel.history_length + self.shift)
 
 
 @dataclass(frozen=True)
@@ -151,7 +153,7 @@ class CommonShift(Condition):
         return f"common_shift({self.shift})"
 
     def coordinates(self, sel: Selection) -> Coordinates:
-        return _finish(self.label, sel, sel.positions + self.shift, sel.history_length + self.shift)
+        return make_coordinates(self.label, sel, sel.positions + self.shift, sel.history_length + self.shift)
 
 
 def _round_half_up(x: torch.Tensor | float):
@@ -179,7 +181,7 @@ class Compaction(Condition):
         alpha = float(self.alpha)
         mixed = (1.0 - alpha) * sel.positions.double() + alpha * _compact(sel).double()
         start = (1.0 - alpha) * sel.history_length + alpha * sel.max_count
-        return _finish(self.label, sel, _round_half_up(mixed), _round_half_up(start))
+        return make_coordinates(self.label, sel, _round_half_up(mixed), _round_half_up(start))
 
 
 @dataclass(frozen=True)
@@ -200,7 +202,7 @@ def _fill_relay_slots(sel: Selection, order_key: torch.Tensor, name: str) -> Coo
     order = torch.sort(key, dim=-1, stable=True).indices  # slot indices by ascending key
     rank = torch.empty_like(order)
     rank.scatter_(-1, order, _slot_index(sel).contiguous())  # rank[state] = its place in the order
-    return _finish(name, sel, sel.max_count - sel.counts[..., None] + rank, sel.max_count)
+    return make_coordinates(name, sel, sel.max_count - sel.counts[..., None] + rank, sel.max_count)
 
 
 @dataclass(frozen=True)
@@ -259,23 +261,16 @@ _PARAMETER = {"query_only": ("shift", int), "common_shift": ("shift", int), "com
 _SPEC = re.compile(r"^\s*([a-z_]+)\s*(?:\(\s*(?:([a-z_]+)\s*=\s*)?([-+0-9.eE]+)\s*\))?\s*$")
 
 
-def get_condition(spec: str | Condition, model=None) -> Condition:
-    """Parse a condition name such as ``"relay"``, ``"query_only(2048)"``, ``"compaction(alpha=0.25)"``, or a scoped
-    condition such as ``"relay@layers=0-9"`` (:mod:`relaylens.scopes`). ``model`` (or its config) gives scoped
-    conditions the layer types that ``layer_type=`` scopes need.
+def parse_condition(spec: str | Condition) -> Condition:
+    """Parse an unscoped condition name such as ``"relay"``, ``"query_only(2048)"`` or ``"compaction(alpha=0.25)"``
+    (a :class:`Condition` passes through). Scoped specs (``"relay@layers=0-9"``) are parsed by
+    :func:`relaylens.scopes.get_condition`, the parser of the whole spec grammar.
 
-    >>> get_condition("random_order(3)").label
+    >>> parse_condition("random_order(3)").label
     'random_order(3)'
-    >>> get_condition("relay@heads=3.1,3.0").label
-    'relay@heads=3.0,3.1'
     """
-    if isinstance(spec, Condition) or "@" in str(spec):
-        from relaylens.scopes import Scoped, parse_scoped
-
-        condition = spec if isinstance(spec, Condition) else parse_scoped(str(spec))
-        if model is not None and isinstance(condition, Scoped):
-            condition = condition.bind(model)
-        return condition
+    if isinstance(spec, Condition):
+        return spec
     match = _SPEC.match(str(spec))
     if not match or match.group(1) not in CONDITIONS:
         raise RelaylensError(f"unknown condition {spec!r}; known: {', '.join(CONDITIONS)} (parameters like query_only(2048); "

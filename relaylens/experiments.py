@@ -16,7 +16,7 @@ import dataclasses
 import importlib
 from dataclasses import dataclass, field
 
-from relaylens.conditions import get_condition
+from relaylens.scopes import get_condition
 from relaylens.errors import RelaylensError
 
 PROMPT_MODES = ("chat", "completion", "auto")

@@ -447,3 +447,6 @@ def _apply_phases(keys: torch.Tensor, positions: torch.Tensor, factors: RotaryFa
     out = flat.clone()
     out[:, : factors.rotary_dim] = _multiply_planes(flat[:, : factors.rotary_dim], multiplier, factors.layout).to(keys.dtype)
     return out.reshape(keys.shape)
+
+
+multiply_planes = _multiply_planes  # public name: relaylens.bench multiplies rotary planes by a phase (delta-rotation peer)

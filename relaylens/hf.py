@@ -221,10 +221,15 @@ def rebuild_query_key(
 
 # -------------------------------------------------------------------------------------- attention-kernel switch
 
+def attention_kernel_name(model) -> str:
+    """The attention kernel the model runs now (``"sdpa"``, ``"eager"``, ``"relaylens"`` inside a relaylens pass)."""
+    return model.config._attn_implementation
+
+
 @contextlib.contextmanager
 def attention_kernel(model, name: str | None) -> Iterator[None]:
     """Temporarily switch the model's attention kernel (restored on exit, also on errors); None keeps it."""
-    before = model.config._attn_implementation
+    before = attention_kernel_name(model)
     if name is None or name == before:
         yield
         return

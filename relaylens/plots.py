@@ -195,6 +195,16 @@ def layer_lines(ax: Axes, frame: pd.DataFrame, conditions: Sequence[str], num_la
     ax.set_xlabel("layer")
 
 
+def condition_legend(fig: Figure, axes, conditions: Sequence[str]) -> None:
+    """One legend above the figure: the conditions (in ``conditions`` order) that some panel of ``axes`` drew."""
+    handles = {}
+    for ax in np.asarray(axes).flat:
+        for h, lab in zip(*ax.get_legend_handles_labels()):
+            handles.setdefault(lab, h)
+    ordered = [c for c in conditions if c in handles]
+    fig.legend([handles[c] for c in ordered], ordered, loc="outside upper center", ncols=max(1, min(len(ordered), 6)))
+
+
 def heatmap(ax: Axes, matrix: np.ndarray, title: str, vmax: float | None = None, cmap: str = "RdBu_r",
             xlabel: str = "head", ylabel: str = "layer") -> matplotlib.image.AxesImage:
     """A diverging layer x head heat map centred at zero; returns the image (for a colour bar)."""

@@ -28,7 +28,8 @@ from dataclasses import dataclass, field
 import pandas as pd
 import torch
 
-from relaylens.conditions import Condition, get_condition
+from relaylens.conditions import Condition
+from relaylens.scopes import get_condition
 from relaylens.errors import RelaylensError
 from relaylens.geometry import RotaryFactors, rotate_keys, unrotate_keys
 from relaylens.prefill import PrefillResult

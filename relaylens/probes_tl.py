@@ -19,7 +19,7 @@ Two things are needed to make the bridge run a relocated cache, both scoped to a
   ``AttentionBridge._update_kv_cache``, but transformers 5.24's decoder layers pass ``cache=``; the cache is silently
   ignored (wrong logits, cache not extended). The shim maps ``cache`` to ``past_key_values`` while active, and
   switches itself off when a behavioural probe finds that the installed method already reads ``cache``.
-* :func:`ragged_attention_config`: the wrapped model's ``config._attn_implementation`` is set to ``"relaylens"``
+* :func:`ragged_attention_config`: the wrapped model's attention kernel is switched to ``"relaylens"``
   (registered without a mask function), so transformers builds no layer-0-sized mask and layers of different widths
   work; the bridge then builds its own causal mask per layer.
 
@@ -51,11 +51,12 @@ import torch
 from relaylens.attention import ATTENTION_NAME, AttentionState, window_allow
 from relaylens.conditions import Condition
 from relaylens.errors import RelaylensError
-from relaylens.generation import GenerationResult, RelocatedCache, build_cache
 from relaylens.geometry import RotaryFactors
-from relaylens.hf import cache_lengths, cached_values, decoder_layers
+from relaylens.hf import attention_kernel, cache_lengths, cached_values, decoder_layers
 from relaylens.prefill import PrefillResult
 from relaylens.probes import FinalTokenRecorder, ProbedCondition, gold_slots, readouts
+from relaylens.relocation import RelocatedCache, build_cache
+from relaylens.rows import GenerationResult
 from relaylens.selection import Selection
 
 HOOK_SCORES = "blocks.{layer}.attn.hook_attn_scores"
@@ -182,19 +183,15 @@ def _is_bridge(obj) -> bool:
 
 @contextlib.contextmanager
 def ragged_attention_config(bridge) -> Iterator[None]:
-    """Set the wrapped model's ``config._attn_implementation`` to ``"relaylens"`` (no mask function); restore it.
+    """Switch the wrapped model's attention kernel to ``"relaylens"`` (no mask function) inside this block only
+    (:func:`relaylens.hf.attention_kernel`; restored on exit).
 
     transformers then passes ``attention_mask=None`` and the bridge builds its own causal mask per layer, so layers
     of different cache widths work. The ``relaylens`` function itself is never called by the bridge (it reimplements
     attention); if an architecture's bridge did call it, it would raise outside ``attention_context``.
     """
-    config = bridge.original_model.config
-    previous = config._attn_implementation
-    config._attn_implementation = ATTENTION_NAME
-    try:
+    with attention_kernel(bridge.original_model, ATTENTION_NAME):
         yield
-    finally:
-        config._attn_implementation = previous
 
 
 # ----------------------------------------------------------------------------------------------------------------

@@ -100,7 +100,7 @@ def rejudge_run(run_dir: str | Path, backend, name: str, data: str | Path | None
         checklist = ChecklistJudge(backend, cache_path=run_dir / f"judge_cache_checklist_{name}.jsonl")
         paths = store.unit_paths()
         for done, path in enumerate(paths, 1):
-            tables = store._load_unit(path)  # raw column lists: rewritten exactly as stored
+            tables = store.load_unit(path)  # raw column lists: rewritten exactly as stored
             answers = _rows(tables["answers"])
             if not answers:
                 continue

@@ -6,7 +6,9 @@
 per-record drill-down (gold units kept by the selection, the answer under each condition, correctness). The data
 behind the page is embedded as JSON in ``<script type="application/json" id="relaylens-data">``. Nothing is loaded
 from the network: no CDN, no external URL (strings that contain ``://`` are written with an entity / JSON escape),
-and ids are deterministic, so the same run renders to the same bytes.
+and ids are deterministic, so the same run renders to the same bytes. Several run directories (one per model x
+dataset) render one cross-run report: Table 1 over models and datasets, Table 8 with its "N of M settings improve"
+count, the cross-judge table, and no per-layer sections (layers differ per model).
 
 Example:
     >>> from relaylens.tables import example_tables
@@ -30,15 +32,19 @@ from markupsafe import Markup, escape
 from matplotlib.figure import Figure
 
 from relaylens import plots
+from relaylens.atomic import write_atomic
 from relaylens.figures import REGISTRY, build, select_figures
 from relaylens.figures.heatmap import HEATMAP_METRIC, evidence_heatmap
 from relaylens.figures.layer_scope import report_rows
-from relaylens.figures.registry import check_not_empty, needs_probes
+from relaylens.figures.paired_settings import table8_lines
+from relaylens.figures.registry import FigureError, check_not_empty, cross_run_entries, load_run_tables, needs_probes
+from relaylens.htmlsafe import clean, defang, finalize, interval, json_script, num, records
+from relaylens.locks import run_lock
+from relaylens.retention import retention_lines
 from relaylens.summaries import (REFERENCE, accuracy_scores, accuracy_table, budget_label, condition_order, layer_table,
                                  metric_list, table_cells)
 from relaylens.tables import get_table
-from relaylens.views import view_html
-from relaylens.htmlsafe import clean, defang, finalize, interval, json_script, num, records
+from relaylens.views import load_views, view_html
 
 __all__ = ["render_report", "write_report", "report_context", "TEMPLATE"]
 
@@ -74,6 +80,8 @@ def _summary(tables: dict, manifest: dict) -> list[tuple[str, str]]:
         ("budgets", ", ".join(budget_label(b) for b in sorted(keyed["budget"].unique()))),
         ("conditions", ", ".join(condition_order(keyed["condition"].unique()))),
     ]
+    if manifest.get("runs"):  # a cross-run report: one run directory per model x dataset
+        rows[1:5] = [("runs", "; ".join(f"{r['model']} x {r['dataset']} ({r['run_dir']})" for r in manifest["runs"]))]
     if "question_type" in keyed and len(keyed):
         rows.append(("question types", ", ".join(sorted(keyed["question_type"].unique()))))
     if len(probes):
@@ -85,21 +93,12 @@ def _summary(tables: dict, manifest: dict) -> list[tuple[str, str]]:
 
 def _paper_rows(tables: dict) -> list[tuple[str, str]]:
     """The metric (and its note), evidence retention, Table 8's settings count, and the skipped records."""
-    from relaylens.crossrun import paired_settings_table, settings_count
-    from relaylens.retention import retention_lines
-
     scores = accuracy_scores(tables)
     metrics = metric_list(scores)
     rows = [("metric", ", ".join(metrics) + (f" ({tables['metric_note']})" if tables.get("metric_note") else ""))]
     if len(tables["answers"]):
         rows += [("evidence retention", line) for line in retention_lines(tables["answers"])]
-    if {"original", "relay"} <= set(scores["condition"]):
-        for metric in metrics:
-            t8 = paired_settings_table(scores, metric)
-            if len(t8):
-                deltas = ", ".join(f"{r.selector} @ {budget_label(float(r.budget))} {r.delta:+.3f} "
-                                   f"[{r.delta_low:+.3f}, {r.delta_high:+.3f}]" for r in t8.itertuples())
-                rows.append((f"Table 8 ({metric})", f"{settings_count(t8)}: {deltas}"))
+    rows += table8_lines(scores, metrics)
     skipped = get_table(tables, "skipped")
     for rid, g in skipped.groupby("record_id", sort=True):
         rows.append(("skipped", f"{rid}: {g['reason'].iloc[0]} ({len(g)} unit(s)) - {g['detail'].iloc[0]}"))
@@ -107,12 +106,15 @@ def _paper_rows(tables: dict) -> list[tuple[str, str]]:
 
 
 def _condition_table(tables: dict) -> tuple[list[dict], pd.DataFrame | None]:
-    if not len(accuracy_scores(tables)):
+    """Table 1's rows (per model x dataset too, in a cross-run grid) and the table itself."""
+    scores = accuracy_scores(tables)
+    if not len(scores):
         return [], None
-    table = accuracy_table(tables)
+    labels = [c for c in ("model", "dataset") if c in scores.columns]
+    table = accuracy_table(tables, by=(*labels, "selector", "budget"))
     rows = []
     for _, r in table.iterrows():
-        rows.append({"selector": r["selector"], "budget": budget_label(float(r["budget"])),
+        rows.append({**{c: r[c] for c in labels}, "selector": r["selector"], "budget": budget_label(float(r["budget"])),
                      "condition": r["condition"], "n": int(r["n"]),
                      "cells": [interval(r, m) for m in metric_list(accuracy_scores(tables)) if m in table]
                      + [interval(r, f"{m}_delta", signed=True) for m in metric_list(accuracy_scores(tables))
@@ -239,7 +241,8 @@ def report_context(tables: dict, manifest: dict, figure_names: list[str] | None 
         elif name not in OWN_SECTIONS:
             head, rows = table_cells(build(name, everything))
             paper_tables.append({"name": name, "title": entry.title, "head": head, "rows": rows})
-    has_probes = needs_probes(tables) is None
+    grid = bool(manifest.get("runs"))
+    has_probes = not grid and needs_probes(tables) is None
     scope_rows, sweep_rows = report_rows(tables)
     per_layer = layer_table(probes) if has_probes else None
     data = {
@@ -254,6 +257,7 @@ def report_context(tables: dict, manifest: dict, figure_names: list[str] | None 
         "metrics": [m for m in metric_list(accuracy_scores(tables))
                     if condition_table is not None and m in condition_table],
         "condition_rows": condition_rows,
+        "grid": grid,
         "figures": rendered,
         "paper_tables": paper_tables,
         "has_probes": has_probes,
@@ -284,24 +288,22 @@ def render_report(tables: dict, manifest: dict, figure_names: list[str] | None =
     return _environment().get_template(TEMPLATE).render(**report_context(tables, manifest, figure_names, views))
 
 
-def write_report(run_dir: str | Path, out: str | Path | None = None, view_records: int = 3, metric: str | None = None,
-                 retained_only: bool = False) -> Path:
+def write_report(run_dir: str | Path | list, out: str | Path | None = None, view_records: int = 3,
+                 metric: str | None = None, retained_only: bool = False) -> Path:
     """Render ``RUN_DIR/report.html`` (or ``out``) from the run's tables and manifest; returns the path.
 
     The token view shows the stored views (``RUN_DIR/views``) of the first ``view_records`` records (0: none).
     ``metric``: a ``--metric`` name (default: the paper's metric when the run has it); ``retained_only``: probe
-    sections over records whose gold evidence survived (:func:`relaylens.figures.registry.prepare_tables`)."""
-    from relaylens.figures.registry import prepare_tables
-    from relaylens.results import RunStore, load_tables
-    from relaylens.views import load_views
-
-    run_dir = Path(run_dir)
-    manifest = RunStore.open(run_dir).manifest
-    from relaylens.atomic import write_atomic
-    from relaylens.locks import run_lock
-
-    with run_lock(run_dir, "report"):  # one writer per run directory
-        views = load_views(run_dir, view_records) if view_records > 0 else []
-        html = render_report(prepare_tables(load_tables(run_dir), metric, retained_only), manifest, views=views)
-        path = Path(out) if out else run_dir / "report.html"
-        return write_atomic(path, html)  # a full disk keeps the previous report
+    sections over records whose gold evidence survived (:func:`relaylens.figures.registry.prepare_tables`).
+    Several run directories (one per model x dataset) render one cross-run report into ``out`` (required)."""
+    run_dirs = [Path(run_dir)] if isinstance(run_dir, (str, Path)) else [Path(d) for d in run_dir]
+    if len(run_dirs) > 1:
+        if out is None:
+            raise FigureError("several run directories make one cross-run report; pass --out FILE for it")
+        tables, manifest = load_run_tables(run_dirs, metric, retained_only)
+        return write_atomic(Path(out), render_report(tables, manifest, cross_run_entries(tables)))
+    with run_lock(run_dirs[0], "report"):  # one writer per run directory
+        tables, manifest = load_run_tables(run_dirs, metric, retained_only)
+        views = load_views(run_dirs[0], view_records) if view_records > 0 else []
+        html = render_report(tables, manifest, views=views)
+        return write_atomic(Path(out) if out else run_dirs[0] / "report.html", html)  # a full disk keeps the old one

@@ -420,7 +420,12 @@ class RunStore:
         doc = {"unit": list(key), "sha256": checksum, "tables": tables}
         _atomic_write(self.unit_path(key), gzip.compress(_dumps(doc), compresslevel=6, mtime=0), self.run_dir, self.writer)
 
-    def _load_unit(self, path: Path) -> dict[str, dict[str, list]]:
+    def copy_unit(self, path: Path) -> None:
+        """Commit a unit file of another run directory into this one, byte for byte (atomically)."""
+        _atomic_write(self.run_dir / UNITS / path.name, path.read_bytes(), self.run_dir, self.writer)
+
+    def load_unit(self, path: Path) -> dict[str, dict[str, list]]:
+        """The raw column lists of one committed unit file, per table (its checksum verified)."""
         fix = "delete it and re-run the same command to recompute that unit"
         try:
             doc = json.loads(gzip.decompress(path.read_bytes()))
@@ -441,13 +446,13 @@ class RunStore:
 
     def read_unit(self, path: Path) -> dict[str, pd.DataFrame]:
         """The three tables of one committed unit file; a damaged file raises naming it."""
-        return {name: _table(name, cols) for name, cols in self._load_unit(path).items()}
+        return {name: _table(name, cols) for name, cols in self.load_unit(path).items()}
 
     def build_tables(self) -> dict[str, pd.DataFrame]:
         """All committed units as the three sorted tables (in memory; nothing written)."""
         acc: dict[str, dict[str, list]] = {name: {c: [] for c in cols} for name, cols in TABLES.items()}
         for path in self.unit_paths():
-            for name, cols in self._load_unit(path).items():
+            for name, cols in self.load_unit(path).items():
                 for c, values in cols.items():
                     acc[name][c].extend(values)
         return {name: _table(name, cols) for name, cols in acc.items()}

@@ -1,7 +1,7 @@
 """Batched rows: every (selection, condition) of a record decoded together over one shared prefill.
 
 A *row* is one (selection, condition) pair, optionally with probe observers. :func:`run_rows` builds each row's
-relocated cache exactly as :func:`relaylens.generation.build_cache` does, pads every layer to the widest row of the
+relocated cache exactly as :func:`relaylens.relocation.build_cache` does, pads every layer to the widest row of the
 batch (padding slots are invalid and never receive probability mass), and runs the question pass, the optional
 teacher-forced token and greedy decoding for all rows in one batch. Each row keeps its own validity mask, key
 positions, question positions, sliding-window coordinates and stop state; a row that stops (EOS, newline, limit) is
@@ -31,7 +31,7 @@ Example:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from transformers import DynamicCache
@@ -39,12 +39,35 @@ from transformers import DynamicCache
 from relaylens.attention import AttentionState, Observer, attention_context
 from relaylens.conditions import Condition, Coordinates
 from relaylens.errors import ShapeError
-from relaylens.generation import GenerationResult, RelocatedLayers, default_eos_ids, relocate_selection
 from relaylens.geometry import RotaryFactors
 from relaylens.prefill import PrefillResult
+from relaylens.relocation import RelocatedLayers, relocate_selection
 from relaylens.selection import Selection
 
 _FAR = -(10**9)  # position of a padding slot: never inside a window, never attended (its validity is False)
+
+
+@dataclass
+class GenerationResult:
+    """Outcome of one condition: logits of the question pass and the greedy continuation."""
+
+    condition: str
+    question_start: int
+    question_positions: torch.Tensor  # [Q]
+    last_logits: torch.Tensor  # [vocab] float32, logits of the final question token
+    token_ids: list[int] = field(default_factory=list)
+    positions: list[int] = field(default_factory=list)  # position each generated token was fed at (if fed)
+    text: str = ""
+    stop_reason: str = "limit"  # "eos", "newline", "limit"
+    question_logits: torch.Tensor | None = None  # [Q, vocab] when requested
+    teacher_logits: torch.Tensor | None = None  # [vocab] logits of the teacher-forced token, when one was fed
+    inputs: list[tuple[torch.Tensor, torch.Tensor]] | None = None  # grad=True: RelocatedCache.inputs
+    head_inputs: dict | None = None  # grad=True: layer -> [(key, value) per-query-head views per pass], question first
+
+    @property
+    def hit_limit(self) -> bool:
+        """True when ``max_new_tokens`` cut the answer (it may be incomplete)."""
+        return self.stop_reason == "limit"
 
 
 @dataclass(frozen=True)
@@ -89,7 +112,7 @@ def stack_rows(built: list[RelocatedLayers], window_mode: str = "condition") -> 
     return RowBatch(DynamicCache(ddp_cache_data=data), state, list(built))
 
 
-def _forward(model, batch: RowBatch, ids: torch.Tensor, positions: torch.Tensor, source_positions: torch.Tensor,
+def forward_rows(model, batch: RowBatch, ids: torch.Tensor, positions: torch.Tensor, source_positions: torch.Tensor,
              all_logits: bool = False) -> torch.Tensor:
     """Feed ``ids`` ``[row, T]`` at ``positions`` ``[row, T]``; float32 logits ``[row, T or 1, vocab]``."""
     state = batch.state
@@ -172,11 +195,11 @@ def run_rows(
     state = batch.state
     state.row_states = [layers.state for layers in batch.layers]
     state.row_observers = [list(row.observers) for row in rows]
-    logits = _forward(model, batch, question_ids.expand(count, -1), positions, source, keep_question_logits)
+    logits = forward_rows(model, batch, question_ids.expand(count, -1), positions, source, keep_question_logits)
     state.row_observers = []
     if teacher_token is not None:
         state.row_observers = [list(row.teacher_observers) for row in rows]
-        teacher_logits = _forward(model, batch, torch.full((count, 1), int(teacher_token)), positions[:, -1:] + 1,
+        teacher_logits = forward_rows(model, batch, torch.full((count, 1), int(teacher_token)), positions[:, -1:] + 1,
                                   source[:, -1:] + 1)[:, -1]  # [row, vocab]
         state.row_observers = []
         _rewind(batch, 1)
@@ -188,7 +211,7 @@ def run_rows(
         for result, row_logits in zip(results, teacher_logits):
             result.teacher_logits = row_logits
     eos = eos_token_ids if eos_token_ids is not None else default_eos_ids(model, tokenizer)
-    _decode(model, batch, results, logits[:, -1], positions[:, -1] + 1, source[:, -1] + 1, max_new_tokens, eos,
+    decode_rows(model, batch, results, logits[:, -1], positions[:, -1] + 1, source[:, -1] + 1, max_new_tokens, eos,
             tokenizer, stop_at_newline)
     if tokenizer is not None:
         for result in results:
@@ -198,7 +221,18 @@ def run_rows(
     return results
 
 
-def _decode(model, batch: RowBatch, results: list[GenerationResult], current: torch.Tensor, next_position: torch.Tensor,
+def default_eos_ids(model, tokenizer=None) -> set[int]:
+    """EOS ids from the generation config, the model config and the tokenizer."""
+    ids: set[int] = set()
+    for source in (getattr(model, "generation_config", None), model.config, tokenizer):
+        value = getattr(source, "eos_token_id", None) if source is not None else None
+        if value is None:
+            continue
+        ids.update(value if isinstance(value, (list, tuple, set)) else [value])
+    return {int(i) for i in ids}
+
+
+def decode_rows(model, batch: RowBatch, results: list[GenerationResult], current: torch.Tensor, next_position: torch.Tensor,
             next_source: torch.Tensor, max_new_tokens: int, eos: set[int], tokenizer, stop_at_newline: bool) -> None:
     """Greedy decoding of every row until it stops; ``current`` ``[row, vocab]`` holds each row's next-token logits."""
     active = list(range(len(results)))  # result index of each batch row
@@ -224,5 +258,5 @@ def _decode(model, batch: RowBatch, results: list[GenerationResult], current: to
             next_position, next_source = next_position[keep], next_source[keep]
             tokens = [tokens[b] for b in keep]
         ids = torch.tensor(tokens, dtype=torch.long)[:, None]  # [row, 1]
-        current = _forward(model, batch, ids, next_position[:, None], next_source[:, None])[:, -1]
+        current = forward_rows(model, batch, ids, next_position[:, None], next_source[:, None])[:, -1]
         next_position, next_source = next_position + 1, next_source + 1

@@ -1,6 +1,8 @@
-"""Scoped conditions: one coordinate condition in some layers (or kv heads) only, a base condition everywhere else.
+"""Scoped conditions: one coordinate condition in some layers (or kv heads) only, a base condition everywhere else;
+and :func:`get_condition`, the parser of every condition spec (unscoped names go to
+:func:`relaylens.conditions.parse_condition`, scoped ones to :func:`parse_scoped`).
 
-Spec syntax (parsed by :func:`relaylens.conditions.get_condition`)::
+Spec syntax::
 
     CONDITION@CLAUSE[@CLAUSE...]        e.g. relay@layers=0-9   relay@band=early   key_only@layers=20-29
                                              relay@layer_type=sliding_attention    relay@heads=3.0,3.1
@@ -37,7 +39,6 @@ keeps ``p = [2, 5, 6, 11, 17, 19]``, layer 1 keeps ``[0, 9, 18, 19]``). Layer 0 
 question token is 6 positions after the first kept key and 1 after the last, exactly as under unscoped relay.
 
     >>> from relaylens.selection import Selection
-    >>> from relaylens.conditions import get_condition
     >>> sel = Selection.from_lists([[[2, 5, 6, 11, 17, 19]], [[0, 9, 18, 19]]], history_length=20)
     >>> coords = get_condition("relay@layers=0").coordinates(sel)
     >>> coords.key_positions[:, 0].tolist(), coords.question_start
@@ -55,7 +56,7 @@ from dataclasses import dataclass, field
 import torch
 
 from relaylens.summaries import bands
-from relaylens.conditions import Condition, Coordinates, Original, _finish
+from relaylens.conditions import Condition, Coordinates, Original, make_coordinates, parse_condition
 from relaylens.errors import RelaylensError
 from relaylens.selection import Selection
 
@@ -167,7 +168,7 @@ class Scoped(Condition):
         anchor = max(used)  # S
         keys = torch.where(mask, anchor - inner.question_start + inner.key_positions,
                            anchor - base.question_start + base.key_positions)  # [layer, kv_head, slot]
-        return _finish(self.label, sel, keys, anchor)
+        return make_coordinates(self.label, sel, keys, anchor)
 
 
 def _layer_mask(layers, num_layers: int, label: str) -> torch.Tensor:
@@ -234,14 +235,30 @@ def _parse_heads(raw: str, spec: str) -> tuple[tuple[int, int], ...]:
     return tuple(sorted({(int(l), int(h)) for l, h in (p.split(".") for p in raw.split(","))}))
 
 
+def get_condition(spec: str | Condition, model=None) -> Condition:
+    """Parse a condition name such as ``"relay"``, ``"query_only(2048)"``, ``"compaction(alpha=0.25)"``, or a scoped
+    condition such as ``"relay@layers=0-9"`` (a :class:`~relaylens.conditions.Condition` passes through). ``model``
+    (or its config) gives scoped conditions the layer types that ``layer_type=`` scopes need.
+
+    >>> get_condition("random_order(3)").label
+    'random_order(3)'
+    >>> get_condition("relay@heads=3.1,3.0").label
+    'relay@heads=3.0,3.1'
+    """
+    if isinstance(spec, Condition) or "@" in str(spec):
+        condition = spec if isinstance(spec, Condition) else parse_scoped(str(spec))
+        if model is not None and isinstance(condition, Scoped):
+            condition = condition.bind(model)
+        return condition
+    return parse_condition(spec)
+
+
 def parse_scoped(spec: str) -> Scoped:
     """Parse ``CONDITION@CLAUSE[@CLAUSE...]`` (see the module docstring)."""
-    from relaylens.conditions import get_condition
-
     inner_spec, *clauses = [part.strip() for part in str(spec).split("@")]
     if not clauses or not all(clauses):
         raise RelaylensError(f"condition {spec!r}: expected CONDITION@CLAUSE, e.g. relay@layers=0-9")
-    fields: dict = {"inner": get_condition(inner_spec)}
+    fields: dict = {"inner": parse_condition(inner_spec)}
     for clause in clauses:
         key, sep, raw = (s.strip() for s in clause.partition("="))
         if not sep or key not in _CLAUSES:
@@ -254,7 +271,7 @@ def parse_scoped(spec: str) -> Scoped:
         elif key == "heads":
             fields[key] = _parse_heads(raw, spec)
         elif key == "base":
-            fields[key] = get_condition(raw)
+            fields[key] = parse_condition(raw)
         elif key == "band" and raw not in BANDS:
             raise RelaylensError(f"condition {spec!r}: band must be one of {', '.join(BANDS)}; got {raw!r}")
         else:
@@ -275,8 +292,6 @@ def expand_conditions(specs, model) -> list[Condition]:
     >>> [c.label for c in expand_conditions(["relay@layer_type=*"], tiny_model("llama"))]
     []
     """
-    from relaylens.conditions import get_condition
-
     types = model_layer_types(model)
     out: list[Condition] = []
     for spec in specs:

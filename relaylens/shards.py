@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from relaylens.results import UNITS, ResultStoreError, RunStore, _atomic_write, manifest_diff
+from relaylens.results import ResultStoreError, RunStore, manifest_diff
 
 SHARDS = "shards"
 """The folder of a run directory that holds its shard directories ``I-of-N`` (``--shard auto``, ``relaylens sweep``)."""
@@ -148,13 +148,13 @@ def _copy_units(stores: list[RunStore], out: RunStore) -> dict[str, pd.DataFrame
     seen: dict[str, Path] = {p.name: p for p in out.unit_paths()}
     for s in stores:
         for path in s.unit_paths():
-            content = s._load_unit(path)  # validates the checksum before copying
+            content = s.load_unit(path)  # validates the checksum before copying
             if path.name in seen:
-                if out._load_unit(seen[path.name]) != content:
+                if out.load_unit(seen[path.name]) != content:
                     raise ResultStoreError(f"unit {path.name} differs between {seen[path.name]} and {path}: the same "
                                            "(record, selector, budget) has different results. Fix: drop one shard's copy")
                 continue
-            _atomic_write(out.run_dir / UNITS / path.name, path.read_bytes(), out.run_dir, out.writer)
+            out.copy_unit(path)
             seen[path.name] = path
     return out.consolidate()
 

@@ -103,10 +103,24 @@ def tiny_model(variant: str = "llama", seed: int = 0, attn_implementation: str =
     from transformers import AutoModelForCausalLM
 
     cfg = tiny_config(variant, **overrides)
-    cfg._attn_implementation = attn_implementation
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(cfg, attn_implementation=attn_implementation, dtype=dtype)
     return model.eval()
+
+
+def peaked_model(variant: str = "llama", sharpen: float = 6.0, **kwargs):
+    """:func:`tiny_model` with every layer's query and key projections scaled by ``sharpen``: random init gives
+    near-uniform attention, a sharpened model has clear top keys (what attention-based selectors are tested on).
+
+    >>> peaked_model(num_hidden_layers=3).config.num_hidden_layers
+    3
+    """
+    model = tiny_model(variant, **kwargs)
+    with torch.no_grad():
+        for layer in model.model.layers:
+            layer.self_attn.q_proj.weight.mul_(sharpen)
+            layer.self_attn.k_proj.weight.mul_(sharpen)
+    return model
 
 
 _TOKENIZER_CORPUS = [

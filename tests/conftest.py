@@ -30,12 +30,14 @@ def smollm2():
         pytest.skip(reason)
 
 
-def _write_run(run_dir, tables: dict, analysis: str = "evidence_reading", spec_figures=("figure6",)):
-    """A real run directory through the result store (manifest, committed units, consolidated parquet)."""
+def _write_run(run_dir, tables: dict, analysis: str = "evidence_reading", spec_figures=("figure6",), model="tiny",
+               dataset=None):
+    """A real run directory through the result store (manifest, committed units, consolidated parquet); ``model``
+    and ``dataset`` (a data file path) label it in a cross-run grid."""
     from relaylens.results import RunStore, UnitKey
 
     manifest = {"analysis": analysis, "config": {"spec": {"figures": list(spec_figures)}},
-                "model": {"spec": "tiny", "weights_hash": None}}
+                "model": {"spec": model, "weights_hash": None}, **({"dataset": {"path": dataset}} if dataset else {})}
     store = RunStore.create_or_open(run_dir, manifest)
     units = tables["answers"][["record_id", "selector", "budget"]].drop_duplicates().itertuples(index=False)
     for rid, sel, budget in units:
@@ -48,5 +50,6 @@ def _write_run(run_dir, tables: dict, analysis: str = "evidence_reading", spec_f
 
 @pytest.fixture
 def write_run():
-    """``write_run(run_dir, tables, analysis=..., spec_figures=...)``: tables -> a committed, consolidated run dir."""
+    """``write_run(run_dir, tables, analysis=..., spec_figures=..., model=..., dataset=...)``: tables -> a committed,
+    consolidated run dir."""
     return _write_run

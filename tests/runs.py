@@ -1,13 +1,21 @@
-"""Run-store helpers shared by the result-store and shard tests (not a test module: no tests here)."""
+"""Helpers shared by the result-store, shard and whole-run tests (not a test module: no tests here): fabricated
+units, a tiny saved model with a records file, the real CLI in a subprocess, and timing-free tables."""
 
 from __future__ import annotations
 
+import json
 import math
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pandas as pd
 
-from relaylens.results import RunStore, UnitKey, build_manifest
-from relaylens.tables import TABLES
+from relaylens.results import RunStore, UnitKey, build_manifest, load_tables
+from relaylens.tables import TABLES, TIMING_COLUMNS
+
+CLI_ENV = {**os.environ, "OMP_NUM_THREADS": "1", "COLUMNS": "200"}  # two shared cores: one torch thread is far faster
 
 CONDITIONS = ("original", "relay")
 
@@ -44,3 +52,37 @@ def fill(store: RunStore, ids, **kw):
 def assert_tables_equal(a, b):
     for name in TABLES:
         pd.testing.assert_frame_equal(a[name], b[name])
+
+
+def tiny_workspace(root: Path, records: list[dict]) -> tuple[Path, Path, Path]:
+    """``(root, model_dir, data)``: a tiny random Llama with its tokenizer saved under ``root`` and ``records``
+    written to ``root/records.json`` (what ``relaylens run --model --data`` reads)."""
+    from relaylens.testing import tiny_model, tiny_tokenizer
+
+    model_dir = root / "tiny-llama"
+    tiny_model("llama", seed=0).save_pretrained(model_dir)
+    tiny_tokenizer().save_pretrained(model_dir)
+    data = root / "records.json"
+    data.write_text(json.dumps(records))
+    return root, model_dir, data
+
+
+def cli(*args, env: dict | None = None, timeout: float = 600, check: bool = True, prefix: list[str] | None = None):
+    """Run ``relaylens ARGS...`` in a subprocess (``prefix`` replaces ``python -m relaylens.cli``); with ``check``
+    a non-zero exit fails the test with the end of stderr."""
+    command = (prefix or [sys.executable, "-m", "relaylens.cli"]) + [str(a) for a in args]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=env or CLI_ENV)
+    if check:
+        assert result.returncode == 0, result.stderr[-4000:]
+    return result
+
+
+def committed_units(run_dir: Path) -> int:
+    """Unit files committed in a run directory (0 when it does not exist yet)."""
+    return len(list((Path(run_dir) / "units").glob("[0-9a-f]*.json.gz")))
+
+
+def comparable_tables(run_dir) -> dict[str, pd.DataFrame]:
+    """The run's tables without timing columns, in their canonical (key) order."""
+    return {name: frame.drop(columns=[c for c in TIMING_COLUMNS if c in frame.columns]).reset_index(drop=True)
+            for name, frame in load_tables(run_dir).items()}

@@ -1,5 +1,6 @@
-"""The package's shape: no import circle, the reporting wing's rooms use only public names of the rooms below them,
-modules stay small, and no test module imports another."""
+"""The package's shape: no import circle (in-function imports included), the reporting wing is a staircase, no
+private name crosses a file boundary anywhere in the package, modules stay small, and no test module imports
+another."""
 
 from __future__ import annotations
 
@@ -64,19 +65,10 @@ def _parents(name: str) -> set[str]:
     return {".".join(parts[:k]) for k in range(1, len(parts))}
 
 
-# Known circle, left open on purpose until its owner untangles it: conditions.get_condition imports relaylens.scopes
-# inside the function to parse "relay@layers=..." specs, and scopes builds on the condition classes.
-# in-function imports still to open: get_condition parses scopes; run_condition (one row) delegates to run_rows
-KNOWN_CIRCLE_EDGES = {("relaylens.conditions", "relaylens.scopes"), ("relaylens.generation", "relaylens.rows")}
-
-
 def test_no_import_circle():
     """Every import edge between relaylens modules (module-level or inside a function) forms no cycle. A
     submodule's implicit import of its own parent package is not an edge (``relaylens/__init__`` is lazy)."""
     graph = {name: _targets(path) - _parents(name) for name, path in MODULES.items()}
-    for a, b in KNOWN_CIRCLE_EDGES:
-        assert b in graph[a], f"{a} no longer imports {b}: drop the edge from KNOWN_CIRCLE_EDGES"
-        graph[a] = graph[a] - {b}
     state: dict[str, int] = {}
     stack: list[str] = []
 
@@ -104,28 +96,68 @@ def _wing_room(name: str) -> str | None:
     return None
 
 
+def _private_uses(path: Path) -> list[str]:
+    """Private names of other relaylens modules that ``path`` uses: imported by name (``from relaylens.x import
+    _y``), or read as an attribute of an imported relaylens module (``x._y``)."""
+    problems, aliases = [], {}
+    for module, imported, line in _imports(path):
+        target = f"{module}.{imported}" if imported and f"{module}.{imported}" in MODULES else module
+        if imported and imported.startswith("_") and not imported.startswith("__") and module.startswith("relaylens"):
+            problems.append(f"{path.name}:{line} imports private {module}.{imported}")
+        if target in MODULES:
+            aliases[(imported or module).split(".")[0]] = target
+    for node in ast.walk(ast.parse(path.read_text())):
+        if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in aliases
+                and node.attr.startswith("_") and not node.attr.startswith("__")):
+            problems.append(f"{path.name}:{node.lineno} reads private {aliases[node.value.id]}.{node.attr}")
+    return problems
+
+
+def _private_members() -> dict[str, str]:
+    """Private methods and class attributes defined in relaylens classes: name -> defining module."""
+    out = {}
+    for name, path in MODULES.items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ClassDef):
+                for item in node.body:
+                    member = getattr(item, "name", None) or (item.targets[0].id if isinstance(item, ast.Assign) and
+                                                             isinstance(item.targets[0], ast.Name) else None)
+                    if member and member.startswith("_") and not member.startswith("__"):
+                        out[member] = name
+    return out
+
+
 def test_wing_is_a_staircase_of_public_names():
-    """Wing modules import only wing rooms below them (or their own room), and never a private name of another
-    file; attribute access on an imported relaylens module never reads a private name either."""
+    """Wing modules import only wing rooms below them (or their own room)."""
     problems = []
     for name, path in MODULES.items():
         room = _wing_room(name)
         if room is None:
             continue
-        aliases = {}
         for module, imported, line in _imports(path):
             target = f"{module}.{imported}" if imported and f"{module}.{imported}" in MODULES else module
             other = _wing_room(target)
             if other is not None and WING.index(other) > WING.index(room):
                 problems.append(f"{path.name}:{line} imports {target}, a room above {room}")
-            if imported and imported.startswith("_") and not imported.startswith("__") and module.startswith("relaylens"):
-                problems.append(f"{path.name}:{line} imports private {module}.{imported}")
-            if target in MODULES:
-                aliases[imported or module] = target
+    assert not problems, "\n".join(problems)
+
+
+def test_no_private_name_crosses_a_file_boundary():
+    """Package-wide: no module imports or reads another module's private name, calls a private method of a class
+    defined in another module (``store._load_unit``), or touches Hugging Face's private attention-kernel field
+    outside the Hugging Face room (``relaylens/hf.py``)."""
+    members = _private_members()
+    problems = []
+    for name, path in MODULES.items():
+        problems += _private_uses(path)
         for node in ast.walk(ast.parse(path.read_text())):
-            if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in aliases
-                    and node.attr.startswith("_") and not node.attr.startswith("__")):
-                problems.append(f"{path.name}:{node.lineno} reads private {aliases[node.value.id]}.{node.attr}")
+            if not isinstance(node, ast.Attribute) or (isinstance(node.value, ast.Name) and node.value.id in ("self", "cls")):
+                continue
+            if members.get(node.attr, name) != name:
+                problems.append(f"{path.name}:{node.lineno} uses {node.attr}, private to {members[node.attr]}")
+            if node.attr == "_attn_implementation" and name != "relaylens.hf":
+                problems.append(f"{path.name}:{node.lineno} touches _attn_implementation; use relaylens.hf's "
+                                "attention_kernel / attention_kernel_name")
     assert not problems, "\n".join(problems)
 
 

@@ -7,7 +7,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from relaylens.conditions import CONDITIONS, Compaction, get_condition
+from relaylens.conditions import CONDITIONS, Compaction
+from relaylens.scopes import get_condition
 from relaylens.errors import PositionError, RelaylensError, ShapeError
 from relaylens.selection import Selection
 

@@ -212,7 +212,7 @@ def _spec(**kw):
 
 
 def _condition(spec):
-    from relaylens.conditions import get_condition
+    from relaylens.scopes import get_condition
 
     return get_condition(spec)
 

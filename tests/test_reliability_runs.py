@@ -8,58 +8,40 @@ a random number of units is committed, then a random fraction of one unit's meas
 
 from __future__ import annotations
 
-import json
-import os
 import random
 import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pandas as pd
 import pytest
+from runs import CLI_ENV, cli, committed_units, comparable_tables, tiny_workspace  # tests/ is on sys.path under pytest
 
 from relaylens.results import load_tables
-from relaylens.tables import TIMING_COLUMNS
 
 ANALYSIS = "ordering"
 RECORDS = 4
 KILL_SEED = 20261129
 TRIALS = 3
-ENV = {**os.environ, "OMP_NUM_THREADS": "1", "COLUMNS": "200"}  # two shared cores: one torch thread is far faster
 
 
 @pytest.fixture(scope="module")
 def workspace(tmp_path_factory):
     from relaylens.datasets.synthetic import generate_records
-    from relaylens.testing import tiny_model, tiny_tokenizer
 
-    root = tmp_path_factory.mktemp("reliability-runs")
-    model_dir = root / "tiny-llama"
-    tiny_model("llama", seed=0).save_pretrained(model_dir)
-    tiny_tokenizer().save_pretrained(model_dir)
-    data = root / "records.json"
-    data.write_text(json.dumps(generate_records(n=RECORDS, seed=3, history_tokens=800)))
-    return root, model_dir, data
+    return tiny_workspace(tmp_path_factory.mktemp("reliability-runs"),
+                          generate_records(n=RECORDS, seed=3, history_tokens=800))
 
 
-def _command(workspace, out):
+def _args(workspace, out):
     _, model_dir, data = workspace
-    return [sys.executable, "-m", "relaylens.cli", "run", ANALYSIS, "--model", str(model_dir), "--data", str(data),
-            "--limit", str(RECORDS), "--budget", "0.4", "--max-new-tokens", "4", "--out", str(out)]
+    return ["run", ANALYSIS, "--model", model_dir, "--data", data, "--limit", RECORDS, "--budget", "0.4",
+            "--max-new-tokens", "4", "--out", out]
 
 
 def _run(workspace, out):
-    result = subprocess.run(_command(workspace, out), capture_output=True, text=True, timeout=300, env=ENV)
-    assert result.returncode == 0, result.stderr[-3000:]
-    return result
-
-
-def _comparable(run_dir) -> dict[str, pd.DataFrame]:
-    """The tables without timing columns, in their canonical (key) order."""
-    return {name: frame.drop(columns=[c for c in TIMING_COLUMNS if c in frame.columns]).reset_index(drop=True)
-            for name, frame in load_tables(run_dir).items()}
+    return cli(*_args(workspace, out), timeout=300)
 
 
 def _assert_same_tables(expected, actual):
@@ -68,22 +50,18 @@ def _assert_same_tables(expected, actual):
         pd.testing.assert_frame_equal(expected[name], actual[name], check_exact=True, obj=name)
 
 
-def _units(out: Path) -> int:
-    return len(list((out / "units").glob("[0-9a-f]*.json.gz")))
-
-
 @pytest.fixture(scope="module")
 def reference(workspace):
     out = workspace[0] / "reference"
     _run(workspace, out)
     commits = sorted(p.stat().st_mtime for p in (out / "units").glob("*.json.gz"))
     unit_seconds = max(b - a for a, b in zip(commits, commits[1:]))  # wall time of the slowest unit after the first
-    return out, _comparable(out), unit_seconds
+    return out, comparable_tables(out), unit_seconds
 
 
 def test_reference_run_is_complete(reference):
     out, tables, _ = reference
-    assert _units(out) == RECORDS
+    assert committed_units(out) == RECORDS
     assert len(tables["answers"]) == RECORDS * 9  # four records x nine conditions (one selector, one budget)
     assert {"random_order(0)", "score_order", "reverse_order"} <= set(tables["answers"].condition)
     assert not tables["probes"].empty
@@ -93,7 +71,7 @@ def test_same_command_twice_gives_identical_tables(workspace, reference):
     out, expected, _ = reference
     again = workspace[0] / "again"
     _run(workspace, again)
-    _assert_same_tables(expected, _comparable(again))
+    _assert_same_tables(expected, comparable_tables(again))
     # the raw probe values, not only their rounded summaries, agree bit for bit
     assert (load_tables(out)["probes"]["value"].to_numpy().tobytes()
             == load_tables(again)["probes"]["value"].to_numpy().tobytes())
@@ -103,11 +81,12 @@ def _kill_at_random_point(workspace, out, rng, unit_seconds):
     """Start the run, wait for ``k`` committed units (k random) plus a random fraction of a unit, SIGKILL it.
     Returns (units committed at the kill, whether the process was still running)."""
     wait_units, fraction = rng.randrange(RECORDS), rng.random()
-    process = subprocess.Popen(_command(workspace, out), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=ENV)
+    command = [sys.executable, "-m", "relaylens.cli", *map(str, _args(workspace, out))]
+    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=CLI_ENV)
     deadline = time.monotonic() + 240
     try:
         while process.poll() is None and time.monotonic() < deadline:
-            if (out / "units").exists() and _units(out) >= wait_units:
+            if committed_units(out) >= wait_units:
                 break
             time.sleep(0.02)
         time.sleep(fraction * unit_seconds)
@@ -115,7 +94,7 @@ def _kill_at_random_point(workspace, out, rng, unit_seconds):
         process.send_signal(signal.SIGKILL)
     finally:
         process.wait(timeout=60)
-    return _units(out), running
+    return committed_units(out), running
 
 
 def test_sigkill_at_random_points_then_resume_equals_uninterrupted(workspace, reference):
@@ -129,8 +108,8 @@ def test_sigkill_at_random_points_then_resume_equals_uninterrupted(workspace, re
             interrupted.append(committed)
             assert not (out / "consolidated.json").exists() or committed == RECORDS
         _run(workspace, out)  # resume: the same command
-        assert _units(out) == RECORDS
+        assert committed_units(out) == RECORDS
         assert not list(out.rglob(".tmp-*")), "a temp file of the killed run survived the resume"
-        _assert_same_tables(expected, _comparable(out))
+        _assert_same_tables(expected, comparable_tables(out))
     # the kill points are random but seeded: at least one must land while work was still pending
     assert any(c < RECORDS for c in interrupted), f"no trial interrupted the run (units at kill: {interrupted})"

@@ -1,11 +1,13 @@
 """The per-layer HTML report from constructed tables: structure, exact per-layer data, offline-only content,
-escaping, missing pieces, and a real render in headless Chromium (screenshot not blank, no console errors)."""
+escaping, missing pieces, a real render in headless Chromium (screenshot not blank, no console errors), and the
+cross-run report of several run directories (Table 1 per model x dataset, Table 8's count, the cross-judge table)."""
 
 from __future__ import annotations
 
 import json
 import re
 
+import pandas as pd
 import pytest
 
 from relaylens import figures, report, summaries
@@ -204,3 +206,55 @@ def test_report_token_view_switches_layers_in_chromium(tmp_path, tables, write_r
     first, last = shading.values()
     assert first and last and first != last, "switching layers left the shading unchanged"
     assert shots[3] != shots[3 + LAYERS - 1]
+
+
+# ------------------------------------------------------------------------------------------- several runs
+def _judged(seed: int, relay: float, original: float) -> dict:
+    """Tables of one run whose judge gives every relay answer ``relay`` and every original answer ``original``; a
+    second judge (``judge_alt``) agrees except on the first record."""
+    t = example_tables(records=4, selectors=("bm25",), budgets=(0.1,), conditions=("original", "relay"), layers=3,
+                       teacher=False, seed=seed)
+    base = t["scores"][t["scores"]["metric"] == "contains"]
+    judge = base.assign(metric="judge", value=base["condition"].map({"relay": relay, "original": original}))
+    alt = judge.assign(metric="judge_alt", value=judge["value"].where(judge["record_id"] != "r0", 1.0 - judge["value"]))
+    return {**t, "scores": pd.concat([t["scores"], judge, alt], ignore_index=True)}
+
+
+@pytest.fixture
+def two_runs(tmp_path, write_run):
+    """Two models x two datasets: relay judged right everywhere in the first run, wrong everywhere in the second."""
+    up = write_run(tmp_path / "a", _judged(0, 1.0, 0.0), model="/models/model-a", dataset="/data/lme_s.json")
+    down = write_run(tmp_path / "b", _judged(1, 0.0, 1.0), model="/models/model-b", dataset="/data/persona.json")
+    return up, down
+
+
+def test_report_of_several_runs_has_the_cross_run_tables(tmp_path, two_runs):
+    from typer.testing import CliRunner
+
+    from relaylens.cli import app
+
+    out = tmp_path / "grid.html"
+    result = CliRunner().invoke(app, ["report", *map(str, two_runs), "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    html = out.read_text()
+    # Table 1 over models and datasets: one block per run, the judge's means as fabricated (1.0 / 0.0 per condition)
+    rows = re.findall(r"<tr><td>(model-[ab])</td><td>(\w+)</td><td>bm25</td><td>10%</td><td>(\w+)</td>"
+                      r'<td class="num">4</td>\s*<td class="num">([0-9.]+) ', html)
+    assert sorted(rows) == [("model-a", "lme_s", "original", "0.000"), ("model-a", "lme_s", "relay", "1.000"),
+                            ("model-b", "persona", "original", "1.000"), ("model-b", "persona", "relay", "0.000")]
+    assert "<th>model</th><th>dataset</th>" in html
+    # Table 8 over the grid: two settings, one up and one down
+    assert "1 of 2 settings improve (1 positive, 1 negative, 0 zero)" in html
+    assert 'id="table-table8"' in html and 'id="table-cross_judge"' in html
+    assert "model-a x lme_s" in html and "model-b x persona" in html  # the runs named in the summary
+    assert "<section id=\"layer-" not in html and "A cross-run report has no per-layer sections" in html
+
+
+def test_report_of_several_runs_needs_out(two_runs):
+    from typer.testing import CliRunner
+
+    from relaylens.cli import app
+
+    result = CliRunner().invoke(app, ["report", *map(str, two_runs)])
+    assert result.exit_code == 2
+    assert "pass --out FILE" in result.output and "Traceback" not in result.output

@@ -6,7 +6,7 @@ import pytest
 import torch
 from transformers import DynamicCache
 
-from relaylens.conditions import get_condition
+from relaylens.scopes import get_condition
 from relaylens.errors import ShapeError
 from relaylens.generation import prefill_from_cache, run_condition
 from relaylens.probes import probe_condition, probe_rows

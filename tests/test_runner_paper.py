@@ -4,10 +4,9 @@ and rotary overrides in the manifest, and every analysis's paper preset end to e
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import pytest
+from runs import cli, tiny_workspace  # tests/ is on sys.path under pytest
 
 from relaylens.results import load_tables
 
@@ -16,12 +15,7 @@ from relaylens.results import load_tables
 def workspace(tmp_path_factory):
     """A tiny saved Llama and a data file of three ordinary records, one very long and one with a tiny history."""
     from relaylens.datasets.synthetic import generate_records
-    from relaylens.testing import tiny_model, tiny_tokenizer
 
-    root = tmp_path_factory.mktemp("paper_runner")
-    model_dir = root / "tiny-llama"
-    tiny_model("llama", seed=0).save_pretrained(model_dir)
-    tiny_tokenizer().save_pretrained(model_dir)
     records = generate_records(n=2, seed=3, history_tokens=800)
     long = generate_records(n=1, seed=5, history_tokens=3000)[0]
     long["question_id"] = "the_long_one"
@@ -31,21 +25,11 @@ def workspace(tmp_path_factory):
     short["haystack_session_ids"] = short["haystack_session_ids"][:1]
     short["haystack_dates"] = short["haystack_dates"][:1]
     short["answer_session_ids"] = short["haystack_session_ids"]
-    data = root / "records.json"
-    data.write_text(json.dumps(records + [long, short]))
-    return root, model_dir, data
-
-
-def _cli(*args, check=True):
-    result = subprocess.run([sys.executable, "-m", "relaylens.cli", *map(str, args)], capture_output=True, text=True,
-                            timeout=600)
-    if check:
-        assert result.returncode == 0, result.stderr[-3000:]
-    return result
+    return tiny_workspace(tmp_path_factory.mktemp("paper_runner"), records + [long, short])
 
 
 def _run(model_dir, data, out, *extra):
-    return _cli("run", "coordinate_ablation", "--model", model_dir, "--data", data, "--out", out, "--max-new-tokens", "2",
+    return cli("run", "coordinate_ablation", "--model", model_dir, "--data", data, "--out", out, "--max-new-tokens", "2",
                 "--budget", "0.4", "--condition", "relay", *extra)
 
 
@@ -77,7 +61,7 @@ def test_records_that_do_not_fit_are_skipped_recorded_and_not_retried(workspace)
 def test_overrides_are_in_the_manifest(workspace):
     root, model_dir, data = workspace
     out = root / "overrides"
-    _cli("run", "ordering", "--model", model_dir, "--data", data, "--out", out, "--limit", "1", "--max-new-tokens", "2",
+    cli("run", "ordering", "--model", model_dir, "--data", data, "--out", out, "--limit", "1", "--max-new-tokens", "2",
          "--selector", "bm25:k1=1.2,granularity=turn", "--condition", "relay", "--condition", "reverse_order",
          "--granularity", "session", "--stop", "eos", "--budget", "0.4", "--dtype", "bfloat16")
     manifest = json.loads((out / "manifest.json").read_text())
@@ -102,7 +86,7 @@ def test_rope_override_reaches_the_model_and_the_manifest(workspace, tmp_path):
     AutoModelForCausalLM.from_config(config).save_pretrained(model_dir)
     tiny_tokenizer().save_pretrained(model_dir)
     out = tmp_path / "yarn"
-    _cli("run", "coordinate_ablation", "--model", model_dir, "--data", data, "--out", out, "--limit", "1",
+    cli("run", "coordinate_ablation", "--model", model_dir, "--data", data, "--out", out, "--limit", "1",
          "--max-new-tokens", "2", "--budget", "0.4", "--rope-scaling", "yarn:4:32768", "--max-position", "131072")
     manifest = json.loads((out / "manifest.json").read_text())["config"]
     assert manifest["placement"]["rope_scaling"] == {"rope_type": "yarn", "factor": 4.0,
@@ -120,7 +104,7 @@ def test_rope_override_reaches_the_model_and_the_manifest(workspace, tmp_path):
     (["--stop", "later"], "stop"),
 ])
 def test_bad_options_give_one_clear_line(args, message):
-    result = _cli("run", "coordinate_ablation", *args, check=False)
+    result = cli("run", "coordinate_ablation", *args, check=False)
     assert result.returncode == 2 and message in result.stderr and "Traceback" not in result.stderr
 
 
@@ -135,7 +119,7 @@ def test_every_paper_preset_runs_end_to_end(workspace, tmp_path, analysis):
 
     root, model_dir, data = workspace
     out = tmp_path / analysis
-    _cli("run", analysis, "--preset", "paper", "--limit", "2", "--model", model_dir, "--data", data, "--out", out,
+    cli("run", analysis, "--preset", "paper", "--limit", "2", "--model", model_dir, "--data", data, "--out", out,
          "--max-new-tokens", "2")
     spec = json.loads((out / "manifest.json").read_text())["config"]["spec"]
     paper = apply_preset(load_analysis(analysis), "paper")

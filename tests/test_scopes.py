@@ -14,12 +14,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from relaylens.attention import AttentionState, attention_context
-from relaylens.conditions import get_condition
 from relaylens.errors import PositionError, RelaylensError
 from relaylens.generation import build_cache, run_condition
 from relaylens.geometry import RotaryFactors
 from relaylens.prefill import prefill_history
-from relaylens.scopes import Scoped, expand_conditions, format_layers, model_layer_types
+from relaylens.scopes import Scoped, expand_conditions, format_layers, get_condition, model_layer_types
 from relaylens.selection import Selection
 from relaylens.testing import tiny_model
 

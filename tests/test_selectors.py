@@ -16,26 +16,16 @@ from transformers.models.llama import modeling_llama
 from relaylens.prefill import PrefillResult
 from relaylens.attention_stats import capture_column_sums
 from relaylens.selectors import H2O, AdaKV, CaM, ChunkKV, PyramidKV, SnapKV
-from relaylens.testing import tiny_model
+from relaylens.testing import peaked_model
 
 L, W, K = 96, 8, 24  # history, observation window, budget (states per layer and kv head)
 GROUP = 2
 
 
-
-def _peaked_model(attn: str = "eager", layers: int = 4):
-    model = tiny_model("llama", attn_implementation=attn, num_hidden_layers=layers)
-    with torch.no_grad():
-        for layer in model.model.layers:  # random init gives near-uniform attention: sharpen it
-            layer.self_attn.q_proj.weight.mul_(6.0)
-            layer.self_attn.k_proj.weight.mul_(6.0)
-    return model
-
-
 @pytest.fixture(scope="module")
 def run():
     """One eager forward: the PrefillResult (window = 32 queries captured) and the full attention per layer."""
-    model = _peaked_model()
+    model = peaked_model(attn_implementation="eager", num_hidden_layers=4)
     ids = torch.randint(3, 384, (1, L), generator=torch.Generator().manual_seed(0))
     window_queries = {}
 
@@ -306,7 +296,7 @@ def test_selectors_on_prefill_history_match_eager_fixture(run):
     from relaylens.prefill import prefill_history
 
     pre_eager, _ = run
-    model = _peaked_model(attn="sdpa")
+    model = peaked_model(num_hidden_layers=4)
     pre = prefill_history(model, pre_eager.history_ids, window_size=32)
     for selector in (SnapKV(window=W), AdaKV(window=32), PyramidKV(window=W), ChunkKV(window=W)):
         a, b = selector.select(pre, None, 40), selector.select(pre_eager, None, 40)

@@ -17,7 +17,7 @@ import pytest
 import torch
 from transformers.models.llama import modeling_llama
 
-from relaylens.conditions import get_condition
+from relaylens.scopes import get_condition
 from relaylens.errors import RelaylensError, ShapeError
 from relaylens.generation import build_cache, run_condition
 from relaylens.geometry import RotaryFactors
@@ -25,23 +25,14 @@ from relaylens.prefill import prefill_history
 from relaylens.selectors import REGISTRY, Finch, make_selector
 from relaylens.selectors.finch import FINCH_COORDINATES, QuestionAttention, chunk_quotas
 from relaylens.selectors.synthetic import random_prefill
-from relaylens.testing import tiny_model
+from relaylens.testing import peaked_model
 
 L, Q, GROUP = 72, 6, 2
 
 
-def _model():
-    model = tiny_model("llama", num_hidden_layers=3)
-    with torch.no_grad():
-        for layer in model.model.layers:  # random init gives near-uniform attention: sharpen it
-            layer.self_attn.q_proj.weight.mul_(6.0)
-            layer.self_attn.k_proj.weight.mul_(6.0)
-    return model
-
-
 @pytest.fixture(scope="module")
 def run():
-    model = _model()
+    model = peaked_model("llama", num_hidden_layers=3)
     gen = torch.Generator().manual_seed(7)
     history, question = torch.randint(3, 384, (L,), generator=gen), torch.randint(3, 384, (Q,), generator=gen)
     pre = prefill_history(model, history, window_size=8)

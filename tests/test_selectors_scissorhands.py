@@ -17,18 +17,14 @@ from relaylens.prefill import prefill_history
 from relaylens.selectors import REGISTRY, Scissorhands, make_selector
 from relaylens.selectors.scissorhands import rank_lexicographic
 from relaylens.selectors.synthetic import random_prefill
-from relaylens.testing import tiny_model
+from relaylens.testing import peaked_model
 
 L, GROUP = 80, 2
 
 
 @pytest.fixture(scope="module")
 def run():
-    model = tiny_model("llama", num_hidden_layers=3)
-    with torch.no_grad():
-        for layer in model.model.layers:  # random init gives near-uniform attention: sharpen it
-            layer.self_attn.q_proj.weight.mul_(6.0)
-            layer.self_attn.k_proj.weight.mul_(6.0)
+    model = peaked_model("llama", num_hidden_layers=3)
     ids = torch.randint(3, 384, (L,), generator=torch.Generator().manual_seed(3))
     pre = prefill_history(model, ids, window_size=48)
     model.set_attn_implementation("eager")

@@ -16,17 +16,15 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
+from runs import CLI_ENV, cli, committed_units, comparable_tables, tiny_workspace  # tests/ is on sys.path under pytest
 
 from relaylens.results import load_tables
 from relaylens.sweep import attempts_path
-from relaylens.tables import TIMING_COLUMNS
 
 ANALYSIS = "coordinate_ablation"
 RECORDS = 8  # split 4 + 4 by the record-id hash
-ENV = {**os.environ, "OMP_NUM_THREADS": "1", "COLUMNS": "200"}
 RUN_OPTIONS = ["--max-new-tokens", "4", "--budget", "0.4", "--limit", str(RECORDS)]
 
 # `python -c NO_RAY ARGS...` runs the relaylens CLI with every `ray` import failing as if Ray were not installed
@@ -55,15 +53,8 @@ def _ray_available() -> None:
 @pytest.fixture(scope="module")
 def workspace(tmp_path_factory):
     from relaylens.datasets.synthetic import generate_records
-    from relaylens.testing import tiny_model, tiny_tokenizer
 
-    root = tmp_path_factory.mktemp("scaling")
-    model_dir = root / "tiny-llama"
-    tiny_model("llama", seed=0).save_pretrained(model_dir)
-    tiny_tokenizer().save_pretrained(model_dir)
-    data = root / "records.json"
-    data.write_text(json.dumps(generate_records(n=RECORDS, seed=3, history_tokens=800)))
-    return root, model_dir, data
+    return tiny_workspace(tmp_path_factory.mktemp("scaling"), generate_records(n=RECORDS, seed=3, history_tokens=800))
 
 
 def _args(workspace, command, out, *extra):
@@ -71,20 +62,16 @@ def _args(workspace, command, out, *extra):
     return [command, ANALYSIS, "--model", str(model_dir), "--data", str(data), *RUN_OPTIONS, "--out", str(out), *extra]
 
 
-def _cli(args, env=ENV, hide_ray=True, timeout=600, check=True):
-    prefix = [sys.executable, "-c", NO_RAY] if hide_ray else [sys.executable, "-m", "relaylens.cli"]
-    result = subprocess.run(prefix + list(args), capture_output=True, text=True, timeout=timeout, env=env)
-    if check:
-        assert result.returncode == 0, result.stderr[-4000:]
-    return result
+def _cli(args, env=CLI_ENV, hide_ray=True, timeout=600, check=True):
+    return cli(*args, env=env, timeout=timeout, check=check, prefix=[sys.executable, "-c", NO_RAY] if hide_ray else None)
 
 
 def _canonical_bytes(run_dir) -> dict[str, bytes]:
     """Each table in its canonical order without timing columns, as parquet bytes."""
     out = {}
-    for name, frame in load_tables(run_dir).items():
+    for name, frame in comparable_tables(run_dir).items():
         buf = io.BytesIO()
-        frame.drop(columns=[c for c in TIMING_COLUMNS if c in frame.columns]).to_parquet(buf, index=False)
+        frame.to_parquet(buf, index=False)
         out[name] = buf.getvalue()
     return out
 
@@ -104,10 +91,6 @@ def reference(workspace):
     return out, _canonical_bytes(out)
 
 
-def _units(path: Path) -> int:
-    return len(list((path / "units").glob("[0-9a-f]*.json.gz"))) if path.exists() else 0
-
-
 LAUNCHERS = {
     # torchrun --standalone --nproc-per-node 2 (accelerate launch sets the same variables)
     "torchrun": lambda rank: {"RANK": str(rank), "WORLD_SIZE": "2", "LOCAL_RANK": str(rank), "LOCAL_WORLD_SIZE": "2",
@@ -124,21 +107,21 @@ def test_shard_auto_processes_then_merge_equal_single_process(workspace, referen
     out = workspace[0] / f"auto-{launcher}"
     prefix = [sys.executable, "-c", NO_RAY]
     processes = [subprocess.Popen(prefix + _args(workspace, "run", out, "--shard", "auto"), stdout=subprocess.PIPE,
-                                  stderr=subprocess.PIPE, text=True, env={**ENV, **LAUNCHERS[launcher](rank)})
+                                  stderr=subprocess.PIPE, text=True, env={**CLI_ENV, **LAUNCHERS[launcher](rank)})
                  for rank in range(2)]  # the same command line in both processes, started together
     for rank, process in enumerate(processes):
         stdout, stderr = process.communicate(timeout=600)
         assert process.returncode == 0, stderr[-3000:]
         assert f"shard {rank}-of-2" in stderr and f"relaylens merge {out}" in stderr
     assert sorted(p.name for p in (out / "shards").iterdir()) == ["0-of-2", "1-of-2"]  # no attempt logs: not Ray
-    assert [_units(out / "shards" / f"{i}-of-2") for i in range(2)] == [4, 4]
+    assert [committed_units(out / "shards" / f"{i}-of-2") for i in range(2)] == [4, 4]
     assert not (out / "manifest.json").exists(), "rank 0 must not merge on its own"
     _cli(["merge", str(out)])
     _assert_equal_to_reference(reference, out)
 
 
 def test_shard_auto_without_launcher_is_one_clear_line(workspace):
-    env = {k: v for k, v in ENV.items() if not k.startswith(("SLURM_", "RANK", "WORLD_SIZE", "LOCAL_RANK"))}
+    env = {k: v for k, v in CLI_ENV.items() if not k.startswith(("SLURM_", "RANK", "WORLD_SIZE", "LOCAL_RANK"))}
     result = _cli(_args(workspace, "run", workspace[0] / "nolauncher", "--shard", "auto"), env=env, check=False)
     assert result.returncode == 2
     assert "--shard auto found no launcher variables" in result.stderr and "Traceback" not in result.stderr
@@ -155,7 +138,7 @@ def test_sweep_on_local_ray_equals_single_process(workspace, reference):
     out = workspace[0] / "sweep"
     result = _cli(_args(workspace, "sweep", out, "--shards", "2", "--cpus-per-shard", "1"), hide_ray=False)
     assert "shard 0-of-2" in result.stderr and "shard 1-of-2" in result.stderr  # the progress view
-    assert [_units(out / "shards" / f"{i}-of-2") for i in range(2)] == [4, 4]
+    assert [committed_units(out / "shards" / f"{i}-of-2") for i in range(2)] == [4, 4]
     _assert_equal_to_reference(reference, out)
     assert (out / "report.html").exists() and any((out / "figures").iterdir())
 
@@ -167,14 +150,14 @@ def test_sweep_worker_killed_mid_run_is_retried_and_resumes(workspace, reference
     out = workspace[0] / "sweep-killed"
     process = subprocess.Popen([sys.executable, "-m", "relaylens.cli",
                                 *_args(workspace, "sweep", out, "--shards", "2", "--max-retries", "2", "--no-report")],
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV)
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=CLI_ENV)
     killed = None
     deadline = time.monotonic() + 400
     try:
         while killed is None and process.poll() is None and time.monotonic() < deadline:
             for i in range(2):
                 shard = out / "shards" / f"{i}-of-2"
-                units = _units(shard)
+                units = committed_units(shard)
                 log = attempts_path(out, i, 2)
                 attempts = log.read_text().splitlines() if log.exists() else []
                 if 1 <= units < 4 and attempts:
@@ -191,7 +174,7 @@ def test_sweep_worker_killed_mid_run_is_retried_and_resumes(workspace, reference
     shard = out / "shards" / f"{killed[0]}-of-2"
     attempts = [json.loads(line) for line in attempts_path(out, killed[0], 2).read_text().splitlines()]
     assert len(attempts) == 2 and attempts[0]["pid"] != attempts[1]["pid"], "Ray did not retry the killed shard"
-    assert _units(shard) == 4
+    assert committed_units(shard) == 4
     kept = {name: (shard / "units" / name).stat().st_mtime_ns for name in killed[1]}
     assert kept == killed[1], "the retried attempt recomputed units the killed one had committed"
     _assert_equal_to_reference(reference, out)

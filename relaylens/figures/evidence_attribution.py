@@ -9,7 +9,7 @@ import pandas as pd
 from matplotlib.figure import Figure
 
 from relaylens import plots
-from relaylens.figures.evidence_reading import FIGURE6_CONDITIONS, PROBE_POINTS, annotate_band_deltas
+from relaylens.figures.evidence_reading import FIGURE6_CONDITIONS, PROBE_POINTS, layer_panel
 from relaylens.figures.registry import register
 from relaylens.summaries import SHARE_METRICS, condition_order
 from relaylens.tables import get_table
@@ -28,6 +28,10 @@ def needs_attribution(tables: dict) -> str | None:
     return None
 
 
+def _zero_line(ax, per_layer: pd.DataFrame) -> None:
+    ax.axhline(0.0, color="#888888", lw=0.6, zorder=1)
+
+
 @register("figure6_attribution", "figure", "Figure 6 (companion): attribution of the answer to the evidence per layer",
           needs_attribution)
 def figure6_attribution(tables: dict) -> Figure:
@@ -41,25 +45,12 @@ def figure6_attribution(tables: dict) -> Figure:
     axes = fig.subplots(len(points), len(ATTRIBUTION_PANELS), squeeze=False)
     for i, (point, point_label) in enumerate(points):
         for j, (metric, label) in enumerate(ATTRIBUTION_PANELS):
-            ax = axes[i, j]
             data = probes[(probes["probe_point"] == point) & (probes["metric"] == metric)
                           & probes["condition"].isin(conditions)]
-            if data.empty:
-                plots.note_axis(ax, f"no {label}\nat the {point_label}")
-                continue
-            per_layer = data.groupby(["condition", "layer"])["value"].mean().reset_index()
-            plots.layer_lines(ax, per_layer, conditions, num_layers)
-            if metric not in SHARE_METRICS:
-                ax.axhline(0.0, color="#888888", lw=0.6, zorder=1)
-            annotate_band_deltas(ax, data, num_layers, conditions, metric in SHARE_METRICS)
-            ax.set_title(f"{label}\n{point_label}", fontsize=8.5, pad=12)
-            ax.set_ylabel(metric, fontsize=7)
-    handles = {}
-    for ax in axes.flat:
-        for h, lab in zip(*ax.get_legend_handles_labels()):
-            handles.setdefault(lab, h)
-    ordered = [c for c in conditions if c in handles]
-    fig.legend([handles[c] for c in ordered], ordered, loc="outside upper center", ncols=max(1, min(len(ordered), 6)))
+            layer_panel(axes[i, j], data, conditions, num_layers, metric, f"{label}\n{point_label}",
+                        f"no {label}\nat the {point_label}", decorate=None if metric in SHARE_METRICS else _zero_line,
+                        ylabel_size=7)
+    plots.condition_legend(fig, axes, conditions)
     n = probes["record_id"].nunique()
     fig.supxlabel(f"{n} record{'s' if n != 1 else ''}; mean over records and heads; target: the correct first answer "
                   "token (the answer's next token at the teacher-forced point); logit attribution with the final "

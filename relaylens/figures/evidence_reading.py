@@ -56,6 +56,29 @@ def annotate_band_deltas(ax, data: pd.DataFrame, num_layers: int, conditions: li
                     fontsize=6.5, color=plots.condition_color(cond), zorder=5)
 
 
+def layer_panel(ax, data: pd.DataFrame, conditions: list[str], num_layers: int, metric: str, title: str, empty: str,
+                decorate=None, ylabel_size: float | None = None) -> None:
+    """One per-layer panel of a probe readout (``data``: one metric at one probe point): a line per condition over
+    the shaded layer bands, the band deltas vs original written in, or ``empty`` on a blank panel when ``data`` is.
+    ``decorate(ax, per_layer)`` adds to the axes after the lines (limits, a zero line)."""
+    if data.empty:
+        plots.note_axis(ax, empty)
+        return
+    per_layer = data.groupby(["condition", "layer"])["value"].mean().reset_index()
+    plots.layer_lines(ax, per_layer, conditions, num_layers)
+    if decorate is not None:
+        decorate(ax, per_layer)
+    annotate_band_deltas(ax, data, num_layers, conditions, metric in SHARE_METRICS)
+    ax.set_title(title, fontsize=8.5, pad=12)
+    ax.set_ylabel(metric, **({} if ylabel_size is None else {"fontsize": ylabel_size}))
+
+
+def _headroom(ax, per_layer: pd.DataFrame) -> None:
+    """Room above the lines for the band deltas (from zero when every value is non-negative)."""
+    top = float(per_layer["value"].max())
+    ax.set_ylim(bottom=0 if per_layer["value"].min() >= 0 else None, top=top * 1.45 if top > 0 else 1)
+
+
 @register("figure6", "figure", "Figure 6: evidence reading per layer and selector, with the compaction(alpha) curve",
           needs_probes)
 def figure6(tables: dict) -> Figure:
@@ -73,28 +96,14 @@ def figure6(tables: dict) -> Figure:
         probes = every[every["selector"] == selector]
         point_label = f"{point_label}, {selector}"
         for j, (source, metric, label) in enumerate(EVIDENCE_PANELS):
-            ax = axes[i, j]
             data = probes[(probes["probe_point"] == point) & (probes["source"] == source) & (probes["metric"] == metric)
                           & probes["condition"].isin(main_conditions)]
-            if data.empty:
-                plots.note_axis(ax, f"no {label}\nat the {point_label}" + ("\n(phase replay is computed at the final\n"
-                                "question token only)" if source == "replay" else ""))
-                continue
-            per_layer = data.groupby(["condition", "layer"])["value"].mean().reset_index()
-            plots.layer_lines(ax, per_layer, main_conditions, num_layers)
-            share = metric in SHARE_METRICS
-            top = float(per_layer["value"].max())
-            ax.set_ylim(bottom=0 if per_layer["value"].min() >= 0 else None, top=top * 1.45 if top > 0 else 1)
-            annotate_band_deltas(ax, data, num_layers, main_conditions, share)
-            ax.set_title(f"{label}\n{point_label}", fontsize=8.5, pad=12)
-            ax.set_ylabel(metric)
+            empty = f"no {label}\nat the {point_label}" + ("\n(phase replay is computed at the final\nquestion token only)"
+                                                          if source == "replay" else "")
+            layer_panel(axes[i, j], data, main_conditions, num_layers, metric, f"{label}\n{point_label}", empty,
+                        decorate=_headroom)
         _alpha_panel(axes[i, 3], probes, point, point_label, num_layers)
-    handles = {}
-    for ax in axes.flat:
-        for h, lab in zip(*ax.get_legend_handles_labels()):
-            handles.setdefault(lab, h)
-    ordered = [c for c in main_conditions if c in handles]
-    fig.legend([handles[c] for c in ordered], ordered, loc="outside upper center", ncols=max(1, min(len(ordered), 6)))
+    plots.condition_legend(fig, axes, main_conditions)
     n = every["record_id"].nunique()
     fig.supxlabel(f"{n} record{'s' if n != 1 else ''}; mean over records and heads; shaded: early / middle / late "
                   "layer bands; numbers: band mean minus original (pp for shares)", fontsize=7, color="#555555")

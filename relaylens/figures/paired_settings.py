@@ -9,7 +9,7 @@ import pandas as pd
 
 from relaylens.crossrun import paired_settings_table, settings_count
 from relaylens.figures.registry import needs_relay_pairs, register
-from relaylens.summaries import accuracy_scores, metric_list
+from relaylens.summaries import accuracy_scores, budget_label, metric_list
 
 
 @register("table8", "table", "Table 8: paired RoPERelay - Original difference per setting (95% cluster bootstrap, "
@@ -20,3 +20,23 @@ def table8(tables: dict) -> pd.DataFrame:
     out = pd.concat([p for p in parts if len(p)], ignore_index=True)
     out.attrs["note"] = "; ".join(f"{m}: {settings_count(out[out['metric'] == m])}" for m in out["metric"].unique())
     return out
+
+
+def table8_lines(scores: pd.DataFrame, metrics) -> list[tuple[str, str]]:
+    """``("Table 8 (metric)", "N of M settings improve (...): setting delta [low, high], ...")`` per metric: the
+    report's summary of Table 8 (settings named ``model x dataset: selector @ budget`` in a cross-run grid)."""
+    if not {"original", "relay"} <= set(scores["condition"]):
+        return []
+    lines = []
+    for metric in metrics:
+        t8 = paired_settings_table(scores, metric)
+        if len(t8):
+            deltas = ", ".join(f"{_setting(r)} {r.delta:+.3f} [{r.delta_low:+.3f}, {r.delta_high:+.3f}]"
+                               for r in t8.itertuples())
+            lines.append((f"Table 8 ({metric})", f"{settings_count(t8)}: {deltas}"))
+    return lines
+
+
+def _setting(row) -> str:
+    grid = " x ".join(str(getattr(row, c)) for c in ("model", "dataset") if hasattr(row, c))
+    return (f"{grid}: " if grid else "") + f"{row.selector} @ {budget_label(float(row.budget))}"

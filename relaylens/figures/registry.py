@@ -30,7 +30,8 @@ from relaylens.summaries import REFERENCE, accuracy_scores, table_markdown
 from relaylens.tables import get_table
 
 __all__ = ["REGISTRY", "ORDER", "COMPANIONS", "FigureEntry", "FigureError", "register", "names", "supported",
-           "build", "check_not_empty", "select_figures", "write_entry", "write_figures", "needs_scores",
+           "build", "check_not_empty", "select_figures", "write_entry", "write_figures", "load_run_tables",
+           "cross_run_entries", "needs_scores",
            "needs_answers", "needs_other_conditions", "needs_budgets", "needs_ordering", "needs_rank_sync",
            "needs_probes"]
 
@@ -224,6 +225,26 @@ def select_figures(tables: dict, manifest: dict | None = None, only: str | Seque
     return [n for n in names() if supported(tables, n) is None]
 
 
+def load_run_tables(run_dirs: Sequence[str | Path], metric: str | None = None,
+                    retained_only: bool = False) -> tuple[dict, dict]:
+    """``(tables, manifest)`` ready to draw (:func:`prepare_tables`): one run's tables and manifest, or several runs
+    (one per model x dataset) as one grid (:func:`relaylens.crossrun.load_runs`) with the manifest
+    ``{"analysis": "cross-run", "runs": [{"model", "dataset", "run_dir"}, ...]}``."""
+    from relaylens.crossrun import load_runs
+    from relaylens.results import RunStore, load_tables
+
+    if len(run_dirs) == 1:
+        manifest = RunStore.open(run_dirs[0]).manifest
+        return prepare_tables(load_tables(run_dirs[0]), metric, retained_only), manifest
+    grid, labels = load_runs(run_dirs)
+    return prepare_tables(grid, metric, retained_only), {"analysis": "cross-run", "runs": labels}
+
+
+def cross_run_entries(tables: dict) -> list[str]:
+    """The cross-run entries (:data:`CROSS_RUN`) the grid's tables support."""
+    return [n for n in CROSS_RUN if supported(tables, n) is None]
+
+
 def write_entry(name: str, tables: dict, out_dir: str | Path, formats: Sequence[str] = plots.FORMATS) -> list[Path]:
     """Build one entry and write it: figures as ``name.<fmt>``, tables as ``name.csv`` and ``name.md``."""
     out_dir = Path(out_dir)
@@ -249,26 +270,18 @@ def write_figures(run_dir: str | Path, only: str | Sequence[str] | None = None,
     ``metric`` is a ``--metric`` name (default: the paper's metric when the run has it); ``retained_only`` restricts
     probe figures to records whose gold evidence survived (:func:`prepare_tables`). Several run directories (one
     per model x dataset) build the cross-run tables (:data:`CROSS_RUN`) into ``out``."""
-    from relaylens.crossrun import load_runs
-    from relaylens.results import RunStore, load_tables
-
     for fmt in formats:
         if fmt not in plots.FORMATS:
             raise FigureError(f"unknown figure format {fmt!r}; choose from {', '.join(plots.FORMATS)}")
     run_dirs = [Path(run_dir)] if isinstance(run_dir, (str, Path)) else [Path(d) for d in run_dir]
+    if len(run_dirs) > 1 and out is None:
+        raise FigureError("several run directories make cross-run tables; pass --out DIR for them")
+    tables, manifest = load_run_tables(run_dirs, metric, retained_only)
+    out_dir = Path(out) if out else run_dirs[0] / "figures"
     if len(run_dirs) == 1:
-        manifest = RunStore.open(run_dirs[0]).manifest
-        tables = prepare_tables(load_tables(run_dirs[0]), metric, retained_only)
-        out_dir = Path(out) if out else run_dirs[0] / "figures"
         chosen = select_figures(tables, manifest, only, all_supported)
     else:
-        if out is None:
-            raise FigureError("several run directories make cross-run tables; pass --out DIR for them")
-        grid, labels = load_runs(run_dirs)
-        tables = prepare_tables(grid, metric, retained_only)
-        manifest = {"analysis": "cross-run", "runs": labels}
-        out_dir = Path(out)
-        chosen = select_figures(tables, manifest, only or [n for n in CROSS_RUN if supported(tables, n) is None])
+        chosen = select_figures(tables, manifest, only or cross_run_entries(tables))
     from contextlib import nullcontext
 
     from relaylens.locks import run_lock
