@@ -148,6 +148,7 @@ def run_overhead(repeats: int = 3, records: int = 2, model_spec: str = DEFAULT_M
     chosen = {name: make_selector(name) for name in selectors}
     complete_request(model, prompts[0], chosen[selectors[0]], budgets[0], "relay", factors, 4)  # warm-up
     rows, per_record = [], []
+    bar = _request_bar(len(chosen) * len(budgets) * len(prompts) * repeats * 2)
     for name, selector in chosen.items():
         for budget in budgets:
             ratios, cpu_ratios = [], []
@@ -157,6 +158,7 @@ def run_overhead(repeats: int = 3, records: int = 2, model_spec: str = DEFAULT_M
                     order = ("original", "relay") if rep % 2 == 0 else ("relay", "original")
                     for condition in order:
                         runs[condition].append(complete_request(model, prompt, selector, budget, condition, factors, new_tokens))
+                        bar(f"{name} @ {budget}, {prompt.record_id}, {condition}")
                 medians = {c: {k: statistics.median(r[k] for r in reps) for k in reps[0] if isinstance(reps[0][k], (int, float))
                                and reps[0][k] is not None} for c, reps in runs.items()}
                 ratios.append(medians["relay"]["request_s"] / medians["original"]["request_s"])
@@ -177,7 +179,27 @@ def run_overhead(repeats: int = 3, records: int = 2, model_spec: str = DEFAULT_M
                          "request_s_relay": statistics.fmean(r["request_s"] for r in relay),
                          "kv_logical_mb": statistics.fmean(r["kv_logical_mb"] for r in relay),
                          "target": "<= +1.0% (paper: +1.34% to +2.70%)"})
+    bar(None)
     return per_record + rows
+
+
+def _request_bar(total: int):
+    """A progress bar on stderr for ``total`` requests: call it with a label after each request, with None to close."""
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+    view = Progress(TextColumn("overhead"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[last]}"),
+                    TimeElapsedColumn(), TimeRemainingColumn(), console=Console(stderr=True))
+    task = view.add_task("requests", total=total, last="")
+    view.start()
+
+    def advance(label: str | None) -> None:
+        if label is None:
+            view.stop()
+            return
+        view.update(task, advance=1, last=label)
+
+    return advance
 
 
 def run_throughput(repeats: int = 1, model_spec: str = DEFAULT_MODEL, new_tokens: int = 128, record: int = 0,
