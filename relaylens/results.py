@@ -528,6 +528,20 @@ def _read_manifest(run_dir: Path) -> dict:
     return manifest
 
 
+def _exported_tables(run_dir: Path) -> dict[str, pd.DataFrame]:
+    """The parquet tables of a run directory that holds no units; a missing optional table reads as empty."""
+    tables = {}
+    for name in TABLES:
+        path = run_dir / f"{name}.parquet"
+        frame = pd.read_parquet(path) if path.exists() else pd.DataFrame({c: [] for c in TABLES[name]})
+        try:
+            tables[name] = sort_table(name, coerce_table(name, frame))
+        except KeyError as err:
+            raise RelaylensError(f"{path} lacks column {err} of the {name} table and the run has no units to rebuild "
+                                 "it from. Fix: rerun the analysis into a fresh directory") from err
+    return tables
+
+
 def load_tables(run_dir: str | Path) -> dict[str, pd.DataFrame]:
     """The consolidated tables of a run; rebuilt from the committed units (in memory) when the parquet files are
     missing or older than the units (an interrupted run)."""
@@ -537,7 +551,11 @@ def load_tables(run_dir: str | Path) -> dict[str, pd.DataFrame]:
         marker = json.loads((run_dir / "consolidated.json").read_text("utf-8"))
     except (OSError, ValueError):
         marker = None
-    if (not isinstance(marker, dict) or marker.get("units") != [p.stem for p in store.unit_paths()]
+    units = [p.stem for p in store.unit_paths()]
+    required = [name for name in TABLES if name not in OPTIONAL_TABLES]
+    if not units and all((run_dir / f"{name}.parquet").exists() for name in required):
+        return _exported_tables(run_dir)  # tables without units (an exported or published run, e.g. figures/)
+    if (not isinstance(marker, dict) or marker.get("units") != units
             or not all((run_dir / f"{name}.parquet").exists() for name in TABLES)):  # stale, or an older layout
         return store.build_tables()
     try:

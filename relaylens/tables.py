@@ -104,10 +104,21 @@ SORT_COLUMNS = {
 """Each table's row identity: the deterministic sort order, and no two rows may share these values."""
 
 
+LATER_COLUMNS: dict[str, object] = {"prefill_s": None, "selection_s": None, "batch_rows": 1}
+"""Columns added after the first schema, with what a table written before them implies: stage times unknown (NaN);
+one row decoded at a time (batched rows came later). :func:`coerce_table` fills them in older tables."""
+
+
 def coerce_table(name: str, df: pd.DataFrame) -> pd.DataFrame:
-    """The canonical dtypes of table ``name`` (the same for fresh, consolidated and re-loaded tables)."""
+    """The canonical dtypes of table ``name`` (the same for fresh, consolidated and re-loaded tables).
+
+    Columns of :data:`LATER_COLUMNS` missing from a table written by an older relaylens get their implied value;
+    any other missing column raises ``KeyError``.
+    """
     out = {}
     for col in TABLES[name]:
+        if col not in df.columns and col in LATER_COLUMNS:
+            df = df.assign(**{col: LATER_COLUMNS[col]})
         kind, s = DTYPES[col], df[col]
         if kind == INT:
             out[col] = s.astype("int64")

@@ -258,3 +258,33 @@ def test_merge_rejects_disagreeing_shards(tmp_path):
 def test_open_requires_manifest(tmp_path):
     with pytest.raises(ResultStoreError, match="not a run directory"):
         load_tables(tmp_path)
+
+
+def test_exported_tables_without_units_load_and_older_columns_are_filled(tmp_path):
+    """A run directory holding only its parquet tables (as published under figures/), written before the stage-time
+    and batch columns existed, loads with those columns filled (NaN times, one row per batch)."""
+    from relaylens.tables import LATER_COLUMNS, example_tables
+
+    tables = example_tables(records=3, probes=False)
+    (tmp_path / "manifest.json").write_text(json.dumps({"analysis": "coordinate_ablation", "config": {}}))
+    tables["answers"].drop(columns=list(LATER_COLUMNS)).to_parquet(tmp_path / "answers.parquet")
+    for name in ("scores", "probes"):
+        tables[name].to_parquet(tmp_path / f"{name}.parquet")  # no skipped.parquet: an optional table, read as empty
+    loaded = load_tables(tmp_path)
+    assert len(loaded["answers"]) == len(tables["answers"]) > 0
+    assert loaded["answers"]["prefill_s"].isna().all() and loaded["answers"]["selection_s"].isna().all()
+    assert (loaded["answers"]["batch_rows"] == 1).all()
+    assert len(loaded["scores"]) == len(tables["scores"]) and loaded["skipped"].empty
+
+
+def test_exported_table_missing_a_core_column_is_named(tmp_path):
+    from relaylens.errors import RelaylensError
+    from relaylens.tables import example_tables
+
+    tables = example_tables(records=2, probes=False)
+    (tmp_path / "manifest.json").write_text(json.dumps({"analysis": "coordinate_ablation", "config": {}}))
+    tables["answers"].drop(columns=["answer"]).to_parquet(tmp_path / "answers.parquet")
+    for name in ("scores", "probes"):
+        tables[name].to_parquet(tmp_path / f"{name}.parquet")
+    with pytest.raises(RelaylensError, match="answers.parquet lacks column 'answer'.*no units"):
+        load_tables(tmp_path)
