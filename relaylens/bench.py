@@ -54,17 +54,6 @@ def rotary_only_model(head_dim: int, rope_parameters: dict, max_position: int = 
     return LlamaForCausalLM(config).eval()
 
 
-def median_seconds(fn: Callable[[], object], repeats: int = 5, warmup: int = 1) -> float:
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
-
-
 def interleaved_medians(first: Callable[[], object], second: Callable[[], object], repeats: int = 5) -> tuple[float, float]:
     """Median wall seconds of ``first`` and ``second`` timed alternately (one warm-up each): a slow spell of a shared
     machine then hits both, so their ratio stays meaningful."""

@@ -52,7 +52,7 @@ import pandas as pd
 
 from relaylens.errors import RelaylensError
 from relaylens.tables import (BOOL, DTYPES, FLOAT, INT, KEY_COLUMNS, OPT_STR, OPTIONAL_TABLES, SORT_COLUMNS, TABLES,
-                              coerce_table, sort_table)
+                              coerce_table, get_table, sort_table)
 
 __all__ = ["UnitKey", "RunStore", "ResultStoreError", "StoreWriteError", "build_manifest", "file_sha256",
            "load_tables", "SORT_COLUMNS", "DTYPES"]
@@ -533,7 +533,7 @@ def _exported_tables(run_dir: Path) -> dict[str, pd.DataFrame]:
     tables = {}
     for name in TABLES:
         path = run_dir / f"{name}.parquet"
-        frame = pd.read_parquet(path) if path.exists() else pd.DataFrame({c: [] for c in TABLES[name]})
+        frame = pd.read_parquet(path) if path.exists() else get_table({}, name)  # an empty table of the schema
         try:
             tables[name] = sort_table(name, coerce_table(name, frame))
         except KeyError as err:
