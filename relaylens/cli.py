@@ -160,6 +160,10 @@ def bench(
     small: bool = typer.Option(False, help="skip the Llama-3.1-8B-sized cache (1.6 GB of keys)"),
     records: int = typer.Option(None, help="records of the bundled sample (overhead, probes; default: the benchmark's)"),
     new_tokens: int = typer.Option(None, "--new-tokens", help="greedy tokens per request (overhead, throughput)"),
+    schedule: str = typer.Option(None, help="overhead: interleaved (default; the two conditions' requests alternate "
+                                            "piece by piece) or back-to-back"),
+    prefill_chunk: int = typer.Option(None, "--prefill-chunk", help="overhead: prefill chunk in tokens (default 256; 0: "
+                                                                    "the whole history in one pass)"),
     model: str = typer.Option("smollm2-135m-instruct", help="model of the model benchmarks (overhead, throughput, probes, prefill, scaling)"),
     device: str = _DEVICE, dtype: str = _DTYPE, device_map: str = _DEVICE_MAP, attn_implementation: str = _ATTN,
     rope_scaling: str = _ROPE, max_position: int = _MAX_POS,
@@ -169,6 +173,10 @@ def bench(
 
     if repeats is not None and repeats < 1:
         _fail(f"--repeats must be at least 1 (a median needs one timing); got {repeats}")
+    if schedule is not None and schedule not in ("interleaved", "back-to-back"):
+        _fail(f"--schedule must be interleaved or back-to-back; got {schedule!r}")
+    if prefill_chunk is not None and prefill_chunk < 0:
+        _fail(f"--prefill-chunk must be a number of tokens >= 0 (0: no chunks); got {prefill_chunk}")
     load_kwargs = _load_kwargs(device, dtype, device_map, attn_implementation, rope_scaling, max_position)
 
     names = list(bench_module.BENCHMARKS) if which == "all" else [which]
@@ -182,6 +190,8 @@ def bench(
                                                                       records=records, new_tokens=new_tokens)
             if repeats is not None:
                 extra["repeats"] = repeats
+            if name == "overhead":
+                extra.update(schedule=schedule, prefill_chunk=None if prefill_chunk is None else prefill_chunk or False)
             rows = _guard(bench_module.BENCHMARKS[name], include_large=not small, **extra)
         csv_path, md_path = bench_module.write_results(rows, out, name)
         print(md_path.read_text())

@@ -99,53 +99,87 @@ def prefill_history(
         >>> res.keys[0].shape, res.window_queries[0].shape, res.num_key_value_groups
         (torch.Size([2, 40, 16]), torch.Size([4, 8, 16]), 2)
     """
-    from transformers import DynamicCache
+    pieces = PrefillPieces(model, history_ids, window_size, chunk_size, capture_window_queries, allow_long,
+                            attn_implementation, column_sums, column_block_size)
+    for _ in pieces:
+        pass
+    return pieces.result
 
-    ids = _check_history(model, history_ids, window_size, chunk_size, capture_window_queries, allow_long)  # [L]
-    L = int(ids.numel())
-    layers = decoder_layers(model)
-    device = next(model.parameters()).device
-    chunk = chunk_size or L
-    window_start = L - window_size if capture_window_queries else L
-    cache = DynamicCache()  # plain: DynamicCache(config=...) would drop sliding-layer history (Gemma-3)
-    sums = capture_column_sums(model, column_block_size) if column_sums else contextlib.nullcontext()
-    with attention_kernel(model, attn_implementation), torch.inference_mode(), sums as stats:
-        capture = _WindowQueryCapture(layers, window_start) if capture_window_queries else contextlib.nullcontext()
-        with capture:
+
+class PrefillPieces:
+    """:func:`prefill_history` one chunk at a time: iterating runs one chunk's forward per step; ``result`` holds the
+    :class:`PrefillResult` once the iteration ends.
+
+    Nothing stays attached to the model between steps (the attention kernel switch and the window-query hooks are
+    entered around each chunk), so the chunks of two prefills may run interleaved — ``relaylens bench overhead`` times
+    two requests that way. With ``column_sums=True`` the whole prefill is one step (the sums hooks span every chunk).
+
+    Example:
+        >>> from relaylens.testing import tiny_model
+        >>> pieces = PrefillPieces(tiny_model("llama"), torch.arange(3, 43), window_size=8, chunk_size=16)
+        >>> len(list(pieces)), pieces.result.keys[0].shape
+        (3, torch.Size([2, 40, 16]))
+    """
+
+    def __init__(self, model, history_ids: torch.Tensor, window_size: int = 32, chunk_size: int | None = None,
+                 capture_window_queries: bool = True, allow_long: bool = False,
+                 attn_implementation: str | None = "sdpa", column_sums: bool = False, column_block_size: int = 256):
+        self.ids = _check_history(model, history_ids, window_size, chunk_size, capture_window_queries, allow_long)  # [L]
+        self.model, self.window_size, self.capture_window_queries = model, window_size, capture_window_queries
+        self.chunk_size, self.attn_implementation = chunk_size, attn_implementation
+        self.column_sums, self.column_block_size = column_sums, column_block_size
+        self.result: PrefillResult | None = None
+
+    def __iter__(self):
+        from transformers import DynamicCache
+
+        model, ids = self.model, self.ids
+        L = int(ids.numel())
+        layers = decoder_layers(model)
+        device = next(model.parameters()).device
+        chunk = self.chunk_size or L
+        window_start = L - self.window_size if self.capture_window_queries else L
+        cache = DynamicCache()  # plain: DynamicCache(config=...) would drop sliding-layer history (Gemma-3)
+        capture = _WindowQueryCapture(layers, window_start) if self.capture_window_queries else None
+        sums = capture_column_sums(model, self.column_block_size) if self.column_sums else contextlib.nullcontext()
+        with sums as stats:
             for start in range(0, L, chunk):
                 stop = min(start + chunk, L)
-                if capture_window_queries:
+                if capture is not None:
                     capture.chunk_start = start
-                model(
-                    input_ids=ids[None, start:stop].to(device),  # [1, c]
-                    position_ids=torch.arange(start, stop, device=device)[None],  # [1, c]
-                    cache=cache,
-                    use_cache=True,
-                    logits_to_keep=1,
-                )
-    # Clones leave inference mode: later stages may edit them in place or use them under autograd.
-    keys, values = cache_tensors(cache)
-    keys = [k.clone() for k in keys]  # per layer [kv_head, L, head_dim]
-    values = [v.clone() for v in values]  # per layer [kv_head, L, head_dim]
-    del cache
-    if len(keys) != len(layers) or any(k.shape[1] != L for k in keys):
-        raise ShapeError(f"the cache holds {[k.shape[1] for k in keys]} positions per layer after a {L}-token prefill "
-                         f"of {len(layers)} layers; expected {L} in each. The model may use a cache layer that drops "
-                         "history.")
-    window_queries = None
-    if capture_window_queries:
-        window_queries = capture.result(keys)  # per layer [q_head, w, head_dim]
-    scaling, groups = attention_constants(model)
-    return PrefillResult(
-        history_ids=ids.cpu(),
-        keys=keys,
-        values=values,
-        window_queries=window_queries,
-        window_size=window_size if capture_window_queries else 0,
-        scaling=scaling,
-        num_key_value_groups=groups,
-        column_sums=[s.clone() for s in stats.column_sums] if column_sums else None,
-    )
+                with attention_kernel(model, self.attn_implementation), torch.inference_mode(), \
+                        capture if capture is not None else contextlib.nullcontext():
+                    model(
+                        input_ids=ids[None, start:stop].to(device),  # [1, c]
+                        position_ids=torch.arange(start, stop, device=device)[None],  # [1, c]
+                        cache=cache,
+                        use_cache=True,
+                        logits_to_keep=1,
+                    )
+                if not self.column_sums and stop < L:
+                    yield stop
+        # Clones leave inference mode: later stages may edit them in place or use them under autograd.
+        keys, values = cache_tensors(cache)
+        keys = [k.clone() for k in keys]  # per layer [kv_head, L, head_dim]
+        values = [v.clone() for v in values]  # per layer [kv_head, L, head_dim]
+        del cache
+        if len(keys) != len(layers) or any(k.shape[1] != L for k in keys):
+            raise ShapeError(f"the cache holds {[k.shape[1] for k in keys]} positions per layer after a {L}-token "
+                             f"prefill of {len(layers)} layers; expected {L} in each. The model may use a cache layer "
+                             "that drops history.")
+        window_queries = capture.result(keys) if capture is not None else None  # per layer [q_head, w, head_dim]
+        scaling, groups = attention_constants(model)
+        self.result = PrefillResult(
+            history_ids=ids.cpu(),
+            keys=keys,
+            values=values,
+            window_queries=window_queries,
+            window_size=self.window_size if self.capture_window_queries else 0,
+            scaling=scaling,
+            num_key_value_groups=groups,
+            column_sums=[s.clone() for s in stats.column_sums] if self.column_sums else None,
+        )
+        yield L
 
 
 def _check_history(model, history_ids, window_size, chunk_size, capture, allow_long) -> torch.Tensor:

@@ -235,6 +235,17 @@ def default_eos_ids(model, tokenizer=None) -> set[int]:
 def decode_rows(model, batch: RowBatch, results: list[GenerationResult], current: torch.Tensor, next_position: torch.Tensor,
             next_source: torch.Tensor, max_new_tokens: int, eos: set[int], tokenizer, stop_at_newline: bool) -> None:
     """Greedy decoding of every row until it stops; ``current`` ``[row, vocab]`` holds each row's next-token logits."""
+    for _ in decode_steps(model, batch, results, current, next_position, next_source, max_new_tokens, eos, tokenizer,
+                          stop_at_newline):
+        pass
+
+
+def decode_steps(model, batch: RowBatch, results: list[GenerationResult], current: torch.Tensor, next_position: torch.Tensor,
+                 next_source: torch.Tensor, max_new_tokens: int, eos: set[int], tokenizer, stop_at_newline: bool):
+    """:func:`decode_rows` one forward pass at a time: a generator that yields after each decoding step's forward.
+
+    A caller can time each step, or interleave the steps of two requests (``relaylens bench overhead``).
+    """
     active = list(range(len(results)))  # result index of each batch row
     for step in range(max_new_tokens):
         tokens = current.argmax(-1).tolist()  # [row]
@@ -260,3 +271,4 @@ def decode_rows(model, batch: RowBatch, results: list[GenerationResult], current
         ids = torch.tensor(tokens, dtype=torch.long)[:, None]  # [row, 1]
         current = forward_rows(model, batch, ids, next_position[:, None], next_source[:, None])[:, -1]
         next_position, next_source = next_position + 1, next_source + 1
+        yield step

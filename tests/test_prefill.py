@@ -240,3 +240,33 @@ def test_smollm2_window_queries_reproduce_eager_rows(smollm2):
     n = res.history_length
     for layer in (0, 14, 29):
         torch.testing.assert_close(_rows_from_queries(res, layer, None), real[layer][:, n - 16:], rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("variant", ["llama", "gemma3", "cohere_interleaved"])
+def test_two_prefills_interleaved_chunk_by_chunk_equal_each_run_alone(variant):
+    """PrefillPieces leaves nothing attached between chunks, so two interleaved prefills equal their solo runs."""
+    from relaylens.prefill import PrefillPieces
+
+    model = tiny_model(variant)
+    ids = [_ids(L, seed=1), _ids(L - 3, seed=2)]
+    alone = [prefill_history(model, i, window_size=W, chunk_size=12) for i in ids]
+    kernel = hf.attention_kernel_name(model)
+    pieces = [PrefillPieces(model, i, window_size=W, chunk_size=12) for i in ids]
+    steps = [iter(p) for p in pieces]
+    counts = [0, 0]
+    while any(s is not None for s in steps):
+        for n, step in enumerate(steps):
+            if step is None:
+                continue
+            try:
+                next(step)
+                counts[n] += 1
+            except StopIteration:
+                steps[n] = None
+            attached = sum(len(layer.self_attn._forward_pre_hooks) for layer in decoder_layers(model))
+            assert attached == 0 and hf.attention_kernel_name(model) == kernel
+    assert counts == [4, 4]  # ceil(40 / 12) and ceil(37 / 12) chunks
+    for solo, piece in zip(alone, pieces):
+        for a, b in zip(solo.keys + solo.values + solo.window_queries,
+                        piece.result.keys + piece.result.values + piece.result.window_queries):
+            assert torch.equal(a, b)
