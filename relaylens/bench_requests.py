@@ -292,18 +292,18 @@ def run_overhead(repeats: int = 3, records: int = 4, model_spec: str = DEFAULT_M
 def _request_bar(total: int):
     """A progress bar on stderr for ``total`` requests: call it with a label after each request, with None to close."""
     from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-    view = Progress(TextColumn("overhead"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[last]}"),
-                    TimeElapsedColumn(), TimeRemainingColumn(), console=Console(stderr=True))
-    task = view.add_task("requests", total=total, last="")
+    from relaylens.progress import progress_view
+
+    view = progress_view(Console(stderr=True))
+    task = view.add_task("overhead", total=total, stage="")
     view.start()
 
     def advance(label: str | None) -> None:
         if label is None:
             view.stop()
             return
-        view.update(task, advance=1, last=label)
+        view.update(task, advance=1, stage=label)
 
     return advance
 

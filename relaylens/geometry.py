@@ -184,6 +184,17 @@ class RotaryFactors:
             self._tables[key] = cached
         return cached
 
+    def paired_phase_tables(self, size: int, layer: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """:meth:`phase_tables` side by side, float32 ``[P >= size, 2 * plane]``: ``[c | s]`` and ``[c / a^2 | -s / a^2]``
+        (one contiguous row per position: what the fused CPU kernel reads)."""
+        cos, sin, inv_cos, inv_sin = self.phase_tables(size, layer)  # [P, plane] each
+        key = ("paired", self._layer_type(layer))
+        cached = self._tables.get(key)
+        if cached is None or cached[0] is not cos:
+            cached = (cos, torch.cat((cos, sin), dim=-1), torch.cat((inv_cos, inv_sin), dim=-1))
+            self._tables[key] = cached
+        return cached[1], cached[2]
+
     def workspace(self, device) -> tuple[torch.Tensor, ...]:
         """Six ``[chunk, plane]`` float32 scratch buffers for :func:`relocate_keys`, allocated once per device.
 
@@ -316,7 +327,7 @@ def _relocate_in_place(keys: torch.Tensor, source: torch.Tensor, target: torch.T
     flat_dst = target.reshape(-1).to(cos_table.device)
     flat_keys = keys.reshape(-1, keys.shape[-1])  # [slots, head_dim]
     if kernels.usable(keys, factors.rotary_dim) and cos_table.device.type == "cpu":  # one fused pass, about a copy
-        out, finite = kernels.relocate_rows(flat_keys, flat_src, flat_dst, (cos_table, sin_table, inv_cos, inv_sin),
+        out, finite = kernels.relocate_rows(flat_keys, flat_src, flat_dst, factors.paired_phase_tables(size, layer),
                                             factors.rotary_dim, factors.layout == "split_half")
         if not finite:  # name the first bad slot (or return quietly: the float64 check sum itself overflowed)
             for start in range(0, flat_keys.shape[0], _CHUNK_SLOTS):

@@ -3,9 +3,10 @@
 Eager PyTorch needs about a dozen passes per chunk of slots to relocate keys (gather four phase rows, combine them
 into one relative rotation, rotate both halves of every plane, check finiteness), each pass streaming ``[slot, plane]``
 buffers through the cache and paying a per-operator cost; on a SmolLM2-sized cache that is about 20x a float32 copy.
-This kernel (compiled once by numba, cached on disk) reads each key once, looks its four phase values up in the
-model's phase tables (small, cache-resident), writes the relocated key once and sums ``0 * output`` (0 when every entry is finite,
-NaN otherwise), so one flag says whether anything became NaN/inf. It is used for contiguous float32 CPU keys without
+This kernel (compiled by numba once per plane layout and plane count, cached on disk) reads each key once, reads two
+phase rows (``[cos | sin]`` at ``p'`` and the inverse phase at ``p``, from tables laid out so that each row is one
+contiguous read), writes the relocated key once and sums ``0 * output`` (0 when every entry is finite, NaN otherwise),
+so one flag says whether anything became NaN/inf. It is used for contiguous float32 CPU keys without
 autograd; every other case (CUDA, bfloat16/float16, float64, autograd) keeps the eager path in ``geometry``.
 
 The arithmetic is the eager path's: ``cos = c' * c_inv - s' * s_inv`` and ``sin = c' * s_inv + s' * c_inv`` (the phase
@@ -67,33 +68,43 @@ def usable(keys: torch.Tensor, rotary_dim: int) -> bool:
 
 
 def relocate_rows(flat_keys: torch.Tensor, source: torch.Tensor, target: torch.Tensor,
-                  tables: tuple[torch.Tensor, ...], rotary_dim: int, split_half: bool) -> tuple[torch.Tensor, bool]:
+                  tables: tuple[torch.Tensor, torch.Tensor], rotary_dim: int, split_half: bool) -> tuple[torch.Tensor, bool]:
     """Relocate ``flat_keys`` ``[slots, head_dim]`` from ``source`` to ``target`` ``[slots]`` (int64 positions).
 
-    ``tables`` are ``(c, s, c / a^2, -s / a^2)`` float32 ``[P, plane]`` (``RotaryFactors.phase_tables``). Returns the
-    relocated keys ``[slots, head_dim]`` and whether every output entry is finite. Large inputs are split into
-    ``torch.get_num_threads()`` row ranges run on as many threads (the kernel releases the GIL).
+    ``tables`` are ``(forward, inverse)`` float32 ``[P, 2 * plane]``: ``[c | s]`` and ``[c / a^2 | -s / a^2]`` per
+    position (``RotaryFactors.paired_phase_tables``). Returns the relocated keys ``[slots, head_dim]`` and whether every
+    output entry is finite. Large inputs run on up to ``torch.get_num_threads()`` threads, the calling thread among
+    them, each claiming chunks of ``CHUNK_SLOTS`` rows until none is left (the kernel releases the GIL): a thread whose
+    core is still busy — e.g. with PyTorch's own workers spinning after an operation — simply does less.
     """
-    kernel = _kernel()[split_half]
+    kernel = _kernel()(split_half, rotary_dim // 2)
     keys = flat_keys.contiguous().numpy()  # [slots, head_dim]
     out = torch.empty(flat_keys.shape, dtype=flat_keys.dtype)
     result = out.numpy()
     src, dst = source.contiguous().numpy(), target.contiguous().numpy()  # [slots] int64
-    cos, sin, inv_cos, inv_sin = (t.contiguous().numpy() for t in tables)  # [P, plane] each
+    forward, inverse = (t.contiguous().numpy() for t in tables)  # [P, 2 * plane] each
     slots = keys.shape[0]
-    parts = max(1, min(torch.get_num_threads(), slots // PARALLEL_SLOTS))
-    bounds = [slots * i // parts for i in range(parts + 1)]
+    threads = max(1, min(torch.get_num_threads(), slots // PARALLEL_SLOTS))
+    starts = range(0, slots, CHUNK_SLOTS if threads > 1 else max(slots, 1))
+    claims = iter(starts)  # threads claim chunks in turn (next() on a shared iterator is atomic under the GIL)
+    poison = []
 
-    def run(i: int) -> float:
-        rows = slice(bounds[i], bounds[i + 1])
-        return kernel(keys[rows], src[rows], dst[rows], cos, sin, inv_cos, inv_sin, rotary_dim, result[rows])
+    def drain() -> None:
+        for start in claims:
+            rows = slice(start, start + CHUNK_SLOTS if threads > 1 else slots)
+            poison.append(kernel(keys[rows], src[rows], dst[rows], forward, inverse, result[rows]))
 
-    poison = [run(0)] if parts == 1 else list(_pool(parts).map(run, range(parts)))
+    helpers = [_pool(threads - 1).submit(drain) for _ in range(threads - 1)]
+    drain()  # the calling thread works too, so a helper that starts late (its core busy) only takes fewer chunks
+    for helper in helpers:
+        helper.result()
     return out, all(p == 0.0 for p in poison)
 
 
 PARALLEL_SLOTS = 8192  # fewer slots per thread than this: one thread (starting threads would cost more than they save)
+CHUNK_SLOTS = 4096  # the unit of work threads claim: small enough to balance, large enough that a call's cost vanishes
 _POOLS: dict = {}
+_KERNELS: dict = {}
 
 
 def _pool(workers: int):
@@ -107,63 +118,78 @@ def _pool(workers: int):
 
 
 def _kernel():
+    """The kernel factory ``(split_half, planes) -> kernel``, or False when numba is unavailable."""
     global _KERNEL
     if _KERNEL is None:
         with _LOCK:
             if _KERNEL is None:
-                _KERNEL = _build()
+                try:
+                    import numba  # noqa: F401
+                except ImportError:  # the eager path stays correct, only slower
+                    _KERNEL = False
+                else:
+                    _KERNEL = _specialised
     return _KERNEL
 
 
-def _build():
-    try:
-        import numba  # noqa: F401
-    except ImportError:  # the eager path stays correct, only slower
-        return False
-    return {True: _compile(True), False: _compile(False)}
+def _specialised(split_half: bool, planes: int):
+    """The kernel for one plane layout and plane count, compiled on first use (numba caches it on disk, keyed by
+    these constants): a constant trip count lets the plane loop vectorise without run-time checks."""
+    key = (bool(split_half), int(planes))
+    kernel = _KERNELS.get(key)
+    if kernel is None:
+        with _LOCK:
+            kernel = _KERNELS.get(key)
+            if kernel is None:
+                kernel = _KERNELS[key] = _compile(*key)
+    return kernel
 
 
-def _compile(split_half: bool):
-    """The kernel for one plane layout (a compile-time constant: a runtime flag would stop the loop vectorising)."""
+def _compile(split_half: bool, planes: int):
+    """The kernel for one plane layout and plane count (compile-time constants of the closure)."""
     import numba
     import numpy as np
 
     zero = np.float32(0.0)
+    rotary_dim = 2 * planes
 
     @numba.njit(cache=True, nogil=True, boundscheck=False, fastmath={"reassoc"})
-    def relocate(keys, source, target, cos, sin, inv_cos, inv_sin, rotary_dim, out):  # pragma: no cover
+    def relocate(keys, source, target, forward, inverse, out):  # pragma: no cover
         # ``reassoc`` only lets the poison sum below vectorise: no product is contracted or reordered, and NaN/inf
         # still propagate (x * 0 is NaN for x = inf or NaN, 0 otherwise), so ``poison`` is 0 iff every output is finite
         slots, head_dim = keys.shape
-        planes = rotary_dim // 2
         poison = zero
         for row in range(slots):
             src = source[row]
             dst = target[row]
+            key = keys[row]  # [head_dim]
+            result = out[row]
             if src == dst:  # stays put: an identity, bit for bit
                 for j in range(head_dim):
-                    out[row, j] = keys[row, j]
-                    poison += keys[row, j] * zero
+                    result[j] = key[j]
+                    poison += key[j] * zero
                 continue
+            to = forward[dst]  # [2 * plane]: cos | sin at p'
+            back = inverse[src]  # [2 * plane]: cos | sin of the exact inverse phase at p
             for j in range(planes):
                 first = j if split_half else 2 * j  # a plane's two features: (j, j + planes) or (2j, 2j + 1)
                 second = j + planes if split_half else 2 * j + 1
-                to_c = cos[dst, j]
-                to_s = sin[dst, j]
-                from_c = inv_cos[src, j]
-                from_s = inv_sin[src, j]
+                to_c = to[j]
+                to_s = to[j + planes]
+                from_c = back[j]
+                from_s = back[j + planes]
                 c = to_c * from_c - to_s * from_s  # one rotation from p to p' (float32)
                 s = to_c * from_s + to_s * from_c
-                x1 = keys[row, first]
-                x2 = keys[row, second]
+                x1 = key[first]
+                x2 = key[second]
                 y1 = x1 * c - x2 * s
                 y2 = x1 * s + x2 * c
-                out[row, first] = y1
-                out[row, second] = y2
+                result[first] = y1
+                result[second] = y2
                 poison += y1 * zero + y2 * zero
             for j in range(rotary_dim, head_dim):  # pass-through features, bit for bit
-                out[row, j] = keys[row, j]
-                poison += keys[row, j] * zero
+                result[j] = key[j]
+                poison += key[j] * zero
         return poison
 
     return relocate

@@ -508,10 +508,9 @@ def skipped_summary(tables: dict[str, pd.DataFrame]) -> str:
 def _progress(enabled: bool):
     if not enabled or _jupyter_without_widgets():
         return nullcontext(None)  # in Jupyter without ipywidgets rich would warn once per refresh: no bar instead
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+    from relaylens.progress import progress_view
 
-    return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[stage]}"),
-                    TimeElapsedColumn(), TimeRemainingColumn(), transient=False)
+    return progress_view()
 
 
 def _jupyter_without_widgets() -> bool:

@@ -242,11 +242,10 @@ def run_sweep(spec, config, options: SweepOptions, console=None, report: bool = 
 def _watch(ray, refs: dict, run_dir: Path, totals: list[int], options: SweepOptions, console) -> dict[int, str]:
     """Wait for every shard task, showing one progress view (units committed per shard, read from the run
     directory, and each shard's attempt); returns ``{shard: failure message}``."""
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    from relaylens.progress import progress_view
 
     n = options.shards
-    view = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[stage]}"),
-                    TimeElapsedColumn(), console=console, transient=False)
+    view = progress_view(console, remaining=False)
     failures: dict[int, str] = {}
     finished: set[int] = set()
     with view:

@@ -46,7 +46,8 @@ def test_fused_equals_eager_on_every_layer(variant):
 def test_threaded_split_equals_one_thread(monkeypatch):
     factors = RotaryFactors.from_model(tiny_model("llama"))
     keys, source, target = _case(factors, slots=3000, heads=4)
-    monkeypatch.setattr(kernels, "PARALLEL_SLOTS", 1000)  # 12,000 slots: split into torch.get_num_threads() parts
+    monkeypatch.setattr(kernels, "PARALLEL_SLOTS", 1000)  # 12,000 slots: up to torch.get_num_threads() threads
+    monkeypatch.setattr(kernels, "CHUNK_SLOTS", 700)  # 18 chunks claimed in turn, the last one short
     threads = torch.get_num_threads()
     try:
         torch.set_num_threads(3)
@@ -58,13 +59,21 @@ def test_threaded_split_equals_one_thread(monkeypatch):
     assert torch.equal(split, single)
 
 
+@pytest.mark.parametrize("threads", [1, 3])
 @pytest.mark.parametrize("where", [0, 2999, 1500])
-def test_fused_refuses_nan_input_naming_the_slot(where):
+def test_fused_refuses_nan_input_naming_the_slot(where, threads, monkeypatch):
     factors = RotaryFactors.from_model(tiny_model("llama"))
     keys, source, target = _case(factors, slots=1000)
     keys.view(-1, factors.head_dim)[where, 5] = float("nan")
-    with pytest.raises(NonFiniteError, match=f"first at flattened slot {where}\\b"):
-        relocate_keys(keys, source, target, factors)
+    monkeypatch.setattr(kernels, "PARALLEL_SLOTS", 500)  # 3,000 slots: several threads claim chunks of 256
+    monkeypatch.setattr(kernels, "CHUNK_SLOTS", 256)
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(threads)
+        with pytest.raises(NonFiniteError, match=f"first at flattened slot {where}\\b"):
+            relocate_keys(keys, source, target, factors)
+    finally:
+        torch.set_num_threads(before)
 
 
 def test_fused_refuses_float32_overflow():
