@@ -24,7 +24,6 @@ Example:
 
 from __future__ import annotations
 
-import itertools
 import math
 import statistics
 import time
@@ -86,10 +85,10 @@ def request_pieces(model, prompt, selector, budget, condition: str, factors, new
                    prefill_chunk: int | None = None):
     """One complete request as a generator that yields the stage each finished piece of work belongs to.
 
-    The pieces are the prefill (one per ``prefill_chunk`` tokens; None: one piece), the selection, the relocation,
-    the question pass and every decoding step (each ``"generation_s"``). A driver times each ``next()``, so the requests of two conditions can run interleaved piece
-    by piece (:func:`timed_pair`); on return, ``out`` holds the request's ``layers``, ``selection``, ``prefill`` and
-    ``tokens``.
+    The pieces are the prefill (one per ``prefill_chunk`` tokens; None or 0: one piece), the selection, the
+    relocation, the question pass and every decoding step (each ``"generation_s"``). A driver times each ``next()``,
+    so the requests of two conditions can run interleaved piece by piece (:func:`timed_pair`); on return, ``out``
+    holds the request's ``layers``, ``selection``, ``prefill``, ``tokens`` and ``token_ids``.
     """
     from relaylens.prefill import PrefillPieces
     from relaylens.relocation import relocate_selection
@@ -127,11 +126,9 @@ def timed_pieces(device, requests: list) -> list[dict]:
     CPU time of its pieces by stage (``request_s``, ``request_cpu_s``). CUDA is synchronised around every piece. With
     one request this is a plain back-to-back request."""
     times = [dict.fromkeys(STAGES, 0.0) | {"request_cpu_s": 0.0} for _ in requests]
-    pending = list(range(len(requests)))
-    for round_ in itertools.count():
-        if not pending:
-            break
-        for index in (list(pending) if round_ % 2 == 0 else pending[::-1]):
+    pending, backwards = list(range(len(requests))), False
+    while pending:
+        for index in (pending[::-1] if backwards else list(pending)):
             synchronize(device)
             start, cpu_start = time.perf_counter(), time.process_time()
             try:
@@ -142,6 +139,7 @@ def timed_pieces(device, requests: list) -> list[dict]:
             synchronize(device)
             times[index][stage] += time.perf_counter() - start
             times[index]["request_cpu_s"] += time.process_time() - cpu_start
+        backwards = not backwards
     for entry in times:
         entry["request_s"] = sum(entry[stage] for stage in STAGES)
     return times
@@ -248,7 +246,7 @@ def run_overhead(repeats: int = 3, records: int = 4, model_spec: str = DEFAULT_M
     allocator = "glibc, freed memory kept" if steady_allocator() else "default"
     rows, per_record = [], []
     for name, budget in settings:
-        selector, ratios, cpu_ratios = chosen[name], [], []
+        selector, ratios, cpu_ratios, setting_rows = chosen[name], [], [], []
         for index, prompt in enumerate(prompts):
             runs = {"original": [], "relay": []}
             for rep in range(repeats):
@@ -269,11 +267,12 @@ def run_overhead(repeats: int = 3, records: int = 4, model_spec: str = DEFAULT_M
             ratios.append(medians["relay"]["request_s"] / medians["original"]["request_s"])
             cpu_ratios.append(medians["relay"]["request_cpu_s"] / medians["original"]["request_cpu_s"])
             for condition, values in medians.items():
-                per_record.append({"benchmark": "overhead", "case": f"{prompt.record_id} (L={prompt.history_length})",
-                                   "selector": name, "budget": budget, "condition": condition, **values,
-                                   "ratio_vs_original": values["request_s"] / medians["original"]["request_s"]})
-        relay = [r for r in per_record if r["selector"] == name and r["budget"] == budget and r["condition"] == "relay"]
-        original = [r for r in per_record if r["selector"] == name and r["budget"] == budget and r["condition"] == "original"]
+                setting_rows.append({"benchmark": "overhead", "case": f"{prompt.record_id} (L={prompt.history_length})",
+                                     "selector": name, "budget": budget, "condition": condition, **values,
+                                     "ratio_vs_original": values["request_s"] / medians["original"]["request_s"]})
+        per_record += setting_rows
+        relay = [r for r in setting_rows if r["condition"] == "relay"]
+        original = [r for r in setting_rows if r["condition"] == "original"]
         rows.append({"benchmark": "overhead", "case": "geometric mean", "selector": name, "budget": budget,
                      "records": len(ratios), "overhead_pct": 100 * geometric_overhead(ratios),
                      "overhead_cpu_pct": 100 * geometric_overhead(cpu_ratios),  # the same statistic on CPU time

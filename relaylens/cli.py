@@ -170,11 +170,12 @@ def bench(
 ) -> None:
     """Benchmarks: ratios are measured in the same run; results go to a CSV and a Markdown table."""
     from relaylens import bench as bench_module
+    from relaylens.bench_requests import SCHEDULES
 
     if repeats is not None and repeats < 1:
         _fail(f"--repeats must be at least 1 (a median needs one timing); got {repeats}")
-    if schedule is not None and schedule not in ("interleaved", "back-to-back"):
-        _fail(f"--schedule must be interleaved or back-to-back; got {schedule!r}")
+    if schedule is not None and schedule not in SCHEDULES:
+        _fail(f"--schedule must be {' or '.join(SCHEDULES)}; got {schedule!r}")
     if prefill_chunk is not None and prefill_chunk < 0:
         _fail(f"--prefill-chunk must be a number of tokens >= 0 (0: no chunks); got {prefill_chunk}")
     load_kwargs = _load_kwargs(device, dtype, device_map, attn_implementation, rope_scaling, max_position)
@@ -191,7 +192,7 @@ def bench(
             if repeats is not None:
                 extra["repeats"] = repeats
             if name == "overhead":
-                extra.update(schedule=schedule, prefill_chunk=None if prefill_chunk is None else prefill_chunk or False)
+                extra.update(schedule=schedule, prefill_chunk=prefill_chunk)  # None: the benchmark's default; 0: one pass
             rows = _guard(bench_module.BENCHMARKS[name], include_large=not small, **extra)
         csv_path, md_path = bench_module.write_results(rows, out, name)
         print(md_path.read_text())

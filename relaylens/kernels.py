@@ -38,7 +38,7 @@ import threading
 
 import torch
 
-_KERNEL = None  # the compiled kernel once built; False when numba is unavailable
+_KERNEL = None  # the kernel factory once numba is found (kernels compile per layout and plane count); False without numba
 _LOCK = threading.Lock()
 _STATE = threading.local()
 
@@ -85,13 +85,13 @@ def relocate_rows(flat_keys: torch.Tensor, source: torch.Tensor, target: torch.T
     forward, inverse = (t.contiguous().numpy() for t in tables)  # [P, 2 * plane] each
     slots = keys.shape[0]
     threads = max(1, min(torch.get_num_threads(), slots // PARALLEL_SLOTS))
-    starts = range(0, slots, CHUNK_SLOTS if threads > 1 else max(slots, 1))
-    claims = iter(starts)  # threads claim chunks in turn (next() on a shared iterator is atomic under the GIL)
+    step = CHUNK_SLOTS if threads > 1 else max(slots, 1)  # one thread: the whole input in one call
+    claims = iter(range(0, slots, step))  # claimed in turn: next() on a shared iterator is atomic under the GIL
     poison = []
 
     def drain() -> None:
         for start in claims:
-            rows = slice(start, start + CHUNK_SLOTS if threads > 1 else slots)
+            rows = slice(start, start + step)
             poison.append(kernel(keys[rows], src[rows], dst[rows], forward, inverse, result[rows]))
 
     helpers = [_pool(threads - 1).submit(drain) for _ in range(threads - 1)]
