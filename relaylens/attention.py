@@ -26,7 +26,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 from transformers import AttentionInterface
@@ -64,6 +64,9 @@ class AttentionState:
         row_observers: per batch row, observers that receive that row alone exactly as a sequential run would show
             it: history cut to the row's own width, with ``row_states[b]`` (the row's unpadded state) as ``state``.
         row_states: per batch row, the row's own unbatched :class:`AttentionState` (set with ``row_observers``).
+            A pass with ``row_observers`` computes attention row by row on each row's own slots (exact readouts).
+        row_teacher_observers: per batch row, observers of a teacher-forced token fed as the last token of the same
+            call as the question: ``row_observers`` then see the call without it, these the whole call.
         head_inputs: ``None`` (default), or a dict the attention fills with each call's per-query-head views of the
             keys and values, ``layer -> [(key, value)]`` each ``[B, q_head, key, D]`` (the kv head's tensor indexed
             once per query head): gradients taken w.r.t. them split a shared kv head's gradient by query head.
@@ -79,6 +82,7 @@ class AttentionState:
     observers: list[Observer] = field(default_factory=list)
     row_observers: list[list[Observer]] = field(default_factory=list)
     row_states: list[AttentionState] = field(default_factory=list)
+    row_teacher_observers: list[list[Observer]] = field(default_factory=list)
     head_inputs: dict[int, list[tuple[torch.Tensor, torch.Tensor]]] | None = None
 
     def __post_init__(self) -> None:
@@ -149,45 +153,79 @@ def relaylens_attention(module, query, key, value, attention_mask, scaling=None,
         inside = window_allow(state, layer, history, total, q_len, int(window), query.device)
         allow = allow & (inside if inside.dim() == 4 else inside[None])
 
-    observed_key, observed_value = key, value
-    if state.head_inputs is not None:  # differentiable path: one view of the keys/values per query head
-        kv_of = torch.arange(q_heads, device=key.device) // groups
-        key, value = key[:, kv_of], value[:, kv_of]  # [B, q_head, key, D]
-        state.head_inputs.setdefault(layer, []).append((key, value))
-        allow, kv_heads, groups = allow.expand(-1, kv_heads, -1, -1)[:, kv_of], q_heads, 1
+    if state.row_observers and state.head_inputs is None:  # an observed pass: each row on its own slots
+        output, probs = _attend_rows(state, layer, history, query, key, value, allow, scale, kwargs.get("softcap"))
+    else:
+        observed_key, observed_value = key, value
+        if state.head_inputs is not None:  # differentiable path: one view of the keys/values per query head
+            kv_of = torch.arange(q_heads, device=key.device) // groups
+            key, value = key[:, kv_of], value[:, kv_of]  # [B, q_head, key, D]
+            state.head_inputs.setdefault(layer, []).append((key, value))
+            allow = allow.expand(-1, kv_heads, -1, -1)[:, kv_of]
+        output, probs = _attend(query, key, value, allow, scale, kwargs.get("softcap"))
+        key, value = observed_key, observed_value
+    for observer in state.observers:
+        observer(layer, query, key, value, probs, state)
+    output = output.transpose(1, 2).contiguous()  # [B, query, q_head, D]
+    return output, probs.to(query.dtype)
+
+
+def _attend(query, key, value, allow, scale: float, softcap: float | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Masked softmax attention: ``(output [B, q_head, query, D], probs float32 [B, q_head, query, key])``.
+
+    ``key``/``value`` ``[B, kv_head, key, D]`` serve ``q_head // kv_head`` query heads each; ``allow``
+    ``[B or 1, kv_head or 1, query, key]``.
+    """
+    batch, q_heads, q_len, head_dim = query.shape
+    kv_heads, total = key.shape[1], key.shape[-2]
+    groups = q_heads // kv_heads
     compute = torch.float64 if query.dtype == torch.float64 else torch.float32  # float64 for gradcheck
     grouped = query.reshape(batch, kv_heads, groups * q_len, head_dim)  # q_head h*groups+g → kv_head h
     scores = torch.matmul(grouped.to(compute), key.to(compute).transpose(-1, -2)) * scale  # [B, kv_head, groups*query, key]
     scores = scores.view(batch, kv_heads, groups, q_len, total)
-    softcap = kwargs.get("softcap")
     if softcap:
         scores = torch.tanh(scores / softcap) * softcap
     scores = scores.masked_fill(~allow[:, :, None], float("-inf"))
     probs = torch.softmax(scores, dim=-1)  # float32 (float64) [B, kv_head, groups, query, key]
     output = torch.matmul(probs.view(batch, kv_heads, groups * q_len, total).to(value.dtype), value)
-    output = output.view(batch, q_heads, q_len, head_dim).transpose(1, 2).contiguous()  # [B, query, q_head, D]
-    probs = probs.view(batch, q_heads, q_len, total)
-    for observer in state.observers:
-        observer(layer, query, observed_key, observed_value, probs, state)
-    if state.row_observers:
-        _observe_rows(state, layer, history, query, observed_key, observed_value, probs)
-    return output, probs.to(query.dtype)
+    return output.view(batch, q_heads, q_len, head_dim), probs.view(batch, q_heads, q_len, total)
 
 
-def _observe_rows(state: AttentionState, layer: int, history: int, query, key, value, probs) -> None:
-    """Show each row's observers that row alone, history cut to the row's own width (padding slots dropped)."""
+def _attend_rows(state: AttentionState, layer: int, history: int, query, key, value, allow, scale: float,
+                 softcap: float | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`_attend` one row at a time on the row's own history width, then the row's observers.
+
+    Each row computes with exactly the shapes a sequential run of it computes (padding slots dropped, not masked), so
+    its probabilities and output are those of the row alone: batched readouts equal sequential ones. With
+    ``row_teacher_observers``, the call's last new token is a teacher-forced token: ``row_observers`` see the call
+    without it (its query and key dropped), ``row_teacher_observers`` the whole call.
+    """
+    total = key.shape[-2]
+    outputs = []
+    probs = query.new_zeros(query.shape[:3] + (total,), dtype=torch.float64 if query.dtype == torch.float64 else torch.float32)
     for row, observers in enumerate(state.row_observers):
-        if not observers:
-            continue
         row_state = state.row_states[row]
         own = row_state.valid[layer].shape[-1] if layer in row_state.valid else 0
+        keep = torch.cat((torch.arange(own), torch.arange(history, total))).to(key.device)  # own slots, new tokens
         pick = slice(row, row + 1)
-        k, v, p = key[pick], value[pick], probs[pick]
-        if own < history:  # padded to a wider row of the batch: keep slots [0, own) and the new tokens
-            keep = torch.cat((torch.arange(own), torch.arange(history, key.shape[-2]))).to(key.device)
-            k, v, p = k.index_select(2, keep), v.index_select(2, keep), p.index_select(3, keep)
-        for observer in observers:
+        k, v = key[pick].index_select(2, keep), value[pick].index_select(2, keep)  # [1, kv_head, own + new, D]
+        a = allow[pick if allow.shape[0] > 1 else slice(0, 1)].index_select(3, keep)
+        out, p = _attend(query[pick], k, v, a, scale, softcap)  # [1, q_head, query, D], [1, q_head, query, own + new]
+        outputs.append(out)
+        probs[pick].index_copy_(3, keep, p)
+        teacher = state.row_teacher_observers[row] if state.row_teacher_observers else []
+        if state.row_teacher_observers:  # the question's observers see the call without the teacher-forced token
+            asked = replace(row_state, new_positions=row_state.new_positions[:-1],
+                            new_source_positions=None if row_state.new_source_positions is None
+                            else row_state.new_source_positions[:-1])
+            for observer in observers:
+                observer(layer, query[pick, :, :-1], k[:, :, :-1], v[:, :, :-1], p[:, :, :-1, :-1], asked)
+        else:
+            for observer in observers:
+                observer(layer, query[pick], k, v, p, row_state)
+        for observer in teacher:
             observer(layer, query[pick], k, v, p, row_state)
+    return torch.cat(outputs), probs
 
 
 AttentionInterface.register(ATTENTION_NAME, relaylens_attention)

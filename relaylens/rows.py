@@ -8,6 +8,14 @@ positions, question positions, sliding-window coordinates and stop state; a row 
 dropped from the batch, so it costs no further work. A batch of one row is the sequential path
 (:func:`relaylens.generation.run_condition` calls :func:`run_rows` with one row).
 
+Exact readouts: a pass with observers (probes) computes attention row by row on each row's own slots, so every
+row's probabilities are computed with the shapes its sequential run uses; the teacher-forced token rides in the
+question pass as one more token (causal, so the question's own results do not see it; it is forgotten afterwards),
+so its linear layers run on ``Q + 1`` tokens per row, batched or not. Linear layers on this CPU (MKL 2024.2,
+AVX-512) round each row of a batch as that row alone when rows have 4, 8 or at least 12 tokens (measured), so batched
+readouts then equal sequential ones bit for bit; otherwise, and in decoding steps (one token per row), they differ
+by float32 rounding only.
+
 Axes: ``row`` (batch row ``b``), ``layer``, ``kv_head``, ``slot`` (history state, padded to the widest row of the
 layer), ``head_dim``; ``Q`` question tokens, ``T`` new tokens fed so far.
 
@@ -113,8 +121,8 @@ def stack_rows(built: list[RelocatedLayers], window_mode: str = "condition") -> 
 
 
 def forward_rows(model, batch: RowBatch, ids: torch.Tensor, positions: torch.Tensor, source_positions: torch.Tensor,
-             all_logits: bool = False) -> torch.Tensor:
-    """Feed ``ids`` ``[row, T]`` at ``positions`` ``[row, T]``; float32 logits ``[row, T or 1, vocab]``."""
+                 keep_logits: int = 1) -> torch.Tensor:
+    """Feed ``ids`` ``[row, T]`` at ``positions`` ``[row, T]``; float32 logits ``[row, keep_logits or T, vocab]``."""
     state = batch.state
     state.new_positions = torch.cat((state.new_positions, positions), dim=-1)
     state.new_source_positions = torch.cat((state.new_source_positions, source_positions), dim=-1)
@@ -124,7 +132,7 @@ def forward_rows(model, batch: RowBatch, ids: torch.Tensor, positions: torch.Ten
     device = model.device
     with torch.no_grad(), attention_context(model, state):
         out = model(input_ids=ids.to(device), position_ids=positions.to(device), cache=batch.cache, use_cache=True,
-                    logits_to_keep=0 if all_logits else 1)
+                    logits_to_keep=keep_logits)
     return out.logits.float()
 
 
@@ -195,15 +203,17 @@ def run_rows(
     state = batch.state
     state.row_states = [layers.state for layers in batch.layers]
     state.row_observers = [list(row.observers) for row in rows]
-    logits = forward_rows(model, batch, question_ids.expand(count, -1), positions, source, keep_question_logits)
-    state.row_observers = []
+    ids, fed, fed_source = question_ids.expand(count, -1), positions, source
+    if teacher_token is not None:  # fed right after the question in the same pass (see the module docstring)
+        state.row_teacher_observers = [list(row.teacher_observers) for row in rows]
+        ids = torch.cat((ids, torch.full((count, 1), int(teacher_token))), dim=-1)  # [row, Q + 1]
+        fed, fed_source = torch.cat((fed, fed[:, -1:] + 1), dim=-1), torch.cat((fed_source, fed_source[:, -1:] + 1), dim=-1)
+    keep_logits = 0 if keep_question_logits else 1 + (teacher_token is not None)
+    logits = forward_rows(model, batch, ids, fed, fed_source, keep_logits)  # [row, Q or 1 (+ 1), vocab]
+    state.row_observers, state.row_teacher_observers, state.row_states = [], [], []
     if teacher_token is not None:
-        state.row_observers = [list(row.teacher_observers) for row in rows]
-        teacher_logits = forward_rows(model, batch, torch.full((count, 1), int(teacher_token)), positions[:, -1:] + 1,
-                                  source[:, -1:] + 1)[:, -1]  # [row, vocab]
-        state.row_observers = []
+        teacher_logits, logits = logits[:, -1], logits[:, :-1]  # [row, vocab], [row, Q or 1, vocab]
         _rewind(batch, 1)
-    state.row_states = []
     results = [GenerationResult(layers.coordinates.condition, layers.coordinates.question_start, positions[b],
                                 logits[b, -1].clone(), question_logits=logits[b] if keep_question_logits else None)
                for b, layers in enumerate(batch.layers)]

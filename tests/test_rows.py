@@ -91,6 +91,11 @@ def test_teacher_token_leaves_decoding_unchanged():
     plain = run_rows(model, pre, rows, question, max_new_tokens=TOKENS, eos_token_ids=set())
     forced = run_rows(model, pre, rows, question, max_new_tokens=TOKENS, eos_token_ids=set(), teacher_token=11)
     assert [r.token_ids for r in plain] == [r.token_ids for r in forced]
+    for row, without, with_teacher in zip(rows, plain, forced):  # the token rides in the question pass: causal
+        assert float((with_teacher.last_logits - without.last_logits).abs().max()) <= 1e-5
+        separate = run_condition(model, pre, row.selection, row.condition, question, max_new_tokens=0,
+                                 eos_token_ids=set(), teacher_token=11, grad=True)  # its own forward on a copy
+        assert float((with_teacher.teacher_logits - separate.teacher_logits.detach()).abs().max()) <= 1e-5
 
 
 @pytest.mark.parametrize("window_mode", ["condition", "source", "none"])

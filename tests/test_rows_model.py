@@ -49,12 +49,9 @@ def test_smollm2_batched_readouts_equal_sequential(record_rows):
     batched = probe_rows(model, prefill, chosen, prompt.question_ids, evidence, teacher_token=42, max_new_tokens=2)
     for (_, cond), one, many in zip(chosen, sequential, batched):
         assert many.generation.token_ids == one.generation.token_ids
-        # float32 through 30 layers (GEMMs of a batch and of one row round differently): attention shares within
-        # 2e-5 absolute (measured up to 1.22e-5 for key_only under two pytest workers); value-weighted norms (up to ~10) within 5e-5 relative
+        # observed passes attend row by row and feed the teacher token with the question, so the rows' readouts are
+        # computed with the shapes of a sequential run (bitwise equal on this CPU); the issue's bound is 1e-5
         difference = (one.readouts["value"] - many.readouts["value"]).abs().fillna(0)
-        scale = one.readouts["value"].abs().fillna(0).clip(lower=1.0)
-        excess = difference / scale
-        shares = one.readouts["metric"].isin(["evidence_share", "history_share"])
-        print(cond, float(difference[shares].max()), float(excess[~shares].max()))
-        assert float(difference[shares].max()) <= 2e-5, cond
-        assert float(excess[~shares].max()) <= 5e-5, cond
+        scale = one.readouts["value"].abs().fillna(0).clip(lower=1.0)  # value-weighted norms reach ~10
+        assert float((difference / scale).max()) <= 1e-5, cond
+        assert one.readouts[["layer", "head", "metric", "probe_point"]].equals(many.readouts[["layer", "head", "metric", "probe_point"]])
