@@ -69,36 +69,78 @@ def usable(keys: torch.Tensor, rotary_dim: int) -> bool:
 
 def relocate_rows(flat_keys: torch.Tensor, source: torch.Tensor, target: torch.Tensor,
                   tables: tuple[torch.Tensor, torch.Tensor], rotary_dim: int, split_half: bool) -> tuple[torch.Tensor, bool]:
-    """Relocate ``flat_keys`` ``[slots, head_dim]`` from ``source`` to ``target`` ``[slots]`` (int64 positions).
+    """Relocate ``flat_keys`` ``[slots, head_dim]`` from ``source`` to ``target`` (integer CPU positions, any shape
+    with ``slots`` elements, e.g. ``[layer, kv_head, slot]`` or a broadcast view of it).
 
     ``tables`` are ``(forward, inverse)`` float32 ``[P, 2 * plane]``: ``[c | s]`` and ``[c / a^2 | -s / a^2]`` per
     position (``RotaryFactors.paired_phase_tables``). Returns the relocated keys ``[slots, head_dim]`` and whether every
     output entry is finite. Large inputs run on up to ``torch.get_num_threads()`` threads, the calling thread among
     them, each claiming chunks of ``CHUNK_SLOTS`` rows until none is left (the kernel releases the GIL): a thread whose
-    core is still busy — e.g. with PyTorch's own workers spinning after an operation — simply does less.
+    core is still busy — e.g. with PyTorch's own workers spinning after an operation — simply does less, and the call
+    waits only for chunks a helper has taken, never for a helper that has not started yet.
     """
     kernel = _kernel()(split_half, rotary_dim // 2)
     keys = flat_keys.contiguous().numpy()  # [slots, head_dim]
     out = torch.empty(flat_keys.shape, dtype=flat_keys.dtype)
     result = out.numpy()
-    src, dst = source.contiguous().numpy(), target.contiguous().numpy()  # [slots] int64
+    src, dst = host_positions(source).reshape(-1), host_positions(target).reshape(-1)  # [slots] int64
     forward, inverse = (t.contiguous().numpy() for t in tables)  # [P, 2 * plane] each
     slots = keys.shape[0]
+    if src.shape != (slots,) or dst.shape != (slots,):
+        raise ValueError(f"relocate_rows needs one source and one target position per key row ({slots}); got "
+                         f"{tuple(source.shape)} and {tuple(target.shape)}")
     threads = max(1, min(torch.get_num_threads(), slots // PARALLEL_SLOTS))
     step = CHUNK_SLOTS if threads > 1 else max(slots, 1)  # one thread: the whole input in one call
-    claims = iter(range(0, slots, step))  # claimed in turn: next() on a shared iterator is atomic under the GIL
+    claims = _Claims(slots, step)
     poison = []
 
     def drain() -> None:
-        for start in claims:
+        while (start := claims.claim()) is not None:
             rows = slice(start, start + step)
-            poison.append(kernel(keys[rows], src[rows], dst[rows], forward, inverse, result[rows]))
+            try:
+                poison.append(kernel(keys[rows], src[rows], dst[rows], forward, inverse, result[rows]))
+            finally:
+                claims.done()
 
-    helpers = [_pool(threads - 1).submit(drain) for _ in range(threads - 1)]
+    for _ in range(threads - 1):
+        _pool(threads - 1).submit(drain)
     drain()  # the calling thread works too, so a helper that starts late (its core busy) only takes fewer chunks
-    for helper in helpers:
-        helper.result()
+    claims.wait()  # for chunks helpers took, never for a helper that has not started (it will find nothing left)
     return out, all(p == 0.0 for p in poison)
+
+
+def host_positions(positions: torch.Tensor):
+    """A CPU position tensor as a numpy array without a PyTorch operation (broadcast views stay views; numpy makes the
+    contiguous copy it needs): PyTorch's own parallel operators would wake its worker threads, which then spin on
+    the cores the relocation threads are about to use."""
+    import numpy as np
+
+    return np.ascontiguousarray(positions.detach().numpy())
+
+
+class _Claims:
+    """Chunks ``[start, start + step)`` of ``slots`` rows handed out in turn, and a count of the ones in progress."""
+
+    def __init__(self, slots: int, step: int) -> None:
+        self._next, self._slots, self._step, self._busy = 0, slots, step, 0
+        self._cond = threading.Condition()
+
+    def claim(self) -> int | None:
+        with self._cond:
+            if self._next >= self._slots:
+                return None
+            start, self._next, self._busy = self._next, self._next + self._step, self._busy + 1
+            return start
+
+    def done(self) -> None:
+        with self._cond:
+            self._busy -= 1
+            if not self._busy:
+                self._cond.notify_all()
+
+    def wait(self) -> None:
+        with self._cond:
+            self._cond.wait_for(lambda: not self._busy)
 
 
 PARALLEL_SLOTS = 8192  # fewer slots per thread than this: one thread (starting threads would cost more than they save)

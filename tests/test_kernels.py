@@ -59,6 +59,30 @@ def test_threaded_split_equals_one_thread(monkeypatch):
     assert torch.equal(split, single)
 
 
+def test_a_helper_that_never_starts_is_not_waited_for(monkeypatch):
+    """The helper threads' pool is kept busy (as when their core is taken): the call finishes on its own thread,
+    with the same result, instead of waiting for a helper that has not started."""
+    import threading
+
+    factors = RotaryFactors.from_model(tiny_model("llama"))
+    keys, source, target = _case(factors, slots=3000, heads=4)
+    monkeypatch.setattr(kernels, "PARALLEL_SLOTS", 1000)
+    monkeypatch.setattr(kernels, "CHUNK_SLOTS", 700)
+    threads, release = torch.get_num_threads(), threading.Event()
+    try:
+        torch.set_num_threads(2)
+        busy = kernels._pool(1).submit(release.wait, 60)  # the one helper thread is blocked until released
+        split = relocate_keys(keys, source, target, factors)  # returns without the helper
+        assert not busy.done(), "the helper stayed blocked throughout"
+        release.set()
+        torch.set_num_threads(1)
+        single = relocate_keys(keys, source, target, factors)
+    finally:
+        release.set()
+        torch.set_num_threads(threads)
+    assert torch.equal(split, single)
+
+
 @pytest.mark.parametrize("threads", [1, 3])
 @pytest.mark.parametrize("where", [0, 2999, 1500])
 def test_fused_refuses_nan_input_naming_the_slot(where, threads, monkeypatch):
