@@ -206,13 +206,17 @@ def _attend_rows(state: AttentionState, layer: int, history: int, query, key, va
     for row, observers in enumerate(state.row_observers):
         row_state = state.row_states[row]
         own = row_state.valid[layer].shape[-1] if layer in row_state.valid else 0
-        keep = torch.cat((torch.arange(own), torch.arange(history, total))).to(key.device)  # own slots, new tokens
         pick = slice(row, row + 1)
-        k, v = key[pick].index_select(2, keep), value[pick].index_select(2, keep)  # [1, kv_head, own + new, D]
-        a = allow[pick if allow.shape[0] > 1 else slice(0, 1)].index_select(3, keep)
+        k, v, a = key[pick], value[pick], allow[pick if allow.shape[0] > 1 else slice(0, 1)]
+        if own < history:  # padded to a wider row of the batch: keep its own slots and the new tokens
+            keep = torch.cat((torch.arange(own), torch.arange(history, total))).to(key.device)
+            k, v, a = k.index_select(2, keep), v.index_select(2, keep), a.index_select(3, keep)  # [1, ., own + new, .]
         out, p = _attend(query[pick], k, v, a, scale, softcap)  # [1, q_head, query, D], [1, q_head, query, own + new]
         outputs.append(out)
-        probs[pick].index_copy_(3, keep, p)
+        if own < history:
+            probs[pick].index_copy_(3, keep, p)
+        else:
+            probs[pick] = p
         teacher = state.row_teacher_observers[row] if state.row_teacher_observers else []
         if state.row_teacher_observers:  # the question's observers see the call without the teacher-forced token
             asked = replace(row_state, new_positions=row_state.new_positions[:-1],

@@ -232,11 +232,7 @@ class RotaryFactors:
             raise PositionError(f"{what} must be integer positions; got dtype {positions.dtype}")
         if positions.numel() == 0:
             return -1
-        if positions.device.type == "cpu":  # numpy: a PyTorch reduction would wake (and leave spinning) its workers
-            host = positions.detach().numpy()  # broadcast views stay views
-            low, high = int(host.min()), int(host.max())
-        else:
-            low, high = (int(v) for v in torch.aminmax(positions))  # one pass, one synchronisation
+        low, high = (int(v) for v in torch.aminmax(positions))  # one pass, one synchronisation
         if low < 0:
             raise PositionError(f"{what} contain a negative position ({low}); positions start at 0")
         if self.max_position is not None and high >= self.max_position:
@@ -327,17 +323,17 @@ def _relocate_in_place(keys: torch.Tensor, source: torch.Tensor, target: torch.T
     (phase at ``p'`` times the exact inverse phase at ``p``), then one multiply and one multiply-add per feature written
     in place, all into scratch buffers reused across calls (no per-call allocations besides the result)."""
     cos_table, sin_table, inv_cos, inv_sin = factors.phase_tables(size, layer)  # [P, plane] float32 each
+    flat_src = source.reshape(-1).to(cos_table.device)  # [slots]
+    flat_dst = target.reshape(-1).to(cos_table.device)
     flat_keys = keys.reshape(-1, keys.shape[-1])  # [slots, head_dim]
     if kernels.usable(keys, factors.rotary_dim) and cos_table.device.type == "cpu":  # one fused pass, about a copy
-        out, finite = kernels.relocate_rows(flat_keys, source, target, factors.paired_phase_tables(size, layer),
+        out, finite = kernels.relocate_rows(flat_keys, flat_src, flat_dst, factors.paired_phase_tables(size, layer),
                                             factors.rotary_dim, factors.layout == "split_half")
         if not finite:  # name the first bad slot (or return quietly: the float64 check sum itself overflowed)
             for start in range(0, flat_keys.shape[0], _CHUNK_SLOTS):
                 rows = slice(start, start + _CHUNK_SLOTS)
                 _raise_non_finite(flat_keys[rows], out[rows], start, keys.shape)
         return out.reshape(keys.shape)
-    flat_src = source.reshape(-1).to(cos_table.device)  # [slots]
-    flat_dst = target.reshape(-1).to(cos_table.device)
     out = torch.empty(flat_keys.shape, dtype=keys.dtype, device=keys.device)
     rotary = factors.rotary_dim
     if rotary < keys.shape[-1]:

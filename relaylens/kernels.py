@@ -69,8 +69,7 @@ def usable(keys: torch.Tensor, rotary_dim: int) -> bool:
 
 def relocate_rows(flat_keys: torch.Tensor, source: torch.Tensor, target: torch.Tensor,
                   tables: tuple[torch.Tensor, torch.Tensor], rotary_dim: int, split_half: bool) -> tuple[torch.Tensor, bool]:
-    """Relocate ``flat_keys`` ``[slots, head_dim]`` from ``source`` to ``target`` (integer CPU positions, any shape
-    with ``slots`` elements, e.g. ``[layer, kv_head, slot]`` or a broadcast view of it).
+    """Relocate ``flat_keys`` ``[slots, head_dim]`` from ``source`` to ``target`` ``[slots]`` (int64 positions).
 
     ``tables`` are ``(forward, inverse)`` float32 ``[P, 2 * plane]``: ``[c | s]`` and ``[c / a^2 | -s / a^2]`` per
     position (``RotaryFactors.paired_phase_tables``). Returns the relocated keys ``[slots, head_dim]`` and whether every
@@ -83,22 +82,24 @@ def relocate_rows(flat_keys: torch.Tensor, source: torch.Tensor, target: torch.T
     keys = flat_keys.contiguous().numpy()  # [slots, head_dim]
     out = torch.empty(flat_keys.shape, dtype=flat_keys.dtype)
     result = out.numpy()
-    src, dst = host_positions(source).reshape(-1), host_positions(target).reshape(-1)  # [slots] int64
+    src, dst = source.contiguous().numpy(), target.contiguous().numpy()  # [slots] int64
     forward, inverse = (t.contiguous().numpy() for t in tables)  # [P, 2 * plane] each
     slots = keys.shape[0]
-    if src.shape != (slots,) or dst.shape != (slots,):
+    if src.shape != (slots,) or dst.shape != (slots,):  # the kernel does not check its indices
         raise ValueError(f"relocate_rows needs one source and one target position per key row ({slots}); got "
                          f"{tuple(source.shape)} and {tuple(target.shape)}")
     threads = max(1, min(torch.get_num_threads(), slots // PARALLEL_SLOTS))
     step = CHUNK_SLOTS if threads > 1 else max(slots, 1)  # one thread: the whole input in one call
     claims = _Claims(slots, step)
-    poison = []
+    poison, errors = [], []
 
     def drain() -> None:
         while (start := claims.claim()) is not None:
             rows = slice(start, start + step)
             try:
                 poison.append(kernel(keys[rows], src[rows], dst[rows], forward, inverse, result[rows]))
+            except BaseException as error:  # raised again by the calling thread (nobody waits on a helper's future)
+                errors.append(error)
             finally:
                 claims.done()
 
@@ -106,16 +107,9 @@ def relocate_rows(flat_keys: torch.Tensor, source: torch.Tensor, target: torch.T
         _pool(threads - 1).submit(drain)
     drain()  # the calling thread works too, so a helper that starts late (its core busy) only takes fewer chunks
     claims.wait()  # for chunks helpers took, never for a helper that has not started (it will find nothing left)
+    if errors:
+        raise errors[0]
     return out, all(p == 0.0 for p in poison)
-
-
-def host_positions(positions: torch.Tensor):
-    """A CPU position tensor as a numpy array without a PyTorch operation (broadcast views stay views; numpy makes the
-    contiguous copy it needs): PyTorch's own parallel operators would wake its worker threads, which then spin on
-    the cores the relocation threads are about to use."""
-    import numpy as np
-
-    return np.ascontiguousarray(positions.detach().numpy())
 
 
 class _Claims:

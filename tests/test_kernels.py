@@ -83,6 +83,29 @@ def test_a_helper_that_never_starts_is_not_waited_for(monkeypatch):
     assert torch.equal(split, single)
 
 
+def test_a_failing_chunk_is_raised_whichever_thread_ran_it(monkeypatch):
+    factors = RotaryFactors.from_model(tiny_model("llama"))
+    keys, source, target = _case(factors, slots=3000, heads=4)
+    monkeypatch.setattr(kernels, "PARALLEL_SLOTS", 1000)
+    monkeypatch.setattr(kernels, "CHUNK_SLOTS", 700)
+    calls = []
+
+    def failing(*arrays):  # the third chunk fails, on whichever thread claims it
+        calls.append(1)
+        if len(calls) == 3:
+            raise RuntimeError("chunk failed")
+        return 0.0
+
+    monkeypatch.setattr(kernels, "_KERNEL", lambda split_half, planes: failing)
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(3)
+        with pytest.raises(RuntimeError, match="chunk failed"):
+            relocate_keys(keys, source, target, factors)
+    finally:
+        torch.set_num_threads(threads)
+
+
 @pytest.mark.parametrize("threads", [1, 3])
 @pytest.mark.parametrize("where", [0, 2999, 1500])
 def test_fused_refuses_nan_input_naming_the_slot(where, threads, monkeypatch):
