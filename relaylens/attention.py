@@ -135,7 +135,7 @@ def relaylens_attention(module, query, key, value, attention_mask, scaling=None,
     if state is None:
         raise RuntimeError("the 'relaylens' attention implementation runs only inside relaylens.attention_context(...)")
     layer = module.layer_idx
-    batch, q_heads, q_len, head_dim = query.shape
+    _, q_heads, q_len, head_dim = query.shape
     kv_heads, total = key.shape[1], key.shape[-2]
     groups = q_heads // kv_heads
     scale = scaling if scaling is not None else head_dim**-0.5
@@ -155,15 +155,13 @@ def relaylens_attention(module, query, key, value, attention_mask, scaling=None,
 
     if state.row_observers and state.head_inputs is None:  # an observed pass: each row on its own slots
         output, probs = _attend_rows(state, layer, history, query, key, value, allow, scale, kwargs.get("softcap"))
+    elif state.head_inputs is not None:  # differentiable path: one view of the keys/values per query head
+        kv_of = torch.arange(q_heads, device=key.device) // groups
+        per_head = (key[:, kv_of], value[:, kv_of])  # [B, q_head, key, D] each
+        state.head_inputs.setdefault(layer, []).append(per_head)
+        output, probs = _attend(query, *per_head, allow.expand(-1, kv_heads, -1, -1)[:, kv_of], scale, kwargs.get("softcap"))
     else:
-        observed_key, observed_value = key, value
-        if state.head_inputs is not None:  # differentiable path: one view of the keys/values per query head
-            kv_of = torch.arange(q_heads, device=key.device) // groups
-            key, value = key[:, kv_of], value[:, kv_of]  # [B, q_head, key, D]
-            state.head_inputs.setdefault(layer, []).append((key, value))
-            allow = allow.expand(-1, kv_heads, -1, -1)[:, kv_of]
         output, probs = _attend(query, key, value, allow, scale, kwargs.get("softcap"))
-        key, value = observed_key, observed_value
     for observer in state.observers:
         observer(layer, query, key, value, probs, state)
     output = output.transpose(1, 2).contiguous()  # [B, query, q_head, D]
@@ -201,8 +199,7 @@ def _attend_rows(state: AttentionState, layer: int, history: int, query, key, va
     without it (its query and key dropped), ``row_teacher_observers`` the whole call.
     """
     total = key.shape[-2]
-    outputs = []
-    probs = query.new_zeros(query.shape[:3] + (total,), dtype=torch.float64 if query.dtype == torch.float64 else torch.float32)
+    outputs, probs = [], None
     for row, observers in enumerate(state.row_observers):
         row_state = state.row_states[row]
         own = row_state.valid[layer].shape[-1] if layer in row_state.valid else 0
@@ -213,21 +210,20 @@ def _attend_rows(state: AttentionState, layer: int, history: int, query, key, va
             k, v, a = k.index_select(2, keep), v.index_select(2, keep), a.index_select(3, keep)  # [1, ., own + new, .]
         out, p = _attend(query[pick], k, v, a, scale, softcap)  # [1, q_head, query, D], [1, q_head, query, own + new]
         outputs.append(out)
+        if probs is None:
+            probs = p.new_zeros(query.shape[:3] + (total,))  # [B, q_head, query, key]; padding slots stay 0
         if own < history:
             probs[pick].index_copy_(3, keep, p)
         else:
             probs[pick] = p
-        teacher = state.row_teacher_observers[row] if state.row_teacher_observers else []
         if state.row_teacher_observers:  # the question's observers see the call without the teacher-forced token
             asked = replace(row_state, new_positions=row_state.new_positions[:-1],
                             new_source_positions=None if row_state.new_source_positions is None
                             else row_state.new_source_positions[:-1])
             for observer in observers:
                 observer(layer, query[pick, :, :-1], k[:, :, :-1], v[:, :, :-1], p[:, :, :-1, :-1], asked)
-        else:
-            for observer in observers:
-                observer(layer, query[pick], k, v, p, row_state)
-        for observer in teacher:
+            observers = state.row_teacher_observers[row]
+        for observer in observers:
             observer(layer, query[pick], k, v, p, row_state)
     return torch.cat(outputs), probs
 

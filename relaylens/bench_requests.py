@@ -259,8 +259,8 @@ def run_overhead(repeats: int = 3, records: int = 4, model_spec: str = DEFAULT_M
                 for condition, row in zip(order, pair):
                     runs[condition].append(row)
                     bar(f"{name} @ {budget}, {prompt.record_id}, {condition}")
-            medians = {c: {k: statistics.median(r[k] for r in reps) for k in reps[0] if isinstance(reps[0][k], (int, float))
-                           and reps[0][k] is not None} for c, reps in runs.items()}
+            medians = {c: {k: statistics.median(r[k] for r in reps) for k in reps[0] if isinstance(reps[0][k], (int, float))}
+                       for c, reps in runs.items()}
             if interleaved and index == 0:
                 for condition in medians:
                     medians[condition].update(peaks[name, budget, condition])

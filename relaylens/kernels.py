@@ -103,8 +103,10 @@ def relocate_rows(flat_keys: torch.Tensor, source: torch.Tensor, target: torch.T
             finally:
                 claims.done()
 
-    for _ in range(threads - 1):
-        _pool(threads - 1).submit(drain)
+    if threads > 1:
+        pool = _pool(threads - 1)
+        for _ in range(threads - 1):
+            pool.submit(drain)
     drain()  # the calling thread works too, so a helper that starts late (its core busy) only takes fewer chunks
     claims.wait()  # for chunks helpers took, never for a helper that has not started (it will find nothing left)
     if errors:
