@@ -104,6 +104,7 @@ def bench_relocation(shape: CacheShape, repeats: int = 5, seed: int = 0, fused: 
         "case": shape.name,
         "path": path,
         "threads": torch.get_num_threads(),
+        "parallel": kernels.parallel_backend() if path == "fused" else "pytorch",
         "relocate_ms": relocate_s * 1e3,
         "copy_ms": copy_s * 1e3,
         "ratio": relocate_s / copy_s,

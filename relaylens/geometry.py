@@ -225,11 +225,16 @@ class RotaryFactors:
             raise ShapeError(f"layer {layer} out of range 0..{self.num_layers - 1}")
         return NOPE if layer in self.nope_layers else self.layer_types[layer]
 
+    @staticmethod
+    def check_integer(positions: torch.Tensor, what: str) -> None:
+        """Raise :class:`PositionError` unless ``positions`` have an integer dtype."""
+        if positions.is_floating_point() or positions.is_complex() or positions.dtype == torch.bool:
+            raise PositionError(f"{what} must be integer positions; got dtype {positions.dtype}")
+
     def check_positions(self, positions: torch.Tensor, what: str, fix: str | None = None) -> int:
         """Raise :class:`PositionError` for non-integer, negative or out-of-range positions; ``fix`` replaces the
         default advice for out-of-range positions. Returns the largest position (-1 when there is none)."""
-        if positions.is_floating_point() or positions.dtype == torch.bool:
-            raise PositionError(f"{what} must be integer positions; got dtype {positions.dtype}")
+        self.check_integer(positions, what)
         if positions.numel() == 0:
             return -1
         low, high = (int(v) for v in torch.aminmax(positions))  # one pass, one synchronisation
@@ -293,6 +298,10 @@ def _relocate(keys, source_positions, target_positions, factors: RotaryFactors, 
             f"positions {tuple(source_positions.shape)} / {tuple(target_positions.shape)} do not broadcast to the "
             f"keys' slots {tuple(lead)} (keys {tuple(keys.shape)}); give one position per slot"
         ) from err
+    if fast and keys.numel() and kernels.usable(keys, factors.rotary_dim):
+        fused = _relocate_fused(keys, source, target, factors, layer)
+        if fused is not None:
+            return fused
     size = max(factors.check_positions(source, "source positions"), factors.check_positions(target, "target positions")) + 1
     if keys.numel() == 0:
         return keys.clone()
@@ -317,6 +326,40 @@ def _relocate(keys, source_positions, target_positions, factors: RotaryFactors, 
     return out.reshape(keys.shape)
 
 
+def _relocate_fused(keys: torch.Tensor, source: torch.Tensor, target: torch.Tensor, factors: RotaryFactors,
+                    layer: int | None) -> torch.Tensor | None:
+    """The fused CPU kernel (:mod:`relaylens.kernels`), or None when the model's tables live on another device.
+
+    The kernel checks each position against the tables as they are (at least 4,096 positions, never more than the
+    model supports), so the common call makes no separate pass over the positions. When one is outside, the positions
+    are checked properly (negative or past the model's range: the usual error) and the tables grown to the largest.
+    """
+    factors.check_integer(source, "source positions")
+    factors.check_integer(target, "target positions")
+    forward, inverse = factors.paired_phase_tables(1, layer)  # [P, rotary_dim] each, P as built so far
+    if forward.device.type != "cpu":
+        return None
+    flat_keys = keys.reshape(-1, keys.shape[-1])  # [slots, head_dim]
+    flat_src = source.reshape(-1).to(device="cpu", dtype=torch.int64)  # [slots]
+    flat_dst = target.reshape(-1).to(device="cpu", dtype=torch.int64)
+    split_half = factors.layout == "split_half"
+    out, finite, inside = kernels.relocate_rows(flat_keys, flat_src, flat_dst, (forward, inverse), factors.rotary_dim,
+                                                split_half)
+    if not inside:  # raises for an invalid position; otherwise the tables grow to cover the largest one
+        size = max(factors.check_positions(source, "source positions"),
+                   factors.check_positions(target, "target positions")) + 1
+        out, finite, inside = kernels.relocate_rows(flat_keys, flat_src, flat_dst,
+                                                    factors.paired_phase_tables(size, layer), factors.rotary_dim,
+                                                    split_half)
+        if not inside:
+            raise AssertionError(f"phase tables of {size} positions do not cover positions below {size}")
+    if not finite:  # name the first bad slot (or return quietly: the float64 check sum itself overflowed)
+        for start in range(0, flat_keys.shape[0], _CHUNK_SLOTS):
+            rows = slice(start, start + _CHUNK_SLOTS)
+            _raise_non_finite(flat_keys[rows], out[rows], start, keys.shape)
+    return out.reshape(keys.shape)
+
+
 def _relocate_in_place(keys: torch.Tensor, source: torch.Tensor, target: torch.Tensor, factors: RotaryFactors,
                        layer: int | None, size: int) -> torch.Tensor:
     """The no-autograd relocation: one relative rotation ``(c, s)`` per slot and plane from the model's phase tables
@@ -326,14 +369,6 @@ def _relocate_in_place(keys: torch.Tensor, source: torch.Tensor, target: torch.T
     flat_src = source.reshape(-1).to(cos_table.device)  # [slots]
     flat_dst = target.reshape(-1).to(cos_table.device)
     flat_keys = keys.reshape(-1, keys.shape[-1])  # [slots, head_dim]
-    if kernels.usable(keys, factors.rotary_dim) and cos_table.device.type == "cpu":  # one fused pass, about a copy
-        out, finite = kernels.relocate_rows(flat_keys, flat_src, flat_dst, factors.paired_phase_tables(size, layer),
-                                            factors.rotary_dim, factors.layout == "split_half")
-        if not finite:  # name the first bad slot (or return quietly: the float64 check sum itself overflowed)
-            for start in range(0, flat_keys.shape[0], _CHUNK_SLOTS):
-                rows = slice(start, start + _CHUNK_SLOTS)
-                _raise_non_finite(flat_keys[rows], out[rows], start, keys.shape)
-        return out.reshape(keys.shape)
     out = torch.empty(flat_keys.shape, dtype=keys.dtype, device=keys.device)
     rotary = factors.rotary_dim
     if rotary < keys.shape[-1]:

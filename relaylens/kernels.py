@@ -3,16 +3,23 @@
 Eager PyTorch needs about a dozen passes per chunk of slots to relocate keys (gather four phase rows, combine them
 into one relative rotation, rotate both halves of every plane, check finiteness), each pass streaming ``[slot, plane]``
 buffers through the cache and paying a per-operator cost; on a SmolLM2-sized cache that is about 20x a float32 copy.
-This kernel (compiled by numba once per plane layout and plane count, cached on disk) reads each key once, reads two
-phase rows (``[cos | sin]`` at ``p'`` and the inverse phase at ``p``, from tables laid out so that each row is one
-contiguous read), writes the relocated key once and sums ``0 * output`` (0 when every entry is finite, NaN otherwise),
-so one flag says whether anything became NaN/inf. It is used for contiguous float32 CPU keys without
-autograd; every other case (CUDA, bfloat16/float16, float64, autograd) keeps the eager path in ``geometry``.
+This kernel (:mod:`relaylens.fused_kernel`, compiled by numba once per plane layout and plane count, cached on disk)
+reads each key once, reads two phase rows (``[cos | sin]`` at ``p'`` and the inverse phase at ``p``, from tables laid
+out so that each row is one contiguous read), writes the relocated key once and sums ``0 * output`` (0 when every entry
+is finite, NaN otherwise), so one flag says whether anything became NaN/inf. It also checks every position against the
+tables as it goes, so a call makes no separate pass over the positions. It is used for contiguous float32 CPU keys
+without autograd; every other case (CUDA, bfloat16/float16, float64, autograd) keeps the eager path in ``geometry``.
 
 The arithmetic is the eager path's: ``cos = c' * c_inv - s' * s_inv`` and ``sin = c' * s_inv + s' * c_inv`` (the phase
-at ``p'`` times the exact inverse phase at ``p``) and ``(x_1 cos - x_2 sin, x_1 sin + x_2 cos)`` per plane, in float32;
-slots with ``p' == p`` are copied bit for bit. Results agree with the eager path to float32 rounding (not bit for bit:
-the order of the float32 operations differs) and are checked against transformers' own rotation in the tests.
+at ``p'`` times the exact inverse phase at ``p``) and ``(x_1 cos - x_2 sin, x_1 sin + x_2 cos)`` per plane, in float32,
+with fused multiply-adds (one rounding for a product and a sum) where the CPU has them; slots with ``p' == p`` are
+copied bit for bit. Results agree with the eager path to float32 rounding (not bit for bit: FMA and the order of the
+float32 operations differ) and are checked against transformers' own rotation in the tests.
+
+Threads: a large call runs on PyTorch's own OpenMP team when PyTorch uses GNU OpenMP (its Linux wheels), through the
+runtime's ``GOMP_parallel`` entry point — the team PyTorch's operations run on, whose workers keep spinning for a while
+after each operation, so they start at once (a separate thread pool would have to wait for those cores). Elsewhere a
+small Python thread pool runs the same work (:func:`parallel_backend`; ``RELAYLENS_NO_OPENMP=1`` forces it).
 
 ``RELAYLENS_NO_FUSED=1`` (or numba missing) turns the kernel off; :func:`fused_available` says which path runs.
 
@@ -36,6 +43,7 @@ import contextlib
 import os
 import threading
 
+import numpy as np
 import torch
 
 _KERNEL = None  # the kernel factory once numba is found (kernels compile per layout and plane count); False without numba
@@ -68,15 +76,22 @@ def usable(keys: torch.Tensor, rotary_dim: int) -> bool:
 
 
 def relocate_rows(flat_keys: torch.Tensor, source: torch.Tensor, target: torch.Tensor,
-                  tables: tuple[torch.Tensor, torch.Tensor], rotary_dim: int, split_half: bool) -> tuple[torch.Tensor, bool]:
+                  tables: tuple[torch.Tensor, torch.Tensor], rotary_dim: int,
+                  split_half: bool) -> tuple[torch.Tensor, bool, bool]:
     """Relocate ``flat_keys`` ``[slots, head_dim]`` from ``source`` to ``target`` ``[slots]`` (int64 positions).
 
     ``tables`` are ``(forward, inverse)`` float32 ``[P, 2 * plane]``: ``[c | s]`` and ``[c / a^2 | -s / a^2]`` per
-    position (``RotaryFactors.paired_phase_tables``). Returns the relocated keys ``[slots, head_dim]`` and whether every
-    output entry is finite. Large inputs run on up to ``torch.get_num_threads()`` threads, the calling thread among
-    them, each claiming chunks of ``CHUNK_SLOTS`` rows until none is left (the kernel releases the GIL): a thread whose
-    core is still busy — e.g. with PyTorch's own workers spinning after an operation — simply does less, and the call
-    waits only for chunks a helper has taken, never for a helper that has not started yet.
+    position (``RotaryFactors.paired_phase_tables``). Returns the relocated keys ``[slots, head_dim]``, whether every
+    output entry is finite, and whether every position was in ``[0, P)``. Rows with a position outside are left
+    unwritten (the kernel checks its indices as it goes, so no separate pass over the positions is needed): the caller
+    then checks the positions (and raises) or grows the tables and calls again.
+
+    Inputs of at least ``2 * PARALLEL_SLOTS`` rows run on up to ``torch.get_num_threads()`` threads (one per
+    ``PARALLEL_SLOTS`` rows), each claiming blocks of rows until none is left. The team is PyTorch's own OpenMP team
+    when PyTorch runs on GNU OpenMP (Linux wheels): right after a PyTorch operation its workers are still spinning, so
+    they start at once instead of competing with a separate pool for the cores (:func:`parallel_backend`). Otherwise a
+    small Python thread pool runs the same blocks; the call then waits only for chunks a helper has taken, never for a
+    helper that has not started (its core busy), and an error in any chunk is raised by the caller.
     """
     kernel = _kernel()(split_half, rotary_dim // 2)
     keys = flat_keys.contiguous().numpy()  # [slots, head_dim]
@@ -85,33 +100,58 @@ def relocate_rows(flat_keys: torch.Tensor, source: torch.Tensor, target: torch.T
     src, dst = source.contiguous().numpy(), target.contiguous().numpy()  # [slots] int64
     forward, inverse = (t.contiguous().numpy() for t in tables)  # [P, 2 * plane] each
     slots = keys.shape[0]
-    if src.shape != (slots,) or dst.shape != (slots,):  # the kernel does not check its indices
-        raise ValueError(f"relocate_rows needs one source and one target position per key row ({slots}); got "
-                         f"{tuple(source.shape)} and {tuple(target.shape)}")
+    if src.shape != (slots,) or dst.shape != (slots,) or src.dtype != np.int64 or dst.dtype != np.int64:
+        raise ValueError(f"relocate_rows needs one int64 source and one int64 target position per key row ({slots}); "
+                         f"got {tuple(source.shape)} {source.dtype} and {tuple(target.shape)} {target.dtype}")
+    if (forward.shape != inverse.shape or forward.shape[1] != rotary_dim or keys.shape[1] < rotary_dim
+            or not keys.dtype == forward.dtype == inverse.dtype == np.float32):  # the OpenMP entry reads raw memory
+        raise ValueError(f"relocate_rows needs float32 keys [slots, >= {rotary_dim}] and float32 phase tables "
+                         f"[P, {rotary_dim}]; got keys {keys.shape} {keys.dtype}, tables {forward.shape} {forward.dtype} "
+                         f"/ {inverse.shape} {inverse.dtype}")
     threads = max(1, min(torch.get_num_threads(), slots // PARALLEL_SLOTS))
-    step = CHUNK_SLOTS if threads > 1 else max(slots, 1)  # one thread: the whole input in one call
-    claims = _Claims(slots, step)
-    poison, errors = [], []
+    if threads == 1:  # small inputs: one call on this thread (starting a team would cost more than it saves)
+        poison, outside = kernel.rows(keys, src, dst, forward, inverse, result, 0, slots)
+        return out, poison == 0.0, not outside
+    team = _openmp()
+    if team is not None:
+        state = np.zeros(3, dtype=np.int64)  # [next row to claim, any non-finite output, rows outside the tables]
+        params = np.array([keys.ctypes.data, src.ctypes.data, dst.ctypes.data, forward.ctypes.data,
+                           inverse.ctypes.data, result.ctypes.data, slots, keys.shape[1], forward.shape[0],
+                           max(1, BLOCK_FEATURES // keys.shape[1]), state.ctypes.data], dtype=np.int64)
+        team.GOMP_parallel(kernel.team_address, params.ctypes.data, threads, 0)  # returns when every thread is done
+        return out, not state[1], not state[2]
+    return (out, *_python_pool(kernel.rows, keys, src, dst, forward, inverse, result, threads))
+
+
+def parallel_backend() -> str:
+    """Which threads run large relocations: ``"openmp"`` (PyTorch's own GNU OpenMP team) or ``"python"`` (a Python
+    thread pool: other platforms, or ``RELAYLENS_NO_OPENMP=1``)."""
+    return "openmp" if _openmp() is not None else "python"
+
+
+def _python_pool(rows, keys, src, dst, forward, inverse, result, threads: int) -> tuple[bool, bool]:
+    """The Python thread pool's run: chunks of ``CHUNK_SLOTS`` rows claimed in turn; returns whether all output is
+    finite and whether every position was inside the tables."""
+    claims = _Claims(keys.shape[0], CHUNK_SLOTS)
+    results, errors = [], []
 
     def drain() -> None:
         while (start := claims.claim()) is not None:
-            rows = slice(start, start + step)
             try:
-                poison.append(kernel(keys[rows], src[rows], dst[rows], forward, inverse, result[rows]))
+                results.append(rows(keys, src, dst, forward, inverse, result, start, min(start + CHUNK_SLOTS, keys.shape[0])))
             except BaseException as error:  # raised again by the calling thread (nobody waits on a helper's future)
                 errors.append(error)
             finally:
                 claims.done()
 
-    if threads > 1:
-        pool = _pool(threads - 1)
-        for _ in range(threads - 1):
-            pool.submit(drain)
+    pool = _pool(threads - 1)
+    for _ in range(threads - 1):
+        pool.submit(drain)
     drain()  # the calling thread works too, so a helper that starts late (its core busy) only takes fewer chunks
     claims.wait()  # for chunks helpers took, never for a helper that has not started (it will find nothing left)
     if errors:
         raise errors[0]
-    return out, all(p == 0.0 for p in poison)
+    return all(poison == 0.0 for poison, _ in results), not any(outside for _, outside in results)
 
 
 class _Claims:
@@ -140,7 +180,9 @@ class _Claims:
 
 
 PARALLEL_SLOTS = 8192  # fewer slots per thread than this: one thread (starting threads would cost more than they save)
-CHUNK_SLOTS = 4096  # the unit of work threads claim: small enough to balance, large enough that a call's cost vanishes
+CHUNK_SLOTS = 4096  # the Python pool's unit of work: small enough to balance, large enough that a call's cost vanishes
+BLOCK_FEATURES = 65536  # the OpenMP team's unit of work, in key features (1,024 rows of head_dim 64): 36 blocks on a SmolLM2 cache
+_OPENMP = None  # (pid, PyTorch's OpenMP runtime as a ctypes handle) once looked up; False when there is none to use
 _POOLS: dict = {}
 _KERNELS: dict = {}
 
@@ -156,7 +198,7 @@ def _pool(workers: int):
 
 
 def _kernel():
-    """The kernel factory ``(split_half, planes) -> kernel``, or False when numba is unavailable."""
+    """The kernel factory ``(split_half, planes) -> fused_kernel.Kernel``, or False when numba is unavailable."""
     global _KERNEL
     if _KERNEL is None:
         with _LOCK:
@@ -172,62 +214,59 @@ def _kernel():
 
 def _specialised(split_half: bool, planes: int):
     """The kernel for one plane layout and plane count, compiled on first use (numba caches it on disk, keyed by
-    these constants): a constant trip count lets the plane loop vectorise without run-time checks."""
+    these constants)."""
     key = (bool(split_half), int(planes))
     kernel = _KERNELS.get(key)
     if kernel is None:
         with _LOCK:
             kernel = _KERNELS.get(key)
             if kernel is None:
-                kernel = _KERNELS[key] = _compile(*key)
+                from relaylens.fused_kernel import compile_kernel
+
+                kernel = _KERNELS[key] = compile_kernel(*key)
     return kernel
 
 
-def _compile(split_half: bool, planes: int):
-    """The kernel for one plane layout and plane count (compile-time constants of the closure)."""
-    import numba
-    import numpy as np
+def _openmp():
+    """PyTorch's GNU OpenMP runtime as a ctypes handle, or None (not found, another process than the one that looked
+    it up — a forked child —, or ``RELAYLENS_NO_OPENMP=1``)."""
+    global _OPENMP
+    if os.environ.get("RELAYLENS_NO_OPENMP", "") not in ("", "0"):
+        return None
+    if _OPENMP is None or (_OPENMP and _OPENMP[0] != os.getpid()):
+        with _LOCK:
+            if _OPENMP is None:
+                found = _find_openmp()
+                _OPENMP = (os.getpid(), found) if found is not None else False
+    if not _OPENMP or _OPENMP[0] != os.getpid():  # GNU OpenMP's team does not survive a fork: the Python pool does
+        return None
+    return _OPENMP[1]
 
-    zero = np.float32(0.0)
-    rotary_dim = 2 * planes
 
-    @numba.njit(cache=True, nogil=True, boundscheck=False, fastmath={"reassoc"})
-    def relocate(keys, source, target, forward, inverse, out):  # pragma: no cover
-        # ``reassoc`` only lets the poison sum below vectorise: no product is contracted or reordered, and NaN/inf
-        # still propagate (x * 0 is NaN for x = inf or NaN, 0 otherwise), so ``poison`` is 0 iff every output is finite
-        slots, head_dim = keys.shape
-        poison = zero
-        for row in range(slots):
-            src = source[row]
-            dst = target[row]
-            key = keys[row]  # [head_dim]
-            result = out[row]
-            if src == dst:  # stays put: an identity, bit for bit
-                for j in range(head_dim):
-                    result[j] = key[j]
-                    poison += key[j] * zero
-                continue
-            to = forward[dst]  # [2 * plane]: cos | sin at p'
-            back = inverse[src]  # [2 * plane]: cos | sin of the exact inverse phase at p
-            for j in range(planes):
-                first = j if split_half else 2 * j  # a plane's two features: (j, j + planes) or (2j, 2j + 1)
-                second = j + planes if split_half else 2 * j + 1
-                to_c = to[j]
-                to_s = to[j + planes]
-                from_c = back[j]
-                from_s = back[j + planes]
-                c = to_c * from_c - to_s * from_s  # one rotation from p to p' (float32)
-                s = to_c * from_s + to_s * from_c
-                x1 = key[first]
-                x2 = key[second]
-                y1 = x1 * c - x2 * s
-                y2 = x1 * s + x2 * c
-                result[first] = y1
-                result[second] = y2
-                poison += y1 * zero + y2 * zero
-            for j in range(rotary_dim, head_dim):  # pass-through features, bit for bit
-                result[j] = key[j]
-                poison += key[j] * zero
-        return poison
+def _find_openmp():
+    """The GNU OpenMP library PyTorch ships and this process has loaded (``torch/lib`` or the wheel's
+    ``torch.libs``), exporting ``GOMP_parallel`` (what GCC compiles ``#pragma omp parallel`` to); None otherwise
+    (non-Linux, a PyTorch on another threading runtime, or one linked against the system's libgomp)."""
+    import ctypes
 
-    return relocate
+    if not getattr(torch._C, "has_openmp", False):
+        return None
+    package = os.path.realpath(os.path.dirname(torch.__file__))
+    roots = tuple(root + os.sep for root in (package, package + ".libs"))
+    try:
+        with open("/proc/self/maps") as maps:
+            loaded = sorted({line.split()[-1] for line in maps if "/libgomp" in line})  # [address ... path] per mapping
+    except OSError:
+        return None
+    for path in loaded:
+        if not os.path.realpath(path).startswith(roots):
+            continue
+        try:
+            library = ctypes.CDLL(path)  # already loaded: the same handle PyTorch uses
+            parallel = library.GOMP_parallel
+        except (OSError, AttributeError):
+            continue
+        parallel.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_uint, ctypes.c_uint]
+        parallel.restype = None
+        return library
+    return None

@@ -219,7 +219,7 @@ def llama_factors():
         (torch.tensor([0, 1]), torch.tensor([0, 1]), ShapeError, "broadcast"),
     ],
 )
-def test_bad_positions(llama_factors, source, target, error, message):
+def test_bad_positions(llama_factors, source, target, error, message, relocation_path):
     with pytest.raises(error, match=message):
         relocate_keys(torch.randn(3, 16), source, target, llama_factors)
 

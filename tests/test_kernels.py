@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
+import types
 
 import pytest
 import torch
@@ -43,11 +45,57 @@ def test_fused_equals_eager_on_every_layer(variant):
             assert not torch.allclose(fused[moved], keys[moved], atol=1e-3), f"{variant} layer {layer}: nothing moved"
 
 
-def test_threaded_split_equals_one_thread(monkeypatch):
+BACKENDS = ["openmp", "python"]
+
+
+def _use(backend: str, monkeypatch) -> None:
+    """Run large relocations on ``backend``: PyTorch's OpenMP team (found on Linux wheels) or the Python pool."""
+    monkeypatch.setenv("RELAYLENS_NO_OPENMP", "1" if backend == "python" else "0")
+    assert kernels.parallel_backend() == backend
+
+
+@contextlib.contextmanager
+def _torch_threads(threads: int):
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+def _small_work_units(factors, monkeypatch) -> None:
+    """3,000 slots run on several threads: the Python pool's chunks of 256 rows, the team's blocks of 100 rows."""
+    monkeypatch.setattr(kernels, "PARALLEL_SLOTS", 500)
+    monkeypatch.setattr(kernels, "CHUNK_SLOTS", 256)
+    monkeypatch.setattr(kernels, "BLOCK_FEATURES", 100 * factors.head_dim)
+
+
+def test_linux_wheels_relocate_on_pytorchs_own_openmp_team():
+    if sys.platform != "linux":  # elsewhere the Python pool runs (tested below on every platform)
+        assert kernels.parallel_backend() in ("openmp", "python")
+        return
+    assert kernels.parallel_backend() == "openmp", "PyTorch's Linux wheels ship GNU OpenMP: the team must be found"
+    library = kernels._openmp()
+    torch_dir = os.path.realpath(os.path.dirname(torch.__file__))
+    assert os.path.realpath(library._name).startswith((torch_dir + os.sep, torch_dir + ".libs" + os.sep))
+
+
+def test_a_forked_child_does_not_use_the_parents_openmp_team(monkeypatch):
+    assert kernels._openmp() is not None or sys.platform != "linux"
+    parent = os.getpid()
+    monkeypatch.setattr(kernels.os, "getpid", lambda: parent + 1)  # GNU OpenMP's team does not survive a fork
+    assert kernels._openmp() is None and kernels.parallel_backend() == "python"
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_threaded_split_equals_one_thread(backend, monkeypatch):
     factors = RotaryFactors.from_model(tiny_model("llama"))
     keys, source, target = _case(factors, slots=3000, heads=4)
     monkeypatch.setattr(kernels, "PARALLEL_SLOTS", 1000)  # 12,000 slots: up to torch.get_num_threads() threads
-    monkeypatch.setattr(kernels, "CHUNK_SLOTS", 700)  # 18 chunks claimed in turn, the last one short
+    monkeypatch.setattr(kernels, "CHUNK_SLOTS", 700)  # the Python pool: 18 chunks claimed in turn, the last one short
+    monkeypatch.setattr(kernels, "BLOCK_FEATURES", 37 * factors.head_dim)  # the team: 325 blocks of 37 rows
+    _use(backend, monkeypatch)
     threads = torch.get_num_threads()
     try:
         torch.set_num_threads(3)
@@ -57,6 +105,9 @@ def test_threaded_split_equals_one_thread(monkeypatch):
     finally:
         torch.set_num_threads(threads)
     assert torch.equal(split, single)
+    with kernels.disabled():
+        eager = relocate_keys(keys, source, target, factors)
+    assert float((split - eager).abs().max()) <= 4 * torch.finfo(torch.float32).eps * float(keys.abs().max())
 
 
 def test_a_helper_that_never_starts_is_not_waited_for(monkeypatch):
@@ -68,6 +119,7 @@ def test_a_helper_that_never_starts_is_not_waited_for(monkeypatch):
     keys, source, target = _case(factors, slots=3000, heads=4)
     monkeypatch.setattr(kernels, "PARALLEL_SLOTS", 1000)
     monkeypatch.setattr(kernels, "CHUNK_SLOTS", 700)
+    _use("python", monkeypatch)
     threads, release = torch.get_num_threads(), threading.Event()
     try:
         torch.set_num_threads(2)
@@ -96,7 +148,8 @@ def test_a_failing_chunk_is_raised_whichever_thread_ran_it(monkeypatch):
             raise RuntimeError("chunk failed")
         return 0.0
 
-    monkeypatch.setattr(kernels, "_KERNEL", lambda split_half, planes: failing)
+    monkeypatch.setattr(kernels, "_KERNEL", lambda split_half, planes: types.SimpleNamespace(rows=failing))
+    _use("python", monkeypatch)
     threads = torch.get_num_threads()
     try:
         torch.set_num_threads(3)
@@ -106,21 +159,50 @@ def test_a_failing_chunk_is_raised_whichever_thread_ran_it(monkeypatch):
         torch.set_num_threads(threads)
 
 
-@pytest.mark.parametrize("threads", [1, 3])
+@pytest.mark.parametrize(("threads", "backend"), [(1, "python"), (3, "python"), (3, "openmp")])
+@pytest.mark.parametrize("bad", [-1, 4096, 2**40, -(2**62)])
+def test_the_kernel_checks_every_position_against_its_tables(bad, threads, backend, monkeypatch):
+    """Positions outside the tables ``[0, P)`` are reported and their rows left unwritten (never read out of bounds);
+    every other row is relocated as usual."""
+    factors = RotaryFactors.from_model(tiny_model("llama"))
+    keys, source, target = _case(factors, slots=1000, max_position=4000)
+    tables = factors.paired_phase_tables(4000)
+    tables = tuple(t[:4096] for t in tables)  # P = 4096 rows
+    flat_keys, flat_src, flat_dst = keys.reshape(-1, factors.head_dim), source.reshape(-1), target.reshape(-1)
+    _small_work_units(factors, monkeypatch)
+    _use(backend, monkeypatch)
+    with _torch_threads(threads):
+        good, finite, inside = kernels.relocate_rows(flat_keys, flat_src, flat_dst, tables, factors.rotary_dim, True)
+        assert finite and inside
+        for positions in (flat_src, flat_dst):
+            moved = positions.clone()
+            moved[[5, 2000]] = bad
+            args = (moved, flat_dst) if positions is flat_src else (flat_src, moved)
+            out, finite, inside = kernels.relocate_rows(flat_keys, *args, tables, factors.rotary_dim, True)
+            assert not inside
+            rest = torch.ones(flat_keys.shape[0], dtype=torch.bool)
+            rest[[5, 2000]] = False
+            assert torch.equal(out[rest], good[rest])
+
+
+@pytest.mark.parametrize(("threads", "backend"), [(1, "python"), (3, "python"), (3, "openmp")])
 @pytest.mark.parametrize("where", [0, 2999, 1500])
-def test_fused_refuses_nan_input_naming_the_slot(where, threads, monkeypatch):
+def test_fused_refuses_nan_input_naming_the_slot(where, threads, backend, monkeypatch):
     factors = RotaryFactors.from_model(tiny_model("llama"))
     keys, source, target = _case(factors, slots=1000)
     keys.view(-1, factors.head_dim)[where, 5] = float("nan")
-    monkeypatch.setattr(kernels, "PARALLEL_SLOTS", 500)  # 3,000 slots: several threads claim chunks of 256
-    monkeypatch.setattr(kernels, "CHUNK_SLOTS", 256)
-    before = torch.get_num_threads()
-    try:
-        torch.set_num_threads(threads)
-        with pytest.raises(NonFiniteError, match=f"first at flattened slot {where}\\b"):
-            relocate_keys(keys, source, target, factors)
-    finally:
-        torch.set_num_threads(before)
+    _small_work_units(factors, monkeypatch)
+    _use(backend, monkeypatch)
+    with _torch_threads(threads), pytest.raises(NonFiniteError, match=f"first at flattened slot {where}\\b"):
+        relocate_keys(keys, source, target, factors)
+
+
+@pytest.mark.parametrize("dtype", [torch.int32, torch.int16])
+def test_narrower_integer_positions_give_the_same_keys(dtype):
+    factors = RotaryFactors.from_model(tiny_model("llama"))
+    keys, source, target = _case(factors, max_position=4000)
+    expected = relocate_keys(keys, source, target, factors)
+    assert torch.equal(relocate_keys(keys, source.to(dtype), target.to(dtype), factors), expected)
 
 
 def test_fused_refuses_float32_overflow():
