@@ -35,7 +35,8 @@ from relaylens.bench_model import DEFAULT_MODEL, load_bench_model, proc_status_k
 
 OVERHEAD_SELECTORS = ("bm25", "snapkv", "pyramidkv")
 CPU_BUDGETS = (256, 1024)
-ROW_COUNTS = (1, 2, 5, 9, 12)
+ROW_COUNTS = (1, 2, 5, 9, 12)  # batched decoding's scaling with the number of rows
+COMPARED_COUNTS = (5, 9, 12)  # rows run one by one and in one batch
 
 
 def synchronize(device) -> None:
@@ -308,8 +309,12 @@ def _request_bar(total: int):
 
 
 def run_throughput(repeats: int = 1, model_spec: str = DEFAULT_MODEL, new_tokens: int = 128, record: int = 0,
-                   counts=ROW_COUNTS, load_kwargs: dict | None = None, **_) -> list[dict]:
-    """One record's rows one by one vs in one batch (5 rows), then the batched wall time for ``counts`` rows."""
+                   counts=ROW_COUNTS, compare=COMPARED_COUNTS, selectors=("snapkv", "pyramidkv", "bm25"),
+                   load_kwargs: dict | None = None, **_) -> list[dict]:
+    """One record's rows one by one vs in one batch (``compare``: 5, 9 and 12 rows — a coordinate ablation, an
+    ordering experiment, the main table), then the batched wall time for ``counts`` rows. Rows are taken in turn from
+    ``selectors`` (at 10% of the history) x 5 conditions sharing the record's prefill (15 rows by default); every
+    comparison also says whether both ways decoded the same tokens."""
     from relaylens.generation import run_condition
     from relaylens.geometry import RotaryFactors
     from relaylens.prefill import prefill_history
@@ -320,39 +325,43 @@ def run_throughput(repeats: int = 1, model_spec: str = DEFAULT_MODEL, new_tokens
     factors = RotaryFactors.from_model(model)
     prompt = sample_prompts(tokenizer, record + 1)[record]
     prefill = prefill_history(model, prompt.history_ids)
-    selections = [make_selector(name).select(prefill, prompt, 0.1) for name in ("snapkv", "pyramidkv", "bm25")]
+    selections = [make_selector(name).select(prefill, prompt, 0.1) for name in selectors]
     conditions = ("original", "key_only", "relay", "query_only(2048)", "common_shift(2048)")  # coordinate_ablation
-    pool = [(sel, cond) for sel in selections for cond in conditions]  # 15 rows: selectors x conditions
+    pool = [(sel, cond) for sel in selections for cond in conditions]  # selectors x conditions
     common = dict(max_new_tokens=new_tokens, factors=factors, eos_token_ids=set())
     run_rows(model, prefill, [Row(*pool[0])], prompt.question_ids, **{**common, "max_new_tokens": 2})  # warm-up
-    five = pool[:5]
 
-    def sequential():
-        return [run_condition(model, prefill, sel, cond, prompt.question_ids, **common) for sel, cond in five]
+    def chosen(count: int) -> list:
+        return pool[:count] if count <= len(pool) else (pool * (count // len(pool) + 1))[:count]
+
+    def sequential(rows):
+        return [run_condition(model, prefill, sel, cond, prompt.question_ids, **common) for sel, cond in rows]
 
     def batched(rows):
         return run_rows(model, prefill, [Row(sel, cond) for sel, cond in rows], prompt.question_ids, **common)
 
-    seq_s, bat_s, same = [], [], True
-    for _ in range(repeats):
-        start = time.perf_counter()
-        one_by_one = sequential()
-        seq_s.append(time.perf_counter() - start)
-        start = time.perf_counter()
-        together = batched(five)
-        bat_s.append(time.perf_counter() - start)
-        same &= [r.token_ids for r in one_by_one] == [r.token_ids for r in together]
-    tokens = 5 * new_tokens
-    seq, bat = statistics.median(seq_s), statistics.median(bat_s)
-    rows = [{"benchmark": "throughput", "case": f"{prompt.record_id}: 5 rows x {new_tokens} tokens", "sequential_s": seq,
-             "batched_s": bat, "speedup": seq / bat, "sequential_tok_s": tokens / seq, "batched_tok_s": tokens / bat,
-             "same_tokens": bool(same), "target": ">= 2.5x"}]
+    results = []
+    for count in compare:
+        rows, seq_s, bat_s, same = chosen(count), [], [], True
+        for _ in range(repeats):
+            start = time.perf_counter()
+            one_by_one = sequential(rows)
+            seq_s.append(time.perf_counter() - start)
+            start = time.perf_counter()
+            together = batched(rows)
+            bat_s.append(time.perf_counter() - start)
+            same &= [r.token_ids for r in one_by_one] == [r.token_ids for r in together]
+        tokens = count * new_tokens
+        seq, bat = statistics.median(seq_s), statistics.median(bat_s)
+        results.append({"benchmark": "throughput", "case": f"{prompt.record_id}: {count} rows x {new_tokens} tokens",
+                        "rows": count, "sequential_s": seq, "batched_s": bat, "speedup": seq / bat,
+                        "sequential_tok_s": tokens / seq, "batched_tok_s": tokens / bat, "same_tokens": bool(same),
+                        "target": ">= 2.5x" if count == 5 else ""})
     for count in counts:
-        chosen = pool[:count] if count <= len(pool) else (pool * 2)[:count]
-        wall = statistics.median(_timed_run(lambda chosen=chosen: batched(chosen)) for _ in range(repeats))
-        rows.append({"benchmark": "throughput", "case": f"{count} rows batched", "rows": count, "batched_s": wall,
-                     "batched_tok_s": count * new_tokens / wall, "s_per_row": wall / count})
-    return rows
+        wall = statistics.median(_timed_run(lambda rows=chosen(count): batched(rows)) for _ in range(repeats))
+        results.append({"benchmark": "throughput", "case": f"{count} rows batched", "rows": count, "batched_s": wall,
+                        "batched_tok_s": count * new_tokens / wall, "s_per_row": wall / count})
+    return results
 
 
 def _timed_run(fn) -> float:

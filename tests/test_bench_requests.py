@@ -179,3 +179,19 @@ def test_table3_statistic_from_run_tables_matches_a_hand_computation():
     assert relay["overhead_pct"] == pytest.approx(100 * (math.sqrt(1.0 * 1.1) - 1))
     batched = table[table.selector == "bm25"]
     assert batched["overhead_pct"].isna().all() and set(batched["timing"]) == {"batched"}
+
+
+def test_run_throughput_compares_rows_one_by_one_with_one_batch(tmp_path, monkeypatch):
+    model, tokenizer, prompts = _tiny_prompts(tmp_path)
+    monkeypatch.setattr(bench_requests, "load_bench_model", lambda spec, kwargs=None: (model, tokenizer))
+    monkeypatch.setattr(bench_requests, "sample_prompts", lambda tok, count: prompts[:count])
+    rows = bench_requests.run_throughput(new_tokens=3, compare=(2, 3), counts=(1, 16),  # 16 > the 10-row pool
+                                         selectors=("snapkv", "pyramidkv"))
+    compared = [r for r in rows if "sequential_s" in r]
+    assert [r["rows"] for r in compared] == [2, 3]
+    for row in compared:
+        assert row["same_tokens"], f"{row['rows']} rows: batched decoding changed the tokens"
+        assert row["speedup"] == pytest.approx(row["sequential_s"] / row["batched_s"])
+        assert row["batched_tok_s"] == pytest.approx(row["rows"] * 3 / row["batched_s"])
+    scaling = [r for r in rows if r["case"].endswith("rows batched")]
+    assert [r["rows"] for r in scaling] == [1, 16] and all(r["batched_s"] > 0 for r in scaling)
