@@ -18,6 +18,9 @@ vectorising the plane loop.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Any
+
 import numba
 import numpy as np
 from numba import types
@@ -58,13 +61,16 @@ _int64_at = _pointer(types.int64)
 PARAMS = 11  # keys, source, target, forward, inverse, out (addresses), slots, head_dim, table rows, block rows, state
 
 
+@dataclass(frozen=True)
 class Kernel:
     """The compiled entry points for one layout and plane count."""
 
-    def __init__(self, rows, team) -> None:
-        self.rows = rows
-        self.team = team  # keep the cfunc object alive: its address is only valid while it is
-        self.team_address = team.address
+    rows: Any  # numba dispatcher
+    team: Any  # numba cfunc, held here so its address stays valid
+
+    @property
+    def team_address(self) -> int:
+        return self.team.address
 
 
 @numba.njit(cache=True, nogil=True, boundscheck=False, fastmath={"reassoc", "contract"})

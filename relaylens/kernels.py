@@ -182,7 +182,8 @@ class _Claims:
 PARALLEL_SLOTS = 8192  # fewer slots per thread than this: one thread (starting threads would cost more than they save)
 CHUNK_SLOTS = 4096  # the Python pool's unit of work: small enough to balance, large enough that a call's cost vanishes
 BLOCK_FEATURES = 65536  # the OpenMP team's unit of work, in key features (1,024 rows of head_dim 64): 36 blocks on a SmolLM2 cache
-_OPENMP = None  # (pid, PyTorch's OpenMP runtime as a ctypes handle) once looked up; False when there is none to use
+_OPENMP = None  # PyTorch's OpenMP runtime (a ctypes handle) once looked up; False when there is none to use
+_FORKED = False  # True in a process forked from the one that imported this module
 _POOLS: dict = {}
 _KERNELS: dict = {}
 
@@ -228,19 +229,25 @@ def _specialised(split_half: bool, planes: int):
 
 
 def _openmp():
-    """PyTorch's GNU OpenMP runtime as a ctypes handle, or None (not found, another process than the one that looked
-    it up — a forked child —, or ``RELAYLENS_NO_OPENMP=1``)."""
+    """PyTorch's GNU OpenMP runtime as a ctypes handle, or None (not found, a forked child, or
+    ``RELAYLENS_NO_OPENMP=1``)."""
     global _OPENMP
-    if os.environ.get("RELAYLENS_NO_OPENMP", "") not in ("", "0"):
+    if _FORKED or os.environ.get("RELAYLENS_NO_OPENMP", "") not in ("", "0"):
         return None
-    if _OPENMP is None or (_OPENMP and _OPENMP[0] != os.getpid()):
+    if _OPENMP is None:
         with _LOCK:
             if _OPENMP is None:
-                found = _find_openmp()
-                _OPENMP = (os.getpid(), found) if found is not None else False
-    if not _OPENMP or _OPENMP[0] != os.getpid():  # GNU OpenMP's team does not survive a fork: the Python pool does
-        return None
-    return _OPENMP[1]
+                _OPENMP = _find_openmp() or False
+    return _OPENMP or None
+
+
+def _forked() -> None:
+    global _FORKED
+    _FORKED = True
+
+
+if hasattr(os, "register_at_fork"):  # a GNU OpenMP team does not survive a fork: a child uses the Python pool
+    os.register_at_fork(after_in_child=_forked)
 
 
 def _find_openmp():
