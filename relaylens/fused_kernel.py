@@ -7,8 +7,8 @@ Two entry points per plane layout and plane count, both running the same row loo
   returns ``(poison, outside)``: poison is 0 when every output entry is finite (NaN otherwise), ``outside`` counts the
   rows left unwritten because a position is not in ``[0, P)`` (the caller then checks the positions properly). Called
   from Python (one thread, or the Python pool's chunks).
-- ``team_address``: a C callback ``void(int64 *params)`` run by every thread of an OpenMP team (``GOMP_parallel``).
-  ``params`` holds the arrays' addresses and sizes (see ``kernels.relocate_rows``); each thread claims blocks of rows
+- ``team``: a C callback ``void(int64 *params)`` run by every thread of an OpenMP team (``GOMP_parallel``;
+  :meth:`Kernel.run_team` packs ``params``, the arrays' addresses and sizes); each thread claims blocks of rows
   with an atomic add on a shared counter until none is left, and records non-finite output and positions outside
   the tables in the shared state ``[next row, non-finite, outside]``.
 
@@ -68,9 +68,18 @@ class Kernel:
     rows: Any  # numba dispatcher
     team: Any  # numba cfunc, held here so its address stays valid
 
-    @property
-    def team_address(self) -> int:
-        return self.team.address
+    def run_team(self, parallel, keys, source, target, forward, inverse, out, threads: int,
+                 block: int) -> tuple[bool, bool]:
+        """Run ``team`` on ``threads`` threads through ``parallel`` (an OpenMP runtime's ``GOMP_parallel``), claiming
+        ``block`` rows at a time; the arguments are ``rows``'s arrays. Returns whether every output entry is finite and
+        whether every position was inside the tables (this packs ``params`` in the order ``team`` reads them)."""
+        state = np.zeros(3, dtype=np.int64)  # [next row to claim, any non-finite output, rows outside the tables]
+        params = np.array([keys.ctypes.data, source.ctypes.data, target.ctypes.data, forward.ctypes.data,
+                           inverse.ctypes.data, out.ctypes.data, keys.shape[0], keys.shape[1], forward.shape[0], block,
+                           state.ctypes.data], dtype=np.int64)
+        assert params.shape == (PARAMS,)
+        parallel(self.team.address, params.ctypes.data, threads, 0)  # returns when every thread is done
+        return not state[1], not state[2]
 
 
 @numba.njit(cache=True, nogil=True, boundscheck=False, fastmath={"reassoc", "contract"})

@@ -342,15 +342,16 @@ def _relocate_fused(keys: torch.Tensor, source: torch.Tensor, target: torch.Tens
     flat_keys = keys.reshape(-1, keys.shape[-1])  # [slots, head_dim]
     flat_src = source.reshape(-1).to(device="cpu", dtype=torch.int64)  # [slots]
     flat_dst = target.reshape(-1).to(device="cpu", dtype=torch.int64)
-    split_half = factors.layout == "split_half"
-    out, finite, inside = kernels.relocate_rows(flat_keys, flat_src, flat_dst, (forward, inverse), factors.rotary_dim,
-                                                split_half)
+
+    def run(tables):
+        return kernels.relocate_rows(flat_keys, flat_src, flat_dst, tables, factors.rotary_dim,
+                                     factors.layout == "split_half")
+
+    out, finite, inside = run((forward, inverse))
     if not inside:  # raises for an invalid position; otherwise the tables grow to cover the largest one
         size = max(factors.check_positions(source, "source positions"),
                    factors.check_positions(target, "target positions")) + 1
-        out, finite, inside = kernels.relocate_rows(flat_keys, flat_src, flat_dst,
-                                                    factors.paired_phase_tables(size, layer), factors.rotary_dim,
-                                                    split_half)
+        out, finite, inside = run(factors.paired_phase_tables(size, layer))
         if not inside:
             raise AssertionError(f"phase tables of {size} positions do not cover positions below {size}")
     if not finite:  # name the first bad slot (or return quietly: the float64 check sum itself overflowed)

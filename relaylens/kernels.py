@@ -114,12 +114,8 @@ def relocate_rows(flat_keys: torch.Tensor, source: torch.Tensor, target: torch.T
         return out, poison == 0.0, not outside
     team = _openmp()
     if team is not None:
-        state = np.zeros(3, dtype=np.int64)  # [next row to claim, any non-finite output, rows outside the tables]
-        params = np.array([keys.ctypes.data, src.ctypes.data, dst.ctypes.data, forward.ctypes.data,
-                           inverse.ctypes.data, result.ctypes.data, slots, keys.shape[1], forward.shape[0],
-                           max(1, BLOCK_FEATURES // keys.shape[1]), state.ctypes.data], dtype=np.int64)
-        team.GOMP_parallel(kernel.team_address, params.ctypes.data, threads, 0)  # returns when every thread is done
-        return out, not state[1], not state[2]
+        return (out, *kernel.run_team(team.GOMP_parallel, keys, src, dst, forward, inverse, result, threads,
+                                      max(1, BLOCK_FEATURES // keys.shape[1])))
     return (out, *_python_pool(kernel.rows, keys, src, dst, forward, inverse, result, threads))
 
 
