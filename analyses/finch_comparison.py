@@ -7,8 +7,8 @@ selectors run under ``relay``; every selector also runs under ``original`` for r
 selector-with-relay against FINCH on the same records (cluster-bootstrap intervals).
 """
 
-from relaylens.experiments import ExperimentSpec
-from relaylens.presets import LLAMA, PAPER_DECODING, Preset
+from relaylens.experiments.specs import ExperimentSpec
+from relaylens.experiments.presets import LLAMA, PAPER_DECODING, Preset
 
 SPEC = ExperimentSpec(
     "finch_comparison",

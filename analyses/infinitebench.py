@@ -1,17 +1,17 @@
 """Table 2: long-text QA on InfiniteBench (long dialogue QA, long-book multiple choice, long-book open QA), SnapKV
 at 1% retention, original vs RoPERelay coordinates.
 
-Prompts are the benchmark's own task templates (:mod:`relaylens.prompt_templates`); each task is scored with its
+Prompts are the benchmark's own task templates (:mod:`relaylens.datasets.prompt_templates`); each task is scored with its
 official metric (:data:`TASK_METRICS`); records whose history does not fit the model's range (or
 ``--max-history-tokens``) are skipped and listed, never run truncated. The CPU default runs the bundled
 InfiniteBench-format sample (3 records per task, ~2k-token contexts) with SmolLM2; at 1% of ~2k tokens SnapKV keeps
 ~20 states, so the CPU default shrinks SnapKV's observation window to 8 (the paper's scale keeps the default 32).
 """
 
-from relaylens.experiments import ExperimentSpec
-from relaylens.presets import LLAMA, Preset
+from relaylens.experiments.specs import ExperimentSpec
+from relaylens.experiments.presets import LLAMA, Preset
 
-#: InfiniteBench's official metric per task, as named in the scores table (relaylens.scoring.score_answer):
+#: InfiniteBench's official metric per task, as named in the scores table (relaylens.scoring.metrics.score_answer):
 #: En.Dia: the label is one of the answer's words (``contains`` for this task); En.MC: choice accuracy;
 #: En.QA: SQuAD token F1 without number normalisation.
 TASK_METRICS = {

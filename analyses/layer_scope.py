@@ -5,12 +5,12 @@ middle or late third of the layers only (``relay@band=...``); relay in each laye
 several (``relay@layer_type=*`` expands to ``relay@layer_type=sliding_attention`` and
 ``relay@layer_type=full_attention`` on Gemma-3, to nothing on single-type models such as SmolLM2); ``key_only``
 everywhere. Answers, scores and the evidence probes as in the other analyses; ``--sweep layers`` adds the per-layer
-causal sweep (:mod:`relaylens.layer_sweep`). Not an experiment of the paper: its ``paper`` preset runs the same
+causal sweep (:mod:`relaylens.probes.layer_sweep`). Not an experiment of the paper: its ``paper`` preset runs the same
 conditions with the paper's memory-task decoding and gold granularity.
 """
 
-from relaylens.experiments import ExperimentSpec
-from relaylens.presets import LLAMA, PAPER_DECODING, QWEN, Preset
+from relaylens.experiments.specs import ExperimentSpec
+from relaylens.experiments.presets import LLAMA, PAPER_DECODING, QWEN, Preset
 
 SCOPES = ("relay@band=early", "relay@band=middle", "relay@band=late", "relay@layer_type=*")
 CONDITIONS = ("original", "relay") + SCOPES + ("key_only",)

@@ -1,7 +1,7 @@
 """Table 1: six selectors x {original, relay} at 10% retention."""
 
-from relaylens.experiments import ExperimentSpec
-from relaylens.presets import LLAMA, PAPER_DECODING, QWEN, SIX_SELECTORS, Preset
+from relaylens.experiments.specs import ExperimentSpec
+from relaylens.experiments.presets import LLAMA, PAPER_DECODING, QWEN, SIX_SELECTORS, Preset
 
 SPEC = ExperimentSpec(
     "main_table",

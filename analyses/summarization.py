@@ -1,7 +1,7 @@
 """Tables 10-11: long-form summarization (HelloBench) under SnapKV at 10% of the source text, original vs RoPERelay
 coordinates vs FullKV, judged with HelloEval checklists.
 
-The task instruction and the chat template are protected (``protect_instructions``, :mod:`relaylens.protection`):
+The task instruction and the chat template are protected (``protect_instructions``, :mod:`relaylens.selectors.protection`):
 every selector keeps them and the 10% budget applies to the source text only. Decoding is greedy up to
 ``max_new_tokens`` (8,192, the paper's limit; no minimum, no truncation) and stops at EOS; the answers table records
 each summary's length and whether it ended with EOS. The judge (``--judge-url/--judge-model``, or ``--judge-model
@@ -14,8 +14,8 @@ so such records are skipped and listed; the CPU demo passes a small limit:
 ``relaylens run summarization --limit 2 --max-new-tokens 64 --judge-model stub``.
 """
 
-from relaylens.experiments import ExperimentSpec
-from relaylens.presets import LLAMA, Preset
+from relaylens.experiments.specs import ExperimentSpec
+from relaylens.experiments.presets import LLAMA, Preset
 
 SPEC = ExperimentSpec(
     "summarization",

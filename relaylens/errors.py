@@ -37,3 +37,8 @@ class RecordError(RelaylensError):
 
 class NonFiniteError(RelaylensError):
     """A cache (keys or values) holding NaN or inf, or a relocation whose result would overflow the cache dtype."""
+
+
+class ModelError(RelaylensError):
+    """A model spec that names nothing loadable: unknown embedded name, missing path, unpulled model offline, a
+    damaged cached copy."""

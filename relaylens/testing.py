@@ -172,7 +172,7 @@ class exact_float64_norms:
         self.norms = [m for m in model.modules() if type(m).__name__.endswith("RMSNorm")]
 
     def __enter__(self):
-        from relaylens.attribution import rms_norm_gain
+        from relaylens.probes.attribution import rms_norm_gain
 
         for module in self.norms:
             gain, eps = rms_norm_gain(module)

@@ -19,7 +19,8 @@ def _in_ci() -> bool:
 
 @pytest.fixture(scope="session")
 def smollm2():
-    from relaylens.models import PullError, load_model
+    from relaylens.model.embedded import PullError
+    from relaylens.model.loading import load_model
 
     try:
         return load_model("smollm2-135m-instruct")
@@ -34,7 +35,7 @@ def _write_run(run_dir, tables: dict, analysis: str = "evidence_reading", spec_f
                dataset=None):
     """A real run directory through the result store (manifest, committed units, consolidated parquet); ``model``
     and ``dataset`` (a data file path) label it in a cross-run grid."""
-    from relaylens.results import RunStore, UnitKey
+    from relaylens.results.store import RunStore, UnitKey
 
     manifest = {"analysis": analysis, "config": {"spec": {"figures": list(spec_figures)}},
                 "model": {"spec": model, "weights_hash": None}, **({"dataset": {"path": dataset}} if dataset else {})}

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from relaylens.results import RunStore, UnitKey, build_manifest, load_tables
-from relaylens.tables import TABLES, TIMING_COLUMNS
+from relaylens.results.store import RunStore, UnitKey, build_manifest, load_tables
+from relaylens.results.tables import TABLES, TIMING_COLUMNS
 
 CLI_ENV = {**os.environ, "OMP_NUM_THREADS": "1", "COLUMNS": "200"}  # two shared cores: one torch thread is far faster
 

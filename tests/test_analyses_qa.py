@@ -6,9 +6,9 @@ import json
 
 import pytest
 
-from relaylens.experiments import load_analysis
-from relaylens.results import load_tables
-from relaylens.runner import RunConfig, run_analysis
+from relaylens.experiments.specs import load_analysis
+from relaylens.results.store import load_tables
+from relaylens.experiments.runner import RunConfig, run_analysis
 
 
 @pytest.fixture(scope="module")
@@ -55,7 +55,7 @@ def test_finch_comparison_runs_with_finch_coordinates(tmp_path, model_and_tokeni
 def test_infinitebench_length_filter_skips_and_lists(tmp_path, model_and_tokenizer):
     """Records over --max-history-tokens are skipped (listed in the skipped table), the others run."""
     from relaylens.datasets.synthetic_infinitebench import bundled_infinitebench_path
-    from relaylens.prompting import render_prompt
+    from relaylens.datasets.prompting import render_prompt
     from relaylens.datasets import load_records
 
     _, tokenizer = model_and_tokenizer

@@ -155,8 +155,8 @@ def test_no_private_name_crosses_a_file_boundary():
                 continue
             if members.get(node.attr, name) != name:
                 problems.append(f"{path.name}:{node.lineno} uses {node.attr}, private to {members[node.attr]}")
-            if node.attr == "_attn_implementation" and name != "relaylens.hf":
-                problems.append(f"{path.name}:{node.lineno} touches _attn_implementation; use relaylens.hf's "
+            if node.attr == "_attn_implementation" and name != "relaylens.model.hf":
+                problems.append(f"{path.name}:{node.lineno} touches _attn_implementation; use relaylens.model.hf's "
                                 "attention_kernel / attention_kernel_name")
     assert not problems, "\n".join(problems)
 

@@ -6,10 +6,10 @@ import pytest
 import torch
 from transformers import DynamicCache
 
-from relaylens.attention import AttentionState, attention_context, relaylens_attention
-from relaylens.generation import prefill_from_cache, run_condition
-from relaylens.probes import FinalTokenRecorder
-from relaylens.selection import Selection
+from relaylens.generation.attention import AttentionState, attention_context, relaylens_attention
+from relaylens.generation.single import prefill_from_cache, run_condition
+from relaylens.probes.readouts import FinalTokenRecorder
+from relaylens.geometry.selection import Selection
 from relaylens.testing import tiny_model
 
 L, Q = 40, 3
@@ -87,7 +87,7 @@ def test_probability_rows_sum_to_one_over_visible_keys():
 
 def _row_state(valid: list[torch.Tensor], key_positions: list[torch.Tensor], new_positions: torch.Tensor,
                recorders: list, teachers: list | None) -> AttentionState:
-    """A batched state as relaylens.rows builds it: each row's history padded to the widest row (invalid, far away)."""
+    """A batched state as relaylens.generation.rows builds it: each row's history padded to the widest row (invalid, far away)."""
     width = max(v.shape[-1] for v in valid)
     pad = [width - v.shape[-1] for v in valid]
     state = AttentionState(

@@ -17,13 +17,13 @@ import pytest
 import torch
 from transformers import DynamicCache
 
-from relaylens.attribution import ATTRIBUTION_READOUTS, final_residuals, logit_direction
+from relaylens.probes.attribution import ATTRIBUTION_READOUTS, final_residuals, logit_direction
 from relaylens.errors import RelaylensError
-from relaylens.generation import prefill_from_cache, run_condition
-from relaylens.geometry import RotaryFactors, relocate_keys, rotate_keys, unrotate_keys
-from relaylens.hf import decoder_layers
-from relaylens.probes import gold_slots, probe_condition
-from relaylens.selection import Selection
+from relaylens.generation.single import prefill_from_cache, run_condition
+from relaylens.geometry.rotary import RotaryFactors, relocate_keys, rotate_keys, unrotate_keys
+from relaylens.model.hf import decoder_layers
+from relaylens.probes.readouts import gold_slots, probe_condition
+from relaylens.geometry.selection import Selection
 from relaylens.testing import exact_float64_norms, tiny_model
 
 L, Q = 24, 4
@@ -201,10 +201,10 @@ def test_share_lies_in_unit_interval_and_grad_needs_a_target():
 def test_logit_attribution_on_smollm2(smollm2):
     """SmolLM2, bundled record, bm25 at 0.2: DLA = linearised logit change of zeroing gold values, within 1e-3 relative
     (observed: relative differences of about 1e-5 in float32, DLA values 1e-3 to 2e-2 logits)."""
-    from relaylens.prefill import prefill_history
-    from relaylens.prompting import render_prompt
+    from relaylens.model.prefill import prefill_history
+    from relaylens.datasets.prompting import render_prompt
     from relaylens.datasets import load_records
-    from relaylens.runner import answer_tokens, resolve_data
+    from relaylens.experiments.runner import answer_tokens, resolve_data
     from relaylens.selectors import make_selector
 
     model, tokenizer = smollm2

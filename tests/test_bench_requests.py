@@ -8,9 +8,9 @@ import math
 import pytest
 import torch
 
-from relaylens import bench_requests
-from relaylens.bench_requests import MemoryProbe, complete_request, geometric_overhead, kv_logical_bytes
-from relaylens.selection import Selection
+from relaylens.bench import requests as bench_requests
+from relaylens.bench.requests import MemoryProbe, complete_request, geometric_overhead, kv_logical_bytes
+from relaylens.geometry.selection import Selection
 
 
 def test_geometric_overhead_is_the_geometric_mean_of_ratios_minus_one():
@@ -52,7 +52,7 @@ def test_cpu_memory_probe_sees_a_large_allocation():
 def _tiny_prompts(tmp_path, n: int = 1):
     from relaylens.datasets import load_records
     from relaylens.datasets.synthetic import generate_records
-    from relaylens.prompting import render_prompt
+    from relaylens.datasets.prompting import render_prompt
     from relaylens.testing import tiny_model, tiny_tokenizer
 
     data = tmp_path / "records.json"
@@ -66,7 +66,7 @@ STAGES = ("prefill_s", "selection_s", "relocation_s", "question_s", "generation_
 
 @pytest.mark.parametrize("prefill_chunk", [None, 128])
 def test_complete_request_times_every_stage_and_decodes_exactly_n_tokens(tmp_path, prefill_chunk):
-    from relaylens.geometry import RotaryFactors
+    from relaylens.geometry.rotary import RotaryFactors
     from relaylens.selectors import make_selector
 
     model, _, (prompt,) = _tiny_prompts(tmp_path)
@@ -100,7 +100,7 @@ def test_timed_pieces_runs_requests_round_robin_and_sums_each_ones_own_pieces(mo
 
 def test_interleaved_pair_decodes_what_each_request_decodes_alone(tmp_path):
     """Two requests run piece by piece in turn (prefill chunks included) decode the same tokens as each one alone."""
-    from relaylens.geometry import RotaryFactors
+    from relaylens.geometry.rotary import RotaryFactors
     from relaylens.selectors import make_selector
 
     model, _, (prompt,) = _tiny_prompts(tmp_path)
@@ -153,7 +153,7 @@ def test_steady_allocator_applies_on_glibc(tmp_path):
     import subprocess
     import sys
 
-    code = "from relaylens.bench_requests import steady_allocator; print(steady_allocator())"
+    code = "from relaylens.bench.requests import steady_allocator; print(steady_allocator())"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
     assert out == str(platform.libc_ver()[0] == "glibc")
 
@@ -162,7 +162,7 @@ def test_table3_statistic_from_run_tables_matches_a_hand_computation():
     """Two records, three repetitions each: medians, paired ratios, geometric mean minus one; batched rows excluded."""
     import pandas as pd
 
-    from relaylens.figures.overhead import table3
+    from relaylens.reporting.figures.overhead import table3
 
     rows = []
     times = {("a", "original"): [2.0, 2.2, 9.0], ("a", "relay"): [2.1, 2.2, 2.3],  # medians 2.2 / 2.2

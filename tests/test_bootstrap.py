@@ -8,8 +8,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-import relaylens.bootstrap as bootstrap
-from relaylens.bootstrap import cluster_bootstrap, condition_means, paired_difference, paired_difference_table
+import relaylens.reporting.bootstrap as bootstrap
+from relaylens.reporting.bootstrap import cluster_bootstrap, condition_means, paired_difference, paired_difference_table
 
 
 def make_scores(n_clusters=60, per_cluster=5, effect=0.1, cluster_sd=0.2, noise_sd=0.2, seed=0, cluster_effect_sd=0.0,

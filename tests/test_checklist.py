@@ -8,7 +8,7 @@ import math
 
 import pytest
 
-from relaylens.checklist import (ChecklistJudge, RoutedJudge, StubChecklistBackend, build_payload, parse_reply,
+from relaylens.scoring.checklist import (ChecklistJudge, RoutedJudge, StubChecklistBackend, build_payload, parse_reply,
                                  user_message)
 from relaylens.datasets import load_records
 from relaylens.datasets.synthetic_hellobench import bundled_hellobench_path
@@ -117,10 +117,10 @@ def test_routed_judge_sends_summaries_to_the_checklist_and_questions_elsewhere()
 
 
 def test_summarization_runs_end_to_end_with_the_stub_judge(tmp_path):
-    from relaylens.experiments import load_analysis
-    from relaylens.figures import build
-    from relaylens.results import load_tables
-    from relaylens.runner import RunConfig, run_analysis
+    from relaylens.experiments.specs import load_analysis
+    from relaylens.reporting.figures import build
+    from relaylens.results.store import load_tables
+    from relaylens.experiments.runner import RunConfig, run_analysis
     from relaylens.testing import tiny_model, tiny_tokenizer
 
     data = tmp_path / "summarization.jsonl"
@@ -132,7 +132,7 @@ def test_summarization_runs_end_to_end_with_the_stub_judge(tmp_path):
     answers = tables["answers"]
     assert set(answers["condition"]) == {"original", "relay"} and set(answers["selector"]) == {"snapkv", "full"}
     snap = answers[answers.selector == "snapkv"].iloc[0]
-    from relaylens.prompting import render_prompt
+    from relaylens.datasets.prompting import render_prompt
 
     prompt = render_prompt(load_records(data)[0], tiny_tokenizer(), mode="chat")
     n_protected = int(prompt.protected_mask().sum())
@@ -142,8 +142,8 @@ def test_summarization_runs_end_to_end_with_the_stub_judge(tmp_path):
     assert (table10["n"] == 2).all() and table10["quality"].between(0, 1).all()
     assert set(build("table11", tables)["category"]) == {items[0]["category"], items[1]["category"]}
     # `relaylens judge RUN_DIR`: a second judge re-scores the same summaries by checklist, answers untouched
-    from relaylens.figures.registry import prepare_tables
-    from relaylens.rejudge import rejudge_run
+    from relaylens.reporting.figures.registry import prepare_tables
+    from relaylens.scoring.rejudge import rejudge_run
 
     before = (out / "answers.parquet").read_bytes()
     result = rejudge_run(out, Scripted(_reply([0.5] * 6)), "second")

@@ -7,10 +7,10 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from relaylens.conditions import CONDITIONS, Compaction
-from relaylens.scopes import get_condition
+from relaylens.conditions.catalogue import CONDITIONS, Compaction
+from relaylens.conditions.scoped import get_condition
 from relaylens.errors import PositionError, RelaylensError, ShapeError
-from relaylens.selection import Selection
+from relaylens.geometry.selection import Selection
 
 # reference/conditions-examples.md: one layer, L = 20, head A (m = 6) and head B (m = 4), M = 6
 EXAMPLE = Selection.from_lists(

@@ -6,9 +6,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from relaylens.crossrun import FALLBACK_NOTE, choose_metrics, load_runs, paired_settings_table, settings_count
+from relaylens.reporting.crossrun import FALLBACK_NOTE, choose_metrics, load_runs, paired_settings_table, settings_count
 from relaylens.errors import RelaylensError
-from relaylens.results import RunStore, UnitKey, build_manifest
+from relaylens.results.store import RunStore, UnitKey, build_manifest
 
 
 def _scores(metric_values: dict[str, list[tuple[float, float]]], selector="bm25", budget=0.1, **labels):

@@ -12,7 +12,7 @@ import pytest
 from relaylens.datasets.infinitebench import chunk_paragraphs
 from relaylens.datasets.longmtbench import split_exchange
 from relaylens.errors import RecordError
-from relaylens.records import Turn
+from relaylens.datasets.records import Turn
 from relaylens.datasets import load_records
 
 FIXTURES = Path(__file__).parent / "fixtures"

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from relaylens.errors import RelaylensError
-from relaylens.experiments import ExperimentSpec, available_analyses, load_analysis
+from relaylens.experiments.specs import ExperimentSpec, available_analyses, load_analysis
 
 ROOT = Path(__file__).resolve().parents[1]
 HOSTILE = "from pathlib import Path\nPath({marker!r}).write_text({what!r})\nSPEC = None\n"

@@ -14,8 +14,8 @@ import pandas as pd
 import pytest
 from matplotlib.figure import Figure
 
-from relaylens import figures, plots, summaries
-from relaylens.tables import TABLES, example_tables
+from relaylens.reporting import figures, plots, summaries
+from relaylens.results.tables import TABLES, example_tables
 
 ROOT = Path(__file__).resolve().parents[1]
 PAPER_ENTRIES = {"table1", "table3", "table6", "table8", "layer_bands", "figure3", "figure4", "figure5", "figure6",
@@ -39,7 +39,7 @@ def test_registry_covers_every_analysis_figure():
             if isinstance(node, ast.keyword) and node.arg == "figures":
                 names = ast.literal_eval(node.value)
                 missing = set(names) - set(figures.REGISTRY)
-                assert not missing, f"{path.name}: SPEC.figures names {missing}, not in relaylens.figures.REGISTRY"
+                assert not missing, f"{path.name}: SPEC.figures names {missing}, not in relaylens.reporting.figures.REGISTRY"
 
 
 @pytest.mark.parametrize("name", sorted(PAPER_ENTRIES))
@@ -56,7 +56,7 @@ def test_every_entry_builds_from_constructed_tables(tables, name):
 
 
 def test_import_pulls_in_no_model_code():
-    code = ("import sys, relaylens.figures, relaylens.report, relaylens.plots; "
+    code = ("import sys, relaylens.reporting.figures, relaylens.reporting.report, relaylens.reporting.plots; "
             "bad = sorted(m for m in sys.modules if m.split('.')[0] in {'torch', 'transformers', 'transformer_lens'}); "
             "assert not bad, bad")
     subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT, timeout=120)
@@ -133,7 +133,7 @@ def test_layer_table_and_band_deltas_in_percentage_points():
 
 
 def test_paired_deltas_equal_the_bootstrap_module(tables):
-    from relaylens.bootstrap import paired_difference
+    from relaylens.reporting.bootstrap import paired_difference
 
     scores = tables["scores"]
     ours = summaries.paired_deltas(scores, ["selector", "budget"], metrics=("f1",))
@@ -171,7 +171,7 @@ def test_figures_command_twice_gives_byte_identical_files(tmp_path, write_run):
     # a fresh process (no shared matplotlib state, other hash seed) must write the same bytes
     env = {**os.environ, "PYTHONHASHSEED": "123"}
     env.pop("SOURCE_DATE_EPOCH", None)
-    code = "import relaylens.figures as f, relaylens.summaries as s, sys; s.N_RESAMPLES = 300; f.write_figures(sys.argv[1], only=sys.argv[2])"
+    code = "import relaylens.reporting.figures as f, relaylens.reporting.summaries as s, sys; s.N_RESAMPLES = 300; f.write_figures(sys.argv[1], only=sys.argv[2])"
     subprocess.run([sys.executable, "-c", code, str(run), only], check=True, cwd=ROOT, env=env, timeout=300)
     second = _files(run / "figures")
     changed = sorted(name for name in first if first[name] != second[name])
@@ -192,7 +192,7 @@ def test_figures_command_follows_the_spec_and_fails_clearly(tmp_path, write_run)
     bad = CliRunner().invoke(app, ["figures", str(run), "--only", "figure3"])
     assert bad.exit_code == 2 and "single budget" in bad.output
     empty = tmp_path / "empty"
-    from relaylens.results import RunStore
+    from relaylens.results.store import RunStore
 
     RunStore.create_or_open(empty, {"analysis": "evidence_reading", "config": {}})
     result = CliRunner().invoke(app, ["figures", str(empty)])
@@ -200,7 +200,7 @@ def test_figures_command_follows_the_spec_and_fails_clearly(tmp_path, write_run)
 
 
 def test_attribution_companion_of_figure6(tables):
-    from relaylens.figures.evidence_attribution import ATTRIBUTION_PANELS
+    from relaylens.reporting.figures.evidence_attribution import ATTRIBUTION_PANELS
 
     probes = tables["probes"]
     base = probes[(probes["metric"] == "evidence_share") & (probes["source"] == "forward")]
@@ -223,7 +223,7 @@ def test_committed_runs_redraw(run, tmp_path):
     import json
     from pathlib import Path
 
-    from relaylens.figures import write_figures
+    from relaylens.reporting.figures import write_figures
 
     committed = Path(__file__).resolve().parents[1] / "figures" / run
     write_figures(committed, out=tmp_path)

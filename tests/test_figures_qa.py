@@ -5,9 +5,9 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
-from relaylens.figures import REGISTRY, build, supported
-from relaylens.figures.finch_comparison import FINCH_COORDINATES
-from relaylens.figures.infinitebench import TASK_METRICS
+from relaylens.reporting.figures import REGISTRY, build, supported
+from relaylens.reporting.figures.finch_comparison import FINCH_COORDINATES
+from relaylens.reporting.figures.infinitebench import TASK_METRICS
 
 
 def _rows(record_ids, selector, condition, metric, values, question_type="multi-session"):
@@ -79,7 +79,7 @@ def test_table7_needs_finch():
 
 
 def test_report_shows_paper_tables():
-    from relaylens.report import render_report
+    from relaylens.reporting.report import render_report
 
     ids = ["r0", "r1"]
     rows = _rows(ids, "finch", FINCH_COORDINATES, "f1", [0.5, 0.0]) + _rows(ids, "bm25", "relay", "f1", [1.0, 0.5])

@@ -8,11 +8,11 @@ import pytest
 import torch
 from transformers import DynamicCache
 
-from relaylens.hf import pre_rotary_keys
+from relaylens.model.hf import pre_rotary_keys
 from relaylens.errors import PositionError, ShapeError
-from relaylens.generation import build_cache, prefill_from_cache, run_condition
-from relaylens.geometry import RotaryFactors
-from relaylens.selection import Selection
+from relaylens.generation.single import build_cache, prefill_from_cache, run_condition
+from relaylens.geometry.rotary import RotaryFactors
+from relaylens.geometry.selection import Selection
 from relaylens.testing import tiny_model
 
 VARIANTS = ["llama", "qwen2_yarn", "phi_partial", "glm_partial_interleaved", "gemma3"]

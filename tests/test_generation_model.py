@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from relaylens.generation import run_condition
-from relaylens.geometry import RotaryFactors
-from relaylens.prefill import prefill_history
-from relaylens.selection import Selection
+from relaylens.generation.single import run_condition
+from relaylens.geometry.rotary import RotaryFactors
+from relaylens.model.prefill import prefill_history
+from relaylens.geometry.selection import Selection
 
 pytestmark = pytest.mark.model
 
@@ -16,7 +16,7 @@ pytestmark = pytest.mark.model
 @pytest.fixture(scope="module")
 def real_case(smollm2):
     from relaylens.datasets.synthetic import bundled_sample_path
-    from relaylens.prompting import render_prompt
+    from relaylens.datasets.prompting import render_prompt
     from relaylens.datasets import load_records
 
     model, tokenizer = smollm2

@@ -8,9 +8,9 @@ import pytest
 import torch
 from transformers import DynamicCache
 
-from relaylens import kernels
+from relaylens.geometry import fused as kernels
 from relaylens.errors import PositionError, RopeError, ShapeError
-from relaylens.geometry import RotaryFactors, relocate_keys, rotate_keys, unrotate_keys
+from relaylens.geometry.rotary import RotaryFactors, relocate_keys, rotate_keys, unrotate_keys
 from relaylens.testing import ROPE_VARIANTS, tiny_model
 
 MAX_POSITION = 32768
@@ -23,7 +23,7 @@ def variant_model(request):
 
 @pytest.fixture(params=["fused", "eager"])
 def relocation_path(request):
-    """Run the test on the fused CPU kernel (relaylens.kernels) and on the eager PyTorch path."""
+    """Run the test on the fused CPU kernel (relaylens.geometry.fused) and on the eager PyTorch path."""
     if request.param == "fused":
         assert kernels.fused_available(), "numba is a dependency: the fused kernel must be available"
         yield request.param

@@ -10,7 +10,7 @@ from relaylens.datasets import detect_format, load_records
 from relaylens.datasets.hellobench import CATEGORIES, WEIGHTS_FILE
 from relaylens.datasets.synthetic_hellobench import bundled_hellobench_path, hellobench_rows
 from relaylens.errors import RecordError
-from relaylens.prompting import render_prompt
+from relaylens.datasets.prompting import render_prompt
 from relaylens.testing import tiny_tokenizer
 
 CHECKLIST = ["Is it easy to read?", "Is the summary accurate with respect to the text?",

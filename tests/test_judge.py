@@ -11,8 +11,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-import relaylens.judge as judge_mod
-from relaylens.judge import (
+import relaylens.scoring.judge as judge_mod
+from relaylens.scoring.judge import (
     RUBRIC, SYSTEM_PROMPT, HFBackend, Judge, JudgeBackendError, OpenAIBackend, build_payload, cache_key,
     parse_verdict,
 )

@@ -11,9 +11,9 @@ import types
 import pytest
 import torch
 
-from relaylens import kernels
+from relaylens.geometry import fused as kernels
 from relaylens.errors import NonFiniteError
-from relaylens.geometry import RotaryFactors, relocate_keys
+from relaylens.geometry.rotary import RotaryFactors, relocate_keys
 from relaylens.testing import NOPE_VARIANTS, ROPE_VARIANTS, tiny_model
 
 

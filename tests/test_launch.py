@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from relaylens.launch import LauncherError, ShardAssignment, detect_shard, resolve_shard, shard_dir
+from relaylens.experiments.launch import LauncherError, ShardAssignment, detect_shard, resolve_shard, shard_dir
 
 TORCHRUN = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500", "GROUP_RANK": "0", "LOCAL_WORLD_SIZE": "4",
             "TORCHELASTIC_RUN_ID": "none"}
@@ -118,7 +118,7 @@ def test_device_auto_uses_the_launchers_local_rank(monkeypatch, env, device):
     """`--device auto` under a launcher: the process's GPU (CUDA faked as present with four devices)."""
     import torch
 
-    from relaylens.runner import RunConfig
+    from relaylens.experiments.runner import RunConfig
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 4)

@@ -7,16 +7,16 @@ import json
 import pandas as pd
 import pytest
 
-from relaylens.figures.layer_scope import sweep_kind
-from relaylens.layer_sweep import LOGPROB_METRIC, SWEEP_SOURCE, sweep_conditions
-from relaylens.results import load_tables
+from relaylens.reporting.figures.layer_scope import sweep_kind
+from relaylens.probes.layer_sweep import LOGPROB_METRIC, SWEEP_SOURCE, sweep_conditions
+from relaylens.results.store import load_tables
 
 
 @pytest.fixture(scope="module")
 def sweep_run(tmp_path_factory):
     from relaylens.analyses.layer_scope import SPEC
     from relaylens.datasets.synthetic import generate_records
-    from relaylens.runner import RunConfig, run_analysis
+    from relaylens.experiments.runner import RunConfig, run_analysis
     from relaylens.testing import tiny_model, tiny_tokenizer
 
     root = tmp_path_factory.mktemp("layer_scope")
@@ -72,9 +72,9 @@ def test_figure_and_report_section(sweep_run, tmp_path):
     import matplotlib
 
     matplotlib.use("Agg")
-    from relaylens.figures.layer_scope import layer_scope, layer_scope_table, sweep_curves
-    from relaylens.report import render_report
-    from relaylens.summaries import layer_table
+    from relaylens.reporting.figures.layer_scope import layer_scope, layer_scope_table, sweep_curves
+    from relaylens.reporting.report import render_report
+    from relaylens.reporting.summaries import layer_table
 
     tables, manifest = sweep_run
     fig = layer_scope(tables)

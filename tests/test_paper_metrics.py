@@ -6,9 +6,9 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
-from relaylens import figures, summaries
-from relaylens.figures.registry import footer_lines, prepare_tables
-from relaylens.tables import example_tables
+from relaylens.reporting import figures, summaries
+from relaylens.reporting.figures.registry import footer_lines, prepare_tables
+from relaylens.results.tables import example_tables
 
 
 @pytest.fixture(autouse=True)
@@ -64,7 +64,7 @@ def test_figures_plot_the_judge(judged, name):
 
 
 def test_report_shows_metric_retention_table8_and_skipped(judged):
-    from relaylens.report import render_report
+    from relaylens.reporting.report import render_report
 
     skipped = pd.DataFrame([{"record_id": "long1", "selector": "bm25", "budget": 0.1, "reason": "too_long",
                              "history_length": 9000, "detail": "record long1: history of 9000 tokens exceeds ..."}])

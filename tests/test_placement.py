@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from relaylens.errors import RelaylensError
-from relaylens.geometry import RotaryFactors, relocate_keys, rotate_keys
-from relaylens.placement import Placement, apply_rope_override, parse_rope_scaling, resolve_device, resolve_dtype
+from relaylens.geometry.rotary import RotaryFactors, relocate_keys, rotate_keys
+from relaylens.model.placement import Placement, apply_rope_override, parse_rope_scaling, resolve_device, resolve_dtype
 from relaylens.testing import ROPE_VARIANTS, tiny_config, tiny_model
 
 
@@ -93,7 +93,7 @@ def plain_qwen2_dir(tmp_path_factory):
 
 
 def test_yarn_override_relocation_matches_direct_rotation_to_131000(plain_qwen2_dir):
-    from relaylens.models import load_model
+    from relaylens.model.loading import load_model
 
     model, _ = load_model(plain_qwen2_dir, rope_scaling="yarn:4:32768", max_position=131072)
     assert model.config.rope_parameters["rope_type"] == "yarn" and model.config.max_position_embeddings == 131072
@@ -117,7 +117,7 @@ def test_yarn_override_relocation_matches_direct_rotation_to_131000(plain_qwen2_
 
 
 def test_plain_load_keeps_the_saved_rotary(plain_qwen2_dir):
-    from relaylens.models import load_model
+    from relaylens.model.loading import load_model
 
     model, _ = load_model(plain_qwen2_dir, dtype="bfloat16", device="cpu")
     assert model.config.rope_parameters["rope_type"] == "default" and model.dtype == torch.bfloat16

@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from relaylens import hf
+from relaylens.model import hf
 from relaylens.errors import PositionError, RelaylensError, RopeError, ShapeError
-from relaylens.hf import decoder_layers
-from relaylens.prefill import PrefillResult, prefill_history
+from relaylens.model.hf import decoder_layers
+from relaylens.model.prefill import PrefillResult, prefill_history
 from relaylens.testing import ROPE_VARIANTS, tiny_model
 
 L, W = 40, 8
@@ -245,7 +245,7 @@ def test_smollm2_window_queries_reproduce_eager_rows(smollm2):
 @pytest.mark.parametrize("variant", ["llama", "gemma3", "cohere_interleaved"])
 def test_two_prefills_interleaved_chunk_by_chunk_equal_each_run_alone(variant):
     """PrefillPieces leaves nothing attached between chunks, so two interleaved prefills equal their solo runs."""
-    from relaylens.prefill import PrefillPieces
+    from relaylens.model.prefill import PrefillPieces
 
     model = tiny_model(variant)
     ids = [_ids(L, seed=1), _ids(L - 3, seed=2)]

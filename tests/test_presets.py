@@ -9,8 +9,8 @@ from __future__ import annotations
 import pytest
 
 from relaylens.errors import RelaylensError
-from relaylens.experiments import apply_overrides, available_analyses, load_analysis
-from relaylens.presets import apply_preset, preset_markdown
+from relaylens.experiments.specs import apply_overrides, available_analyses, load_analysis
+from relaylens.experiments.presets import apply_preset, preset_markdown
 
 SIX = ("bm25", "snapkv", "h2o", "pyramidkv", "chunkkv", "cam")
 MEMORY_DECODING = {"max_new_tokens": 512, "stop": "eos", "prompt_mode": "auto"}  # greedy, 512 tokens, EOS, chat

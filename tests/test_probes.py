@@ -8,11 +8,12 @@ import torch
 from transformers import DynamicCache
 
 from relaylens.errors import RelaylensError
-from relaylens.generation import build_cache, prefill_from_cache
-from relaylens.geometry import RotaryFactors
-from relaylens.probes import gold_slots, probe_condition, replay_conditions
-from relaylens.summaries import band_table, bands
-from relaylens.selection import Selection
+from relaylens.generation.single import build_cache, prefill_from_cache
+from relaylens.geometry.rotary import RotaryFactors
+from relaylens.probes.readouts import gold_slots, probe_condition, replay_conditions
+from relaylens.conditions.bands import bands
+from relaylens.reporting.summaries import band_table
+from relaylens.geometry.selection import Selection
 from relaylens.testing import tiny_model
 
 L, Q = 48, 5
@@ -43,7 +44,7 @@ def _manual(model, pre, sel, question, evidence, condition):
         def grab(module, args, kwargs, output, index=index):
             captured[index] = kwargs  # position_embeddings and hidden states for the q recomputation
         handles.append(layer.self_attn.register_forward_hook(grab, with_kwargs=True))
-    from relaylens.generation import _forward
+    from relaylens.generation.single import _forward
     try:
         with torch.no_grad():
             _forward(model, question, relocated.coordinates.question_positions(Q), relocated, torch.arange(L, L + Q))

@@ -10,11 +10,11 @@ import torch
 from transformers import DynamicCache
 
 from relaylens.errors import RelaylensError
-from relaylens.generation import build_cache, prefill_from_cache
-from relaylens.geometry import RotaryFactors
-from relaylens import probes_tl
-from relaylens.probes import probe_condition, replay_conditions
-from relaylens.probes_tl import (
+from relaylens.generation.single import build_cache, prefill_from_cache
+from relaylens.geometry.rotary import RotaryFactors
+from relaylens.probes import transformer_lens as probes_tl
+from relaylens.probes.readouts import probe_condition, replay_conditions
+from relaylens.probes.transformer_lens import (
     bridge_model,
     cache_kwarg_shim,
     probe_condition_tl,
@@ -22,7 +22,7 @@ from relaylens.probes_tl import (
     shim_needed,
     update_reads_cache_kwarg,
 )
-from relaylens.selection import Selection
+from relaylens.geometry.selection import Selection
 from relaylens.testing import tiny_model
 
 pytest.importorskip("transformer_lens.model_bridge")
@@ -251,8 +251,8 @@ PREFIX = 512
 
 @pytest.mark.model
 def test_backends_agree_on_smollm2_real_record(smollm2):
-    from relaylens.prefill import prefill_history
-    from relaylens.prompting import render_prompt
+    from relaylens.model.prefill import prefill_history
+    from relaylens.datasets.prompting import render_prompt
     from relaylens.datasets import load_records
 
     model, tokenizer = smollm2

@@ -8,8 +8,8 @@ import pytest
 
 from relaylens.datasets.synthetic_infinitebench import bundled_infinitebench_path, infinitebench_rows, write_infinitebench_sample
 from relaylens.errors import RecordError
-from relaylens.prompting import render_prompt
-from relaylens.prompt_templates import infinitebench_layout
+from relaylens.datasets.prompting import render_prompt
+from relaylens.datasets.prompt_templates import infinitebench_layout
 from relaylens.datasets import load_records
 from relaylens.testing import tiny_tokenizer
 

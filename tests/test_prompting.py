@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from relaylens.prompting import INSTRUCTION, layout_prompt, question_block, render_prompt, stop_strings
-from relaylens.records import Record, Session, Turn
+from relaylens.datasets.prompting import INSTRUCTION, layout_prompt, question_block, render_prompt, stop_strings
+from relaylens.datasets.records import Record, Session, Turn
 from relaylens.datasets import load_records
 from relaylens.testing import tiny_tokenizer
 
@@ -178,12 +178,14 @@ def test_synthetic_sample_renders(tok):
 @pytest.mark.model
 def test_real_smollm2_tokenizer_round_trip():
     """The embedded model's tokenizer and chat template (skipped until `relaylens model pull` has run)."""
-    models = pytest.importorskip("relaylens.models")
+    models = pytest.importorskip("relaylens.model.embedded")
     if not models.is_pulled(models.DEFAULT_MODEL):
         pytest.skip("embedded SmolLM2 not pulled")
     from relaylens.datasets.synthetic import bundled_sample_path
 
-    tok = models.load_tokenizer(models.DEFAULT_MODEL)
+    from relaylens.model.loading import load_tokenizer
+
+    tok = load_tokenizer(models.DEFAULT_MODEL)
     for rec in load_records(bundled_sample_path())[:7]:
         for mode in MODES:
             p = render_prompt(rec, tok, mode=mode)

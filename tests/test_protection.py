@@ -9,12 +9,12 @@ import pytest
 import torch
 
 from relaylens.errors import ShapeError
-from relaylens.protection import select_protected, source_budget
+from relaylens.selectors.protection import select_protected, source_budget
 from relaylens.selectors import REGISTRY, make_selector
 from relaylens.selectors.base import top_positions
 from relaylens.selectors.finch import QuestionAttention
 from relaylens.selectors.synthetic import random_prefill
-from relaylens.spans import RenderedPrompt, Span
+from relaylens.datasets.spans import RenderedPrompt, Span
 
 L, LAYERS, KV = 400, 6, 4
 #: history layout: a 30-token instruction head, 8 sessions separated by 2-token gaps (protected), no tail
@@ -157,10 +157,10 @@ def test_memory_runs_take_the_option_and_record_it(tmp_path):
 
     from relaylens.datasets import load_records
     from relaylens.datasets.synthetic import generate_records
-    from relaylens.experiments import apply_overrides, load_analysis
-    from relaylens.prompting import render_prompt
-    from relaylens.results import load_tables
-    from relaylens.runner import RunConfig, run_analysis
+    from relaylens.experiments.specs import apply_overrides, load_analysis
+    from relaylens.datasets.prompting import render_prompt
+    from relaylens.results.store import load_tables
+    from relaylens.experiments.runner import RunConfig, run_analysis
     from relaylens.testing import tiny_model, tiny_tokenizer
 
     data = tmp_path / "records.json"

@@ -11,7 +11,7 @@ import pytest
 
 from relaylens.datasets import detect_format
 from relaylens.errors import RecordError
-from relaylens.records import Record, Session, Turn, answer_to_str
+from relaylens.datasets.records import Record, Session, Turn, answer_to_str
 from relaylens.datasets import load_records, load_records_with_report
 
 FIXTURES = Path(__file__).parent / "fixtures"

@@ -9,11 +9,11 @@ import math
 import pandas as pd
 import pytest
 
-from relaylens.agreement import cohen_kappa, cross_judge_table
+from relaylens.scoring.agreement import cohen_kappa, cross_judge_table
 from relaylens.errors import RelaylensError
-from relaylens.rejudge import judge_name, rejudge_run
-from relaylens.results import load_tables
-from relaylens.retention import retained_keys, retention_table
+from relaylens.scoring.rejudge import judge_name, rejudge_run
+from relaylens.results.store import load_tables
+from relaylens.reporting.retention import retained_keys, retention_table
 
 
 def test_cohen_kappa_textbook_table():
@@ -39,8 +39,8 @@ class Stub:
 @pytest.fixture(scope="module")
 def finished_run(tmp_path_factory):
     from relaylens.datasets.synthetic import generate_records
-    from relaylens.experiments import load_analysis
-    from relaylens.runner import RunConfig, run_analysis
+    from relaylens.experiments.specs import load_analysis
+    from relaylens.experiments.runner import RunConfig, run_analysis
     from relaylens.testing import tiny_model, tiny_tokenizer
 
     root = tmp_path_factory.mktemp("rejudge")

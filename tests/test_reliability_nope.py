@@ -13,7 +13,7 @@ import torch
 from transformers import DynamicCache
 
 from relaylens.errors import RopeError
-from relaylens.geometry import RotaryFactors, relocate_keys
+from relaylens.geometry.rotary import RotaryFactors, relocate_keys
 from relaylens.testing import NOPE_VARIANTS, tiny_model, tiny_tokenizer
 
 SHIFT = 700
@@ -55,9 +55,9 @@ def test_nope_layers_are_detected_and_left_unmoved(variant):
 def test_common_shift_of_everything_leaves_the_logits_unchanged(variant):
     """Through the runtime: keep-all ``common_shift`` (every key and the question moved by the same amount) reads
     exactly what ``original`` reads, NoPE layers included."""
-    from relaylens.generation import run_condition
-    from relaylens.prefill import prefill_history
-    from relaylens.selection import Selection
+    from relaylens.generation.single import run_condition
+    from relaylens.model.prefill import prefill_history
+    from relaylens.geometry.selection import Selection
 
     model = tiny_model(variant)
     prefill = prefill_history(model, IDS, capture_window_queries=False)  # no query recipe for these classes
@@ -73,7 +73,7 @@ def test_model_check_passes_on_nope_models_and_fails_when_nope_is_ignored(monkey
     """``relaylens model check`` prints PASS/FAIL against thresholds and exits non-zero when a check fails."""
     from typer.testing import CliRunner
 
-    from relaylens import geometry
+    from relaylens.geometry import rotary as geometry
     from relaylens.cli import app
 
     model_dir = tmp_path / "tiny-smollm3"

@@ -14,9 +14,9 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from relaylens import kernels
+from relaylens.geometry import fused as kernels
 from relaylens.errors import NonFiniteError
-from relaylens.geometry import RotaryFactors, relocate_keys
+from relaylens.geometry.rotary import RotaryFactors, relocate_keys
 from relaylens.testing import ROPE_VARIANTS, tiny_model
 
 MAX_POSITION = 131071

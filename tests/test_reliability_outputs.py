@@ -23,8 +23,8 @@ LIMIT = 16 * 1024  # bytes: below the size of report.html and of the figure file
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory):
     from relaylens.datasets.synthetic import generate_records
-    from relaylens.experiments import load_analysis
-    from relaylens.runner import RunConfig, run_analysis
+    from relaylens.experiments.specs import load_analysis
+    from relaylens.experiments.runner import RunConfig, run_analysis
     from relaylens.testing import tiny_model, tiny_tokenizer
 
     root = tmp_path_factory.mktemp("outputs")
@@ -68,7 +68,7 @@ def test_report_and_figures_take_the_run_lock(run_dir, command):
     from typer.testing import CliRunner
 
     from relaylens.cli import app
-    from relaylens.locks import run_lock
+    from relaylens.results.locks import run_lock
 
     with run_lock(run_dir, "run"):
         result = CliRunner().invoke(app, [command, str(run_dir)])

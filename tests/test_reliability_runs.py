@@ -18,7 +18,7 @@ import pandas as pd
 import pytest
 from runs import CLI_ENV, cli, committed_units, comparable_tables, tiny_workspace  # tests/ is on sys.path under pytest
 
-from relaylens.results import load_tables
+from relaylens.results.store import load_tables
 
 ANALYSIS = "ordering"
 RECORDS = 4

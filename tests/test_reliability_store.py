@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from relaylens.results import ResultStoreError, RunStore, UnitKey, load_tables
+from relaylens.results.store import ResultStoreError, RunStore, UnitKey, load_tables
 
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "COLUMNS": "200"}
 
@@ -38,14 +38,14 @@ def ws(tmp_path_factory):
 
 
 def _spec():
-    from relaylens.experiments import load_analysis
+    from relaylens.experiments.specs import load_analysis
 
     return load_analysis("ordering").SPEC.replace(budgets=(0.4,), max_new_tokens=2, conditions=("original", "relay"),
                                                   replay_conditions=())
 
 
 def _run(ws, out, model_and_tokenizer=None, **config):
-    from relaylens.runner import RunConfig, run_analysis
+    from relaylens.experiments.runner import RunConfig, run_analysis
 
     config = {"model": str(ws["model_dir"]), "data": str(ws["data"]), "limit": 2, "out": str(out), **config}
     return run_analysis(_spec(), RunConfig(**config), progress=False,
@@ -154,8 +154,8 @@ def test_second_run_on_the_same_out_is_refused_naming_the_holder(ws, tmp_path):
 
 
 def test_every_writer_takes_the_lock(ws, tmp_path):
-    from relaylens.locks import RunLockedError, run_lock
-    from relaylens.shards import merge_runs
+    from relaylens.results.locks import RunLockedError, run_lock
+    from relaylens.results.shards import merge_runs
 
     run_dir = _run(ws, tmp_path / "run", limit=1)
     merged = tmp_path / "merged"
@@ -166,7 +166,7 @@ def test_every_writer_takes_the_lock(ws, tmp_path):
     with run_lock(merged, "run"):
         with pytest.raises(RunLockedError, match="in use"):
             merge_runs([run_dir], merged)
-    from relaylens.rejudge import rejudge_run
+    from relaylens.scoring.rejudge import rejudge_run
 
     class NeverCalled:
         model_id = "never-called"
@@ -203,7 +203,7 @@ def _edited_config(ws):
                                             (_edited_config, "model.config_sha256")],
                          ids=["swapped-tokenizer", "edited-config-rope-theta"])
 def test_resume_refuses_a_changed_model_besides_its_weights(ws, tmp_path, change, key):
-    from relaylens.models import model_fingerprint
+    from relaylens.model.loading import model_fingerprint
 
     out = _run(ws, tmp_path / "run")
     changed = change(ws)
@@ -229,7 +229,7 @@ def test_resume_refuses_changed_relaylens_source(ws, tmp_path):
     assert first.returncode == 0, first.stderr[-2000:]
     source = json.loads((tmp_path / "run" / "manifest.json").read_text())["source"]
     assert source["source_sha256"] and source["commit"] is None  # the copy is no git checkout: the hash decides
-    scoring = code / "relaylens" / "scoring.py"
+    scoring = code / "relaylens" / "scoring" / "metrics.py"
     scoring.write_text(scoring.read_text() + "\n# a local edit that could change scores\n")
     again = _cli(*args, env=env, cwd=code)
     assert again.returncode == 2, again.stderr[-2000:]
@@ -267,7 +267,7 @@ def shards(ws, tmp_path_factory):
 
 
 def test_merge_of_shards_from_different_mounts_equals_the_full_run(shards, tmp_path):
-    from relaylens.shards import merge_runs
+    from relaylens.results.shards import merge_runs
 
     merged = merge_runs([shards["0/2"], shards["1/2"]], tmp_path / "merged")
     full = load_tables(shards["full"])
@@ -277,7 +277,7 @@ def test_merge_of_shards_from_different_mounts_equals_the_full_run(shards, tmp_p
 
 
 def test_merge_refuses_shards_of_different_splits(shards, tmp_path):
-    from relaylens.shards import merge_runs
+    from relaylens.results.shards import merge_runs
 
     with pytest.raises(ResultStoreError, match=r"different splits \(shards 0/2, 1/3\).*--allow-incomplete"):
         merge_runs([shards["0/2"], shards["1/3"]], tmp_path / "merged")
@@ -285,7 +285,7 @@ def test_merge_refuses_shards_of_different_splits(shards, tmp_path):
 
 
 def test_merge_refuses_a_shard_missing_a_unit_and_names_it(shards, tmp_path):
-    from relaylens.shards import merge_runs
+    from relaylens.results.shards import merge_runs
 
     copy = tmp_path / "s1-copy"
     shutil.copytree(shards["1/2"], copy)

@@ -10,8 +10,8 @@ import re
 import pandas as pd
 import pytest
 
-from relaylens import figures, report, summaries
-from relaylens.tables import example_tables
+from relaylens.reporting import figures, report, summaries
+from relaylens.results.tables import example_tables
 from browser import chromium, console_errors, not_blank, run_chromium  # tests/ helpers
 
 LAYERS, HEADS = 4, 2
@@ -111,7 +111,7 @@ def test_empty_tables_are_a_clear_error(tmp_path):
     from typer.testing import CliRunner
 
     from relaylens.cli import app
-    from relaylens.results import RunStore
+    from relaylens.results.store import RunStore
 
     RunStore.create_or_open(tmp_path / "empty", {"analysis": "evidence_reading", "config": {}})
     result = CliRunner().invoke(app, ["report", str(tmp_path / "empty")])
@@ -155,7 +155,7 @@ def test_report_renders_in_headless_chromium(tmp_path, tables, write_run):
 
 # ------------------------------------------------------------------------------------------------ token view
 def _views(records: int = 3, tokens: int = 300) -> list[dict]:
-    from relaylens.views import example_view
+    from relaylens.reporting.token_view import example_view
 
     return [example_view(tokens=tokens, layers=LAYERS) | {"record_id": f"r{i}", "order": i} for i in range(records)]
 
@@ -176,7 +176,7 @@ def test_report_token_view_switches_layers_in_chromium(tmp_path, tables, write_r
     from typer.testing import CliRunner
 
     from relaylens.cli import app
-    from relaylens.views import write_view
+    from relaylens.results.views import write_view
 
     binary = chromium()
     run = write_run(tmp_path / "run", tables, spec_figures=())

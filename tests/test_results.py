@@ -16,10 +16,10 @@ import time
 import pandas as pd
 import pytest
 
-import relaylens.results as results
-from relaylens.results import ResultStoreError, RunStore, StoreWriteError, UnitKey, build_manifest, load_tables
-from relaylens.shards import merge_runs, parse_shard, shard_records
-from relaylens.tables import TABLES
+import relaylens.results.store as results
+from relaylens.results.store import ResultStoreError, RunStore, StoreWriteError, UnitKey, build_manifest, load_tables
+from relaylens.results.shards import merge_runs, parse_shard, shard_records
+from relaylens.results.tables import TABLES
 
 from runs import CONDITIONS, assert_tables_equal, fill, manifest, unit_rows  # noqa: F401 - tests/ helpers
 
@@ -171,7 +171,7 @@ def test_corrupt_unit_file_is_named(tmp_path, damage):
 
 _KILL_SCRIPT = """
 import json, time
-from relaylens.results import RunStore, UnitKey
+from relaylens.results.store import RunStore, UnitKey
 job = json.load(open({job!r}))
 def slow(f, data):
     for i in range(0, len(data), 512):
@@ -263,7 +263,7 @@ def test_open_requires_manifest(tmp_path):
 def test_exported_tables_without_units_load_and_older_columns_are_filled(tmp_path):
     """A run directory holding only its parquet tables (as published under figures/), written before the stage-time
     and batch columns existed, loads with those columns filled (NaN times, one row per batch)."""
-    from relaylens.tables import LATER_COLUMNS, example_tables
+    from relaylens.results.tables import LATER_COLUMNS, example_tables
 
     tables = example_tables(records=3, probes=False)
     (tmp_path / "manifest.json").write_text(json.dumps({"analysis": "coordinate_ablation", "config": {}}))
@@ -279,7 +279,7 @@ def test_exported_tables_without_units_load_and_older_columns_are_filled(tmp_pat
 
 def test_exported_table_missing_a_core_column_is_named(tmp_path):
     from relaylens.errors import RelaylensError
-    from relaylens.tables import example_tables
+    from relaylens.results.tables import example_tables
 
     tables = example_tables(records=2, probes=False)
     (tmp_path / "manifest.json").write_text(json.dumps({"analysis": "coordinate_ablation", "config": {}}))

@@ -6,12 +6,12 @@ import pytest
 import torch
 from transformers import DynamicCache
 
-from relaylens.scopes import get_condition
+from relaylens.conditions.scoped import get_condition
 from relaylens.errors import ShapeError
-from relaylens.generation import prefill_from_cache, run_condition
-from relaylens.probes import probe_condition, probe_rows
-from relaylens.rows import Row, run_rows
-from relaylens.selection import Selection
+from relaylens.generation.single import prefill_from_cache, run_condition
+from relaylens.probes.readouts import probe_condition, probe_rows
+from relaylens.generation.rows import Row, run_rows
+from relaylens.geometry.selection import Selection
 from relaylens.testing import tiny_model
 
 VARIANTS = ["llama", "qwen2_yarn", "phi_partial", "glm_partial_interleaved", "gemma3"]
@@ -163,7 +163,7 @@ def test_empty_rows_refused():
 @pytest.mark.parametrize("variant", ["llama", "gemma3"])
 def test_scoped_conditions_batched_equal_sequential(variant):
     """Layer/head-scoped conditions are ordinary coordinates: batched rows decode them as one by one."""
-    from relaylens.scopes import expand_conditions
+    from relaylens.conditions.scoped import expand_conditions
 
     model = tiny_model(variant, seed=9)
     history, question = _tokens(model, HISTORY, 4), _tokens(model, QUESTION, 5)

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from relaylens.generation import run_condition
-from relaylens.probes import probe_condition, probe_rows
-from relaylens.rows import Row, run_rows
+from relaylens.generation.single import run_condition
+from relaylens.probes.readouts import probe_condition, probe_rows
+from relaylens.generation.rows import Row, run_rows
 
 pytestmark = [pytest.mark.model, pytest.mark.slow]
 
@@ -15,8 +15,8 @@ pytestmark = [pytest.mark.model, pytest.mark.slow]
 @pytest.fixture(scope="module")
 def record_rows(smollm2):
     from relaylens.datasets.synthetic import bundled_sample_path
-    from relaylens.prefill import prefill_history
-    from relaylens.prompting import render_prompt
+    from relaylens.model.prefill import prefill_history
+    from relaylens.datasets.prompting import render_prompt
     from relaylens.datasets import load_records
     from relaylens.selectors import make_selector
 

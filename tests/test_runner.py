@@ -13,8 +13,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from relaylens.results import load_tables
-from relaylens.tables import TIMING_COLUMNS
+from relaylens.results.store import load_tables
+from relaylens.results.tables import TIMING_COLUMNS
 
 ANALYSIS = "coordinate_ablation"
 

@@ -8,7 +8,7 @@ import json
 import pytest
 from runs import cli, tiny_workspace  # tests/ is on sys.path under pytest
 
-from relaylens.results import load_tables
+from relaylens.results.store import load_tables
 
 
 @pytest.fixture(scope="module")
@@ -114,8 +114,8 @@ def test_bad_options_give_one_clear_line(args, message):
 def test_every_paper_preset_runs_end_to_end(workspace, tmp_path, analysis):
     """``--preset paper --limit 2`` on a tiny model (decoding shortened to keep CI fast; the full 512-token runs are
     in the README's check); the manifest carries the paper's configuration."""
-    from relaylens.experiments import load_analysis
-    from relaylens.presets import apply_preset
+    from relaylens.experiments.specs import load_analysis
+    from relaylens.experiments.presets import apply_preset
 
     root, model_dir, data = workspace
     out = tmp_path / analysis
@@ -131,8 +131,8 @@ def test_every_paper_preset_runs_end_to_end(workspace, tmp_path, analysis):
 
 
 def test_a_budget_too_small_for_a_record_is_skipped_not_fatal(workspace, tmp_path):
-    from relaylens.experiments import load_analysis
-    from relaylens.runner import RunConfig, run_analysis
+    from relaylens.experiments.specs import load_analysis
+    from relaylens.experiments.runner import RunConfig, run_analysis
     from relaylens.testing import tiny_model, tiny_tokenizer
 
     _, _, data = workspace

@@ -1,6 +1,6 @@
 """Scoped conditions: parsing and labels, the relative-geometry construction, and exactness on tiny models.
 
-Model-level references are independent of :mod:`relaylens.scopes`: the mixed-scope reference runs every layer at
+Model-level references are independent of :mod:`relaylens.conditions.scoped`: the mixed-scope reference runs every layer at
 its *own* condition's coordinates (the keys of that condition's relocated cache, the question at that condition's
 positions through a pre-hook that hands the layer the model's own cos/sin at those positions), so the scoped
 construction (one shared anchor, shifted keys) is never used to build it.
@@ -13,13 +13,13 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from relaylens.attention import AttentionState, attention_context
+from relaylens.generation.attention import AttentionState, attention_context
 from relaylens.errors import PositionError, RelaylensError
-from relaylens.generation import build_cache, run_condition
-from relaylens.geometry import RotaryFactors
-from relaylens.prefill import prefill_history
-from relaylens.scopes import Scoped, expand_conditions, format_layers, get_condition, model_layer_types
-from relaylens.selection import Selection
+from relaylens.generation.single import build_cache, run_condition
+from relaylens.geometry.rotary import RotaryFactors
+from relaylens.model.prefill import prefill_history
+from relaylens.conditions.scoped import Scoped, expand_conditions, format_layers, get_condition, model_layer_types
+from relaylens.geometry.selection import Selection
 from relaylens.testing import tiny_model
 
 VARIANTS = ("llama", "qwen2_yarn", "gemma3")

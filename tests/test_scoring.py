@@ -9,9 +9,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-import relaylens.scoring as scoring
-from relaylens.records import Record, Session, Turn
-from relaylens.scoring import (
+import relaylens.scoring.metrics as scoring
+from relaylens.datasets.records import Record, Session, Turn
+from relaylens.scoring.metrics import (
     contains, exact_match, extract_choice_personamem, f1, infinitebench_choice_correct,
     infinitebench_dialogue_correct, is_abstention, normalize_answer, score_answer,
 )

@@ -13,8 +13,8 @@ import pytest
 import torch
 from transformers.models.llama import modeling_llama
 
-from relaylens.prefill import PrefillResult
-from relaylens.attention_stats import capture_column_sums
+from relaylens.model.prefill import PrefillResult
+from relaylens.model.attention_stats import capture_column_sums
 from relaylens.selectors import H2O, AdaKV, CaM, ChunkKV, PyramidKV, SnapKV
 from relaylens.testing import peaked_model
 
@@ -293,7 +293,7 @@ def test_pool_per_query_head_changes_maxpool_order(run):
 
 def test_selectors_on_prefill_history_match_eager_fixture(run):
     """The real pipeline (sdpa prefill, rebuilt window queries) selects exactly what the eager fixture selects."""
-    from relaylens.prefill import prefill_history
+    from relaylens.model.prefill import prefill_history
 
     pre_eager, _ = run
     model = peaked_model(num_hidden_layers=4)

@@ -12,7 +12,7 @@ from relaylens.errors import BudgetError, RecordError, RelaylensError, ShapeErro
 from relaylens.selectors import BM25
 from relaylens.selectors.bm25 import bm25_scores, word_tokens
 from relaylens.selectors.synthetic import random_prefill
-from relaylens.spans import RenderedPrompt, Span
+from relaylens.datasets.spans import RenderedPrompt, Span
 
 # (session id, [(role, text), ...]); token length of a turn = 10 per turn, plus a 6-token session header
 SESSIONS = [

@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from relaylens.errors import BudgetError, RelaylensError, ShapeError
-from relaylens.selection import Selection
+from relaylens.geometry.selection import Selection
 from relaylens.selectors import (
     REGISTRY,
     H2O,
@@ -28,7 +28,7 @@ from relaylens.selectors.finch import QuestionAttention
 from relaylens.selectors.base import largest_remainder, pool_scores, top_positions
 from relaylens.selectors.pyramidkv import pyramid_schedule
 from relaylens.selectors.synthetic import random_prefill
-from relaylens.spans import RenderedPrompt, Span
+from relaylens.datasets.spans import RenderedPrompt, Span
 L = 400
 
 

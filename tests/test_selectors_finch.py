@@ -17,11 +17,11 @@ import pytest
 import torch
 from transformers.models.llama import modeling_llama
 
-from relaylens.scopes import get_condition
+from relaylens.conditions.scoped import get_condition
 from relaylens.errors import RelaylensError, ShapeError
-from relaylens.generation import build_cache, run_condition
-from relaylens.geometry import RotaryFactors
-from relaylens.prefill import prefill_history
+from relaylens.generation.single import build_cache, run_condition
+from relaylens.geometry.rotary import RotaryFactors
+from relaylens.model.prefill import prefill_history
 from relaylens.selectors import REGISTRY, Finch, make_selector
 from relaylens.selectors.finch import FINCH_COORDINATES, QuestionAttention, chunk_quotas
 from relaylens.selectors.synthetic import random_prefill

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from relaylens.errors import ShapeError
-from relaylens.attention_stats import capture_column_sums, causal_column_sums
+from relaylens.model.attention_stats import capture_column_sums, causal_column_sums
 from relaylens.selectors import H2O
 from relaylens.testing import ROPE_VARIANTS, tiny_model
 L = 40
@@ -30,7 +30,7 @@ def _eager_column_sums(model, ids) -> list[torch.Tensor]:
 
 
 def _prefill_with_sums(model, ids, chunk_size=None, block_size=7):
-    from relaylens.prefill import prefill_history
+    from relaylens.model.prefill import prefill_history
 
     return prefill_history(model, ids, window_size=8, chunk_size=chunk_size, column_sums=True,
                            column_block_size=block_size)

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from relaylens.errors import BudgetError, RelaylensError, ShapeError
-from relaylens.prefill import prefill_history
+from relaylens.model.prefill import prefill_history
 from relaylens.selectors import REGISTRY, Scissorhands, make_selector
 from relaylens.selectors.scissorhands import rank_lexicographic
 from relaylens.selectors.synthetic import random_prefill

@@ -7,9 +7,9 @@ import json
 
 import pytest
 
-from relaylens.launch import shard_dir
-from relaylens.results import ResultStoreError, RunStore, build_manifest, load_tables
-from relaylens.shards import merge_run_dir, shard_records
+from relaylens.experiments.launch import shard_dir
+from relaylens.results.store import ResultStoreError, RunStore, build_manifest, load_tables
+from relaylens.results.shards import merge_run_dir, shard_records
 from runs import assert_tables_equal, fill, manifest  # tests/ is on sys.path under pytest
 
 IDS = [f"q{k}" for k in range(10)]

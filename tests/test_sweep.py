@@ -20,8 +20,8 @@ import time
 import pytest
 from runs import CLI_ENV, cli, committed_units, comparable_tables, tiny_workspace  # tests/ is on sys.path under pytest
 
-from relaylens.results import load_tables
-from relaylens.sweep import attempts_path
+from relaylens.results.store import load_tables
+from relaylens.experiments.sweep import attempts_path
 
 ANALYSIS = "coordinate_ablation"
 RECORDS = 8  # split 4 + 4 by the record-id hash

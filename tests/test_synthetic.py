@@ -149,7 +149,7 @@ def test_history_hits_the_token_target(tokenizer, target):
     counter = make_token_counter(tok)
     for w in generate_worlds(7, seed=2, history_tokens=target, token_count=tok):
         from relaylens.datasets.longmemeval import parse_record
-        from relaylens.prompting import layout_prompt
+        from relaylens.datasets.prompting import layout_prompt
 
         rec = parse_record(w.record, "<synthetic>", "x")
         measured = counter(layout_prompt(rec, "completion").history_text)
@@ -187,7 +187,7 @@ def test_bundled_sample_loads_and_is_reproducible(tmp_path):
     records = load_records(path)
     assert 20 <= len(records) <= 30
     assert {r.question_type for r in records} == set(QUESTION_TYPES) and any(r.is_abstention for r in records)
-    models = pytest.importorskip("relaylens.models")
+    models = pytest.importorskip("relaylens.model.embedded")
     if not models.is_pulled("smollm2-135m-instruct"):
         pytest.skip("SmolLM2 tokenizer not pulled; `relaylens model pull` to check the sample byte for byte")
     from relaylens.datasets.synthetic import SAMPLE_ARGS, write_records

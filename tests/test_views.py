@@ -8,11 +8,13 @@ import pytest
 import torch
 from transformers import DynamicCache
 
-from relaylens.generation import prefill_from_cache
-from relaylens.probes import probe_condition
-from relaylens.selection import Selection
+from relaylens.generation.single import prefill_from_cache
+from relaylens.probes.readouts import probe_condition
+from relaylens.geometry.selection import Selection
 from relaylens.testing import tiny_model
-from relaylens.views import example_view, final_token_attention, load_views, view_html, write_view
+from relaylens.probes.token_view import final_token_attention
+from relaylens.reporting.token_view import example_view, view_html
+from relaylens.results.views import load_views, write_view
 
 L, Q = 30, 4
 

@@ -1,6 +1,6 @@
 """Dataset readers (LongMemEval, PersonaMem, Long-MT-Bench+, InfiniteBench, HelloBench summarization), the synthetic generator, and the
 loader: :func:`load_records` calls :func:`detect_format` and one of :data:`READERS`, each of which turns a file into
-:class:`relaylens.records.Record` s.
+:class:`relaylens.datasets.records.Record` s.
 
 Example:
     >>> detect_format(bundled_sample_path())
@@ -14,7 +14,7 @@ import warnings
 from pathlib import Path
 
 from relaylens.errors import RecordError
-from relaylens.records import LoadReport, Record, RecordCollector
+from relaylens.datasets.records import LoadReport, Record, RecordCollector
 
 from relaylens.datasets.common import peek_text
 from relaylens.datasets.infinitebench import TASKS as INFINITEBENCH_TASKS
@@ -24,7 +24,7 @@ from relaylens.datasets.longmemeval import read_longmemeval
 from relaylens.datasets.longmtbench import read_longmtbench
 from relaylens.datasets.personamem import read_personamem
 
-log = logging.getLogger("relaylens.records")
+log = logging.getLogger("relaylens.datasets.records")
 
 READERS = {
     "longmemeval": read_longmemeval,

@@ -16,7 +16,7 @@ One JSON object per line (a JSON array also reads). Fields read:
 Everything else (``requirements``, ``text_len``, ``base_prompt``, ...) is kept in ``Record.meta``. Malformed items
 raise :class:`~relaylens.errors.RecordError` naming the record id, the field and the fix.
 
-Aspects (what factuality and coverage average over, :mod:`relaylens.checklist`): an object item's ``aspect``, else
+Aspects (what factuality and coverage average over, :mod:`relaylens.scoring.checklist`): an object item's ``aspect``, else
 the rule of :func:`checklist_aspect` on the question text.
 
 Example:
@@ -37,7 +37,7 @@ from pathlib import Path
 
 from relaylens.datasets.common import get_field, iter_json_objects, record_error
 from relaylens.errors import RecordError
-from relaylens.records import Record, RecordCollector, Session, Turn
+from relaylens.datasets.records import Record, RecordCollector, Session, Turn
 
 CATEGORIES = ("blogs", "report", "news", "long_dialogue", "academic_article")
 ASPECTS = ("factuality", "coverage", "other")
@@ -144,10 +144,10 @@ def parse_checklist(obj: dict, path, where: str, category_weights=None) -> tuple
 
 
 def hellobench_layout(record, mode: str):
-    """The :class:`~relaylens.spans.PromptLayout` of a HelloBench item: the instruction head and the source text are
+    """The :class:`~relaylens.datasets.spans.PromptLayout` of a HelloBench item: the instruction head and the source text are
     the history (the source is one session with one document turn; the head lies outside it, so it is protected),
     the prompt's tail is the question part (completion mode appends a ``Summary:`` cue)."""
-    from relaylens.spans import PromptLayout
+    from relaylens.datasets.spans import PromptLayout
 
     meta = record.meta or {}
     head, tail = meta.get("prompt_head", ""), meta.get("prompt_tail", "")

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from relaylens.datasets.common import iter_json_objects, record_error
 from relaylens.errors import RecordError
-from relaylens.records import Record, RecordCollector, Session, Turn
+from relaylens.datasets.records import Record, RecordCollector, Session, Turn
 
 TASKS = ("longdialogue_qa_eng", "longbook_choice_eng", "longbook_qa_eng")
 CHUNK_CHARS = 2000
@@ -83,7 +83,7 @@ def parse_record(obj, path, where: str, task: str | None) -> Record:
         raw = obj.get("options")
         if not isinstance(raw, list) or len(raw) < 2 or not all(isinstance(o, str) for o in raw):
             raise record_error(path, where, "options", "a list of option strings", raw, "give the 4 options")
-        if len(raw) > 4:  # the official En.MC scoring (relaylens.scoring) reads the letters A-D only
+        if len(raw) > 4:  # the official En.MC scoring (relaylens.scoring.metrics) reads the letters A-D only
             raise record_error(path, where, "options", "at most 4 options (En.MC is scored on the letters A-D)",
                                f"{len(raw)} options", "keep the 4 options of the task")
         if answers[0] not in raw:

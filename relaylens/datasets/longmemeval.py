@@ -19,7 +19,7 @@ import math
 from pathlib import Path
 
 from relaylens.datasets.common import get_field, iter_json_objects, parse_lme_date, record_error
-from relaylens.records import Record, RecordCollector, Session, Turn, answer_to_str
+from relaylens.datasets.records import Record, RecordCollector, Session, Turn, answer_to_str
 
 QUESTION_TYPES = (
     "single-session-user",

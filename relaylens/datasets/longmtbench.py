@@ -2,7 +2,7 @@
 
 Each row is one conversation: ``conversation_id``, ``sessions`` (list of sessions, each a list of exchange strings
 ``"<Turn 0>: [human]: ...\\n[bot]: ..."``; the ``<Turn n>:`` prefix may be absent), ``questions`` and ``answers``
-(aligned). Every question becomes one :class:`~relaylens.records.Record` over the whole conversation, clustered by
+(aligned). Every question becomes one :class:`~relaylens.datasets.records.Record` over the whole conversation, clustered by
 ``conversation_id``. There are no dates and no gold evidence in the release.
 
 Example:
@@ -17,7 +17,7 @@ from pathlib import Path
 
 from relaylens.datasets.common import iter_json_objects, record_error
 from relaylens.errors import RecordError
-from relaylens.records import Record, RecordCollector, Session, Turn
+from relaylens.datasets.records import Record, RecordCollector, Session, Turn
 
 _TURN_PREFIX = re.compile(r"^\s*<Turn\s*\d+>\s*:\s*")
 _EXCHANGE = re.compile(r"^\s*\[human\]\s*:\s*(.*?)\s*\[bot\]\s*:\s*(.*?)\s*\Z", re.S)

@@ -22,7 +22,7 @@ from pathlib import Path
 
 from relaylens.datasets.common import record_error
 from relaylens.errors import RecordError
-from relaylens.records import Record, RecordCollector, Session, Turn
+from relaylens.datasets.records import Record, RecordCollector, Session, Turn
 
 SKILLS = (
     "recall_user_shared_facts",
@@ -50,7 +50,7 @@ QUESTION_COLUMNS = ("user_question_or_message", "question")
 _META_COLUMNS = ("topic", "persona_id", "context_length_in_tokens", "context_length_in_letters",
                  "distance_to_ref_in_blocks", "distance_to_ref_in_tokens", "num_irrelevant_tokens",
                  "distance_to_ref_proportion_in_context", "stereotypical")
-#: The option letters the scoring rules read (``relaylens.scoring``: a-d).
+#: The option letters the scoring rules read (``relaylens.scoring.metrics``: a-d).
 OPTION_LETTERS = "abcd"
 _LETTER = re.compile(r"^\s*\(?\s*([a-zA-Z])\s*\)")
 

@@ -12,8 +12,8 @@ from typing import ClassVar
 import torch
 
 from relaylens.errors import RelaylensError
-from relaylens.prefill import PrefillResult
-from relaylens.selection import Selection
+from relaylens.model.prefill import PrefillResult
+from relaylens.geometry.selection import Selection
 from relaylens.selectors.base import (
     Budget,
     WindowSelector,

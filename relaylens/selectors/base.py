@@ -26,8 +26,8 @@ import torch
 import torch.nn.functional as F
 
 from relaylens.errors import BudgetError, RelaylensError, ShapeError
-from relaylens.prefill import PrefillResult
-from relaylens.selection import Selection
+from relaylens.model.prefill import PrefillResult
+from relaylens.geometry.selection import Selection
 
 GQA_REDUCTIONS = ("mean", "max", "sum")
 POOLINGS = ("max", "avg", "none")
@@ -136,7 +136,7 @@ class Selector:
 
     def protected_request(self, source_budget: int, protected: int) -> int:
         """States to ask :meth:`select` for when ``protected`` instruction/template states are kept outside a
-        ``source_budget`` (:func:`relaylens.protection.select_protected`): ``source_budget + protected``, so that
+        ``source_budget`` (:func:`relaylens.selectors.protection.select_protected`): ``source_budget + protected``, so that
         the selector's own ranking picks the source states; a selector that never keeps a protected state returns
         ``source_budget``."""
         return source_budget + protected

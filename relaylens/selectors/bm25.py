@@ -16,11 +16,11 @@ from typing import ClassVar
 import torch
 
 from relaylens.errors import BudgetError, RecordError, RelaylensError, ShapeError
-from relaylens.prefill import PrefillResult
-from relaylens.selection import Selection
+from relaylens.model.prefill import PrefillResult
+from relaylens.geometry.selection import Selection
 from relaylens.selectors.base import Budget, Selector, resolve_budget
 from relaylens.selectors.streaming import uniform_selection
-from relaylens.spans import RenderedPrompt, Span
+from relaylens.datasets.spans import RenderedPrompt, Span
 
 GRANULARITIES = ("session", "turn")
 PACKINGS = ("first_fit", "truncate")
@@ -76,7 +76,7 @@ class BM25(Selector):
 
     Example:
         >>> from relaylens.selectors.synthetic import random_prefill
-        >>> from relaylens.spans import RenderedPrompt, Span
+        >>> from relaylens.datasets.spans import RenderedPrompt, Span
         >>> units = tuple(Span("session", i, f"s{i}", 10 * i, 10 * i + 10, False, None, t)
         ...               for i, t in enumerate(["my dog Biscuit", "the weather", "dog food"]))
         >>> prompt = RenderedPrompt("r", torch.zeros(30, dtype=torch.long), torch.zeros(2, dtype=torch.long), "", "",

@@ -13,8 +13,8 @@ from typing import ClassVar
 import torch
 
 from relaylens.errors import RelaylensError
-from relaylens.prefill import PrefillResult
-from relaylens.selection import Selection
+from relaylens.model.prefill import PrefillResult
+from relaylens.geometry.selection import Selection
 from relaylens.selectors.base import Budget, WindowSelector, reduce_gqa, resolve_budget, selection_with_window, top_positions
 from relaylens.selectors.h2o import column_sums_of
 

@@ -37,8 +37,8 @@ from typing import ClassVar
 import torch
 
 from relaylens.errors import RelaylensError, ShapeError
-from relaylens.prefill import PrefillResult
-from relaylens.selection import Selection
+from relaylens.model.prefill import PrefillResult
+from relaylens.geometry.selection import Selection
 from relaylens.selectors.base import (
     GQA_REDUCTIONS,
     Budget,
@@ -68,7 +68,7 @@ def question_attention(model, prefill: PrefillResult, question_ids: torch.Tensor
     """Run the question once at ``L .. L+Q-1`` over the full cache (the ``original`` condition of a keep-everything
     selection, through the same attention function as every question pass) and average the question tokens'
     softmax rows over the history keys, read from an attention observer."""
-    from relaylens.generation import run_condition
+    from relaylens.generation.single import run_condition
 
     length = prefill.history_length
     question_ids = torch.as_tensor(question_ids, dtype=torch.long).reshape(-1)

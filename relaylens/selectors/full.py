@@ -7,8 +7,8 @@ from typing import ClassVar
 
 import torch
 
-from relaylens.prefill import PrefillResult
-from relaylens.selection import Selection
+from relaylens.model.prefill import PrefillResult
+from relaylens.geometry.selection import Selection
 from relaylens.selectors.base import Budget, Selector
 from relaylens.selectors.streaming import uniform_selection
 

@@ -2,7 +2,7 @@
 
 Reference: Zhang et al., "H2O: Heavy-Hitter Oracle for Efficient Generative Inference of Large Language Models"
 (arXiv 2306.14048), FMInference/H2O; ``reference/selectors.md`` §2 H2O. The column sums come from
-:func:`relaylens.prefill.prefill_history` with ``column_sums=True`` (query blocks, no ``L x L``).
+:func:`relaylens.model.prefill.prefill_history` with ``column_sums=True`` (query blocks, no ``L x L``).
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from typing import ClassVar
 import torch
 
 from relaylens.errors import BudgetError, RelaylensError, ShapeError
-from relaylens.prefill import PrefillResult
-from relaylens.selection import Selection
+from relaylens.model.prefill import PrefillResult
+from relaylens.geometry.selection import Selection
 from relaylens.selectors.base import (
     GQA_REDUCTIONS,
     Budget,

@@ -2,7 +2,7 @@
 
 Each mode runs in a fresh subprocess: build a random-weight Llama of the given geometry (default: SmolLM2-135M's,
 30 layers, 9 query heads, 3 kv heads, head_dim 64), warm up, reset the kernel's high-water mark
-(``/proc/self/clear_refs``), run :func:`relaylens.prefill.prefill_history` on ``length`` random tokens with or
+(``/proc/self/clear_refs``), run :func:`relaylens.model.prefill.prefill_history` on ``length`` random tokens with or
 without :func:`capture_column_sums`, and report ``VmHWM - VmRSS(before)``. Linux only.
 
 Usage::
@@ -44,7 +44,7 @@ def _measure(mode: str, length: int, block_size: int, threads: int) -> dict:
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from relaylens.prefill import prefill_history
+    from relaylens.model.prefill import prefill_history
 
     torch.set_num_threads(threads)
     torch.manual_seed(0)

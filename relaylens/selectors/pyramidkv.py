@@ -13,8 +13,8 @@ from typing import ClassVar
 import torch
 
 from relaylens.errors import BudgetError, RelaylensError
-from relaylens.prefill import PrefillResult
-from relaylens.selection import Selection
+from relaylens.model.prefill import PrefillResult
+from relaylens.geometry.selection import Selection
 from relaylens.selectors.base import (
     Budget,
     WindowSelector,

@@ -19,8 +19,8 @@ from typing import ClassVar
 import torch
 
 from relaylens.errors import BudgetError, RelaylensError, ShapeError
-from relaylens.prefill import PrefillResult
-from relaylens.selection import Selection
+from relaylens.model.prefill import PrefillResult
+from relaylens.geometry.selection import Selection
 from relaylens.selectors.base import Budget, Selector, resolve_budget, selection_with_window
 
 

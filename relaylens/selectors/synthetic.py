@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from relaylens.prefill import PrefillResult
+from relaylens.model.prefill import PrefillResult
 
 
 def random_prefill(

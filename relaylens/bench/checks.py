@@ -1,0 +1,161 @@
+"""``relaylens model check NAME``: exactness checks on a real model, for models too slow to pull in CI (Gemma-3).
+
+The test suite runs the same checks on tiny random configs of every architecture and on the embedded SmolLM2; this
+command repeats them on any loadable model and prints the numbers:
+
+* keep-everything + ``original`` vs a plain full forward over history + question (max abs logit difference);
+* keep-everything + ``relay`` vs keep-everything + ``original`` (nothing to compact: must agree);
+* relocated keys vs the model rotating the captured pre-rotary keys directly at the target positions;
+* relocated keys vs the keys the model itself caches when the whole history runs at shifted positions (``p + k``):
+  an independent reference that also catches layers without positional encoding (NoPE), whose keys must not move;
+* for sliding-window models, how many retained states each sliding layer sees under ``original`` and ``relay``.
+
+Each exactness check has a threshold (:data:`THRESHOLDS`, relative to the magnitude of what is compared, looser for
+16-bit models); :func:`verdicts` marks each one pass or fail, and ``relaylens model check`` exits 1 when any fails.
+
+Example:
+    $ relaylens model check gemma3-270m --history-tokens 700
+"""
+
+from __future__ import annotations
+
+import torch
+
+from relaylens.model.hf import (attention_kernel, attention_kernel_name, cache_lengths, call_rotary, cached_keys,
+                          decoder_layers, find_rotary_embedding, new_cache, pre_rotary_keys, rotary_function)
+
+
+#: Relative error allowed per check name prefix, for float32 models and for 16-bit models.
+THRESHOLDS = {"keep-all": (1e-4, 2e-2), "relocated keys": (1e-4, 2e-2)}
+SHIFT = 1000  # positions added for the shifted-forward reference
+
+
+def verdicts(results: list[tuple[str, float]], dtype: torch.dtype = torch.float32) -> list[tuple[str, float, float | None, bool]]:
+    """``(name, value, threshold or None, passed)`` for each check result; informational lines always pass.
+
+    >>> [ok for *_, ok in verdicts([("keep-all relay vs keep-all original, relative", 3e-6),
+    ...                             ("relocated keys vs the model's own keys at p + 1000, relative", 0.93)])]
+    [True, False]
+    """
+    wide = dtype == torch.float32 or dtype == torch.float64
+    kernel = max((v for n, v in results if n.startswith("tolerance:")), default=0.0)  # two kernels disagree this much
+    out = []
+    for name, value in results:
+        limit = next(((a if wide else b) for prefix, (a, b) in THRESHOLDS.items() if name.startswith(prefix)), None)
+        if limit is not None and name.startswith("keep-all") and not wide:
+            limit = max(limit, 2 * kernel)
+        out.append((name, value, limit, limit is None or value <= limit))
+    return out
+
+
+def shifted_keys(model, ids: torch.Tensor, shift: int) -> list[torch.Tensor]:
+    """Per layer ``[1, kv_head, T, head_dim]``: the keys the model caches for ``ids`` at positions ``shift..``."""
+    positions = torch.arange(ids.numel(), device=ids.device)[None] + shift  # [1, T]
+    with torch.no_grad():
+        cache = model(ids[None], position_ids=positions, use_cache=True, cache=new_cache()).past_key_values
+    return [cached_keys(cache, layer) for layer in range(len(cache_lengths(cache)))]
+
+
+def run_checks(model, tokenizer, history_tokens: int = 700, keep_every: int = 5) -> list[tuple[str, float]]:
+    """The checks above on the first bundled record, history cut to ``history_tokens``; returns ``(name, value)``."""
+    from relaylens.datasets import bundled_sample_path, load_records
+    from relaylens.generation.single import build_cache, run_condition
+    from relaylens.geometry.rotary import RotaryFactors
+    from relaylens.model.prefill import prefill_history
+    from relaylens.probes.readouts import FinalTokenRecorder
+    from relaylens.datasets.prompting import render_prompt
+    from relaylens.geometry.selection import Selection
+
+    prompt = render_prompt(load_records(bundled_sample_path())[0], tokenizer, mode="completion")
+    history, question = prompt.history_ids[:history_tokens], prompt.question_ids
+    factors = RotaryFactors.from_model(model)
+    prefill = prefill_history(model, history, capture_window_queries=False)
+    full = Selection.full(prefill.history_length, prefill.num_layers, prefill.num_kv_heads)
+    results = []
+    original = run_condition(model, prefill, full, "original", question, max_new_tokens=0, factors=factors, keep_question_logits=True)
+    device = next(model.parameters()).device
+    full_ids = torch.cat((history, question))[None].to(device)  # [1, L + Q]
+    with torch.no_grad():
+        reference = model(full_ids).logits[0, history.numel():].float()
+    scale = float(reference.abs().max())
+    keep_all = float((original.question_logits.to(reference.device) - reference).abs().max())
+    results.append(("keep-all original vs full forward, max |logit diff| / max |logit|", keep_all / scale))
+    if model.dtype != torch.float32:  # the tolerance of a reduced-precision forward: two kernels on the same input
+        before = attention_kernel_name(model)
+        other_name = "eager" if before != "eager" else "sdpa"
+        with attention_kernel(model, other_name), torch.no_grad():
+            other = model(full_ids).logits[0, history.numel():].float()
+        results.append((f"tolerance: plain {str(model.dtype).removeprefix('torch.')} forward, {before} vs {other_name} "
+                        "kernel, max |logit diff| / max |logit|", float((other - reference).abs().max()) / scale))
+    relay = run_condition(model, prefill, full, "relay", question, max_new_tokens=0, factors=factors, keep_question_logits=True)
+    results.append(("keep-all relay vs keep-all original, max |logit diff| / max |logit|",
+                    float((relay.question_logits - original.question_logits).abs().max()) / scale))
+    results.append((f"layers without positional encoding (NoPE), left unmoved: {sorted(factors.nope_layers) or 'none'}",
+                    float(len(factors.nope_layers))))
+
+    kept = list(range(0, prefill.history_length, keep_every))
+    sparse = Selection.from_lists([[kept] * prefill.num_kv_heads] * prefill.num_layers, prefill.history_length)
+    relocated = build_cache(prefill, sparse, "relay", factors)
+    pre_keys = pre_rotary_keys(model, history)
+    apply = rotary_function(decoder_layers(model)[0].self_attn)
+    rotary = find_rotary_embedding(model)
+    worst, worst_ulp = 0.0, 0.0
+    for layer in range(prefill.num_layers):
+        target = relocated.coordinates.key_positions[layer, 0]
+        cos, sin = call_rotary(rotary, target[None].to(device), factors.layer_types[layer])
+        content = pre_keys[layer][:, :, kept]
+        _, direct = apply(content.float(), content.float(), cos.float(), sin.float())  # float32 rotation of the content
+        if layer in factors.nope_layers:
+            direct = content.float()  # the model applies no rotary in this layer
+        moved = cached_keys(relocated.cache, layer).float()
+        worst = max(worst, float((moved - direct.to(moved.dtype)).abs().max() / direct.abs().max()))
+        if model.dtype != torch.float32:  # in units of the cache dtype's spacing at each plane's magnitude
+            worst_ulp = max(worst_ulp, _plane_ulps(moved, direct.to(model.dtype).float(), factors, model.dtype))
+    results.append(("relocated keys vs direct rotation at p', max |diff| / max |key|", worst))
+    if model.dtype != torch.float32:
+        results.append((f"ulps: relocated keys vs direct rotation rounded to {model.dtype}, max at plane magnitude",
+                        worst_ulp))
+
+    from relaylens.geometry.rotary import relocate_keys
+
+    own = shifted_keys(model, history.to(device), SHIFT)
+    source = torch.arange(prefill.history_length)
+    worst = 0.0
+    for layer in range(prefill.num_layers):
+        moved = relocate_keys(prefill.keys[layer], source, source + SHIFT, factors, layer=layer if factors.per_layer else None)
+        reference_keys = own[layer].reshape(moved.shape).to(moved.device).float()
+        worst = max(worst, float((moved.float() - reference_keys).abs().max() / reference_keys.abs().max()))
+    results.append((f"relocated keys vs the model's own keys at p + {SHIFT}, max |diff| / max |key|", worst))
+
+    windows = {i: getattr(layer.self_attn, "sliding_window", None) for i, layer in enumerate(decoder_layers(model))}
+    sliding = [i for i, w in windows.items() if w]
+    if sliding:
+        for condition in ("original", "relay"):
+            recorder = FinalTokenRecorder()
+            run_condition(model, prefill, sparse, condition, question, max_new_tokens=0, factors=factors, observers=[recorder])
+            visible = visible_states(recorder, sliding)
+            results.append((f"{condition}: retained states visible to the final token in sliding layers (mean)", visible))
+    return results
+
+
+def _plane_ulps(moved: torch.Tensor, direct: torch.Tensor, factors, dtype: torch.dtype) -> float:
+    """Largest ``|moved - direct|`` over the rotary features, in units of ``dtype``'s spacing at the magnitude of the
+    plane (pair of features) the feature belongs to: a rotation mixes the two features of a plane, so a small
+    feature's own spacing is not the scale of its rounding error."""
+    rot = factors.rotary_dim
+    d = direct[..., :rot]  # [..., rotary_dim]
+    if factors.layout == "split_half":
+        half = rot // 2
+        radius = torch.sqrt(d[..., :half] ** 2 + d[..., half:] ** 2)
+        radius = torch.cat((radius, radius), dim=-1)
+    else:
+        radius = torch.sqrt(d[..., 0::2] ** 2 + d[..., 1::2] ** 2).repeat_interleave(2, dim=-1)
+    eps = torch.finfo(dtype).eps  # spacing at 1.0 (2^-7 for bfloat16)
+    spacing = torch.pow(2.0, torch.floor(torch.log2(radius.clamp_min(torch.finfo(dtype).tiny)))) * eps
+    return float(((moved[..., :rot] - d).abs() / spacing).max())
+
+
+def visible_states(recorder, layers: list[int]) -> float:
+    """Mean number of retained history states with non-zero weight in the given layers' final-token rows."""
+    counts = [float((recorder.rows[layer][:, : recorder.widths[layer]] > 0).sum(-1).float().mean()) for layer in layers]
+    return sum(counts) / len(counts)

@@ -1,0 +1,531 @@
+"""Experiment runner: records x selectors x budgets x conditions, paired, resumable, with a progress bar.
+
+For each record: render the prompt, prefill the history once, then for each (selector, budget) select once; the rows
+(selector x budget x condition) of the record then run in batches of ``batch_rows`` rows (default: all of them in one
+batch; ``1``: one row at a time) sharing the prefill (question pass with probes, greedy generation, scoring; see
+:mod:`relaylens.generation.rows`). One (record, selector, budget) is one unit of work, committed atomically to the run directory; re-running the same command skips committed
+units, so a killed run resumes where it stopped.
+
+Example (the CLI: ``relaylens run coordinate_ablation --limit 4 --out runs/ablation``; from Python):
+    >>> from relaylens.experiments.specs import load_analysis
+    >>> config = RunConfig(limit=4, out="runs/ablation")
+    >>> run_analysis(load_analysis("coordinate_ablation").SPEC, config)  # doctest: +SKIP
+    PosixPath('runs/ablation')
+    >>> config.model, config.data, config.chunk_size
+    ('smollm2-135m-instruct', 'sample', 2048)
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from contextlib import nullcontext
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+import torch
+
+from relaylens.errors import BudgetError, RelaylensError, ShapeError
+from relaylens.experiments.specs import ExperimentSpec
+from relaylens.datasets.records import Record
+
+SAMPLE = "sample"
+
+
+@dataclass
+class RunConfig:
+    """Everything a run depends on besides the analysis spec (all recorded in the manifest)."""
+
+    model: str = "smollm2-135m-instruct"
+    data: str = SAMPLE
+    data_format: str = "auto"
+    limit: int | None = None
+    out: str | None = None
+    shard: str | None = None
+    seed: int = 0
+    window_size: int = 32
+    chunk_size: int | None = 2048
+    window_mode: str = "condition"
+    force: bool = False
+    judge_url: str | None = None  # OpenAI-compatible endpoint for the memory_judge_v1 judge (optional)
+    judge_model: str | None = None  # model name at that endpoint, or a local HF judge model spec
+    judge_key_env: str | None = None  # environment variable holding the endpoint's API key
+    device: str | None = None  # cpu, cuda, cuda:N, mps, auto (None: cpu); exclusive with device_map
+    dtype: str | None = None  # float32, bfloat16, float16 (None: float32 on CPU, bfloat16 on CUDA)
+    device_map: str | None = None  # accelerate device map ("auto") for models that do not fit one device
+    attn_implementation: str = "sdpa"  # kernel the model loads with and the history prefill runs with
+    rope_scaling: str | None = None  # rotary override applied before the weights load, e.g. "yarn:4:32768"
+    max_position: int | None = None  # max_position_embeddings override
+    max_history_tokens: int | None = None  # longer histories are skipped and recorded (None: the rotary range)
+    retry_skipped: bool = False  # recompute units recorded as skipped (e.g. after raising max_history_tokens)
+    view_records: int = 3  # token view data (RUN_DIR/views) for the first N records with probes (0: none)
+    batch_rows: int | None = None  # rows (unit x condition) of a record decoded together; None: all; 1: sequential
+
+    def placement(self, local_rank: int | None = None):
+        """The resolved :class:`relaylens.model.placement.Placement` of this run (``local_rank``: the launcher's, which
+        ``--device auto`` turns into ``cuda:LOCAL_RANK``)."""
+        from relaylens.model.placement import Placement
+
+        return Placement.resolve(self.device, self.dtype, self.device_map, self.attn_implementation, self.rope_scaling,
+                                 self.max_position, local_rank=local_rank)
+
+
+def make_judge(config: RunConfig, run_dir: Path):
+    """The optional LLM judge of a run (None without one): the ``memory_judge_v1`` verdict for question records and
+    HelloEval checklist judging (:mod:`relaylens.scoring.checklist`, 2,048 output tokens) for summarization records, cached in
+    ``RUN_DIR/judge_cache.jsonl`` and ``RUN_DIR/judge_cache_checklist.jsonl``. ``--judge-model stub`` (no URL) is
+    the deterministic local checklist stub (tests and CPU demos; question records then get no verdict)."""
+    from relaylens.scoring.checklist import CHECKLIST_MAX_TOKENS, ChecklistJudge, RoutedJudge, StubChecklistBackend
+    from relaylens.scoring.judge import HFBackend, Judge, OpenAIBackend
+
+    if not config.judge_model and not config.judge_url:
+        return None
+    checklist_cache = run_dir / "judge_cache_checklist.jsonl"
+    if config.judge_model == "stub" and not config.judge_url:
+        return RoutedJudge(None, ChecklistJudge(StubChecklistBackend(), cache_path=checklist_cache))
+    if config.judge_url:
+        if not config.judge_model:
+            raise RelaylensError("--judge-url needs --judge-model (the model name the endpoint serves)")
+        backend = OpenAIBackend(config.judge_url, config.judge_model, api_key_env=config.judge_key_env)
+        long = OpenAIBackend(config.judge_url, config.judge_model, api_key_env=config.judge_key_env,
+                             max_tokens=CHECKLIST_MAX_TOKENS)
+    else:
+        from relaylens.model.loading import load_model
+
+        model, tokenizer = load_model(config.judge_model)
+        backend = HFBackend(model, tokenizer, model_id=config.judge_model)
+        long = HFBackend(model, tokenizer, model_id=config.judge_model, max_tokens=CHECKLIST_MAX_TOKENS)
+    return RoutedJudge(Judge(backend, cache_path=run_dir / "judge_cache.jsonl"),
+                       ChecklistJudge(long, cache_path=checklist_cache))
+
+
+def check_config(config: RunConfig) -> None:
+    """Refuse a :class:`RunConfig` that would silently misbehave, before any file is written."""
+    from relaylens.generation.attention import WINDOW_MODES
+
+    if config.limit is not None and (isinstance(config.limit, bool) or not isinstance(config.limit, int) or config.limit < 1):
+        raise RelaylensError(f"limit must be a positive number of records; got {config.limit!r}. Fix: pass --limit N "
+                             "with N >= 1, or omit it for the analysis's default")
+    if isinstance(config.window_size, bool) or not isinstance(config.window_size, int) or config.window_size < 1:
+        raise RelaylensError(f"window_size must be a positive number of tokens; got {config.window_size!r}")
+    if config.chunk_size is not None and (not isinstance(config.chunk_size, int) or config.chunk_size < 1):
+        raise RelaylensError(f"chunk_size must be a positive number of tokens or None; got {config.chunk_size!r}")
+    if config.batch_rows is not None and (isinstance(config.batch_rows, bool) or not isinstance(config.batch_rows, int)
+                                          or config.batch_rows < 1):
+        raise RelaylensError(f"batch_rows must be a positive number of rows or None (all rows of a record); got "
+                             f"{config.batch_rows!r}. Fix: pass --batch-rows N with N >= 1")
+    if config.window_mode not in WINDOW_MODES:
+        raise RelaylensError(f"window_mode must be one of {WINDOW_MODES}; got {config.window_mode!r}")
+    if config.max_history_tokens is not None and (not isinstance(config.max_history_tokens, int) or config.max_history_tokens < 1):
+        raise RelaylensError(f"max_history_tokens must be a positive number of tokens; got {config.max_history_tokens!r}")
+
+
+def resolve_data(data: str) -> Path:
+    """``sample`` → the bundled LongMemEval-schema sample; ``sample:infinitebench`` / ``sample:hellobench`` → the
+    bundled InfiniteBench-format / HelloBench summarization sample; anything else is a path."""
+    if data == SAMPLE:
+        from relaylens.datasets import bundled_sample_path
+
+        return Path(bundled_sample_path())
+    if data == "sample:hellobench":
+        from relaylens.datasets.synthetic_hellobench import bundled_hellobench_path
+
+        return bundled_hellobench_path()
+    if data == "sample:infinitebench":
+        from relaylens.datasets.synthetic_infinitebench import bundled_infinitebench_path
+
+        return bundled_infinitebench_path()
+    path = Path(data)
+    if not path.exists():
+        raise RelaylensError(f"dataset {data!r} does not exist; pass a file path or 'sample' for the bundled sample")
+    return path
+
+
+def first_answer_token(tokenizer, record: Record, mode: str) -> int | None:
+    """The first token of the first reference answer as it would follow the answer cue."""
+    ids = answer_tokens(tokenizer, record, mode)
+    return ids[0] if ids else None
+
+
+def answer_tokens(tokenizer, record: Record, mode: str) -> list[int]:
+    """The tokens of the first reference answer as they would follow the answer cue (empty for abstentions)."""
+    if not record.answers or record.is_abstention:
+        return []
+    prefix = " " if mode == "completion" else ""
+    from relaylens.datasets.prompting import encode_data_text
+
+    ids, _ = encode_data_text(tokenizer, prefix + record.answers[0])  # special-token strings in data stay text
+    return [int(i) for i in ids]
+
+
+def _selector_objects(spec: ExperimentSpec, seed: int) -> dict:
+    import dataclasses
+
+    from relaylens.selectors import make_selector
+
+    objects = {}
+    for name in spec.selectors:
+        options = dict(spec.selector_options.get(name, {}))
+        cls_fields = {f.name for f in dataclasses.fields(make_selector(name))}
+        if "seed" in cls_fields:
+            options.setdefault("seed", seed)
+        objects[name] = make_selector(name, **options)
+    return objects
+
+
+def query_window(config: RunConfig, selectors, history_length: int) -> int:
+    """Window queries the prefill captures: ``config.window_size``, or more when a selector votes with a longer
+    window of history queries (Scissorhands' ``query_window``), capped at the history length."""
+    extra = max([getattr(s, "query_window", 0) for s in selectors] + [0])
+    return max(config.window_size, min(extra, history_length))
+
+
+def _gold_units(prompt, selection, granularity: str) -> tuple[int, int]:
+    units = [u for u in prompt.units(granularity) if u.is_evidence]
+    kept = selection.positions[selection.valid]
+    kept_set = torch.zeros(prompt.history_length, dtype=torch.bool)
+    kept_set[kept] = True
+    return len(units), sum(bool(kept_set[u.start : u.end].any()) for u in units)
+
+
+@dataclass
+class UnitWork:
+    """One (record, selector, budget) of a record: its selection and how long selecting took."""
+
+    selector: str
+    budget: float
+    selection: object  # relaylens.geometry.selection.Selection
+    selection_s: float
+
+
+def select_units(prefill, prompt, pending: list[tuple[str, float]], selectors: dict,
+                 protect: bool = False) -> tuple[list[UnitWork], list]:
+    """Select once per pending (selector, budget); every condition of that unit shares the selection.
+
+    ``selectors``: selector name -> the object whose ``select`` runs (prepared for this record). ``protect``: keep
+    the instruction and template states outside the budget (:func:`relaylens.selectors.protection.select_protected`).
+    Returns the units and ``(selector, budget, error)`` for budgets the record's history is too short for.
+    """
+    from relaylens.selectors.protection import select_protected
+
+    units, too_short = [], []
+    for name, budget in pending:
+        started = time.perf_counter()
+        try:
+            selection = (select_protected(selectors[name], prefill, prompt, budget) if protect
+                         else selectors[name].select(prefill, prompt, budget))
+        except (BudgetError, ShapeError) as err:
+            if not _is_too_short(err):
+                raise
+            too_short.append((name, budget, err))
+            continue
+        units.append(UnitWork(name, budget, selection, time.perf_counter() - started))
+    return units, too_short
+
+
+def process_record(model, tokenizer, factors, record: Record, prompt, prefill, prefill_s: float, units: list[UnitWork],
+                   spec: ExperimentSpec, config: RunConfig, judge=None, views: bool = False):
+    """Every row (unit x condition) of one record, decoded in batches of ``config.batch_rows`` rows (None: all).
+
+    Yields ``(unit, answers, scores, probes, view)`` per unit, in order, as soon as all its rows are done (``view``:
+    the unit's token view when ``views`` and probes ran, else None). Attribution probes (``spec.attribution``) need
+    autograd and run one row at a time.
+    """
+    from relaylens.probes.readouts import probe_condition, probe_rows
+    from relaylens.generation.rows import Row, run_rows
+    from relaylens.conditions.scoped import expand_conditions
+
+    evidence = prompt.evidence_mask(spec.granularity)
+    do_probes = spec.probes and bool(evidence.any())
+    answer_ids = answer_tokens(tokenizer, record, spec.prompt_mode)
+    teacher = answer_ids[0] if spec.teacher_forcing and answer_ids else None
+    attribution = dict(grad=True, next_answer_token=answer_ids[1] if len(answer_ids) > 1 else None) \
+        if spec.attribution and teacher is not None else {}
+    common = dict(max_new_tokens=spec.max_new_tokens, tokenizer=tokenizer, stop_at_newline=spec.stops_at_newline(spec.prompt_mode),
+                  window_mode=config.window_mode, factors=factors, eos_token_ids=set() if spec.stop == "none" else None)
+    units = list(units)
+    conditions = expand_conditions(spec.conditions, model)  # scoped conditions learn the model's layer types
+    rows = [(unit, condition) for unit in units for condition in conditions]
+    size = 1 if attribution and do_probes else (config.batch_rows or max(len(rows), 1))  # no rows: nothing to run
+    outcomes: list[tuple] = []  # per row, in order: (generation, probed or None, elapsed_s, rows in its batch)
+    width = len(conditions)
+    for first in range(0, len(rows), size):
+        chunk = rows[first : first + size]
+        started = time.perf_counter()
+        if do_probes and attribution:
+            (unit, condition), = chunk
+            probed = [probe_condition(model, prefill, unit.selection, condition, prompt.question_ids, evidence,
+                                      teacher_token=teacher, **attribution, **common)]
+            results = [(p.generation, p) for p in probed]
+        elif do_probes:
+            probed = probe_rows(model, prefill, [(unit.selection, condition) for unit, condition in chunk],
+                                prompt.question_ids, evidence, teacher_token=teacher, **common)
+            results = [(p.generation, p) for p in probed]
+        else:
+            generations = run_rows(model, prefill, [Row(unit.selection, condition) for unit, condition in chunk],
+                                   prompt.question_ids, **common)
+            results = [(g, None) for g in generations]
+        elapsed = (time.perf_counter() - started) / len(chunk)
+        outcomes.extend((generation, probed, elapsed, len(chunk)) for generation, probed in results)
+        while len(outcomes) >= width:  # a unit's rows are consecutive: commit each unit as soon as it is complete
+            mine, outcomes = outcomes[:width], outcomes[width:]
+            unit = units.pop(0)
+            yield (unit, *_unit_tables(model, tokenizer, record, prompt, prefill, prefill_s, unit, mine, spec, config,
+                                        factors, evidence, do_probes, judge, views))
+
+
+def _unit_tables(model, tokenizer, record, prompt, prefill, prefill_s, unit: UnitWork, outcomes: list, spec, config,
+                 factors, evidence, do_probes, judge, views: bool) -> tuple:
+    """The answers, scores and probes rows of one unit from its conditions' outcomes (plus its layer sweep and token
+    view, if any)."""
+    from relaylens.probes.layer_sweep import layer_sweep
+    from relaylens.probes.readouts import replay_conditions
+    from relaylens.conditions.scoped import expand_conditions
+    from relaylens.scoring.metrics import score_answer
+
+    selection = unit.selection
+    gold_total, gold_kept = _gold_units(prompt, selection, spec.granularity)
+    key = {"record_id": record.record_id, "selector": unit.selector, "budget": float(unit.budget)}
+    meta = {"question_type": record.question_type, "is_abstention": bool(record.is_abstention),
+            "cluster_id": record.cluster_id or record.record_id}
+    answers, scores, probe_frames, reference, recorders = [], [], [], None, {}
+    for generation, probed, elapsed, batch_rows in outcomes:
+        label = generation.condition
+        if probed is not None:
+            recorders[label] = probed.question_recorder
+            probe_frames.append(probed.readouts.assign(condition=label, source="forward"))
+            if label == "original":
+                reference = probed
+        answers.append({
+            **key, "condition": label, **meta, "prompt_mode": spec.prompt_mode, "answer": generation.text,
+            "stop_reason": generation.stop_reason, "hit_limit": generation.hit_limit,
+            "new_tokens": len(generation.token_ids), "history_length": prompt.history_length,
+            "max_count": selection.max_count, "mean_count": float(selection.counts.float().mean()),
+            "question_start": generation.question_start, "gold_units_total": gold_total, "gold_units_kept": gold_kept,
+            "references": json.dumps(list(record.answers)), "elapsed_s": elapsed, "prefill_s": prefill_s,
+            "selection_s": unit.selection_s, "batch_rows": batch_rows,
+        })
+        metrics = score_answer(record, generation.text) if record.answers else {}  # summaries: judged only
+        if judge is not None:  # blinded: the judge sees question, references and answer, never selector or condition
+            metrics.update(judge.judge(record, generation.text).scores())
+        for metric, value in metrics.items():
+            scores.append({**key, "condition": label, **meta, "metric": metric, "value": float(value)})
+    if do_probes and reference is not None and spec.replay_conditions:
+        replay = replay_conditions(reference, prefill, selection, evidence, expand_conditions(spec.replay_conditions, model),
+                                   int(prompt.question_ids.numel()), factors)
+        probe_frames.append(replay.assign(source="replay"))
+    if spec.sweep == "layers":
+        sweep_scores, sweep_probes = layer_sweep(model, prefill, selection, prompt.question_ids, evidence if do_probes else None,
+                                                 first_answer_token(tokenizer, record, spec.prompt_mode), factors,
+                                                 config.window_mode)
+        scores.extend({**key, "condition": row["condition"], **meta, "metric": row["metric"], "value": row["value"]}
+                      for row in sweep_scores)
+        if len(sweep_probes):
+            probe_frames.append(sweep_probes)
+    probes = pd.concat(probe_frames, ignore_index=True).assign(**key) if probe_frames else pd.DataFrame()
+    view = None
+    if views and recorders:
+        from relaylens.probes.token_view import token_view
+
+        view = token_view(prompt, tokenizer, selection, spec.granularity, recorders, key)
+    return answers, scores, probes, view
+
+
+def run_analysis(spec: ExperimentSpec, config: RunConfig, progress: bool = True, model_and_tokenizer=None) -> Path:
+    """Run (or resume) ``spec`` under ``config``; returns the run directory with consolidated tables.
+
+    Records that cannot run (history over ``max_history_tokens`` or the rotary range, or too short for a selector's
+    window or budget) are committed as ``skipped`` rows naming the record and the reason; the run goes on.
+    """
+    from relaylens.geometry.rotary import RotaryFactors
+    from relaylens.scoring.judge import redact_url
+    from relaylens.results.locks import run_lock
+    from relaylens.model.loading import load_model, model_files_fingerprint, model_fingerprint
+    from relaylens.datasets import load_records
+    from relaylens.experiments.launch import detect_shard, shard_dir
+    from relaylens.results.store import RunStore, build_manifest, prepare_run_dir
+    from relaylens.results.shards import parse_shard, shard_records
+
+    check_config(config)
+    auto = bool(config.shard) and config.shard.strip().lower() == "auto"
+    launcher = detect_shard() if auto else None  # torchrun / accelerate / SLURM: the shard and the local rank
+    placement = config.placement(local_rank=launcher.local_rank if launcher else None)
+    data_path = resolve_data(spec.data if config.data == SAMPLE else config.data)  # an analysis may bring its own sample
+    records = load_records(data_path, format=config.data_format)
+    if not records:
+        raise RelaylensError(f"{data_path} holds no records")
+    limit = config.limit if config.limit is not None else spec.limit
+    records = records[:limit] if limit else records
+    shard = (launcher.index, launcher.count) if launcher else parse_shard(config.shard) if config.shard else None
+    if shard:
+        chosen = set(shard_records([r.record_id for r in records], *shard))
+        records = [r for r in records if r.record_id in chosen]
+    out = Path(config.out or f"runs/{spec.name}")
+    if launcher:  # one run directory, one shard directory per process
+        out = shard_dir(out, *shard)
+    model, tokenizer = model_and_tokenizer or load_model(config.model, **placement.load_kwargs())
+    if spec.prompt_mode == "auto":
+        spec = spec.replace(prompt_mode="chat" if getattr(tokenizer, "chat_template", None) else "completion")
+    factors = RotaryFactors.from_model(model)
+    run = vars(config) | {"out": None, "force": None, "shard": None, "retry_skipped": None, "batch_rows": None, "view_records": None,
+                          "judge_url": redact_url(config.judge_url) if config.judge_url else None}
+    plan = {"record_ids": [r.record_id for r in records], "units": len(spec.units([r.record_id for r in records]))}
+    # the device kind, not its index: shards on cuda:0 and cuda:1 (or a resumed shard on another GPU) still agree
+    recorded = placement.to_dict() | {"device": placement.device and placement.device.split(":")[0]}
+    manifest = build_manifest(spec.name, {"spec": spec.to_dict(), "run": run, "placement": recorded,
+                                          "rope": _rope_summary(model)},
+                              config.model, model_fingerprint(model), data_path, shard,
+                              model_info=model_files_fingerprint(model, tokenizer), plan=plan)
+    prepare_run_dir(out)
+    with run_lock(out, "run"):
+        judge = make_judge(config, out)  # a bad judge setting fails before the manifest is written
+        store = RunStore.create_or_open(out, manifest, force=config.force)
+        _run_units(model, tokenizer, factors, records, spec, config, store, judge, progress)
+        store.consolidate()
+    return out
+
+
+def _run_units(model, tokenizer, factors, records, spec: ExperimentSpec, config: RunConfig, store, judge,
+               progress: bool) -> None:
+    from relaylens.datasets.prompting import render_prompt
+    from relaylens.results.store import UnitKey
+    from relaylens.results.views import write_view
+
+    selectors = _selector_objects(spec, config.seed)
+    units = spec.units([r.record_id for r in records])
+    bar = _progress(progress)
+    per_record = len(spec.selectors) * len(spec.budgets)
+    with bar as live:
+        task = live.add_task(f"{spec.name}", total=len(units), stage="loading") if live else None
+        for order, record in enumerate(records):
+            keys = [UnitKey(record.record_id, name, b) for name in spec.selectors for b in spec.budgets]
+            if config.retry_skipped:
+                _forget_skipped(store, keys)
+            pending = [(k.selector, k.budget) for k in keys if not store.is_done(k)]
+            if not pending:
+                _advance(live, task, per_record, record.record_id, "done earlier")
+                continue
+            _advance(live, task, per_record - len(pending), record.record_id, "prefill")
+            prompt = render_prompt(record, tokenizer, mode=spec.prompt_mode)
+            reason = history_problem(prompt, spec, config, factors)
+            if reason is not None:
+                for name, budget in pending:
+                    _skip(store, record.record_id, name, budget, prompt.history_length, *reason)
+                _advance(live, task, len(pending), record.record_id, f"skipped ({reason[0]})")
+                continue
+            started = time.perf_counter()
+            prefill = _prefill(model, prompt, config, selectors.values())
+            prepared = {name: selectors[name].prepare(model, prefill, prompt, factors)  # FINCH: its question pass
+                        for name in dict.fromkeys(name for name, _ in pending)}
+            prefill_s = time.perf_counter() - started
+            _advance(live, task, 0, record.record_id, f"selecting {len(pending)} units")
+            units, too_short = select_units(prefill, prompt, pending, prepared, spec.protect_instructions)
+            for name, budget, err in too_short:
+                _skip(store, record.record_id, name, budget, prompt.history_length, "too_short",
+                      f"record {record.record_id}: {name} @ {budget:g}: {err}")
+                _advance(live, task, 1, record.record_id, "skipped (too_short)")
+            _advance(live, task, 0, record.record_id, f"decoding {len(units) * len(spec.conditions)} rows")
+            for unit, answers, scores, probes, view in process_record(
+                    model, tokenizer, factors, record, prompt, prefill, prefill_s, units, spec, config, judge,
+                    views=order < config.view_records):
+                store.write_unit(UnitKey(record.record_id, unit.selector, unit.budget), answers, scores, probes)
+                if view is not None:  # after the commit: a failed unit leaves no view behind (reliability suite)
+                    write_view(store.run_dir, view | {"order": order})
+                _advance(live, task, 1, record.record_id, "committed")
+
+
+def _prefill(model, prompt, config: RunConfig, selectors):
+    from relaylens.model.prefill import prefill_history
+
+    needs_columns = any(getattr(s, "needs_column_sums", False) for s in selectors)
+    return prefill_history(model, prompt.history_ids, window_size=query_window(config, selectors, prompt.history_length),
+                           chunk_size=config.chunk_size, attn_implementation=config.attn_implementation,
+                           column_sums=needs_columns)
+
+
+def history_problem(prompt, spec: ExperimentSpec, config: RunConfig, factors) -> tuple[str, str] | None:
+    """``(reason, detail)`` when a record cannot run at all, else None.
+
+    * ``too_long``: the history exceeds ``config.max_history_tokens``, or the positions the run needs (history, the
+      largest condition shift, question, teacher token and ``max_new_tokens``) pass the model's rotary range.
+    * ``too_short``: the history is not longer than the observation window the prefill captures.
+    """
+    L, rid = prompt.history_length, prompt.record_id
+    if config.max_history_tokens is not None and L > config.max_history_tokens:
+        return "too_long", (f"record {rid}: history of {L} tokens exceeds --max-history-tokens "
+                            f"{config.max_history_tokens}")
+    needed = L + spec.max_shift + int(prompt.question_ids.numel()) + max(spec.max_new_tokens, 1) + 1
+    if factors.max_position is not None and needed > factors.max_position:
+        return "too_long", (f"record {rid}: history of {L} tokens needs positions up to {needed - 1} (largest condition "
+                            f"shift {spec.max_shift}, question and {spec.max_new_tokens} new tokens), past the model's "
+                            f"rotary range max_position_embeddings={factors.max_position}")
+    if L <= config.window_size:
+        return "too_short", (f"record {rid}: history of {L} tokens is not longer than the {config.window_size}-token "
+                             "observation window")
+    return None
+
+
+def _is_too_short(err: Exception) -> bool:
+    text = str(err)
+    return isinstance(err, BudgetError) or "observation window" in text or "history longer than" in text
+
+
+def _skip(store, record_id: str, selector: str, budget: float, history_length: int, reason: str, detail: str) -> None:
+    from relaylens.results.store import UnitKey
+
+    row = {"record_id": record_id, "selector": selector, "budget": float(budget), "reason": reason,
+           "history_length": int(history_length), "detail": detail}
+    store.write_unit(UnitKey(record_id, selector, budget), [], [], [], skipped_rows=[row])
+
+
+def _forget_skipped(store, keys) -> None:
+    """Delete committed units that only record a skip, so they run again (``--retry-skipped``)."""
+    for key in keys:
+        path = store.unit_path(key)
+        if path.exists() and len(store.read_unit(path)["skipped"]):
+            path.unlink()
+
+
+def _rope_summary(model) -> dict:
+    """Rotary settings of the loaded model (after any override), for the manifest."""
+    config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    return {"rope_parameters": getattr(config, "rope_parameters", None),
+            "max_position_embeddings": getattr(config, "max_position_embeddings", None)}
+
+
+def skipped_summary(tables: dict[str, pd.DataFrame]) -> str:
+    """One line per skipped record (reasons and the units affected), for the run summary; empty when none."""
+    skipped = tables.get("skipped")
+    if skipped is None or skipped.empty:
+        return ""
+    lines = [f"skipped {len(skipped)} unit(s) of {skipped.record_id.nunique()} record(s):"]
+    for rid, group in skipped.groupby("record_id", sort=True):
+        lines.append(f"  {rid}: {group.reason.iloc[0]} ({len(group)} unit(s)) - {group.detail.iloc[0]}")
+    return "\n".join(lines)
+
+
+def _progress(enabled: bool):
+    if not enabled or _jupyter_without_widgets():
+        return nullcontext(None)  # in Jupyter without ipywidgets rich would warn once per refresh: no bar instead
+    from relaylens.progress import progress_view
+
+    return progress_view()
+
+
+def _jupyter_without_widgets() -> bool:
+    """True inside a Jupyter kernel where ipywidgets cannot be imported (rich's live display needs it there)."""
+    import sys
+
+    if "ipykernel" not in sys.modules:
+        return False
+    try:
+        import ipywidgets  # noqa: F401
+    except ImportError:
+        return True
+    return False
+
+
+def _advance(live, task, steps: int, record_id: str, stage: str) -> None:
+    if live is not None:
+        live.update(task, advance=steps, stage=f"{record_id}: {stage}")

@@ -1,0 +1,231 @@
+"""Experiment specifications: which selectors, budgets and conditions an analysis sweeps, and how.
+
+An analysis module in ``analyses/`` exposes ``SPEC`` (an :class:`ExperimentSpec`) and the names of the figures and
+tables it feeds. Defaults are CPU-sized (SmolLM2, the bundled sample); every size knob is a field, so the paper's
+scale runs unchanged on a GPU machine (``--model``, ``--data``, ``--limit``, ``--budget``).
+
+Example:
+    >>> spec = ExperimentSpec("demo", selectors=("snapkv",), budgets=(0.1,), conditions=("original", "relay"))
+    >>> spec.units(["r1", "r2"])
+    [('r1', 'snapkv', 0.1), ('r2', 'snapkv', 0.1)]
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+from dataclasses import dataclass, field
+
+from relaylens.conditions.scoped import get_condition
+from relaylens.errors import RelaylensError
+
+PROMPT_MODES = ("chat", "completion", "auto")
+STOPS = ("auto", "eos", "newline", "none")
+ALPHA_CURVE = ("compaction(0)", "compaction(0.25)", "compaction(0.5)", "compaction(0.75)", "compaction(1)")
+
+
+@dataclass(frozen=True)
+class ExperimentSpec:
+    """One sweep: records x selectors x budgets x conditions, all conditions sharing one prefill and selection.
+
+    Attributes:
+        name: analysis name (module in ``analyses/``).
+        selectors: selector names from :data:`relaylens.selectors.REGISTRY`.
+        budgets: retention ratios in (0, 1] or absolute state counts (> 1).
+        conditions: coordinate conditions run with a real question pass and generation.
+        replay_conditions: conditions evaluated by phase replay only (content from the ``original`` pass).
+        probes: record evidence-reading probes (needs evidence annotations).
+        teacher_forcing: also probe the teacher-forced first answer token.
+        attribution: also attribute the answer to the evidence (gradient x input, direct logit attribution; needs
+            ``probes`` and ``teacher_forcing``): the question pass runs with autograd, see :mod:`relaylens.probes.attribution`.
+        max_new_tokens: greedy decoding limit (short answers: room for a restated question).
+        prompt_mode: ``"completion"``, ``"chat"`` or ``"auto"`` (chat where the tokenizer has a chat template;
+            the runner records the mode it chose).
+        stop: when decoding stops besides ``max_new_tokens``: ``"eos"`` (the model's end token), ``"newline"``
+            (also at the first newline), ``"none"`` (fixed length, for timing) or ``"auto"`` (newline in completion
+            mode, EOS in chat mode).
+        granularity: gold evidence unit for probes (``"turn"`` or ``"session"``).
+        selector_options: per-selector hyperparameter overrides, e.g. ``{"adakv": {"floor_alpha": 0.5}}``.
+        limit: default number of records on CPU (``None`` or 0: all).
+        figures: figure names this analysis feeds (``relaylens figures``).
+        data: the bundled sample the analysis runs on when ``--data`` is ``sample``: ``"sample"`` (LongMemEval
+            schema), ``"sample:infinitebench"`` (InfiniteBench format) or ``"sample:hellobench"`` (HelloBench
+            summarization format).
+        protect_instructions: keep every history token outside the source units (task instruction, chat-template
+            head, separators) and apply the budget to the source tokens only (:mod:`relaylens.selectors.protection`; the
+            paper's summarization rule). Off by default for the memory tasks.
+        sweep: ``"layers"`` adds the per-layer causal sweep (:mod:`relaylens.probes.layer_sweep`: relay in each layer
+            alone and in layers ``0..l``, one question pass each, about ``2 x layers`` passes per record); ``""``
+            (the default) runs none.
+    """
+
+    name: str
+    selectors: tuple[str, ...]
+    budgets: tuple[float, ...]
+    conditions: tuple[str, ...]
+    replay_conditions: tuple[str, ...] = ()
+    probes: bool = False
+    teacher_forcing: bool = False
+    attribution: bool = False
+    max_new_tokens: int = 32
+    prompt_mode: str = "completion"
+    stop: str = "auto"
+    granularity: str = "turn"
+    selector_options: dict = field(default_factory=dict)
+    limit: int | None = None
+    figures: tuple[str, ...] = ()
+    description: str = ""
+    data: str = "sample"
+    sweep: str = ""
+    protect_instructions: bool = False
+
+    def __post_init__(self) -> None:
+        from relaylens.selectors import REGISTRY
+
+        for name in self.selectors:
+            if name not in REGISTRY:
+                raise RelaylensError(f"analysis {self.name!r}: unknown selector {name!r}; known: {sorted(REGISTRY)}")
+        for condition in self.conditions + self.replay_conditions:
+            get_condition(condition)
+        if "original" not in self.conditions:
+            raise RelaylensError(f"analysis {self.name!r}: conditions must include 'original' (the paired reference)")
+        for budget in self.budgets:
+            if not (0 < budget <= 1 or (budget > 1 and float(budget).is_integer())):
+                raise RelaylensError(f"analysis {self.name!r}: budget {budget} must be a ratio in (0, 1] or a whole number of states")
+        # a whole number > 1 arriving as a float (``--budget 64``) is a state count: selectors read floats as ratios
+        object.__setattr__(self, "budgets", tuple(int(b) if b > 1 else b for b in self.budgets))
+        if self.prompt_mode not in PROMPT_MODES:
+            raise RelaylensError(f"prompt_mode must be one of {PROMPT_MODES}; got {self.prompt_mode!r}")
+        if self.stop not in STOPS:
+            raise RelaylensError(f"stop must be one of {STOPS}; got {self.stop!r}")
+        if self.granularity not in ("turn", "session"):
+            raise RelaylensError(f"granularity must be 'turn' or 'session'; got {self.granularity!r}")
+        from relaylens.selectors import make_selector
+
+        for name, options in self.selector_options.items():
+            if name not in self.selectors:
+                raise RelaylensError(f"analysis {self.name!r}: options given for selector {name!r}, which is not swept "
+                                     f"(selectors: {list(self.selectors)})")
+            make_selector(name, **options)  # unknown hyperparameters: one clear line naming the selector
+        if self.attribution and not (self.probes and self.teacher_forcing):
+            raise RelaylensError(f"analysis {self.name!r}: attribution=True needs probes=True and teacher_forcing=True")
+        if self.max_new_tokens < 0:
+            raise RelaylensError(f"max_new_tokens must be >= 0; got {self.max_new_tokens}")
+        if self.sweep not in ("", "layers"):
+            raise RelaylensError(f"sweep must be 'layers' or empty (none); got {self.sweep!r}")
+
+    def stops_at_newline(self, prompt_mode: str) -> bool:
+        """Whether decoding stops at the first newline under ``prompt_mode`` (the resolved one)."""
+        return self.stop == "newline" or (self.stop == "auto" and prompt_mode == "completion")
+
+    @property
+    def max_shift(self) -> int:
+        """The largest position shift a condition adds past the history (``query_only``/``common_shift``)."""
+        return max((int(getattr(get_condition(c), "shift", 0)) for c in self.conditions), default=0)
+
+    def units(self, record_ids: list[str]) -> list[tuple[str, str, float]]:
+        """Units of work ``(record_id, selector, budget)``; each shares one selection across conditions."""
+        return [(rid, sel, budget) for rid in record_ids for sel in self.selectors for budget in self.budgets]
+
+    def replace(self, **changes) -> ExperimentSpec:
+        """A copy with fields changed (``None`` values are ignored), validated again."""
+        return dataclasses.replace(self, **{k: v for k, v in changes.items() if v is not None})
+
+    def to_dict(self) -> dict:
+        out = dataclasses.asdict(self)
+        if not out["sweep"]:  # manifests of runs without a sweep stay as they were before the field existed
+            del out["sweep"]
+        if not out["protect_instructions"]:  # likewise for runs without protected spans
+            del out["protect_instructions"]
+        return out
+
+
+ANALYSES_PACKAGE = "relaylens.analyses"
+"""The one import path of the analyses: the top-level ``analyses/`` folder, reached as ``relaylens.analyses`` (a
+link inside the package; installed as part of relaylens). Nothing imports a top-level ``analyses``, so a foreign
+``analyses`` package in the working directory or on ``PYTHONPATH`` can never run."""
+
+
+def available_analyses() -> list[str]:
+    """Names of the analyses shipped with relaylens (``analyses/NAME.py``), sorted."""
+    import pkgutil
+
+    package = importlib.import_module(ANALYSES_PACKAGE)
+    return sorted(m.name for m in pkgutil.iter_modules(package.__path__) if not m.name.startswith("_"))
+
+
+def load_analysis(name: str):
+    """Import ``relaylens.analyses.<name>`` and return the module (it has ``SPEC``); only shipped names load (a
+    name that is not a Python identifier, e.g. ``.``, ``..`` or ``../x``, never reaches the import system).
+
+    Example:
+        >>> load_analysis("ordering").SPEC.figures
+        ('figure5',)
+    """
+    if not isinstance(name, str) or not name.isidentifier():
+        raise RelaylensError(f"analysis name {name!r} is not a plain name (letters, digits, underscores); available: "
+                             f"{', '.join(available_analyses())}")
+    known = available_analyses()
+    if name not in known:
+        raise RelaylensError(f"unknown analysis {name!r}; available: {', '.join(known)}")
+    module = importlib.import_module(f"{ANALYSES_PACKAGE}.{name}")
+    if not isinstance(getattr(module, "SPEC", None), ExperimentSpec):
+        raise RelaylensError(f"analyses/{name}.py defines no SPEC = ExperimentSpec(...)")
+    return module
+
+
+def _value(text: str):
+    low = text.strip().lower()
+    if low in ("true", "false"):
+        return low == "true"
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return text.strip()
+
+
+def parse_selector_arg(text: str) -> tuple[str, dict]:
+    """``NAME[:key=value,...]`` -> ``(name, options)`` (values read as bool, int, float or text).
+
+    >>> parse_selector_arg("bm25:packing=truncate,k1=1.2")
+    ('bm25', {'packing': 'truncate', 'k1': 1.2})
+    """
+    name, _, rest = text.strip().partition(":")
+    options = {}
+    for part in filter(None, (p.strip() for p in rest.split(","))):
+        key, eq, value = part.partition("=")
+        if not eq or not key.strip():
+            raise RelaylensError(f"--selector {text!r}: {part!r} is not key=value. Form: NAME[:key=value,...], e.g. "
+                                 "bm25:packing=truncate")
+        options[key.strip()] = _value(value)
+    return name.strip().lower(), options
+
+
+def apply_overrides(spec: ExperimentSpec, selectors: list[str] | None = None, conditions: list[str] | None = None,
+                    **fields) -> ExperimentSpec:
+    """``spec`` with CLI overrides: ``--selector`` entries (with hyperparameters), ``--condition`` entries
+    (``original`` is added first when missing), and any field given (None: unchanged).
+
+    >>> spec = ExperimentSpec("demo", selectors=("snapkv",), budgets=(0.1,), conditions=("original", "relay"))
+    >>> s = apply_overrides(spec, selectors=["bm25:packing=truncate"], conditions=["key_only"], stop="eos")
+    >>> s.selectors, s.selector_options, s.conditions, s.stop
+    (('bm25',), {'bm25': {'packing': 'truncate'}}, ('original', 'key_only'), 'eos')
+    """
+    changes = dict(fields)
+    if selectors:
+        names, options = [], {}
+        for text in selectors:
+            name, opts = parse_selector_arg(text)
+            if name in names:
+                raise RelaylensError(f"--selector {name!r} given twice; give each selector once with all its options")
+            names.append(name)
+            if opts:
+                options[name] = opts
+        changes["selectors"] = tuple(names)
+        changes["selector_options"] = options
+    if conditions:
+        labels = [get_condition(c).label for c in conditions]
+        changes["conditions"] = tuple(dict.fromkeys((["original"] if "original" not in labels else []) + labels))
+    return spec.replace(**changes)

@@ -1,0 +1,211 @@
+"""Relocated cache: the kept states of one selection, keys moved to one coordinate condition, each layer padded.
+
+Axes: ``layer``, ``kv_head``, ``slot`` (kept state, valid slots first), ``head_dim``.
+
+:func:`build_cache` gathers the kept keys/values of the prefill, relocates keys to the condition's positions
+(:func:`relaylens.geometry.rotary.relocate_keys`) and pads every layer to its own widest head, the validity mask alongside
+(:class:`~relaylens.generation.attention.AttentionState`). :func:`relocate_selection` does the same work without the cache
+object, for :mod:`relaylens.generation.rows` to stack rows. The question pass and decoding over such a cache live in
+:mod:`relaylens.generation.rows` (batched) and :mod:`relaylens.generation.single` (one condition, optionally with autograd).
+
+Example:
+    >>> import torch
+    >>> from relaylens.testing import tiny_model
+    >>> from relaylens.generation.single import prefill_from_cache
+    >>> from relaylens.geometry.rotary import RotaryFactors
+    >>> from relaylens.geometry.selection import Selection
+    >>> model = tiny_model("llama")
+    >>> history = torch.arange(3, 23)
+    >>> pre = prefill_from_cache(history, model(history[None], use_cache=True).cache, model)
+    >>> sel = Selection.from_lists([[[2, 5, 19], [0, 9]]] * 2, pre.history_length)
+    >>> relocated = build_cache(pre, sel, "relay", RotaryFactors.from_model(model))
+    >>> relocated.state.key_positions[0].tolist(), relocated.widths
+    ([[0, 1, 2], [1, 2, -1000000000]], [3, 3])
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from transformers import DynamicCache
+
+from relaylens.generation.attention import AttentionState
+from relaylens.conditions.catalogue import Condition, Coordinates
+from relaylens.errors import NonFiniteError, PositionError, ShapeError
+from relaylens.geometry.rotary import RotaryFactors, relocate_keys
+from relaylens.model.hf import cache_from_tensors
+from relaylens.model.prefill import PrefillResult
+from relaylens.conditions.scoped import get_condition
+from relaylens.geometry.selection import Selection
+
+
+@dataclass
+class RelocatedCache:
+    """A cache ready for the question pass, and the attention state that goes with it."""
+
+    cache: DynamicCache
+    state: AttentionState
+    coordinates: Coordinates
+    widths: list[int]  # per layer: slots kept in the cache (the layer's widest head)
+    inputs: list[tuple[torch.Tensor, torch.Tensor]] | None = None  # grad=True: per layer (keys, values) [kv_head, slot, D]
+
+
+def _check_selection(prefill: PrefillResult, selection: Selection) -> None:
+    if selection.num_layers != prefill.num_layers or selection.num_kv_heads != prefill.num_kv_heads:
+        raise ShapeError(
+            f"selection is [{selection.num_layers} layers, {selection.num_kv_heads} kv heads] but the cache has "
+            f"[{prefill.num_layers}, {prefill.num_kv_heads}]; select on the same model's prefill"
+        )
+    if selection.history_length != prefill.history_length:
+        raise ShapeError(
+            f"selection indexes a history of {selection.history_length} tokens, the prefill has {prefill.history_length}"
+        )
+    if selection.values is not None and selection.values.shape[-1] != prefill.values[0].shape[-1]:
+        raise ShapeError(f"replacement values have head_dim {selection.values.shape[-1]}, the cache {prefill.values[0].shape[-1]}")
+
+
+def build_cache(
+    prefill: PrefillResult,
+    selection: Selection,
+    condition: str | Condition | Coordinates,
+    factors: RotaryFactors,
+    window_mode: str = "condition",
+    grad: bool = False,
+) -> RelocatedCache:
+    """Gather kept states, relocate keys to the condition's positions, and pad each layer to its widest head.
+
+    ``condition`` may also be ready-made :class:`~relaylens.conditions.catalogue.Coordinates` of ``selection``. Without
+    ``grad``, a head whose every target position equals its source position (all of ``original``, and heads a
+    scoped condition leaves alone) is not relocated: its kept keys are the gathered cache rows, so ``original``
+    costs what a plain sparse cache costs.
+
+    ``grad=True`` keeps autograd on: the graph reaches back to ``prefill`` keys/values that require grad, and
+    otherwise the relocated keys and kept values become leaves that require grad (``RelocatedCache.inputs``).
+    """
+    if not grad:
+        layers = relocate_selection(prefill, selection, condition, factors, window_mode)
+        data = [(keys[None], values[None]) for keys, values in layers.data]  # [1, kv_head, slot, head_dim]
+        return RelocatedCache(DynamicCache(ddp_cache_data=data), layers.state, layers.coordinates, layers.widths)
+    with torch.set_grad_enabled(grad):
+        return _build_cache(prefill, selection, condition, factors, window_mode, grad)
+
+
+def _gather_layer(prefill, selection, coords, layer: int):
+    """One layer's kept states, cut to the layer's widest head: validity, source and target positions
+    ``[kv_head, slot]``, kept keys and values ``[kv_head, slot, head_dim]`` (padding reads slot 0)."""
+    valid = selection.valid[layer]  # [kv_head, slot]
+    width = int(valid.sum(-1).max())
+    valid = valid[:, :width]
+    source = selection.positions[layer, :, :width].clamp_min(0)  # [kv_head, slot]
+    target = torch.where(valid, coords.key_positions[layer, :, :width], source)
+    keys = prefill.keys[layer]  # [kv_head, L, head_dim]
+    index = source[..., None].expand(-1, -1, keys.shape[-1]).to(keys.device)
+    kept_keys = keys.gather(1, index)  # [kv_head, slot, head_dim]
+    if selection.values is not None:
+        kept_values = selection.values[layer, :, :width].to(prefill.values[layer])
+    else:
+        kept_values = prefill.values[layer].gather(1, index)
+    return valid, source, target, kept_keys, kept_values
+
+
+def _build_cache(prefill, selection, condition, factors, window_mode: str, grad: bool) -> RelocatedCache:
+    _check_selection(prefill, selection)
+    coords = coordinates_of(condition, selection)
+    state = AttentionState(window_mode=window_mode, head_inputs={} if grad else None)
+    data, widths, inputs = [], [], []
+    for layer in range(prefill.num_layers):
+        valid, source, target, kept_keys, kept_values = _gather_layer(prefill, selection, coords, layer)
+        try:
+            moved = relocate_keys(kept_keys, source, target, factors, layer=layer if factors.per_layer else None)
+        except NonFiniteError as err:
+            raise NonFiniteError(f"layer {layer}: {err}") from None
+        except PositionError as err:
+            raise PositionError(f"condition {coords.condition}, layer {layer}: {err}") from None
+        pad = (~valid)[..., None].to(moved.device)
+        moved, kept_values = moved.masked_fill(pad, 0.0), kept_values.masked_fill(pad, 0.0)
+        _check_finite(moved, layer, "relocated keys")
+        _check_finite(kept_values, layer, "kept values")
+        if grad:
+            moved, kept_values = (t if t.requires_grad else t.detach().requires_grad_() for t in (moved, kept_values))
+            inputs.append((moved, kept_values))
+        data.append((moved[None], kept_values[None]))  # [1, kv_head, slot, head_dim]
+        state.valid[layer] = valid
+        state.key_positions[layer] = torch.where(valid, target, torch.full_like(target, -(10**9)))
+        state.source_positions[layer] = torch.where(valid, source, torch.full_like(source, -(10**9)))
+        widths.append(valid.shape[-1])
+    return RelocatedCache(cache_from_tensors(data), state, coords, widths, inputs if grad else None)
+
+
+@dataclass
+class RelocatedLayers:
+    """Per layer ``(keys, values)`` ``[kv_head, slot, head_dim]`` at the condition's coordinates, before caching."""
+
+    data: list[tuple[torch.Tensor, torch.Tensor]]
+    state: AttentionState
+    coordinates: Coordinates
+    widths: list[int]
+
+
+def coordinates_of(condition: str | Condition | Coordinates, selection: Selection) -> Coordinates:
+    """The condition's :class:`Coordinates` on ``selection`` (ready-made coordinates are checked and passed through)."""
+    if isinstance(condition, Coordinates):
+        if tuple(condition.key_positions.shape) != tuple(selection.positions.shape):
+            raise ShapeError(
+                f"coordinates {condition.condition!r} have key positions {tuple(condition.key_positions.shape)} but the "
+                f"selection is {tuple(selection.positions.shape)}; build them from the same selection"
+            )
+        return condition
+    return get_condition(condition).coordinates(selection)
+
+
+@torch.no_grad()
+def relocate_selection(
+    prefill: PrefillResult,
+    selection: Selection,
+    condition: str | Condition | Coordinates,
+    factors: RotaryFactors,
+    window_mode: str = "condition",
+) -> RelocatedLayers:
+    """The work of :func:`build_cache` without the cache object (batched rows stack these)."""
+    _check_selection(prefill, selection)
+    coords = coordinates_of(condition, selection)
+    state = AttentionState(window_mode=window_mode)
+    data, widths = [], []
+    for layer in range(prefill.num_layers):
+        valid, source, target, kept_keys, kept_values = _gather_layer(prefill, selection, coords, layer)
+        moving = (target != source).any(-1)  # [kv_head]: heads with at least one key to move
+        pad = (~valid)[..., None].to(kept_keys.device)
+        if bool(moving.any()):
+            moved = kept_keys.clone() if not bool(moving.all()) else None
+            heads = moving.nonzero()[:, 0] if moved is not None else slice(None)
+            try:
+                relocated = relocate_keys(kept_keys[heads], source[heads], target[heads], factors,
+                                          layer=layer if factors.per_layer else None)  # checks its output is finite
+            except NonFiniteError as err:
+                raise NonFiniteError(f"layer {layer}: {err}") from None
+            except PositionError as err:
+                raise PositionError(f"condition {coords.condition}, layer {layer}: {err}") from None
+            if moved is None:
+                moved = relocated
+            else:
+                moved[heads] = relocated
+                _check_finite(moved[~moving], layer, "kept keys")
+        else:  # identity: every key stays where it was cached (a plain sparse cache)
+            moved = kept_keys
+            _check_finite(moved, layer, "kept keys")
+        moved, kept_values = moved.masked_fill(pad, 0.0), kept_values.masked_fill(pad, 0.0)
+        _check_finite(kept_values, layer, "kept values")
+        data.append((moved, kept_values))  # [kv_head, slot, head_dim]
+        state.valid[layer] = valid
+        state.key_positions[layer] = torch.where(valid, target, torch.full_like(target, -(10**9)))
+        state.source_positions[layer] = torch.where(valid, source, torch.full_like(source, -(10**9)))
+        widths.append(valid.shape[-1])
+    return RelocatedLayers(data, state, coords, widths)
+
+
+def _check_finite(tensor: torch.Tensor, layer: int, what: str) -> None:
+    if not bool(torch.isfinite(tensor).all()):
+        raise NonFiniteError(f"layer {layer}: {what} contain NaN or inf; relaylens refuses to build a cache from them. "
+                             "Fix: check the prefill cache (a float16 forward pass that overflowed, or replacement values "
+                             "of a merging selector); run the model in float32 or bfloat16")

@@ -1,0 +1,188 @@
+"""Relocated cache, synchronised question pass and greedy generation under one coordinate condition.
+
+Axes: ``layer``, ``kv_head``, ``slot`` (kept state, valid slots first), ``head_dim``; ``Q`` question tokens.
+
+Flow for one (record, selection, condition): :func:`relaylens.generation.cache.build_cache` gathers the kept keys/values of
+the prefill, relocates keys to the condition's positions and pads every layer to its own widest head (validity mask
+alongside); :func:`run_condition` runs the question at ``question_start .. question_start + Q - 1`` and decodes greedily, the
+first generated token fed at ``question_start + Q`` and one position more per token.
+
+Example:
+    >>> import torch
+    >>> from relaylens.testing import tiny_model
+    >>> from relaylens.model.prefill import PrefillResult
+    >>> from relaylens.geometry.selection import Selection
+    >>> model = tiny_model("llama")
+    >>> history, question = torch.arange(3, 40), torch.tensor([50, 51, 52])
+    >>> out = model(history[None], use_cache=True)
+    >>> pre = prefill_from_cache(history, out.cache, model)
+    >>> sel = Selection.full(pre.history_length, pre.num_layers, pre.num_kv_heads)
+    >>> result = run_condition(model, pre, sel, "relay", question, max_new_tokens=3)
+    >>> result.question_positions.tolist(), len(result.token_ids) <= 3
+    ([37, 38, 39], True)
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+
+import torch
+
+from relaylens.generation.attention import attention_context
+from relaylens.conditions.catalogue import Condition, Coordinates
+from relaylens.errors import PositionError, ShapeError
+from relaylens.geometry.rotary import RotaryFactors
+from relaylens.model.hf import attention_constants, cache_from_tensors, cache_tensors
+from relaylens.model.prefill import PrefillResult
+from relaylens.generation.cache import RelocatedCache, build_cache
+from relaylens.generation.rows import GenerationResult, Row, default_eos_ids, run_rows
+from relaylens.geometry.selection import Selection
+
+
+def prefill_from_cache(history_ids: torch.Tensor, cache, model) -> PrefillResult:
+    """Wrap a transformers cache filled by a plain forward over the history as a :class:`PrefillResult`."""
+    keys, values = cache_tensors(cache)
+    scaling, groups = attention_constants(model)
+    return PrefillResult(
+        history_ids=history_ids.reshape(-1),
+        keys=[k.detach() for k in keys],
+        values=[v.detach() for v in values],
+        window_queries=None,
+        window_size=0,
+        scaling=scaling,
+        num_key_value_groups=groups,
+    )
+
+
+def _forward(model, ids: torch.Tensor, positions: torch.Tensor, relocated: RelocatedCache, source_positions: torch.Tensor,
+             grad: bool = False):
+    state = relocated.state
+    state.new_positions = torch.cat((state.new_positions, positions))
+    base = state.new_source_positions if state.new_source_positions is not None else torch.zeros(0, dtype=torch.long)
+    state.new_source_positions = torch.cat((base, source_positions))
+    device = model.device
+    with torch.set_grad_enabled(grad), attention_context(model, state):
+        out = model(
+            input_ids=ids[None].to(device),
+            position_ids=positions[None].to(device),
+            cache=relocated.cache,
+            use_cache=True,
+        )
+    logits = out.logits[0]  # [T, vocab]
+    return logits if grad and logits.dtype == torch.float64 else logits.float()
+
+
+def _fork(relocated: RelocatedCache) -> RelocatedCache:
+    """A copy sharing the tensors (and their graph): cache updates concatenate, so neither side sees the other's."""
+    layers = [(layer.keys, layer.values) for layer in relocated.cache.layers]
+    state = dataclasses.replace(relocated.state, observers=[], valid=dict(relocated.state.valid),
+                                key_positions=dict(relocated.state.key_positions),
+                                source_positions=dict(relocated.state.source_positions))
+    return dataclasses.replace(relocated, cache=cache_from_tensors(layers), state=state)
+
+
+def run_condition(
+    model,
+    prefill: PrefillResult,
+    selection: Selection,
+    condition: str | Condition | Coordinates,
+    question_ids: torch.Tensor,
+    max_new_tokens: int = 32,
+    factors: RotaryFactors | None = None,
+    eos_token_ids: set[int] | None = None,
+    tokenizer=None,
+    stop_at_newline: bool = False,
+    window_mode: str = "condition",
+    observers: list | None = None,
+    keep_question_logits: bool = False,
+    teacher_token: int | None = None,
+    teacher_observers: list | None = None,
+    grad: bool = False,
+) -> GenerationResult:
+    """Question pass at the condition's coordinates, then greedy decoding with consecutive positions.
+
+    Args:
+        question_ids: ``[Q]`` question tokens (everything after the history, including the generation prompt).
+        max_new_tokens: decoding limit (0: question pass only).
+        eos_token_ids: stop tokens (default: the model's ``generation_config`` / ``config`` EOS ids).
+        tokenizer: decodes the answer text; needed for ``stop_at_newline`` (short-answer prompt modes).
+        observers: attention observers active during the question pass only (probes).
+        teacher_token: a token (e.g. the first reference-answer token) fed at the next continuation position on a
+            copy of the cache, with ``teacher_observers`` active; decoding itself is unaffected.
+        grad: run the question pass (and the teacher-forced token) with autograd on the retained keys and values:
+            ``result.question_logits`` / ``result.teacher_logits`` carry the graph back to
+            ``result.inputs`` (per layer ``(keys, values)``) and to per-query-head views of them
+            (``result.head_inputs``, see :class:`~relaylens.generation.attention.AttentionState`). Decoding still runs without
+            autograd. Default: no autograd.
+
+    Without ``grad`` this is :func:`relaylens.generation.rows.run_rows` with one row; batch a record's conditions with
+    ``run_rows``.
+    """
+    if not grad:  # one row of relaylens.generation.rows.run_rows (the batched path, batch of one)
+        row = Row(selection, condition, tuple(observers or ()), tuple(teacher_observers or ()))
+        return run_rows(model, prefill, [row], question_ids, max_new_tokens=max_new_tokens, factors=factors,
+                        eos_token_ids=eos_token_ids, tokenizer=tokenizer, stop_at_newline=stop_at_newline,
+                        window_mode=window_mode, keep_question_logits=keep_question_logits, teacher_token=teacher_token)[0]
+    factors = factors or RotaryFactors.from_model(model)
+    question_ids = torch.as_tensor(question_ids, dtype=torch.long).reshape(-1)
+    if question_ids.numel() == 0:
+        raise ShapeError("the question has no tokens; render the prompt with a question block")
+    relocated = build_cache(prefill, selection, condition, factors, window_mode, grad=grad)
+    coords = relocated.coordinates
+    positions = coords.question_positions(question_ids.numel())
+    label = str(coords.condition)
+    fix = ("Fix: use a smaller shift, a shorter history or fewer --max-new-tokens, or a model with a longer context"
+           if "shift" in label else "Fix: use shorter records or fewer --max-new-tokens, or a model with a longer context "
+           "(this condition has no shift to reduce)")
+    factors.check_positions(positions[-1:] + max(max_new_tokens, 0), f"condition {label}: question/generation positions",
+                            fix=fix)
+    source = torch.arange(question_ids.numel()) + prefill.history_length
+    relocated.state.observers = list(observers or [])
+    logits = _forward(model, question_ids, positions, relocated, source, grad)  # [Q, vocab]
+    relocated.state.observers = []
+    teacher_logits = None
+    if teacher_token is not None:
+        forked = _fork(relocated) if grad else copy.deepcopy(relocated)
+        forked.state.observers = list(teacher_observers or [])
+        teacher_logits = _forward(model, torch.tensor([int(teacher_token)]), positions[-1:] + 1, forked, source[-1:] + 1, grad)[-1]
+        del forked
+    result = GenerationResult(coords.condition, coords.question_start, positions, logits[-1].detach().clone(),
+                              question_logits=logits if keep_question_logits or grad else None,
+                              teacher_logits=teacher_logits, inputs=relocated.inputs,
+                              head_inputs=relocated.state.head_inputs)
+    relocated.state.head_inputs = None  # decoding records no per-head views
+    eos = eos_token_ids if eos_token_ids is not None else default_eos_ids(model, tokenizer)
+    next_position = int(positions[-1]) + 1
+    next_source = int(source[-1]) + 1
+    current = logits[-1].detach()
+    for step in range(max_new_tokens):
+        token = int(current.argmax())
+        result.token_ids.append(token)
+        if token in eos:
+            result.stop_reason = "eos"
+            break
+        if stop_at_newline and tokenizer is not None and "\n" in tokenizer.decode(result.token_ids, skip_special_tokens=True).lstrip("\n"):
+            result.stop_reason = "newline"
+            break
+        if step == max_new_tokens - 1:
+            break
+        result.positions.append(next_position)
+        current = _forward(model, torch.tensor([token]), torch.tensor([next_position]), relocated, torch.tensor([next_source]))[-1]
+        next_position += 1
+        next_source += 1
+    if tokenizer is not None:
+        ids = [t for t in result.token_ids if t not in eos]
+        text = tokenizer.decode(ids, skip_special_tokens=True)
+        result.text = text.strip().split("\n")[0].strip() if stop_at_newline else text.strip()
+    return result
+
+
+def check_history_fits(model, history_length: int, allow_long: bool = False) -> None:
+    """Refuse histories longer than the model's context unless explicitly allowed."""
+    limit = getattr(model.config, "max_position_embeddings", None)
+    if limit is not None and history_length > limit and not allow_long:
+        raise PositionError(
+            f"history of {history_length} tokens exceeds the model's context ({limit}); trim the record or pass "
+            "allow_long=True to accept positions past the trained range"
+        )

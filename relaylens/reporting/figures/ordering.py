@@ -1,0 +1,57 @@
+"""Figure 5 (``analyses/ordering.py``): source / score / reverse order and RandomMean (the mean over
+``random_order(seed)``), with the seed spread, paired differences vs relay and evidence-share band deltas."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+from matplotlib.figure import Figure
+
+from relaylens.reporting import plots
+from relaylens.reporting.figures.registry import needs_ordering, register
+from relaylens.reporting.summaries import (REFERENCE, accuracy_means, accuracy_scores, condition_order,
+                                 forward_evidence_share, paired_deltas, with_random_mean, metric_list)
+from relaylens.results.tables import get_table
+
+
+@register("figure5", "figure", "Figure 5: slot ordering (RandomMean = mean over random_order seeds)", needs_ordering)
+def figure5(tables: dict) -> Figure:
+    scores = with_random_mean(accuracy_scores(tables))
+    main = scores[~scores["condition"].str.match(r"random_order\(.*\)$")]
+    means = accuracy_means(main, ["condition"])
+    seeds = scores[scores["condition"].str.match(r"random_order\(.*\)$")]
+    seed_means = seeds.groupby(["metric", "condition"])["value"].mean().reset_index()
+    conditions = condition_order(main["condition"].unique())
+    reference = "relay" if "relay" in conditions else REFERENCE
+    deltas = paired_deltas(main, [], reference=reference)
+    share = forward_evidence_share(get_table(tables, "probes"))
+    if not share.empty:  # RandomMean of the readouts too: mean over seeds per (unit, layer, head)
+        rnd = share[share["condition"].str.match(r"random_order\(.*\)$")]
+        keys = ["record_id", "selector", "budget", "probe_point", "source", "layer", "head", "metric"]
+        mean = rnd.groupby(keys, sort=True)["value"].mean().reset_index().assign(condition="RandomMean")
+        share = pd.concat([share.drop(rnd.index), mean[share.columns]], ignore_index=True)
+    metrics = metric_list(means)
+    n = len(metrics)
+    fig = Figure(figsize=(3.5 * (n + 1 + (not share.empty)), 3.3), layout="constrained")
+    axes = fig.subplots(1, n + 1 + (not share.empty), squeeze=False)[0]
+    for ax, metric in zip(axes[:n], metrics):
+        centres = plots.condition_bars(ax, means, metric, conditions)
+        sm = seed_means[seed_means["metric"] == metric]
+        if ("RandomMean", None) in centres and not sm.empty:
+            x = centres[("RandomMean", None)]
+            offsets = np.linspace(-0.22, 0.22, len(sm)) if len(sm) > 1 else np.zeros(1)
+            ax.scatter(x + offsets, sm["value"], s=10, color="#222222", zorder=4, label="per seed")
+            spread = f"seeds: {sm['value'].min():.2f}-{sm['value'].max():.2f} (sd {sm['value'].std(ddof=0):.3f})"
+            ax.text(0.98, 0.98, spread, transform=ax.transAxes, ha="right", va="top", fontsize=7, color="#333333")
+            ax.legend(loc="upper left")
+        ax.set_title(plots.metric_label(metric))
+        ax.set_ylim(0, max(1.05, ax.get_ylim()[1] * 1.15))
+    plots.delta_points(axes[n], deltas, [c for c in conditions if c != reference], reference)
+    axes[n].set_title(f"paired difference vs {reference} (source order)" if reference == "relay"
+                      else f"paired difference vs {reference}")
+    if not share.empty:
+        plots.band_delta_panel(axes[n + 1], share, conditions, reference)
+    n_seeds = seeds["condition"].nunique()
+    fig.supxlabel(f"{plots.units_note(scores)}; RandomMean over {n_seeds} seed{'s' if n_seeds != 1 else ''}; "
+                  "error bars: 95% cluster bootstrap", fontsize=7, color="#555555")
+    return fig

@@ -1,0 +1,298 @@
+"""The figure registry: every paper figure and table as ``build(tables) -> Figure | DataFrame``, what each needs,
+which ones a run draws, and writing them into a run directory.
+
+One file per figure, named after the analysis it draws (``figures/ordering.py`` draws what ``analyses/ordering.py``
+runs); each registers its entries with :func:`register`. A new figure is one new file plus one import line in
+``relaylens/figures/__init__.py``.
+
+Example:
+    >>> from relaylens.results.tables import example_tables
+    >>> t = example_tables(records=2, selectors=("bm25",), budgets=(0.1,), conditions=("original", "relay"))
+    >>> needs_budgets(t), needs_probes(t) is None
+    ('a single budget (no curve to draw)', True)
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Sequence
+
+import pandas as pd
+from matplotlib.figure import Figure
+
+from relaylens.results.atomic import write_atomic
+from relaylens.reporting import plots
+from relaylens.errors import RelaylensError
+from relaylens.reporting.summaries import REFERENCE, accuracy_scores, table_markdown
+from relaylens.results.tables import get_table
+
+__all__ = ["REGISTRY", "ORDER", "COMPANIONS", "FigureEntry", "FigureError", "register", "names", "supported",
+           "build", "check_not_empty", "select_figures", "write_entry", "write_figures", "load_run_tables",
+           "cross_run_entries", "needs_scores",
+           "needs_answers", "needs_other_conditions", "needs_budgets", "needs_ordering", "needs_rank_sync",
+           "needs_probes"]
+
+ORDER = ("table1", "table2", "table6", "table7", "table8", "table10", "table11", "cross_judge", "layer_bands", "table3", "figure3", "figure4",
+         "figure5", "figure6", "figure6_attribution", "alignment")
+"""The order in which entries are drawn and listed (entries not named here follow, in registration order)."""
+CROSS_RUN = ("table1", "table8", "cross_judge")
+"""Entries built across several run directories (one per model x dataset)."""
+COMPANIONS = {"figure6": ("layer_bands", "figure6_attribution"), "table1": ("table8", "cross_judge")}
+"""Entries drawn together with an entry named in ``SPEC.figures`` (Figure 6's numbers are the layer-band table and
+its attribution companion is drawn when the probes table has attribution readouts; Table 1's paired differences per
+setting are Table 8; a second judge adds the cross-judge table)."""
+
+
+class FigureError(RelaylensError):
+    """A figure that the run's tables cannot support, or tables that are empty."""
+
+
+@dataclass(frozen=True)
+class FigureEntry:
+    """One registered figure or table: ``build(tables)`` and ``needs(tables)`` (why it cannot be built, or None)."""
+
+    name: str
+    kind: str  # "figure" | "table"
+    title: str
+    build: Callable[[dict], Figure | pd.DataFrame]
+    needs: Callable[[dict], str | None]
+
+
+REGISTRY: dict[str, FigureEntry] = {}
+
+
+def register(name: str, kind: str, title: str, needs: Callable[[dict], str | None]):
+    """Decorator: register ``fn(tables)`` as the figure or table ``name``."""
+    def wrap(fn):
+        REGISTRY[name] = FigureEntry(name, kind, title, fn, needs)
+        return fn
+    return wrap
+
+
+def names() -> list[str]:
+    """Registered entry names in drawing order (:data:`ORDER`, then registration order)."""
+    rank = {n: i for i, n in enumerate(ORDER)}
+    return sorted(REGISTRY, key=lambda n: rank.get(n, len(ORDER)))  # stable: unlisted keep registration order
+
+
+# ------------------------------------------------------------------------------------------------ requirements
+
+def needs_scores(tables: dict) -> str | None:
+    """Why accuracy figures cannot be drawn (no rows of the reported metrics), or None."""
+    chosen = "/".join(tables.get("metrics") or ("contains", "f1"))
+    return None if len(accuracy_scores(tables)) else f"no {chosen} rows in the scores table"
+
+
+def needs_relay_pairs(tables: dict) -> str | None:
+    """Why Table 8 cannot be built (no original/relay pairs), or None."""
+    reason = needs_scores(tables)
+    conds = set(accuracy_scores(tables)["condition"])
+    return reason or (None if {"original", "relay"} <= conds else "no original and relay conditions to pair")
+
+
+def needs_answers(tables: dict) -> str | None:
+    return None if len(get_table(tables, "answers")) else "the answers table is empty"
+
+
+def needs_other_conditions(tables: dict) -> str | None:
+    reason = needs_scores(tables)
+    if reason:
+        return reason
+    conds = set(accuracy_scores(tables)["condition"])
+    return None if len(conds - {REFERENCE}) else "only one condition in the scores table"
+
+
+def needs_budgets(tables: dict) -> str | None:
+    reason = needs_scores(tables)
+    return reason or (None if accuracy_scores(tables)["budget"].nunique() > 1 else "a single budget (no curve to draw)")
+
+
+def needs_ordering(tables: dict) -> str | None:
+    reason = needs_scores(tables)
+    conds = set(accuracy_scores(tables)["condition"])
+    if reason:
+        return reason
+    ordered = {c for c in conds if re.match(r"(score_order|reverse_order|random_order\(.*\))$", c)}
+    return None if ordered else "no score_order / reverse_order / random_order(seed) conditions"
+
+
+def needs_rank_sync(tables: dict) -> str | None:
+    reason = needs_scores(tables)
+    return reason or (None if "rank_sync" in set(accuracy_scores(tables)["condition"]) else "no rank_sync condition")
+
+
+def needs_probes(tables: dict) -> str | None:
+    """Why probe figures cannot be drawn (no probes, or no evidence readouts), or None."""
+    probes = get_table(tables, "probes")
+    if not len(probes):
+        return "the run has no probes (analysis without probes=True)"
+    have = set(probes["metric"])
+    return None if have & {"evidence_share", "replay_gold_share"} else "no evidence readouts in the probes table"
+
+
+def supported(tables: dict, name: str) -> str | None:
+    """Why ``name`` cannot be built from ``tables`` (None: it can)."""
+    if name not in REGISTRY:
+        raise FigureError(f"unknown figure {name!r}; known: {', '.join(sorted(REGISTRY))}")
+    return REGISTRY[name].needs(tables)
+
+
+def check_not_empty(tables: dict) -> None:
+    """Raise :class:`FigureError` when every result table is empty."""
+    if not any(len(get_table(tables, n)) for n in ("answers", "scores", "probes")):
+        raise FigureError("the run's result tables are empty (no committed units). Fix: run or resume the analysis "
+                          "(`relaylens run ANALYSIS --out RUN_DIR`) before drawing figures")
+
+
+def build(name: str, tables: dict) -> Figure | pd.DataFrame:
+    """Build the registered figure/table ``name`` from ``tables``; raises :class:`FigureError` if unsupported."""
+    check_not_empty(tables)
+    reason = supported(tables, name)
+    if reason:
+        raise FigureError(f"cannot build {name}: {reason}")
+    with plots.style():
+        result = REGISTRY[name].build(tables)
+        footer = footer_lines(tables)
+        if isinstance(result, Figure) and footer:
+            label = getattr(result, "_supxlabel", None)  # the figure's footnote, extended with the run's caveats
+            if label is not None:
+                label.set_text("\n".join([label.get_text(), *footer]))
+            else:
+                result.supxlabel("\n".join(footer), fontsize=7, color="#555555")
+        return result
+
+
+def footer_lines(tables: dict) -> list[str]:
+    """What every figure footer and table note states: the metric note (when the run lacks the paper's metric)
+    and "gold evidence retained in X of N records" per selector and budget."""
+    from relaylens.reporting.retention import retention_lines
+
+    lines = [tables["metric_note"]] if tables.get("metric_note") else []
+    answers = get_table(tables, "answers")
+    if len(answers):
+        retained = retention_lines(answers)
+        if retained:
+            lines.append("; ".join(retained))
+    return lines
+
+
+def prepare_tables(tables: dict, metric: str | None = None, retained_only: bool = False) -> dict:
+    """``tables`` with the metric choice (``tables["metrics"]``, ``tables["metric_note"]``; see
+    :func:`relaylens.reporting.crossrun.choose_metrics`) and, with ``retained_only``, probes restricted to the units whose
+    gold evidence survived the selection (the answers keep every unit, so footers still count all of them)."""
+    from relaylens.reporting.crossrun import choose_metrics
+    from relaylens.reporting.retention import restrict_to_retained
+
+    metrics, note = choose_metrics(get_table(tables, "scores"), metric)
+    out = dict(tables, metrics=metrics, metric_note=note)
+    if retained_only and len(get_table(tables, "probes")):
+        out["probes"] = restrict_to_retained(tables["probes"], get_table(tables, "answers"))
+        out["metric_note"] = "; ".join(filter(None, [note, "probes: records whose gold evidence was retained"]))
+    return out
+
+
+# ------------------------------------------------------------------------------------------------ run drawing
+
+def _spec_figures(manifest: dict) -> list[str] | None:
+    spec = (manifest.get("config") or {}).get("spec") or {}
+    listed = spec.get("figures")
+    return list(listed) if listed else None
+
+
+def select_figures(tables: dict, manifest: dict | None = None, only: str | Sequence[str] | None = None,
+                   all_supported: bool = False) -> list[str]:
+    """The entries to draw: ``only`` (a name, comma-separated names or a list); else the analysis's ``SPEC.figures`` (from the manifest) with companions;
+    else (or with ``all_supported``) every entry the tables support."""
+    check_not_empty(tables)
+    if only:
+        chosen = [n.strip() for n in only.split(",") if n.strip()] if isinstance(only, str) else list(only)
+        for name in chosen:
+            reason = supported(tables, name)
+            if reason:
+                raise FigureError(f"cannot build {name}: {reason}")
+        return chosen
+    spec = None if all_supported else _spec_figures(manifest or {})
+    if spec:
+        chosen = []
+        for name in spec:
+            chosen += [name] + list(COMPANIONS.get(name, ()))
+        chosen = [n for n in dict.fromkeys(chosen) if n in REGISTRY and supported(tables, n) is None]
+        if chosen:
+            return chosen
+    return [n for n in names() if supported(tables, n) is None]
+
+
+def load_run_tables(run_dirs: Sequence[str | Path], metric: str | None = None,
+                    retained_only: bool = False) -> tuple[dict, dict]:
+    """``(tables, manifest)`` ready to draw (:func:`prepare_tables`): one run's tables and manifest, or several runs
+    (one per model x dataset) as one grid (:func:`relaylens.reporting.crossrun.load_runs`) with the manifest
+    ``{"analysis": "cross-run", "runs": [{"model", "dataset", "run_dir"}, ...]}``."""
+    from relaylens.reporting.crossrun import load_runs
+    from relaylens.results.store import RunStore, load_tables
+
+    if len(run_dirs) == 1:
+        manifest = RunStore.open(run_dirs[0]).manifest
+        return prepare_tables(load_tables(run_dirs[0]), metric, retained_only), manifest
+    grid, labels = load_runs(run_dirs)
+    return prepare_tables(grid, metric, retained_only), {"analysis": "cross-run", "runs": labels}
+
+
+def cross_run_entries(tables: dict) -> list[str]:
+    """The cross-run entries (:data:`CROSS_RUN`) the grid's tables support."""
+    return [n for n in CROSS_RUN if supported(tables, n) is None]
+
+
+def write_entry(name: str, tables: dict, out_dir: str | Path, formats: Sequence[str] = plots.FORMATS) -> list[Path]:
+    """Build one entry and write it: figures as ``name.<fmt>``, tables as ``name.csv`` and ``name.md``."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    result = build(name, tables)
+    if isinstance(result, pd.DataFrame):
+        csv, md = out_dir / f"{name}.csv", out_dir / f"{name}.md"
+        write_atomic(csv, result.to_csv(index=False, float_format="%.6g", lineterminator="\n"))
+        notes = [result.attrs["note"]] if result.attrs.get("note") else []
+        notes += footer_lines(tables)
+        write_atomic(md, f"**{REGISTRY[name].title}**\n\n" + table_markdown(result)
+                     + "".join(f"\n{line}\n" for line in notes))
+        return [csv, md]
+    return plots.save_figure(result, out_dir / name, formats)
+
+
+def write_figures(run_dir: str | Path, only: str | Sequence[str] | None = None,
+                  formats: Sequence[str] = plots.FORMATS, all_supported: bool = False,
+                  progress: Callable[[str], None] | None = None, metric: str | None = None,
+                  retained_only: bool = False, out: str | Path | None = None) -> list[Path]:
+    """Draw the run's figures/tables into ``RUN_DIR/figures/`` (see :func:`select_figures`); returns the files.
+
+    ``metric`` is a ``--metric`` name (default: the paper's metric when the run has it); ``retained_only`` restricts
+    probe figures to records whose gold evidence survived (:func:`prepare_tables`). Several run directories (one
+    per model x dataset) build the cross-run tables (:data:`CROSS_RUN`) into ``out``."""
+    for fmt in formats:
+        if fmt not in plots.FORMATS:
+            raise FigureError(f"unknown figure format {fmt!r}; choose from {', '.join(plots.FORMATS)}")
+    run_dirs = [Path(run_dir)] if isinstance(run_dir, (str, Path)) else [Path(d) for d in run_dir]
+    if len(run_dirs) > 1 and out is None:
+        raise FigureError("several run directories make cross-run tables; pass --out DIR for them")
+    tables, manifest = load_run_tables(run_dirs, metric, retained_only)
+    out_dir = Path(out) if out else run_dirs[0] / "figures"
+    if len(run_dirs) == 1:
+        chosen = select_figures(tables, manifest, only, all_supported)
+    else:
+        chosen = select_figures(tables, manifest, only or cross_run_entries(tables))
+    from contextlib import nullcontext
+
+    from relaylens.results.locks import run_lock
+
+    paths = []
+    with run_lock(run_dirs[0], "figures") if len(run_dirs) == 1 else nullcontext():  # one writer per run directory
+        for name in chosen:
+            if progress:
+                progress(name)
+            paths += write_entry(name, tables, out_dir, formats)
+        index = {"analysis": manifest.get("analysis"), "entries": chosen,
+                 "files": [p.name for p in paths]}
+        write_atomic(out_dir / "index.json", json.dumps(index, indent=2, sort_keys=True) + "\n")
+    return paths

@@ -1,0 +1,198 @@
+"""Sharding a sweep across processes or machines, and merging the shard run directories back into one.
+
+Records are assigned to shards by a hash of their id, so every process computes the same split without talking to
+the others; ``merge_runs`` copies the committed unit files of each shard into one run directory and consolidates it.
+
+Example:
+    >>> parse_shard("1/4")
+    (1, 4)
+"""
+
+from __future__ import annotations
+
+import hashlib
+import warnings
+from pathlib import Path
+
+import pandas as pd
+
+from relaylens.results.store import ResultStoreError, RunStore, manifest_diff
+
+SHARDS = "shards"
+"""The folder of a run directory that holds its shard directories ``I-of-N`` (``--shard auto``, ``relaylens sweep``)."""
+
+
+def parse_shard(text: str) -> tuple[int, int]:
+    """``"i/n"`` -> ``(i, n)``; shards are numbered ``0..n-1``.
+
+    >>> parse_shard("0/2")
+    (0, 2)
+    """
+    try:
+        i, n = (int(x) for x in text.split("/"))
+    except ValueError:
+        raise ValueError(f"--shard expects 'i/n' with integers (e.g. 0/2); got {text!r}") from None
+    if n < 1 or not 0 <= i < n:
+        raise ValueError(f"--shard {text}: expected 0 <= i < n (shards are numbered 0..n-1); got i={i}, n={n}")
+    return i, n
+
+
+def shard_records(record_ids: list[str], i: int, n: int) -> list[str]:
+    """The ids of shard ``i`` of ``n`` (input order kept): ``sha256(id) mod n == i``, stable across runs and machines.
+
+    >>> ids = [f"q{k}" for k in range(10)]
+    >>> sorted(shard_records(ids, 0, 2) + shard_records(ids, 1, 2)) == sorted(ids)
+    True
+    """
+    parse_shard(f"{i}/{n}")
+    return [r for r in record_ids if int(hashlib.sha256(str(r).encode("utf-8")).hexdigest()[:16], 16) % n == i]
+
+
+def expected_units(manifest: dict) -> set[str] | None:
+    """Unit file hashes a run (or shard) must hold when complete, from its manifest's ``plan`` and spec; None for
+    manifests written before relaylens recorded a plan."""
+    from relaylens.results.store import UnitKey
+
+    plan = manifest.get("plan")
+    spec = (manifest.get("config") or {}).get("spec") or {}
+    if not isinstance(plan, dict) or not isinstance(plan.get("record_ids"), list) or "selectors" not in spec:
+        return None
+    budgets = [int(b) if float(b) > 1 else float(b) for b in spec.get("budgets", [])]
+    return {UnitKey(r, sel, b).hash for r in plan["record_ids"] for sel in spec["selectors"] for b in budgets}
+
+
+def merge_runs(shard_dirs: list[str | Path], out_dir: str | Path, allow_incomplete: bool = False) -> dict[str, pd.DataFrame]:
+    """Combine shard run directories into ``out_dir`` and consolidate it. Manifests must agree except ``shard``
+    and ``plan``; a unit present in two shards must have identical content.
+
+    Completeness is checked against the manifests: the shards must be distinct shards of one split (same count)
+    and, with ``allow_incomplete=False``, cover every shard and hold every unit their plan lists; otherwise the
+    merge is refused with the missing shards / units named. ``allow_incomplete=True`` merges anyway, warns, and
+    records the missing units under ``manifest["incomplete"]``. Returns the merged tables."""
+    from relaylens.results.locks import run_lock
+    from relaylens.results.store import prepare_run_dir
+
+    if not shard_dirs:
+        raise ValueError("merge_runs needs at least one shard directory")
+    stores = [RunStore.open(d) for d in shard_dirs]
+    base = stores[0]
+    for s in stores[1:]:
+        diff = manifest_diff(base.manifest, s.manifest, ignore={"shard", "plan"})
+        if diff:
+            raise ResultStoreError(f"cannot merge {s.run_dir} with {base.run_dir}: manifests differ in {diff}. "
+                                   "Fix: merge only shards of one command (same analysis, config, model, data, code)")
+    problems = _completeness(stores)
+    if problems and not allow_incomplete:
+        raise ResultStoreError(f"merging {len(stores)} directories would give incomplete tables: {'; '.join(problems)}. "
+                               "Fix: finish the missing shards (re-running a shard's command resumes it), or pass "
+                               "--allow-incomplete to merge what is there")
+    if problems:
+        warnings.warn(f"merging incomplete shards: {'; '.join(problems)}", stacklevel=2)
+    plans = [s.manifest.get("plan") for s in stores]
+    manifest = {**base.manifest, "shard": None,
+                "merged_from": [{"dir": str(s.run_dir), "shard": s.manifest.get("shard")} for s in stores]}
+    if all(isinstance(p, dict) for p in plans):
+        manifest["plan"] = {"record_ids": [r for p in plans for r in p.get("record_ids", [])],
+                            "units": sum(p.get("units", 0) for p in plans)}
+    if problems:
+        manifest["incomplete"] = problems
+    out_dir = Path(out_dir)
+    prepare_run_dir(out_dir)
+    with run_lock(out_dir, "merge"):
+        return _copy_units(stores, RunStore.create_or_open(out_dir, manifest))
+
+
+def _completeness(stores: list[RunStore]) -> list[str]:
+    """What the shards lack against their manifests: shards of another split, missing or repeated shards, units."""
+    problems = []
+    shards = [s.manifest.get("shard") for s in stores]
+    counts = {sh["count"] for sh in shards if sh}
+    if counts and (len(counts) > 1 or None in shards):
+        shown = ", ".join("unsharded" if sh is None else f"{sh['index']}/{sh['count']}" for sh in shards)
+        problems.append(f"the directories come from different splits (shards {shown}); merge the shards of one "
+                        "--shard i/n split")
+    elif counts:
+        n = counts.pop()
+        indices = [sh["index"] for sh in shards]
+        missing = sorted(set(range(n)) - set(indices))
+        repeated = sorted({i for i in indices if indices.count(i) > 1})
+        if missing:
+            problems.append(f"shards {', '.join(f'{i}/{n}' for i in missing)} are missing")
+        if repeated:
+            problems.append(f"shards {', '.join(f'{i}/{n}' for i in repeated)} are given twice")
+    for s in stores:
+        want = expected_units(s.manifest)
+        if want is None:  # an older manifest: nothing to check against, said loudly
+            warnings.warn(f"{s.run_dir} records no plan (written by an older relaylens or by hand): its completeness "
+                          "cannot be checked", stacklevel=3)
+            continue
+        have = {p.name.removesuffix(".json.gz") for p in s.unit_paths()}
+        lacking = want - have
+        if lacking:
+            keys = _unit_keys(s.manifest, lacking)
+            problems.append(f"{s.run_dir} lacks {len(lacking)} of its {len(want)} units ({', '.join(keys[:5])}"
+                            f"{' ...' if len(keys) > 5 else ''})")
+    return problems
+
+
+def _unit_keys(manifest: dict, hashes: set[str]) -> list[str]:
+    from relaylens.results.store import UnitKey
+
+    spec = manifest["config"]["spec"]
+    budgets = [int(b) if float(b) > 1 else float(b) for b in spec.get("budgets", [])]
+    return [f"{r}/{sel}@{b:g}" for r in manifest["plan"]["record_ids"] for sel in spec["selectors"] for b in budgets
+            if UnitKey(r, sel, b).hash in hashes]
+
+
+def _copy_units(stores: list[RunStore], out: RunStore) -> dict[str, pd.DataFrame]:
+    seen: dict[str, Path] = {p.name: p for p in out.unit_paths()}
+    for s in stores:
+        for path in s.unit_paths():
+            content = s.load_unit(path)  # validates the checksum before copying
+            if path.name in seen:
+                if out.load_unit(seen[path.name]) != content:
+                    raise ResultStoreError(f"unit {path.name} differs between {seen[path.name]} and {path}: the same "
+                                           "(record, selector, budget) has different results. Fix: drop one shard's copy")
+                continue
+            out.copy_unit(path)
+            seen[path.name] = path
+    return out.consolidate()
+
+
+def merge_run_dir(run_dir: str | Path, allow_incomplete: bool = False) -> list[Path]:
+    """Merge the shard directories ``RUN_DIR/shards/I-of-N`` (written by ``relaylens run --shard auto`` or
+    ``relaylens sweep``) into ``RUN_DIR`` itself; returns the shard directories merged.
+
+    Refuses, naming the shard and the fix: no shards, shards of different sweeps (two values of N), a missing shard
+    or missing units (unless ``allow_incomplete``), a shard directory holding another shard, and shards of
+    different configurations (:func:`merge_runs`)."""
+    import re
+
+    run_dir = Path(run_dir)
+    found = {}
+    for path in sorted((run_dir / SHARDS).glob("*-of-*")):
+        match = re.fullmatch(r"(\d+)-of-(\d+)", path.name)
+        if match and path.is_dir():
+            found[path] = (int(match[1]), int(match[2]))
+    if not found:
+        raise ResultStoreError(f"{run_dir / SHARDS} holds no shard directories (I-of-N). Fix: pass the --out of "
+                               "`relaylens run --shard auto` or `relaylens sweep`, or merge explicit shard "
+                               "directories with --out")
+    counts = sorted({n for _, n in found.values()})
+    if len(counts) > 1:
+        raise ResultStoreError(f"{run_dir / SHARDS} mixes shards of sweeps with {' and '.join(map(str, counts))} "
+                               "shards. Fix: delete the stale shard directories (or start a new --out) and merge again")
+    count = counts[0]
+    missing = sorted(set(range(count)) - {i for i, _ in found.values()})
+    if missing and not allow_incomplete:
+        raise ResultStoreError(f"shard(s) {', '.join(f'{i}-of-{count}' for i in missing)} missing in {run_dir / SHARDS}: "
+                               "that process never started, or wrote to storage this machine does not see (the run "
+                               "directory must be on storage every process shares). Fix: run the missing ranks with "
+                               "the same command (finished units are kept), then merge again")
+    for path, (index, _) in found.items():
+        shard = RunStore.open(path).manifest.get("shard")
+        if shard != {"index": index, "count": count}:
+            raise ResultStoreError(f"{path} holds shard {shard}, not {index}-of-{count}. Fix: move it to the "
+                                   "directory its manifest names, or re-run that shard")
+    merge_runs(list(found), run_dir, allow_incomplete=allow_incomplete)  # configurations agree; every unit present
+    return list(found)

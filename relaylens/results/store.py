@@ -1,0 +1,565 @@
+"""The resumable result store: one run directory per sweep, crash-safe, shardable, consolidated into parquet.
+
+Layout of a run directory::
+
+    run_dir/
+      manifest.json          what produced the run (build_manifest); written atomically, compared on re-open
+      units/<hash>.json.gz   one committed unit of work = all conditions of one (record_id, selector, budget)
+      answers.parquet        consolidated tables (columns of relaylens.results.tables), sorted by key
+      scores.parquet
+      probes.parquet
+      consolidated.json      written last by consolidate(): the unit hashes the parquet files contain
+
+**Commit protocol.** A unit's rows (every condition of one shared selection) are serialised into one JSON document
+(column lists, with a sha256 checksum of the content), gzip-compressed (``mtime=0``: identical content gives
+identical bytes), written to ``units/.tmp-<hash>.json.gz-<pid>``, flushed, fsynced, then ``os.replace`` d onto
+``units/<hash>.json.gz`` and the directory fsynced. The rename is the commit marker: a crash leaves at most a
+``.tmp-*`` file, which readers never look at (re-opening deletes it), so a partially written unit is never read;
+the checksum catches files damaged afterwards. Re-running the same command skips units whose file exists
+(:meth:`RunStore.is_done`). The parquet files are derived data, rewritten whole (temp file + rename) by
+:meth:`RunStore.consolidate`; :func:`load_tables` rebuilds from the units when ``consolidated.json`` is stale.
+
+Example:
+    >>> import tempfile
+    >>> run = RunStore.create_or_open(tempfile.mkdtemp() + "/run", {"analysis": "demo", "config": {"seed": 0}})
+    >>> key = UnitKey("q1", "bm25", 0.1)
+    >>> run.is_done(key)
+    False
+    >>> run.write_unit(key, [], [dict(record_id="q1", selector="bm25", budget=0.1, condition="relay",
+    ...     question_type="t", is_abstention=False, cluster_id=None, metric="f1", value=1.0)], [])
+    >>> run.is_done(key), len(run.consolidate()["scores"])
+    (True, 1)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import errno
+import gzip
+import hashlib
+import io
+import json
+import math
+import numbers
+import os
+import re
+import subprocess
+from pathlib import Path
+from typing import Any, Callable, NamedTuple
+
+import numpy as np
+import pandas as pd
+
+from relaylens.errors import RelaylensError
+from relaylens.results.tables import (BOOL, DTYPES, FLOAT, INT, KEY_COLUMNS, OPT_STR, OPTIONAL_TABLES, SORT_COLUMNS, TABLES,
+                              coerce_table, get_table, sort_table)
+
+__all__ = ["UnitKey", "RunStore", "ResultStoreError", "StoreWriteError", "build_manifest", "file_sha256",
+           "load_tables", "SORT_COLUMNS", "DTYPES"]
+
+FORMAT_VERSION = 1
+UNITS = "units"
+# Paths are recorded but never compared: the same data or model at another path (a relative path, another mount
+# point) is the same run when the content hashes (dataset.sha256, model.*) agree.
+_IGNORED_ON_COMPARE = {"created_at", "merged_from", "forced", "replaced", "dataset.path", "model.spec",
+                       "config.run.model", "config.run.data"}
+_OWN_TEMP = re.compile(r"\.tmp-(manifest\.json|consolidated\.json|(" + "|".join(TABLES) + r")\.parquet)-\d+")
+_OWN_UNIT_TEMP = re.compile(r"\.tmp-[0-9a-f]{24}\.json\.gz-\d+")
+_UNIT_NAME = re.compile(r"[0-9a-f]{24}\.json\.gz")
+
+class ResultStoreError(RelaylensError):
+    """A run directory whose manifest, unit files or rows are not what the store expects."""
+
+
+class StoreWriteError(OSError):
+    """Writing into a run directory failed (unwritable, disk full); nothing partial was left behind."""
+
+
+class UnitKey(NamedTuple):
+    """One unit of work: every condition of one (record, selector, budget) selection."""
+
+    record_id: str
+    selector: str
+    budget: float
+
+    def normalised(self) -> "UnitKey":
+        return UnitKey(str(self.record_id), str(self.selector), float(self.budget))
+
+    @property
+    def hash(self) -> str:
+        k = self.normalised()
+        return hashlib.sha256(json.dumps([k.record_id, k.selector, repr(k.budget)]).encode()).hexdigest()[:24]
+
+
+# ---------------------------------------------------------------------------------------------------- manifest
+
+def file_sha256(path: str | Path, chunk: int = 1 << 20) -> str:
+    """sha256 hex digest of a file, streamed."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _versions() -> dict[str, str | None]:
+    import platform
+    from importlib import metadata
+
+    out: dict[str, str | None] = {"python": platform.python_version()}
+    for name in ("relaylens", "torch", "transformers", "accelerate", "numpy", "pandas", "pyarrow"):
+        try:
+            out[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            out[name] = None
+    return out
+
+
+def _git(pkg: Path, *args: str) -> str | None:
+    try:
+        return subprocess.run(["git", "-C", str(pkg), *args], capture_output=True, text=True, timeout=10,
+                              check=True).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def _git_commit() -> str | None:
+    """``git rev-parse HEAD`` of the repository holding this package, else None (installed wheel, no git)."""
+    pkg = Path(__file__).resolve().parents[1]  # the relaylens package
+    top = (_git(pkg, "rev-parse", "--show-toplevel", "HEAD") or "").split()
+    if len(top) != 2 or not (Path(top[0]) / "relaylens" / "__init__.py").resolve() == pkg / "__init__.py":
+        return None
+    return top[1]
+
+
+def source_state() -> dict:
+    """What code produced a run: ``source_sha256`` (every file of the ``relaylens`` package and the analyses,
+    hashed by relative path and content: works for an installed wheel too), and, inside a git checkout, the
+    ``commit``, whether the package differs from it (``dirty``) and a hash of that difference (``diff_sha256``).
+
+    >>> s = source_state()
+    >>> len(s["source_sha256"]), set(s) == {"source_sha256", "commit", "dirty", "diff_sha256"}
+    (64, True)
+    """
+    import importlib
+
+    pkg = Path(__file__).resolve().parents[1]  # the relaylens package
+    # the analyses: relaylens.analyses only (the top-level analyses/ folder); never a top-level `analyses` import
+    roots = [pkg] + [Path(p).resolve() for p in importlib.import_module("relaylens.analyses").__path__]
+    digest = hashlib.sha256()
+    for root in roots:
+        for f in sorted(p for p in root.rglob("*") if p.is_file() and p.suffix in (".py", ".j2", ".json", ".jsonl")
+                        and "__pycache__" not in p.parts
+                        and not (root == pkg and p.relative_to(pkg).parts[0] == "analyses")):
+            digest.update(f"{root.name}/{f.relative_to(root).as_posix()}\0".encode())
+            digest.update(hashlib.sha256(f.read_bytes()).digest())
+    commit = _git_commit()
+    dirty = diff = None
+    if commit is not None:
+        paths = ["--", str(pkg)] + [str(r) for r in roots[1:]]
+        status = _git(pkg, "status", "--porcelain", "--untracked-files=all", *paths)
+        patch = _git(pkg, "diff", "HEAD", "--binary", *paths)
+        if status is not None and patch is not None:
+            dirty = bool(status.strip())
+            diff = hashlib.sha256((status + patch).encode()).hexdigest() if dirty else None
+    return {"source_sha256": digest.hexdigest(), "commit": commit, "dirty": dirty, "diff_sha256": diff}
+
+
+def build_manifest(analysis: str, config: dict, model_spec: str | None = None, weights_hash: str | None = None,
+                   dataset_path: str | Path | None = None, shard: tuple[int, int] | None = None,
+                   model_info: dict | None = None, plan: dict | None = None) -> dict:
+    """The manifest of a run: analysis, full config, package versions, model (weights, config and tokenizer
+    hashes), dataset hash, source state (:func:`source_state`), shard, and the ``plan`` (the record ids this run or
+    shard owns, so that ``merge`` can check completeness).
+
+    >>> m = build_manifest("coordinate_ablation", {"budget": 0.1}, "smollm2-135m-instruct", "ab12")
+    >>> m["model"], m["dataset"], m["shard"]
+    ({'spec': 'smollm2-135m-instruct', 'weights_hash': 'ab12'}, None, None)
+    """
+    import datetime
+
+    dataset = None
+    if dataset_path is not None:
+        dataset = {"path": str(dataset_path), "sha256": file_sha256(dataset_path)}
+    source = source_state()
+    return {
+        "format_version": FORMAT_VERSION, "analysis": analysis, "config": config,
+        "model": {"spec": model_spec, "weights_hash": weights_hash, **(model_info or {})}, "dataset": dataset,
+        "versions": _versions(), "git_commit": source["commit"], "source": source,
+        "shard": None if shard is None else {"index": int(shard[0]), "count": int(shard[1])},
+        **({"plan": plan} if plan is not None else {}),
+        "created_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+    }
+
+
+def _json_default(obj: Any) -> Any:
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return dataclasses.asdict(obj)
+    if isinstance(obj, (Path, os.PathLike)):
+        return str(obj)
+    if hasattr(obj, "item") and callable(obj.item):  # numpy scalars
+        return obj.item()
+    if isinstance(obj, (set, frozenset)):
+        return sorted(obj)
+    raise TypeError(f"{type(obj).__name__} {obj!r} is not JSON-serialisable")
+
+
+def _canonical(manifest: dict) -> dict:
+    try:
+        return json.loads(json.dumps(manifest, default=_json_default, sort_keys=True))
+    except (TypeError, ValueError) as exc:
+        raise ResultStoreError(f"the manifest must be JSON-serialisable: {exc}. Fix: pass plain dicts, lists, "
+                               "strings and numbers (dataclasses and paths are converted)") from None
+
+
+def _flatten(d: Any, prefix: str = "") -> dict[str, Any]:
+    if isinstance(d, dict) and d:
+        out: dict[str, Any] = {}
+        for k, v in d.items():
+            out.update(_flatten(v, f"{prefix}{k}."))
+        return out
+    return {prefix[:-1]: d}
+
+
+def manifest_diff(a: dict, b: dict, ignore: set[str] = frozenset()) -> list[str]:
+    """Dotted keys whose values differ between two manifests (``created_at`` and friends ignored)."""
+    fa, fb = _flatten(_canonical(a)), _flatten(_canonical(b))
+    skip = _IGNORED_ON_COMPARE | set(ignore)
+    return sorted(k for k in set(fa) | set(fb)
+                  if fa.get(k, "<absent>") != fb.get(k, "<absent>") and not any(k == s or k.startswith(s + ".") for s in skip))
+
+
+# ------------------------------------------------------------------------------------------------ atomic write
+
+def _default_writer(f: io.BufferedWriter, data: bytes) -> None:
+    f.write(data)
+
+
+def _atomic_write(path: Path, data: bytes, run_dir: Path, writer: Callable = _default_writer) -> None:
+    """Write ``data`` to ``path`` via a fsynced temp file and ``os.replace``; on failure nothing is left."""
+    tmp = path.parent / f".tmp-{path.name}-{os.getpid()}"
+    try:
+        with open(tmp, "wb") as f:
+            writer(f, data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+        _fsync_dir(path.parent)
+    except OSError as exc:
+        try:
+            tmp.unlink(missing_ok=True)
+        except OSError:
+            pass
+        hint = ("the disk is full: free space or choose another --out" if exc.errno == errno.ENOSPC else
+                "check that the directory is writable, or choose another --out")
+        raise StoreWriteError(exc.errno, f"cannot write {path.name} into run directory {run_dir}: "
+                              f"{exc.strerror or exc}; nothing partial was kept. Fix: {hint}") from exc
+
+
+def _fsync_dir(path: Path) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+# ------------------------------------------------------------------------------------------------- row checks
+
+def _check_value(kind: str, v: Any) -> Any:
+    """The JSON-native value of ``v`` for a column kind; raises TypeError when it does not fit."""
+    if kind == INT:
+        if isinstance(v, numbers.Integral) and not isinstance(v, (bool, np.bool_)):
+            return int(v)
+    elif kind == FLOAT:
+        if v is None:
+            return None
+        if isinstance(v, numbers.Real) and not isinstance(v, (bool, np.bool_)):
+            v = float(v)
+            return None if math.isnan(v) else v  # NaN is stored as JSON null
+    elif kind == BOOL:
+        if isinstance(v, (bool, np.bool_)):
+            return bool(v)
+    elif isinstance(v, str) or (kind == OPT_STR and v is None):
+        return v
+    raise TypeError(kind)
+
+
+def _columns(name: str, rows: Any, key: "UnitKey", where: str) -> dict[str, list]:
+    """Rows (list of dicts or a DataFrame) -> ``{column: values}`` with exactly the table's columns, every value
+    of its column's kind (:data:`DTYPES`), the unit's key, and no duplicate row identity."""
+    columns = TABLES[name]
+    if isinstance(rows, pd.DataFrame):
+        rows = rows.to_dict("records")
+    out: dict[str, list] = {c: [] for c in columns}
+    want = set(columns)
+    kinds = [(c, DTYPES[c]) for c in columns]
+    for row in rows:
+        if row.keys() != want:
+            missing, extra = sorted(want - row.keys()), sorted(row.keys() - want)
+            raise ResultStoreError(f"{where}: {name} rows must have exactly the columns of relaylens.results.tables "
+                                   f"({name}); missing {missing}, unexpected {extra}")
+        for c, kind in kinds:
+            try:
+                out[c].append(_check_value(kind, row[c]))
+            except TypeError:
+                raise ResultStoreError(f"{where}: {name} column {c!r} expects {kind} values; got {row[c]!r} "
+                                       f"({type(row[c]).__name__}). Fix: convert the value before write_unit") from None
+        for c, k in zip(("record_id", "selector", "budget"), key):
+            if out[c][-1] != k:
+                raise ResultStoreError(f"{where}: a {name} row has {c}={out[c][-1]!r}, expected {k!r}; a unit holds "
+                                       "only its own (record_id, selector, budget)")
+    ident = list(zip(*(out[c] for c in SORT_COLUMNS[name])))
+    if len(set(ident)) != len(ident):
+        seen: set = set()
+        dup = next(i for i in ident if i in seen or seen.add(i))
+        raise ResultStoreError(f"{where}: duplicate {name} rows for {list(dup)}; each {SORT_COLUMNS[name]} must "
+                               "appear once")
+    return out
+
+
+def _table(name: str, columns: dict[str, list]) -> pd.DataFrame:
+    """Column lists -> the canonical, sorted DataFrame of a table."""
+    return sort_table(name, coerce_table(name, pd.DataFrame({c: columns[c] for c in TABLES[name]})))
+
+
+# ------------------------------------------------------------------------------------------------------ store
+
+class RunStore:
+    """A run directory (see the module docstring). Create with :meth:`create_or_open` or :meth:`open`."""
+
+    def __init__(self, run_dir: Path, manifest: dict, writer: Callable = _default_writer):
+        self.run_dir = Path(run_dir)
+        self.manifest = manifest
+        self.writer = writer  # (binary file, bytes) -> None; tests inject a failing writer
+
+    # -- opening
+    @classmethod
+    def create_or_open(cls, run_dir: str | Path, manifest: dict, force: bool = False,
+                       writer: Callable = _default_writer) -> "RunStore":
+        """Start a run in ``run_dir`` or resume it. An existing manifest must equal ``manifest`` (ignoring
+        ``created_at``, paths and the other keys of ``_IGNORED_ON_COMPARE``); ``force=True`` keeps the finished
+        units, adopts the new manifest and records the differing keys under ``manifest["forced"]``. A directory
+        holding no committed unit yet adopts the new manifest (nothing could be mixed; noted under ``replaced``).
+
+        Refused: a non-empty directory that is not a relaylens run (no ``manifest.json``), and a ``manifest.json``
+        that relaylens did not write (even with ``force``). Callers that write should hold
+        :func:`relaylens.results.locks.run_lock` (the runner and ``merge`` do)."""
+        run_dir = Path(run_dir)
+        manifest = _canonical(manifest)
+        prepare_run_dir(run_dir)
+        path = run_dir / "manifest.json"
+        store = cls(run_dir, manifest, writer)
+        if path.exists():
+            old = _read_manifest(run_dir)
+            diff = manifest_diff(old, manifest)
+            if diff and not store.unit_paths():
+                manifest = {**manifest, "replaced": old.get("replaced", []) + [{"keys": diff, "at": manifest.get("created_at")}]}
+                store.manifest = manifest
+            elif diff and not force:
+                shown = ", ".join(f"{k}: {_flatten(old).get(k, '<absent>')!r} -> {_flatten(manifest).get(k, '<absent>')!r}"
+                                  for k in diff[:8])
+                raise ResultStoreError(f"run directory {run_dir} was started with a different manifest; differing keys: "
+                                       f"{shown}{' ...' if len(diff) > 8 else ''}. Fix: re-run with the original settings, "
+                                       "choose a new --out, or pass --force to continue with the new settings")
+            elif not diff:
+                store.manifest = old
+                store._clean_temp()
+                return store
+            else:
+                manifest = {**manifest, "forced": old.get("forced", []) + [{"keys": diff, "at": manifest.get("created_at")}]}
+                store.manifest = manifest
+        store._clean_temp()
+        _atomic_write(path, _dumps(manifest, indent=2), run_dir, writer)
+        return store
+
+    @classmethod
+    def open(cls, run_dir: str | Path) -> "RunStore":
+        """Open an existing run directory for reading (and appending) without comparing manifests."""
+        run_dir = Path(run_dir)
+        return cls(run_dir, _read_manifest(run_dir))
+
+    def _clean_temp(self) -> None:
+        """Delete the temp files a killed relaylens writer left (its own names only, regular files only)."""
+        for folder, pattern in ((self.run_dir / UNITS, _OWN_UNIT_TEMP), (self.run_dir, _OWN_TEMP)):
+            for p in folder.glob(".tmp-*"):
+                if pattern.fullmatch(p.name) and p.is_file() and not p.is_symlink():
+                    p.unlink(missing_ok=True)
+
+    # -- units
+    def unit_path(self, key: UnitKey | tuple) -> Path:
+        return self.run_dir / UNITS / f"{UnitKey(*key).hash}.json.gz"
+
+    def is_done(self, key: UnitKey | tuple) -> bool:
+        """True when the unit ``(record_id, selector, budget)`` has been committed."""
+        return self.unit_path(key).exists()
+
+    def unit_paths(self) -> list[Path]:
+        return sorted((self.run_dir / UNITS).glob("[0-9a-f]*.json.gz"))
+
+    def write_unit(self, key: UnitKey | tuple, answers_rows: Any, scores_rows: Any, probes_rows: Any,
+                   replace: bool = False, skipped_rows: Any = ()) -> None:
+        """Commit all rows of one unit atomically. Rows are lists of dicts (or DataFrames) with the columns of
+        :mod:`relaylens.results.tables`; their key columns must match ``key``; no two rows may share an identity
+        (:data:`SORT_COLUMNS`). Float NaN / None are stored as null and read back as NaN. A unit that was not run
+        commits one ``skipped_rows`` row (and no other rows): resuming does not retry it."""
+        key = UnitKey(*key).normalised()
+        where = f"unit {tuple(key)}"
+        if self.is_done(key) and not replace:
+            raise ResultStoreError(f"{where} is already committed in {self.run_dir}; the runner should skip done units "
+                                   "(is_done). Fix: pass replace=True to overwrite it deliberately")
+        tables = {name: _columns(name, rows, key, where)
+                  for name, rows in (("answers", answers_rows), ("scores", scores_rows), ("probes", probes_rows),
+                                     ("skipped", skipped_rows))}
+        checksum = hashlib.sha256(_dumps({"unit": list(key), "tables": tables})).hexdigest()
+        doc = {"unit": list(key), "sha256": checksum, "tables": tables}
+        _atomic_write(self.unit_path(key), gzip.compress(_dumps(doc), compresslevel=6, mtime=0), self.run_dir, self.writer)
+
+    def copy_unit(self, path: Path) -> None:
+        """Commit a unit file of another run directory into this one, byte for byte (atomically)."""
+        _atomic_write(self.run_dir / UNITS / path.name, path.read_bytes(), self.run_dir, self.writer)
+
+    def load_unit(self, path: Path) -> dict[str, dict[str, list]]:
+        """The raw column lists of one committed unit file, per table (its checksum verified)."""
+        fix = "delete it and re-run the same command to recompute that unit"
+        try:
+            doc = json.loads(gzip.decompress(path.read_bytes()))
+            key = UnitKey(*doc["unit"])
+            tables = doc["tables"]
+            payload = _dumps({"unit": doc["unit"], "tables": tables})
+        except (OSError, EOFError, ValueError, KeyError, TypeError) as exc:
+            raise ResultStoreError(f"corrupt unit file {path}: {type(exc).__name__}: {exc}. Fix: {fix}") from None
+        if hashlib.sha256(payload).hexdigest() != doc.get("sha256") or f"{key.hash}.json.gz" != path.name:
+            raise ResultStoreError(f"corrupt unit file {path}: checksum or unit key does not match its content. Fix: {fix}")
+        for name in OPTIONAL_TABLES:
+            tables.setdefault(name, {c: [] for c in TABLES[name]})
+        for name, cols in TABLES.items():
+            if not isinstance(tables.get(name), dict) or set(tables[name]) != set(cols):
+                raise ResultStoreError(f"corrupt unit file {path}: table {name} does not have the columns of "
+                                       f"relaylens.results.tables (written by another relaylens version?). Fix: {fix}")
+        return tables
+
+    def read_unit(self, path: Path) -> dict[str, pd.DataFrame]:
+        """The three tables of one committed unit file; a damaged file raises naming it."""
+        return {name: _table(name, cols) for name, cols in self.load_unit(path).items()}
+
+    def build_tables(self) -> dict[str, pd.DataFrame]:
+        """All committed units as the three sorted tables (in memory; nothing written)."""
+        acc: dict[str, dict[str, list]] = {name: {c: [] for c in cols} for name, cols in TABLES.items()}
+        for path in self.unit_paths():
+            for name, cols in self.load_unit(path).items():
+                for c, values in cols.items():
+                    acc[name][c].extend(values)
+        return {name: _table(name, cols) for name, cols in acc.items()}
+
+    def consolidate(self) -> dict[str, pd.DataFrame]:
+        """Write ``answers/scores/probes.parquet`` (each atomically) then ``consolidated.json``; return the tables."""
+        hashes = [p.stem for p in self.unit_paths()]
+        tables = self.build_tables()
+        for name, df in tables.items():
+            buf = io.BytesIO()
+            df.to_parquet(buf, index=False)
+            _atomic_write(self.run_dir / f"{name}.parquet", buf.getvalue(), self.run_dir, self.writer)
+        marker = {"units": hashes, "rows": {n: len(df) for n, df in tables.items()}}
+        _atomic_write(self.run_dir / "consolidated.json", _dumps(marker), self.run_dir, self.writer)
+        return tables
+
+
+def prepare_run_dir(run_dir: Path) -> None:
+    """Create ``run_dir`` (and ``units/``) for writing; refuse a directory that holds something else.
+
+    A directory is accepted when it is new, empty, or a relaylens run (its ``manifest.json`` written by relaylens);
+    an existing directory without a manifest may hold only what relaylens itself leaves there (an empty
+    ``units/``, the lock file, relaylens temp files, the ``shards/`` of ``--shard auto`` and ``sweep``)."""
+    from relaylens.results.locks import LOCK_NAME
+
+    run_dir = Path(run_dir)
+    if run_dir.exists() and not run_dir.is_dir():
+        raise StoreWriteError(errno.ENOTDIR, f"cannot create run directory {run_dir}: it is a file. Fix: choose "
+                              "another --out")
+    if run_dir.is_dir():
+        if (run_dir / "manifest.json").exists() or (run_dir / "manifest.json").is_symlink():
+            _read_manifest(run_dir)  # refuses a foreign or damaged manifest before anything is touched
+        else:
+            foreign = []
+            for p in sorted(run_dir.iterdir()):
+                if p.name == UNITS and p.is_dir() and not p.is_symlink():
+                    foreign += [f"{UNITS}/{q.name}" for q in sorted(p.iterdir()) if not _OWN_UNIT_TEMP.fullmatch(q.name)]
+                elif p.name not in (LOCK_NAME, "shards") and not _OWN_TEMP.fullmatch(p.name):  # shards/: --shard auto, sweep
+                    foreign.append(p.name)
+            if foreign:
+                shown = ", ".join(foreign[:5]) + (f" and {len(foreign) - 5} more" if len(foreign) > 5 else "")
+                raise ResultStoreError(f"{run_dir} is not empty and is not a relaylens run directory (no manifest.json; "
+                                       f"it holds {shown}); relaylens will not write into it. Fix: choose a new or "
+                                       "empty --out directory")
+    try:
+        (run_dir / UNITS).mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise StoreWriteError(exc.errno, f"cannot create run directory {run_dir}: {exc.strerror or exc}. "
+                              "Fix: choose a writable --out directory") from exc
+    if not os.access(run_dir, os.W_OK | os.X_OK):
+        raise StoreWriteError(errno.EACCES, f"run directory {run_dir} is not writable. Fix: choose another --out")
+
+
+def _dumps(obj: Any, indent: int | None = None) -> bytes:
+    return json.dumps(obj, default=_json_default, sort_keys=True, indent=indent).encode("utf-8")
+
+
+def _read_manifest(run_dir: Path) -> dict:
+    path = run_dir / "manifest.json"
+    if not path.exists():
+        raise ResultStoreError(f"{run_dir} is not a run directory (no manifest.json). Fix: pass the --out "
+                               "directory of a `relaylens run`")
+    try:
+        manifest = json.loads(path.read_text("utf-8"))
+    except (OSError, ValueError, RecursionError) as exc:
+        raise ResultStoreError(f"corrupt manifest {path}: {type(exc).__name__}: {exc}. Fix: restore it or start a "
+                               "new run directory") from None
+    if not isinstance(manifest, dict) or not isinstance(manifest.get("analysis"), str) \
+            or not isinstance(manifest.get("config"), dict):
+        raise ResultStoreError(f"{path} is not a relaylens run manifest (expected a JSON object with 'analysis' and "
+                               "'config'); relaylens neither reads nor overwrites it, even with --force. Fix: pass the "
+                               "--out directory of a `relaylens run`, or choose a new directory")
+    return manifest
+
+
+def _exported_tables(run_dir: Path) -> dict[str, pd.DataFrame]:
+    """The parquet tables of a run directory that holds no units; a missing optional table reads as empty."""
+    tables = {}
+    for name in TABLES:
+        path = run_dir / f"{name}.parquet"
+        frame = pd.read_parquet(path) if path.exists() else get_table({}, name)  # an empty table of the schema
+        try:
+            tables[name] = sort_table(name, coerce_table(name, frame))
+        except KeyError as err:
+            raise RelaylensError(f"{path} lacks column {err} of the {name} table and the run has no units to rebuild "
+                                 "it from. Fix: rerun the analysis into a fresh directory") from err
+    return tables
+
+
+def load_tables(run_dir: str | Path) -> dict[str, pd.DataFrame]:
+    """The consolidated tables of a run; rebuilt from the committed units (in memory) when the parquet files are
+    missing or older than the units (an interrupted run)."""
+    store = RunStore.open(run_dir)
+    run_dir = store.run_dir
+    try:
+        marker = json.loads((run_dir / "consolidated.json").read_text("utf-8"))
+    except (OSError, ValueError):
+        marker = None
+    units = [p.stem for p in store.unit_paths()]
+    required = [name for name in TABLES if name not in OPTIONAL_TABLES]
+    if not units and all((run_dir / f"{name}.parquet").exists() for name in required):
+        return _exported_tables(run_dir)  # tables without units (an exported or published run, e.g. figures/)
+    if (not isinstance(marker, dict) or marker.get("units") != units
+            or not all((run_dir / f"{name}.parquet").exists() for name in TABLES)):  # stale, or an older layout
+        return store.build_tables()
+    try:
+        return {name: sort_table(name, coerce_table(name, pd.read_parquet(run_dir / f"{name}.parquet"))) for name in TABLES}
+    except (OSError, ValueError, KeyError, TypeError):  # a parquet file deleted or damaged: the units are the truth
+        return store.build_tables()
+

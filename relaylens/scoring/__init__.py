@@ -1,0 +1,24 @@
+"""The scoring stage: answer metrics (equal to each benchmark's own code where they carry its name), the LLM judge,
+HelloEval checklists, re-judging a finished run, and judge agreement.
+
+Owns: :mod:`~relaylens.scoring.metrics` (normalisation, exact match, F1, containment, choice extraction, abstention;
+:func:`score_answer`), :mod:`~relaylens.scoring.judge` (the blinded ``memory_judge_v1`` judge and its HTTP client),
+:mod:`~relaylens.scoring.checklist` (checklist judging of summaries), :mod:`~relaylens.scoring.rejudge`
+(``relaylens judge RUN_DIR``) and :mod:`~relaylens.scoring.agreement` (raw agreement, Cohen's kappa).
+
+In: a record (:mod:`relaylens.datasets.records`) and an answer; for re-judging, a run directory. Out: score rows
+(``scores`` table of :mod:`relaylens.results.tables`).
+
+May import: :mod:`relaylens.errors`, :mod:`relaylens.datasets`, :mod:`relaylens.results`. Never the model stage:
+scoring needs no torch (a local judge model is built by the caller and passed in).
+
+The former module ``relaylens.scoring`` is now :mod:`relaylens.scoring.metrics`; its names are importable from here.
+"""
+
+from relaylens.scoring.metrics import (METRICS, contains, exact_match, extract_choice_personamem, f1,
+                                       infinitebench_choice_correct, infinitebench_dialogue_correct, is_abstention,
+                                       normalize_answer, personamem_choice_correct, score_answer)
+
+__all__ = ["METRICS", "contains", "exact_match", "extract_choice_personamem", "f1", "infinitebench_choice_correct",
+           "infinitebench_dialogue_correct", "is_abstention", "normalize_answer", "personamem_choice_correct",
+           "score_answer"]
