@@ -1,7 +1,7 @@
 """Right-aligned relay vs left-aligned rank_sync where retained counts differ (PyramidKV per layer, Ada-KV per head)."""
 
 from relaylens.experiments.specs import ExperimentSpec
-from relaylens.experiments.presets import LLAMA, PAPER_DECODING, QWEN, SIX_SELECTORS, Preset
+from relaylens.experiments.presets import LLAMA, PAPER_DECODING, QWEN, Preset
 
 SPEC = ExperimentSpec(
     "alignment",

@@ -1,7 +1,7 @@
 """Figure 3: retention 1%, 5%, 10%, 20%, original vs relay, one panel per selector."""
 
 from relaylens.experiments.specs import ExperimentSpec
-from relaylens.experiments.presets import LLAMA, PAPER_DECODING, QWEN, SIX_SELECTORS, Preset
+from relaylens.experiments.presets import LLAMA, PAPER_DECODING, SIX_SELECTORS, Preset
 
 SPEC = ExperimentSpec(
     "budget_curves",

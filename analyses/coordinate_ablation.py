@@ -1,7 +1,7 @@
 """Figure 4: which part of RoPERelay matters - keys, query, or both - with a BM25 budget."""
 
 from relaylens.experiments.specs import ExperimentSpec
-from relaylens.experiments.presets import LLAMA, PAPER_DECODING, QWEN, SIX_SELECTORS, Preset
+from relaylens.experiments.presets import PAPER_DECODING, QWEN, Preset
 
 SPEC = ExperimentSpec(
     "coordinate_ablation",

@@ -1,7 +1,7 @@
 """Figure 6: how the final question token reads the gold evidence under original, half_gap and relay."""
 
 from relaylens.experiments.specs import ALPHA_CURVE, ExperimentSpec
-from relaylens.experiments.presets import LLAMA, PAPER_DECODING, QWEN, SIX_SELECTORS, Preset
+from relaylens.experiments.presets import PAPER_DECODING, QWEN, Preset
 
 SPEC = ExperimentSpec(
     "evidence_reading",

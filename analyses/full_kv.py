@@ -1,7 +1,7 @@
 """Full-KV accuracy per prompt mode: the baseline that tells whether a model answers the sample at all."""
 
 from relaylens.experiments.specs import ExperimentSpec
-from relaylens.experiments.presets import LLAMA, PAPER_DECODING, QWEN, SIX_SELECTORS, Preset
+from relaylens.experiments.presets import LLAMA, PAPER_DECODING, QWEN, Preset
 
 SPEC = ExperimentSpec(
     "full_kv",

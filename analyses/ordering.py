@@ -1,7 +1,7 @@
 """Figure 5: does the order of the compact slots matter? Score / reverse / random orders vs source order."""
 
 from relaylens.experiments.specs import ExperimentSpec
-from relaylens.experiments.presets import LLAMA, PAPER_DECODING, QWEN, SIX_SELECTORS, Preset
+from relaylens.experiments.presets import LLAMA, PAPER_DECODING, Preset
 
 SPEC = ExperimentSpec(
     "ordering",

@@ -8,7 +8,7 @@ repeated, interleaved requests and stage times.
 
 from relaylens.experiments.specs import ExperimentSpec
 from relaylens.reporting.overhead import overhead_table  # noqa: F401 - the Table 3 statistic of this analysis
-from relaylens.experiments.presets import LLAMA, PAPER_DECODING, QWEN, SIX_SELECTORS, Preset
+from relaylens.experiments.presets import LLAMA, Preset
 
 #: rows decoded together (the CLI's ``--batch-rows`` default for this analysis): 1 = per-request timings
 BATCH_ROWS = 1

@@ -1,7 +1,7 @@
 """Table 6: accuracy per LongMemEval question type, original vs relay."""
 
 from relaylens.experiments.specs import ExperimentSpec
-from relaylens.experiments.presets import LLAMA, PAPER_DECODING, QWEN, SIX_SELECTORS, Preset
+from relaylens.experiments.presets import LLAMA, PAPER_DECODING, Preset
 
 SPEC = ExperimentSpec(
     "question_types",

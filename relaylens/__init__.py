@@ -25,8 +25,8 @@ question pass    ``build_cache`` (generation.cache); ``run_condition`` (generati
                  (generation.rows)
 probes           ``probe_condition``, ``replay_conditions``, ``FinalTokenRecorder`` (probes.readouts)
 scoring          ``score_answer`` (scoring.metrics); ``ChecklistJudge`` (scoring.checklist: HelloEval checklists)
-sweeps           ``ExperimentSpec``, ``load_analysis``, ``available_analyses`` (experiments.specs); ``RunConfig``,
-                 ``run_analysis`` (experiments.runner); ``RunStore``, ``load_tables`` (results.store)
+sweeps           ``ExperimentSpec``, ``load_analysis``, ``available_analyses`` (experiments.specs); ``RunConfig``
+                 (experiments.config), ``run_analysis`` (experiments.runner); ``RunStore``, ``load_tables`` (results.store)
 tables, figures  ``example_tables`` (results.tables); ``accuracy_table``, ``layer_table`` (reporting.summaries);
                  ``write_figures`` (reporting.figures); ``render_report``, ``write_report`` (reporting.report)
 errors           ``RelaylensError`` (errors)
@@ -74,7 +74,8 @@ _HOMES = {
     "scoring.metrics": ("score_answer",),
     "scoring.checklist": ("ChecklistJudge",),
     "experiments.specs": ("ExperimentSpec", "load_analysis", "available_analyses"),
-    "experiments.runner": ("RunConfig", "run_analysis"),
+    "experiments.config": ("RunConfig",),
+    "experiments.runner": ("run_analysis",),
     "results.store": ("RunStore", "load_tables"),
     "results.tables": ("example_tables",),
     "reporting.summaries": ("accuracy_table", "layer_table"),
@@ -101,6 +102,7 @@ MOVED: dict[str, tuple[str, ...]] = {
     "prefill": ("model.prefill",),
     "attention_stats": ("model.attention_stats",),
     "protection": ("selectors.protection",),
+    "selectors.memory": ("bench.selector_memory",),
     "selection": ("geometry.selection",),
     "kernels": ("geometry.fused",),
     "fused_kernel": ("geometry.numba_source",),
@@ -114,7 +116,7 @@ MOVED: dict[str, tuple[str, ...]] = {
     "views": ("probes.token_view", "results.views", "reporting.token_view"),
     "judge": ("scoring.judge",),
     "checklist": ("scoring.checklist",),
-    "rejudge": ("scoring.rejudge",),
+    "rejudge": ("experiments.rejudge",),
     "agreement": ("scoring.agreement",),
     "tables": ("results.tables",),
     "shards": ("results.shards",),
@@ -150,11 +152,12 @@ def moved_home(fullname: str) -> tuple[str, ...] | None:
     head, _, rest = fullname.partition(".")
     if head != __name__ or not rest:
         return None
-    old, _, tail = rest.partition(".")
-    homes = MOVED.get(old)
-    if homes is None or (tail and len(homes) != 1):
-        return None
-    return tuple(f"{__name__}.{home}" + (f".{tail}" if tail else "") for home in homes)
+    for old, homes in MOVED.items():
+        if rest == old:
+            return tuple(f"{__name__}.{home}" for home in homes)
+        if rest.startswith(old + ".") and len(homes) == 1:
+            return (f"{__name__}.{homes[0]}{rest[len(old):]}",)
+    return None
 
 
 def _caller_stacklevel() -> int:

@@ -14,6 +14,8 @@ from pathlib import Path
 import typer
 from rich.console import Console
 
+from relaylens.model.embedded import DEFAULT_MODEL, EMBEDDED  # names only: importing them loads no model code
+
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="relaylens: post-selection positional geometry of sparse KV caches.")
 model_app = typer.Typer(no_args_is_help=True, help="Embedded models.")
 data_app = typer.Typer(no_args_is_help=True, help="Datasets.")
@@ -87,7 +89,7 @@ def os_error_line(err: OSError) -> str:
 
 @model_app.command("pull")
 def model_pull(
-    name: str = typer.Argument("smollm2-135m-instruct", help="embedded model: smollm2-135m-instruct or gemma3-270m"),
+    name: str = typer.Argument(DEFAULT_MODEL, help=f"embedded model: {', '.join(EMBEDDED)}"),
     force: bool = typer.Option(False, help="pull again even when cached"),
     accept_license: bool = typer.Option(False, "--accept-license", help="accept the model's licence terms (Gemma)"),
 ) -> None:
@@ -103,7 +105,7 @@ def model_pull(
 
 @model_app.command("check")
 def model_check(
-    name: str = typer.Argument("smollm2-135m-instruct", help="model spec (embedded name, local dir, .gguf, hub id)"),
+    name: str = typer.Argument(DEFAULT_MODEL, help="model spec (embedded name, local dir, .gguf, hub id)"),
     history_tokens: int = typer.Option(700, "--history-tokens", help="history length of the check prompt"),
     device: str = _DEVICE, dtype: str = _DTYPE, device_map: str = _DEVICE_MAP, attn_implementation: str = _ATTN,
     rope_scaling: str = _ROPE, max_position: int = _MAX_POS,
@@ -148,7 +150,12 @@ def data_synth(
         _fail(f"--n must be a positive number of records; got {n}. Fix: pass --n 1 or more")
     if history_tokens < 1:
         _fail(f"--history-tokens must be positive; got {history_tokens}")
-    path = _guard(synth_command, n, seed, history_tokens, tokenizer, out)
+    tok = None
+    if tokenizer:
+        from relaylens.model.loading import load_tokenizer
+
+        tok = _guard(load_tokenizer, tokenizer)
+    path = _guard(synth_command, n, seed, history_tokens, tok, out)
     console.print(f"[green]wrote[/] {n} records to {path}")
 
 
@@ -165,12 +172,13 @@ def bench(
                                             "piece by piece) or back-to-back"),
     prefill_chunk: int = typer.Option(None, "--prefill-chunk", help="overhead: prefill chunk in tokens (default 256; 0: "
                                                                     "the whole history in one pass)"),
-    model: str = typer.Option("smollm2-135m-instruct", help="model of the model benchmarks (overhead, throughput, probes, prefill, scaling)"),
+    model: str = typer.Option(DEFAULT_MODEL, help="model of the model benchmarks (overhead, throughput, probes, prefill, scaling)"),
     device: str = _DEVICE, dtype: str = _DTYPE, device_map: str = _DEVICE_MAP, attn_implementation: str = _ATTN,
     rope_scaling: str = _ROPE, max_position: int = _MAX_POS,
 ) -> None:
     """Benchmarks: ratios are measured in the same run; results go to a CSV and a Markdown table."""
-    from relaylens.bench import geometry as bench_module
+    from relaylens.bench.geometry import write_results
+    from relaylens.bench.registry import BENCHMARKS
     from relaylens.bench.requests import SCHEDULES
 
     if repeats is not None and repeats < 1:
@@ -181,10 +189,10 @@ def bench(
         _fail(f"--prefill-chunk must be a number of tokens >= 0 (0: no chunks); got {prefill_chunk}")
     load_kwargs = _load_kwargs(device, dtype, device_map, attn_implementation, rope_scaling, max_position)
 
-    names = list(bench_module.BENCHMARKS) if which == "all" else [which]
+    names = list(BENCHMARKS) if which == "all" else [which]
     for name in names:
-        if name not in bench_module.BENCHMARKS:
-            _fail(f"unknown benchmark {name!r}; choose one of {sorted(bench_module.BENCHMARKS)} or all")
+        if name not in BENCHMARKS:
+            _fail(f"unknown benchmark {name!r}; choose one of {sorted(BENCHMARKS)} or all")
     for name in names:
         # overhead draws its own progress bar (a spinner beside it would fight for the terminal)
         with console.status(f"running benchmark {name} ...") if name != "overhead" else contextlib.nullcontext():
@@ -194,8 +202,8 @@ def bench(
                 extra["repeats"] = repeats
             if name == "overhead":
                 extra.update(schedule=schedule, prefill_chunk=prefill_chunk)  # None: the benchmark's default; 0: one pass
-            rows = _guard(bench_module.BENCHMARKS[name], include_large=not small, **extra)
-        csv_path, md_path = bench_module.write_results(rows, out, name)
+            rows = _guard(BENCHMARKS[name], include_large=not small, **extra)
+        csv_path, md_path = write_results(rows, out, name)
         print(md_path.read_text())
         console.print(f"[green]wrote[/] {csv_path} and {md_path}")
 
@@ -204,7 +212,7 @@ def _spec_and_config(p: dict):
     """The analysis spec and run config of the `run` options ``p`` (by parameter name; shared by `run` and `sweep`)."""
     from relaylens.experiments.specs import apply_overrides, load_analysis
     from relaylens.experiments.presets import apply_preset
-    from relaylens.experiments.runner import RunConfig
+    from relaylens.experiments.config import RunConfig
 
     module = _guard(load_analysis, p["analysis"])
     spec = _guard(apply_preset, module, p["preset"])
@@ -225,31 +233,17 @@ def _spec_and_config(p: dict):
 
 def _print_summary(run_dir) -> None:
     """The accuracy table, evidence retention and skipped records of a finished run (stdout)."""
-    from relaylens.results.store import load_tables
-    from relaylens.reporting.retention import retention_lines
-    from relaylens.experiments.runner import skipped_summary
-    from relaylens.reporting.summaries import run_overview
+    from relaylens.experiments.summary import run_summary
 
-    from relaylens.reporting.crossrun import choose_metrics
-
-    tables = load_tables(run_dir)
-    if len(tables["answers"]):
-        metrics, note = choose_metrics(tables["scores"])  # the paper's metric when the run has it
-        table = run_overview(tables, metric=metrics[0])
-        print(table.to_string(index=False, float_format=lambda v: f"{v:.3f}"))
-        if note:
-            print(f"note: {note}")
-    for line in retention_lines(tables["answers"]):
-        print(line)
-    summary = skipped_summary(tables)
-    if summary:
-        print(summary)
+    text = run_summary(run_dir)
+    if text:
+        print(text)
 
 
 @app.command("run")
 def run(
     analysis: str = typer.Argument(..., help="analysis name (analyses/NAME.py), e.g. coordinate_ablation"),
-    model: str = typer.Option("smollm2-135m-instruct", help="embedded name, local HF dir, .gguf file or hub id"),
+    model: str = typer.Option(DEFAULT_MODEL, help="embedded name, local HF dir, .gguf file or hub id"),
     data: str = typer.Option("sample", help="dataset file, or 'sample' for the bundled LongMemEval-schema sample"),
     data_format: str = typer.Option("auto", "--format", help="dataset format (auto-detected when unambiguous)"),
     limit: int = typer.Option(None, help="first N records (default: the analysis's CPU-sized limit)"),
@@ -376,7 +370,7 @@ def judge_command(
 ) -> None:
     """Re-score a finished run's answers with another judge (generations untouched; adds judge_NAME scores)."""
     from relaylens.scoring.judge import HFBackend, OpenAIBackend
-    from relaylens.scoring.rejudge import judge_name, rejudge_run
+    from relaylens.experiments.rejudge import judge_name, rejudge_run
 
     name = name or _guard(judge_name, judge_model)
     if judge_url:
@@ -463,7 +457,7 @@ def report_command(
 def demo(
     limit: int = typer.Option(12, help="records of the bundled sample per analysis"),
     out: Path = typer.Option(Path("runs/demo"), help="directory for the three run directories"),
-    model: str = typer.Option("smollm2-135m-instruct", help="model spec (embedded name, local dir, .gguf, hub id)"),
+    model: str = typer.Option(DEFAULT_MODEL, help="model spec (embedded name, local dir, .gguf, hub id)"),
     data: str = typer.Option("sample", help="dataset file or 'sample'"),
 ) -> None:
     """evidence_reading, coordinate_ablation and ordering on the bundled sample, with figures and HTML reports."""

@@ -27,6 +27,11 @@ class RopeError(RelaylensError):
     """A rotary embedding type or layout relaylens cannot relocate exactly."""
 
 
+class TooShortError(ShapeError):
+    """A history not longer than a selector's observation window: the record cannot run under that selector (a run
+    records it as skipped, ``too_short``)."""
+
+
 class BudgetError(RelaylensError):
     """A budget outside (0, 1] as a ratio, or not a positive number of states."""
 

@@ -115,11 +115,13 @@ def peaked_model(variant: str = "llama", sharpen: float = 6.0, **kwargs):
     >>> peaked_model(num_hidden_layers=3).config.num_hidden_layers
     3
     """
+    from relaylens.model.hf import attention_modules
+
     model = tiny_model(variant, **kwargs)
     with torch.no_grad():
-        for layer in model.model.layers:
-            layer.self_attn.q_proj.weight.mul_(sharpen)
-            layer.self_attn.k_proj.weight.mul_(sharpen)
+        for attn in attention_modules(model):
+            attn.q_proj.weight.mul_(sharpen)
+            attn.k_proj.weight.mul_(sharpen)
     return model
 
 

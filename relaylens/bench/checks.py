@@ -21,8 +21,9 @@ from __future__ import annotations
 
 import torch
 
-from relaylens.model.hf import (attention_kernel, attention_kernel_name, cache_lengths, call_rotary, cached_keys,
-                          decoder_layers, find_rotary_embedding, new_cache, pre_rotary_keys, rotary_function)
+from relaylens.model.hf import (attention_kernel, attention_kernel_name, attention_modules, cache_lengths, call_rotary,
+                                cached_keys, find_rotary_embedding, new_cache, pre_rotary_keys,
+                                rotary_function)
 
 
 #: Relative error allowed per check name prefix, for float32 models and for 16-bit models.
@@ -97,7 +98,7 @@ def run_checks(model, tokenizer, history_tokens: int = 700, keep_every: int = 5)
     sparse = Selection.from_lists([[kept] * prefill.num_kv_heads] * prefill.num_layers, prefill.history_length)
     relocated = build_cache(prefill, sparse, "relay", factors)
     pre_keys = pre_rotary_keys(model, history)
-    apply = rotary_function(decoder_layers(model)[0].self_attn)
+    apply = rotary_function(attention_modules(model)[0])
     rotary = find_rotary_embedding(model)
     worst, worst_ulp = 0.0, 0.0
     for layer in range(prefill.num_layers):
@@ -127,7 +128,7 @@ def run_checks(model, tokenizer, history_tokens: int = 700, keep_every: int = 5)
         worst = max(worst, float((moved.float() - reference_keys).abs().max() / reference_keys.abs().max()))
     results.append((f"relocated keys vs the model's own keys at p + {SHIFT}, max |diff| / max |key|", worst))
 
-    windows = {i: getattr(layer.self_attn, "sliding_window", None) for i, layer in enumerate(decoder_layers(model))}
+    windows = {i: getattr(attn, "sliding_window", None) for i, attn in enumerate(attention_modules(model))}
     sliding = [i for i, w in windows.items() if w]
     if sliding:
         for condition in ("original", "relay"):

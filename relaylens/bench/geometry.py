@@ -155,25 +155,6 @@ def run_geometry(repeats: int = 5, include_large: bool = True) -> list[dict]:
     return rows
 
 
-def _model_benchmark(name: str, module: str = "bench_model") -> Callable[..., list[dict]]:
-    def run(**kwargs) -> list[dict]:
-        import importlib
-
-        kwargs.pop("include_large", None)
-        kwargs = {k: v for k, v in kwargs.items() if v is not None}
-        return getattr(importlib.import_module(f"relaylens.{module}"), f"run_{name}")(**kwargs)
-
-    return run
-
-
-BENCHMARKS: dict[str, Callable[..., list[dict]]] = {
-    "geometry": run_geometry,
-    "overhead": _model_benchmark("overhead", "bench_requests"),
-    "throughput": _model_benchmark("throughput", "bench_requests"),
-    **{name: _model_benchmark(name) for name in ("probes", "prefill", "selectors", "scaling")},
-}
-
-
 def write_results(rows: list[dict], out_dir: Path, name: str) -> tuple[Path, Path]:
     """Write rows to ``<out>/<name>.csv`` and ``<out>/<name>.md`` (atomically) and return both paths."""
     import pandas as pd

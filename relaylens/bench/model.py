@@ -17,7 +17,8 @@ import time
 
 import torch
 
-DEFAULT_MODEL = "smollm2-135m-instruct"
+from relaylens.model.embedded import DEFAULT_MODEL
+
 
 
 def proc_status_kb(field: str) -> int | None:
@@ -32,15 +33,21 @@ def proc_status_kb(field: str) -> int | None:
     return None
 
 
+def reset_peak_rss() -> bool:
+    """Reset the kernel's high-water mark (``VmHWM``) to the current resident set (``/proc/self/clear_refs``);
+    False where that is not possible (not Linux, no permission)."""
+    try:
+        with open("/proc/self/clear_refs", "w") as handle:
+            handle.write("5")
+    except OSError:
+        return False
+    return True
+
+
 def peak_extra_mb(fn) -> tuple[object, float | None]:
     """Run ``fn()``; return its result and the peak resident memory above the level before it, in MB."""
     gc.collect()
-    before = proc_status_kb("VmRSS")
-    try:
-        with open("/proc/self/clear_refs", "w") as handle:
-            handle.write("5")  # reset the high-water mark to the current RSS
-    except OSError:
-        before = None
+    before = proc_status_kb("VmRSS") if reset_peak_rss() else None
     result = fn()
     peak = proc_status_kb("VmHWM")
     return result, None if before is None or peak is None else (peak - before) / 1024
@@ -111,8 +118,7 @@ def run_probes(repeats: int = 5, records: int = 3, model_spec: str = DEFAULT_MOD
 
 def run_prefill(repeats: int = 3, lengths=(1000, 4000), model_spec: str = DEFAULT_MODEL, load_kwargs: dict | None = None, **_) -> list[dict]:
     """relaylens prefill vs a plain ``model(...)`` sdpa forward with cache on the same tokens (throughput ratio)."""
-    from transformers import DynamicCache
-
+    from relaylens.model.hf import new_cache
     from relaylens.model.prefill import prefill_history
 
     model, _ = load_bench_model(model_spec, load_kwargs)
@@ -122,7 +128,7 @@ def run_prefill(repeats: int = 3, lengths=(1000, 4000), model_spec: str = DEFAUL
 
         def plain():
             with torch.inference_mode():
-                model(ids[None], use_cache=True, cache=DynamicCache())
+                model(ids[None], use_cache=True, cache=new_cache())
 
         def ours():
             prefill_history(model, ids)
@@ -145,7 +151,7 @@ def run_selectors(length: int = 8000, **_) -> list[dict]:
 
     rows, results = [], {}
     for mode in ("plain", "h2o"):
-        command = [sys.executable, "-m", "relaylens.selectors.memory", "--mode", mode, "--length", str(length)]
+        command = [sys.executable, "-m", "relaylens.bench.selector_memory", "--mode", mode, "--length", str(length)]
         out = subprocess.run(command, check=True, capture_output=True, text=True).stdout
         results[mode] = json.loads(out.strip().splitlines()[-1])
     plain_mb, h2o_mb = results["plain"]["peak_extra_mb"], results["h2o"]["peak_extra_mb"]

@@ -24,14 +24,14 @@ Example:
 
 from __future__ import annotations
 
-import math
 import statistics
 import time
 from dataclasses import dataclass, field
 
 import torch
 
-from relaylens.bench.model import DEFAULT_MODEL, load_bench_model, proc_status_kb, sample_prompts
+from relaylens.bench.model import DEFAULT_MODEL, load_bench_model, proc_status_kb, reset_peak_rss, sample_prompts
+from relaylens.reporting.overhead import geometric_mean_minus_one
 
 OVERHEAD_SELECTORS = ("bm25", "snapkv", "pyramidkv")
 CPU_BUDGETS = (256, 1024)
@@ -58,12 +58,7 @@ class MemoryProbe:
             torch.cuda.reset_peak_memory_stats(self.device)
             self.base = (torch.cuda.memory_allocated(self.device), torch.cuda.memory_reserved(self.device))
         else:
-            self.before_kb = proc_status_kb("VmRSS")
-            try:
-                with open("/proc/self/clear_refs", "w") as handle:
-                    handle.write("5")  # reset the high-water mark to the current resident set
-            except OSError:
-                self.before_kb = None
+            self.before_kb = proc_status_kb("VmRSS") if reset_peak_rss() else None
         return self
 
     def __exit__(self, *exc) -> None:
@@ -182,17 +177,6 @@ def timed_pair(model, prompt, selector, budget, conditions: tuple[str, str], fac
     return [finish_request(t, o, model.device) for t, o in zip(times, outs)]
 
 
-def geometric_overhead(ratios: list[float]) -> float:
-    """Geometric mean of paired ratios minus one (Table 3's statistic); NaN for no ratios.
-
-    Example:
-        >>> round(geometric_overhead([1.01, 1.03]), 4)
-        0.02
-    """
-    ratios = [r for r in ratios if r > 0 and math.isfinite(r)]
-    return math.exp(statistics.fmean(math.log(r) for r in ratios)) - 1 if ratios else float("nan")
-
-
 SCHEDULES = ("interleaved", "back-to-back")
 
 
@@ -275,8 +259,8 @@ def run_overhead(repeats: int = 3, records: int = 4, model_spec: str = DEFAULT_M
         relay = [r for r in setting_rows if r["condition"] == "relay"]
         original = [r for r in setting_rows if r["condition"] == "original"]
         rows.append({"benchmark": "overhead", "case": "geometric mean", "selector": name, "budget": budget,
-                     "records": len(ratios), "overhead_pct": 100 * geometric_overhead(ratios),
-                     "overhead_cpu_pct": 100 * geometric_overhead(cpu_ratios),  # the same statistic on CPU time
+                     "records": len(ratios), "overhead_pct": 100 * geometric_mean_minus_one(ratios),
+                     "overhead_cpu_pct": 100 * geometric_mean_minus_one(cpu_ratios),  # the same statistic on CPU time
                      "relocation_ms_original": 1e3 * statistics.fmean(r["relocation_s"] for r in original),
                      "relocation_ms_relay": 1e3 * statistics.fmean(r["relocation_s"] for r in relay),
                      "float32_copy_ms": 1e3 * statistics.fmean(r["float32_copy_s"] for r in relay),

@@ -1,10 +1,24 @@
-"""Dataset readers (LongMemEval, PersonaMem, Long-MT-Bench+, InfiniteBench, HelloBench summarization), the synthetic generator, and the
-loader: :func:`load_records` calls :func:`detect_format` and one of :data:`READERS`, each of which turns a file into
-:class:`relaylens.datasets.records.Record` s.
+"""The datasets stage: records, the dataset readers (LongMemEval, PersonaMem, Long-MT-Bench+, InfiniteBench,
+HelloBench summarization), the per-format registry, prompt rendering with token spans, and the synthetic generator.
+
+Owns: :mod:`~relaylens.datasets.records` (:class:`Record` and its checks), one module per format (reader, sniffing,
+bundled sample, prompt layout; collected in :data:`REGISTRY`, see :mod:`~relaylens.datasets.formats`),
+:mod:`~relaylens.datasets.prompting` and :mod:`~relaylens.datasets.spans` (a record as history / question tokens with
+session, turn and evidence spans), :mod:`~relaylens.datasets.prompt_templates` (InfiniteBench's own templates) and
+the ``synthetic*`` generators. :func:`load_records` calls :func:`detect_format` and one format's reader.
+
+In: a dataset file (or ``sample`` / ``sample:NAME``, :func:`resolve_data`) and a tokenizer. Out: records and
+rendered prompts (token ids, spans, ``evidence_mask``).
+
+May import: :mod:`relaylens.errors` and the answer normalisation of :mod:`relaylens.scoring` (a reference that
+normalises to nothing is refused when records load). Never the model stage or torch at import time (token tensors
+are built when a prompt is rendered).
 
 Example:
     >>> detect_format(bundled_sample_path())
     'longmemeval'
+    >>> resolve_data("sample:hellobench").name
+    'sample_hellobench.jsonl'
 """
 
 from __future__ import annotations
@@ -13,51 +27,57 @@ import logging
 import warnings
 from pathlib import Path
 
-from relaylens.errors import RecordError
-from relaylens.datasets.records import LoadReport, Record, RecordCollector
-
+from relaylens.datasets import hellobench, infinitebench, longmemeval, longmtbench, personamem
 from relaylens.datasets.common import peek_text
+from relaylens.datasets.formats import DatasetFormat
 from relaylens.datasets.infinitebench import TASKS as INFINITEBENCH_TASKS
-from relaylens.datasets.hellobench import read_hellobench
-from relaylens.datasets.infinitebench import read_infinitebench
-from relaylens.datasets.longmemeval import read_longmemeval
-from relaylens.datasets.longmtbench import read_longmtbench
-from relaylens.datasets.personamem import read_personamem
+from relaylens.datasets.longmemeval import bundled_sample_path
+from relaylens.datasets.records import LoadReport, Record, RecordCollector
+from relaylens.errors import RecordError, RelaylensError
 
 log = logging.getLogger("relaylens.datasets.records")
 
-READERS = {
-    "longmemeval": read_longmemeval,
-    "personamem": read_personamem,
-    "longmtbench": read_longmtbench,
-    "infinitebench": read_infinitebench,
-    "hellobench": read_hellobench,
-}
+REGISTRY: dict[str, DatasetFormat] = {m.FORMAT.name: m.FORMAT for m in (longmemeval, personamem, longmtbench,
+                                                                        infinitebench, hellobench)}
+FORMATS = tuple(REGISTRY)
+READERS = {name: fmt.reader for name, fmt in REGISTRY.items()}
+SNIFF_ORDER = ("personamem", "longmemeval", "longmtbench", "hellobench", "infinitebench")  # first match wins
+SAMPLE = "sample"  # --data sample: the bundled LongMemEval-schema sample; sample:NAME: the bundled sample of NAME
 
 
 def detect_format(path: str | Path) -> str:
     """The dataset format of ``path`` from its extension, header or first keys; a clear error when ambiguous."""
     path = Path(path)
-    if path.suffix == ".csv":
-        header = peek_text(path, 1 << 16).split("\n", 1)[0]
-        if "shared_context_id" in header and "correct_answer" in header:
-            return "personamem"
-    elif path.suffix == ".parquet":
-        return "longmtbench"
-    else:
-        head = peek_text(path).lstrip()
-        if head[:1] in "[{":
-            if '"question_id"' in head and ('"haystack_sessions"' in head or '"haystack_session_ids"' in head):
-                return "longmemeval"
-            if '"conversation_id"' in head and '"sessions"' in head:
-                return "longmtbench"
-            if '"raw_text"' in head and ('"checklists"' in head or '"chat_prompt"' in head or '"category"' in head):
-                return "hellobench"
-            if any(t in path.name for t in INFINITEBENCH_TASKS) or ('"context"' in head and '"input"' in head):
-                return "infinitebench"
+    for name in SNIFF_ORDER:
+        if REGISTRY[name].sniff(path):
+            return name
     _refuse_empty_or_broken_json(path)
     raise ValueError(f"cannot tell the dataset format of {path} from its name and first bytes. Fix: pass "
                      f"format= one of {tuple(READERS)} (PersonaMem: the questions_*.csv; Long-MT-Bench+: the parquet)")
+
+
+def resolve_data(data: str) -> Path:
+    """``sample`` -> the bundled LongMemEval-schema sample; ``sample:NAME`` -> the bundled sample of format NAME
+    (``sample:infinitebench``, ``sample:hellobench``); anything else is a path, which must exist."""
+    if data == SAMPLE:
+        return bundled_sample_path()
+    if data.startswith(f"{SAMPLE}:"):
+        fmt = REGISTRY.get(data.partition(":")[2])
+        if fmt is not None and fmt.sample is not None:
+            return fmt.sample()
+    path = Path(data)
+    if not path.exists():
+        samples = ", ".join(f"{SAMPLE}:{name}" for name, fmt in REGISTRY.items() if fmt.sample is not None)
+        raise RelaylensError(f"dataset {data!r} does not exist; pass a file path or 'sample' for the bundled sample "
+                             f"(bundled samples by format: {samples})")
+    return path
+
+
+def prompt_layout(record: Record):
+    """The prompt layout of ``record``'s format (``layout(record, mode)``), or None for the LongMemEval reader
+    prompt."""
+    fmt = REGISTRY.get(record.source or "")
+    return fmt.layout if fmt is not None else None
 
 
 def _refuse_empty_or_broken_json(path: Path) -> None:
@@ -80,14 +100,6 @@ def _refuse_empty_or_broken_json(path: Path) -> None:
                 json.loads(first)  # JSON Lines: the first line alone parses
             except json.JSONDecodeError:
                 raise RecordError(f"{path}: not valid JSON ({err}). Fix: repair the file or re-download it") from None
-
-
-def bundled_sample_path() -> Path:
-    """Path of the bundled ``sample_longmemeval.json`` (24 synthetic records, ~2k-token histories)."""
-    return Path(__file__).resolve().parent.parent / "data" / "sample_longmemeval.json"
-
-
-FORMATS = ("longmemeval", "personamem", "longmtbench", "infinitebench", "hellobench")
 
 
 def load_records_with_report(path: str | Path, format: str = "auto", lenient: bool = False, **options) -> tuple[list[Record], LoadReport]:
@@ -134,5 +146,5 @@ def load_records(path: str | Path, format: str = "auto", lenient: bool = False, 
     return records
 
 
-__all__ = ["READERS", "FORMATS", "detect_format", "INFINITEBENCH_TASKS", "load_records", "load_records_with_report",
-           "bundled_sample_path"]
+__all__ = ["READERS", "FORMATS", "REGISTRY", "DatasetFormat", "detect_format", "INFINITEBENCH_TASKS", "load_records",
+           "load_records_with_report", "bundled_sample_path", "resolve_data", "prompt_layout", "SAMPLE"]

@@ -36,6 +36,7 @@ import re
 from pathlib import Path
 
 from relaylens.datasets.common import get_field, iter_json_objects, record_error
+from relaylens.datasets.formats import DatasetFormat, has_keys, json_head
 from relaylens.errors import RecordError
 from relaylens.datasets.records import Record, RecordCollector, Session, Turn
 
@@ -157,3 +158,17 @@ def hellobench_layout(record, mode: str):
         tail = tail + "\n\nSummary:"
     start, end = len(head), len(head) + len(text)
     return PromptLayout(head + text + tail, end, ((session, start, end),), ((session, 0, start, end),))
+
+
+def bundled_hellobench_path() -> Path:
+    """Path of the bundled ``sample_hellobench.jsonl``."""
+    return Path(__file__).resolve().parent.parent / "data" / "sample_hellobench.jsonl"
+
+
+def sniff(path: Path) -> bool:
+    """A HelloBench summarization file: JSON with ``raw_text`` and its checklists, chat prompt or category."""
+    head = json_head(path)
+    return has_keys(head, "raw_text") and any(has_keys(head, key) for key in ("checklists", "chat_prompt", "category"))
+
+
+FORMAT = DatasetFormat(SOURCE, read_hellobench, sniff, sample=bundled_hellobench_path, layout=hellobench_layout)

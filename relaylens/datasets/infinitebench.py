@@ -18,6 +18,8 @@ import hashlib
 from pathlib import Path
 
 from relaylens.datasets.common import iter_json_objects, record_error
+from relaylens.datasets.formats import DatasetFormat, has_keys, json_head
+from relaylens.datasets.prompt_templates import infinitebench_layout
 from relaylens.errors import RecordError
 from relaylens.datasets.records import Record, RecordCollector, Session, Turn
 
@@ -105,3 +107,18 @@ def parse_record(obj, path, where: str, task: str | None) -> Record:
         cluster_id=hashlib.sha1(context.encode("utf-8")).hexdigest()[:12], raw_answer=obj["answer"],
         meta={"task": task, "id": obj["id"], "input": obj["input"]},
     )
+
+
+def bundled_infinitebench_path() -> Path:
+    """Path of the bundled ``sample_infinitebench.jsonl`` (3 records per task)."""
+    return Path(__file__).resolve().parent.parent / "data" / "sample_infinitebench.jsonl"
+
+
+def sniff(path: Path) -> bool:
+    """An InfiniteBench task file: a task name in the file name, or JSON with ``context`` and ``input``."""
+    head = json_head(path)
+    return head is not None and (any(task in path.name for task in TASKS) or has_keys(head, "context", "input"))
+
+
+FORMAT = DatasetFormat("infinitebench", read_infinitebench, sniff, sample=bundled_infinitebench_path,
+                       layout=infinitebench_layout)

@@ -19,6 +19,7 @@ import math
 from pathlib import Path
 
 from relaylens.datasets.common import get_field, iter_json_objects, parse_lme_date, record_error
+from relaylens.datasets.formats import DatasetFormat, has_keys, json_head
 from relaylens.datasets.records import Record, RecordCollector, Session, Turn, answer_to_str
 
 QUESTION_TYPES = (
@@ -123,3 +124,17 @@ def _parse_turns(turns, path, where: str, k: int) -> tuple[Turn, ...]:
             raise record_error(path, where, tf + ".has_answer", "true or false", has_answer, "write has_answer as a JSON bool")
         out.append(Turn(role, content, has_answer))
     return tuple(out)
+
+
+def bundled_sample_path() -> Path:
+    """Path of the bundled ``sample_longmemeval.json`` (24 synthetic records, ~2k-token histories)."""
+    return Path(__file__).resolve().parent.parent / "data" / "sample_longmemeval.json"
+
+
+def sniff(path: Path) -> bool:
+    """A LongMemEval file: JSON with ``question_id`` and the haystack sessions (or their ids)."""
+    head = json_head(path)
+    return has_keys(head, "question_id") and (has_keys(head, "haystack_sessions") or has_keys(head, "haystack_session_ids"))
+
+
+FORMAT = DatasetFormat("longmemeval", read_longmemeval, sniff, sample=bundled_sample_path)

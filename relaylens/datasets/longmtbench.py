@@ -16,6 +16,7 @@ import re
 from pathlib import Path
 
 from relaylens.datasets.common import iter_json_objects, record_error
+from relaylens.datasets.formats import DatasetFormat, has_keys, json_head
 from relaylens.errors import RecordError
 from relaylens.datasets.records import Record, RecordCollector, Session, Turn
 
@@ -106,3 +107,11 @@ def parse_conversation(row, path, where: str) -> list[Record]:
 
 def _len(x):
     return len(x) if isinstance(x, list) else type(x).__name__
+
+
+def sniff(path: Path) -> bool:
+    """Long-MT-Bench+: its parquet file, or JSON with ``conversation_id`` and ``sessions``."""
+    return path.suffix == ".parquet" or has_keys(json_head(path), "conversation_id", "sessions")
+
+
+FORMAT = DatasetFormat("longmtbench", read_longmtbench, sniff)

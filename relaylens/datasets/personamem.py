@@ -20,7 +20,8 @@ import math
 import re
 from pathlib import Path
 
-from relaylens.datasets.common import record_error
+from relaylens.datasets.common import peek_text, record_error
+from relaylens.datasets.formats import DatasetFormat
 from relaylens.errors import RecordError
 from relaylens.datasets.records import Record, RecordCollector, Session, Turn
 
@@ -204,3 +205,14 @@ def split_sessions(messages: list, cid: str, ctx_path) -> tuple[Session, ...]:
             sessions.append([])
         sessions[-1].append(Turn(msg["role"], msg["content"]))
     return tuple(Session(f"{cid[:12]}_{k}", None, tuple(turns)) for k, turns in enumerate(sessions))
+
+
+def sniff(path: Path) -> bool:
+    """A PersonaMem questions file: a CSV whose header names ``shared_context_id`` and ``correct_answer``."""
+    if path.suffix != ".csv":
+        return False
+    header = peek_text(path, 1 << 16).split("\n", 1)[0]
+    return "shared_context_id" in header and "correct_answer" in header
+
+
+FORMAT = DatasetFormat("personamem", read_personamem, sniff)

@@ -16,7 +16,7 @@ session without a date omits its ``Session Date:`` line and a record without ``q
 * ``history_format="json"``: ``body`` is ``"\\n" + json.dumps([{"role", "content"}...])`` as upstream.
 * ``mode="chat"``: the whole text is one user message inside the model's chat template (with the generation
   prompt); the question part is the question block + template tail + generation prompt. Greedy decoding stops at
-  EOS only (:func:`stop_strings`).
+  EOS only (:data:`STOP_ON_NEWLINE`).
 * ``mode="completion"``: plain text, no template (BOS prepended when the tokenizer adds one), ending
   ``Short answer:``; decoding stops at the first newline.
 * InfiniteBench records (``source == "infinitebench"``) use the benchmark's own task templates instead of this
@@ -47,8 +47,6 @@ import json
 from bisect import bisect_left, bisect_right
 from itertools import accumulate
 
-import torch
-
 from relaylens.errors import RecordError
 from relaylens.datasets.records import Record, Session
 from relaylens.datasets.spans import PromptLayout, RenderedPrompt, Span
@@ -62,16 +60,6 @@ ANSWER_CUE = {"chat": "Answer:", "completion": "Short answer:"}
 CHAT_ROLES = ("user", "assistant", "system")
 #: Whether greedy generation stops at the first newline, per mode (chat stops at EOS only).
 STOP_ON_NEWLINE = {"chat": False, "completion": True}
-
-
-def stop_strings(mode: str) -> tuple[str, ...]:
-    """Strings that end greedy generation: completion stops at the first newline, chat at EOS only.
-
-    >>> stop_strings("completion"), stop_strings("chat")
-    (('\\n',), ())
-    """
-    _check(mode, MODES, "mode")
-    return ("\n",) if STOP_ON_NEWLINE[mode] else ()
 
 
 def ordered_sessions(record: Record) -> list[Session]:
@@ -139,21 +127,17 @@ def render_prompt(record: Record, tokenizer, mode: str = "chat", history_format:
     Returns a :class:`~relaylens.datasets.spans.RenderedPrompt` whose ``history_ids`` ``[L]`` and ``question_ids`` ``[Q]``
     concatenate to the joint tokenisation of ``history_text + question_text``.
     """
+    import torch  # token ids as tensors; importing the datasets stage itself imports no torch
+
     _check(mode, MODES, "mode")
     if not any(session.turns for session in record.sessions):
         raise RecordError(f"record {record.record_id!r} has an empty history ({len(record.sessions)} sessions, no turns); "
                           "there is nothing to cache or select. Fix: drop the record or give it at least one session "
                           "with a turn")
-    if record.source == "infinitebench":  # the benchmark's own task templates (relaylens.datasets.prompt_templates)
-        from relaylens.datasets.prompt_templates import infinitebench_layout
+    from relaylens.datasets import prompt_layout
 
-        layout = infinitebench_layout(record, mode)
-    elif record.source == "hellobench":  # instruction head + source text as history, the prompt's tail as question
-        from relaylens.datasets.hellobench import hellobench_layout
-
-        layout = hellobench_layout(record, mode)
-    else:
-        layout = layout_prompt(record, mode, history_format)
+    own_layout = prompt_layout(record)  # the format's own prompt (InfiniteBench's templates, HelloBench's task head)
+    layout = own_layout(record, mode) if own_layout is not None else layout_prompt(record, mode, history_format)
     if mode == "chat":
         if not getattr(tokenizer, "chat_template", None):
             raise ValueError(f"tokenizer {type(tokenizer).__name__} has no chat template; use mode='completion'")

@@ -6,10 +6,12 @@ A span is half-open ``[start, end)`` over history token positions ``0..L-1``.
 from __future__ import annotations
 
 from dataclasses import dataclass
-
-import torch
+from typing import TYPE_CHECKING
 
 from relaylens.datasets.records import Session
+
+if TYPE_CHECKING:  # token tensors are built when a prompt is rendered; importing spans imports no torch
+    import torch
 
 
 @dataclass(frozen=True)
@@ -81,6 +83,8 @@ class RenderedPrompt:
     def protected_mask(self) -> torch.Tensor:
         """``[L]`` bool: history tokens outside every session span (task instruction, chat-template head, separators
         between units): what ``--protect-instructions`` keeps outside the budget (:mod:`relaylens.selectors.protection`)."""
+        import torch
+
         mask = torch.ones(self.history_length, dtype=torch.bool)
         for span in self.sessions:
             mask[span.start : span.end] = False
@@ -88,6 +92,8 @@ class RenderedPrompt:
 
     def evidence_mask(self, granularity: str = "turn") -> torch.Tensor:
         """``[L]`` bool: history tokens inside gold evidence units at the given granularity."""
+        import torch
+
         mask = torch.zeros(self.history_length, dtype=torch.bool)
         for span in self.units(granularity):
             if span.is_evidence:

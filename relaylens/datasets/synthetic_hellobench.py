@@ -22,7 +22,7 @@ import json
 import random
 from pathlib import Path
 
-from relaylens.datasets.hellobench import CATEGORIES
+from relaylens.datasets.hellobench import CATEGORIES, bundled_hellobench_path  # noqa: F401 - the sample this module writes
 from relaylens.datasets.synthetic_text import CITIES, FIRST_NAMES, TOPICS, advice_sentences
 
 KIND = {"blogs": "blog post", "report": "report", "news": "news article", "long_dialogue": "dialogue",
@@ -96,11 +96,6 @@ def hellobench_rows(seed: int = 0) -> list[dict]:
         for category in CATEGORIES:
             rows.append(_item(rng, category, stratum, len(rows)))
     return rows
-
-
-def bundled_hellobench_path() -> Path:
-    """Path of the bundled ``sample_hellobench.jsonl``."""
-    return Path(__file__).resolve().parent.parent / "data" / "sample_hellobench.jsonl"
 
 
 def write_hellobench_sample(path: str | Path | None = None, seed: int = 0) -> Path:

@@ -19,6 +19,7 @@ import json
 import random
 from pathlib import Path
 
+from relaylens.datasets.infinitebench import bundled_infinitebench_path  # noqa: F401 - the sample this module writes
 from relaylens.datasets.synthetic_text import CITIES, FIRST_NAMES, INSTRUMENTS, PET_NAMES, TOPICS, advice_sentences
 
 TASK_ORDER = ("longdialogue_qa_eng", "longbook_choice_eng", "longbook_qa_eng")
@@ -79,11 +80,6 @@ def infinitebench_rows(seed: int = 0, per_task: int = 3) -> list[dict]:
     for i in range(per_task):
         rows += [_dialogue(rng, i), _choice(rng, i), _qa(rng, i)]
     return rows
-
-
-def bundled_infinitebench_path() -> Path:
-    """Path of the bundled ``sample_infinitebench.jsonl`` (3 records per task)."""
-    return Path(__file__).resolve().parent.parent / "data" / "sample_infinitebench.jsonl"
 
 
 def write_infinitebench_sample(path: str | Path | None = None, seed: int = 0, per_task: int = 3) -> Path:

@@ -14,17 +14,20 @@ from pathlib import Path
 
 from rich.console import Console
 
+from relaylens.model.embedded import DEFAULT_MODEL
+
 DEMO_ANALYSES = ("evidence_reading", "coordinate_ablation", "ordering")
 
 
-def run_demo(out: str | Path = "runs/demo", limit: int = 12, model: str = "smollm2-135m-instruct", data: str = "sample",
+def run_demo(out: str | Path = "runs/demo", limit: int = 12, model: str = DEFAULT_MODEL, data: str = "sample",
              analyses: tuple[str, ...] = DEMO_ANALYSES, console: Console | None = None) -> dict[str, Path]:
     """Run the demo analyses (resumable), draw their figures and write their reports; returns run dirs by analysis."""
     from relaylens.experiments.specs import load_analysis
     from relaylens.reporting.figures import write_figures
     from relaylens.model.loading import load_model
     from relaylens.reporting.report import write_report
-    from relaylens.experiments.runner import RunConfig, run_analysis
+    from relaylens.experiments.config import RunConfig
+    from relaylens.experiments.runner import run_analysis
 
     console = console or Console(stderr=True)
     out = Path(out)

@@ -26,120 +26,12 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-from relaylens.errors import BudgetError, RelaylensError, ShapeError
+from relaylens.errors import BudgetError, RelaylensError, TooShortError
+from relaylens.datasets import SAMPLE, resolve_data
+from relaylens.experiments.config import RunConfig, check_config
+from relaylens.experiments.judges import make_judge
 from relaylens.experiments.specs import ExperimentSpec
 from relaylens.datasets.records import Record
-
-SAMPLE = "sample"
-
-
-@dataclass
-class RunConfig:
-    """Everything a run depends on besides the analysis spec (all recorded in the manifest)."""
-
-    model: str = "smollm2-135m-instruct"
-    data: str = SAMPLE
-    data_format: str = "auto"
-    limit: int | None = None
-    out: str | None = None
-    shard: str | None = None
-    seed: int = 0
-    window_size: int = 32
-    chunk_size: int | None = 2048
-    window_mode: str = "condition"
-    force: bool = False
-    judge_url: str | None = None  # OpenAI-compatible endpoint for the memory_judge_v1 judge (optional)
-    judge_model: str | None = None  # model name at that endpoint, or a local HF judge model spec
-    judge_key_env: str | None = None  # environment variable holding the endpoint's API key
-    device: str | None = None  # cpu, cuda, cuda:N, mps, auto (None: cpu); exclusive with device_map
-    dtype: str | None = None  # float32, bfloat16, float16 (None: float32 on CPU, bfloat16 on CUDA)
-    device_map: str | None = None  # accelerate device map ("auto") for models that do not fit one device
-    attn_implementation: str = "sdpa"  # kernel the model loads with and the history prefill runs with
-    rope_scaling: str | None = None  # rotary override applied before the weights load, e.g. "yarn:4:32768"
-    max_position: int | None = None  # max_position_embeddings override
-    max_history_tokens: int | None = None  # longer histories are skipped and recorded (None: the rotary range)
-    retry_skipped: bool = False  # recompute units recorded as skipped (e.g. after raising max_history_tokens)
-    view_records: int = 3  # token view data (RUN_DIR/views) for the first N records with probes (0: none)
-    batch_rows: int | None = None  # rows (unit x condition) of a record decoded together; None: all; 1: sequential
-
-    def placement(self, local_rank: int | None = None):
-        """The resolved :class:`relaylens.model.placement.Placement` of this run (``local_rank``: the launcher's, which
-        ``--device auto`` turns into ``cuda:LOCAL_RANK``)."""
-        from relaylens.model.placement import Placement
-
-        return Placement.resolve(self.device, self.dtype, self.device_map, self.attn_implementation, self.rope_scaling,
-                                 self.max_position, local_rank=local_rank)
-
-
-def make_judge(config: RunConfig, run_dir: Path):
-    """The optional LLM judge of a run (None without one): the ``memory_judge_v1`` verdict for question records and
-    HelloEval checklist judging (:mod:`relaylens.scoring.checklist`, 2,048 output tokens) for summarization records, cached in
-    ``RUN_DIR/judge_cache.jsonl`` and ``RUN_DIR/judge_cache_checklist.jsonl``. ``--judge-model stub`` (no URL) is
-    the deterministic local checklist stub (tests and CPU demos; question records then get no verdict)."""
-    from relaylens.scoring.checklist import CHECKLIST_MAX_TOKENS, ChecklistJudge, RoutedJudge, StubChecklistBackend
-    from relaylens.scoring.judge import HFBackend, Judge, OpenAIBackend
-
-    if not config.judge_model and not config.judge_url:
-        return None
-    checklist_cache = run_dir / "judge_cache_checklist.jsonl"
-    if config.judge_model == "stub" and not config.judge_url:
-        return RoutedJudge(None, ChecklistJudge(StubChecklistBackend(), cache_path=checklist_cache))
-    if config.judge_url:
-        if not config.judge_model:
-            raise RelaylensError("--judge-url needs --judge-model (the model name the endpoint serves)")
-        backend = OpenAIBackend(config.judge_url, config.judge_model, api_key_env=config.judge_key_env)
-        long = OpenAIBackend(config.judge_url, config.judge_model, api_key_env=config.judge_key_env,
-                             max_tokens=CHECKLIST_MAX_TOKENS)
-    else:
-        from relaylens.model.loading import load_model
-
-        model, tokenizer = load_model(config.judge_model)
-        backend = HFBackend(model, tokenizer, model_id=config.judge_model)
-        long = HFBackend(model, tokenizer, model_id=config.judge_model, max_tokens=CHECKLIST_MAX_TOKENS)
-    return RoutedJudge(Judge(backend, cache_path=run_dir / "judge_cache.jsonl"),
-                       ChecklistJudge(long, cache_path=checklist_cache))
-
-
-def check_config(config: RunConfig) -> None:
-    """Refuse a :class:`RunConfig` that would silently misbehave, before any file is written."""
-    from relaylens.generation.attention import WINDOW_MODES
-
-    if config.limit is not None and (isinstance(config.limit, bool) or not isinstance(config.limit, int) or config.limit < 1):
-        raise RelaylensError(f"limit must be a positive number of records; got {config.limit!r}. Fix: pass --limit N "
-                             "with N >= 1, or omit it for the analysis's default")
-    if isinstance(config.window_size, bool) or not isinstance(config.window_size, int) or config.window_size < 1:
-        raise RelaylensError(f"window_size must be a positive number of tokens; got {config.window_size!r}")
-    if config.chunk_size is not None and (not isinstance(config.chunk_size, int) or config.chunk_size < 1):
-        raise RelaylensError(f"chunk_size must be a positive number of tokens or None; got {config.chunk_size!r}")
-    if config.batch_rows is not None and (isinstance(config.batch_rows, bool) or not isinstance(config.batch_rows, int)
-                                          or config.batch_rows < 1):
-        raise RelaylensError(f"batch_rows must be a positive number of rows or None (all rows of a record); got "
-                             f"{config.batch_rows!r}. Fix: pass --batch-rows N with N >= 1")
-    if config.window_mode not in WINDOW_MODES:
-        raise RelaylensError(f"window_mode must be one of {WINDOW_MODES}; got {config.window_mode!r}")
-    if config.max_history_tokens is not None and (not isinstance(config.max_history_tokens, int) or config.max_history_tokens < 1):
-        raise RelaylensError(f"max_history_tokens must be a positive number of tokens; got {config.max_history_tokens!r}")
-
-
-def resolve_data(data: str) -> Path:
-    """``sample`` → the bundled LongMemEval-schema sample; ``sample:infinitebench`` / ``sample:hellobench`` → the
-    bundled InfiniteBench-format / HelloBench summarization sample; anything else is a path."""
-    if data == SAMPLE:
-        from relaylens.datasets import bundled_sample_path
-
-        return Path(bundled_sample_path())
-    if data == "sample:hellobench":
-        from relaylens.datasets.synthetic_hellobench import bundled_hellobench_path
-
-        return bundled_hellobench_path()
-    if data == "sample:infinitebench":
-        from relaylens.datasets.synthetic_infinitebench import bundled_infinitebench_path
-
-        return bundled_infinitebench_path()
-    path = Path(data)
-    if not path.exists():
-        raise RelaylensError(f"dataset {data!r} does not exist; pass a file path or 'sample' for the bundled sample")
-    return path
 
 
 def first_answer_token(tokenizer, record: Record, mode: str) -> int | None:
@@ -215,9 +107,7 @@ def select_units(prefill, prompt, pending: list[tuple[str, float]], selectors: d
         try:
             selection = (select_protected(selectors[name], prefill, prompt, budget) if protect
                          else selectors[name].select(prefill, prompt, budget))
-        except (BudgetError, ShapeError) as err:
-            if not _is_too_short(err):
-                raise
+        except (BudgetError, TooShortError) as err:  # the budget or the history is too small for the selector
             too_short.append((name, budget, err))
             continue
         units.append(UnitWork(name, budget, selection, time.perf_counter() - started))
@@ -339,6 +229,7 @@ def run_analysis(spec: ExperimentSpec, config: RunConfig, progress: bool = True,
     window or budget) are committed as ``skipped`` rows naming the record and the reason; the run goes on.
     """
     from relaylens.geometry.rotary import RotaryFactors
+    from relaylens.model.hf import rope_summary
     from relaylens.scoring.judge import redact_url
     from relaylens.results.locks import run_lock
     from relaylens.model.loading import load_model, model_files_fingerprint, model_fingerprint
@@ -374,7 +265,7 @@ def run_analysis(spec: ExperimentSpec, config: RunConfig, progress: bool = True,
     # the device kind, not its index: shards on cuda:0 and cuda:1 (or a resumed shard on another GPU) still agree
     recorded = placement.to_dict() | {"device": placement.device and placement.device.split(":")[0]}
     manifest = build_manifest(spec.name, {"spec": spec.to_dict(), "run": run, "placement": recorded,
-                                          "rope": _rope_summary(model)},
+                                          "rope": rope_summary(model)},
                               config.model, model_fingerprint(model), data_path, shard,
                               model_info=model_files_fingerprint(model, tokenizer), plan=plan)
     prepare_run_dir(out)
@@ -466,11 +357,6 @@ def history_problem(prompt, spec: ExperimentSpec, config: RunConfig, factors) ->
     return None
 
 
-def _is_too_short(err: Exception) -> bool:
-    text = str(err)
-    return isinstance(err, BudgetError) or "observation window" in text or "history longer than" in text
-
-
 def _skip(store, record_id: str, selector: str, budget: float, history_length: int, reason: str, detail: str) -> None:
     from relaylens.results.store import UnitKey
 
@@ -485,24 +371,6 @@ def _forget_skipped(store, keys) -> None:
         path = store.unit_path(key)
         if path.exists() and len(store.read_unit(path)["skipped"]):
             path.unlink()
-
-
-def _rope_summary(model) -> dict:
-    """Rotary settings of the loaded model (after any override), for the manifest."""
-    config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
-    return {"rope_parameters": getattr(config, "rope_parameters", None),
-            "max_position_embeddings": getattr(config, "max_position_embeddings", None)}
-
-
-def skipped_summary(tables: dict[str, pd.DataFrame]) -> str:
-    """One line per skipped record (reasons and the units affected), for the run summary; empty when none."""
-    skipped = tables.get("skipped")
-    if skipped is None or skipped.empty:
-        return ""
-    lines = [f"skipped {len(skipped)} unit(s) of {skipped.record_id.nunique()} record(s):"]
-    for rid, group in skipped.groupby("record_id", sort=True):
-        lines.append(f"  {rid}: {group.reason.iloc[0]} ({len(group)} unit(s)) - {group.detail.iloc[0]}")
-    return "\n".join(lines)
 
 
 def _progress(enabled: bool):

@@ -115,8 +115,11 @@ class ExperimentSpec:
             raise RelaylensError(f"sweep must be 'layers' or empty (none); got {self.sweep!r}")
 
     def stops_at_newline(self, prompt_mode: str) -> bool:
-        """Whether decoding stops at the first newline under ``prompt_mode`` (the resolved one)."""
-        return self.stop == "newline" or (self.stop == "auto" and prompt_mode == "completion")
+        """Whether decoding stops at the first newline under ``prompt_mode`` (the resolved one): ``newline`` always,
+        ``auto`` where the prompt mode does (:data:`relaylens.datasets.prompting.STOP_ON_NEWLINE`)."""
+        from relaylens.datasets.prompting import STOP_ON_NEWLINE
+
+        return self.stop == "newline" or (self.stop == "auto" and STOP_ON_NEWLINE.get(prompt_mode, False))
 
     @property
     def max_shift(self) -> int:

@@ -114,7 +114,7 @@ def run_shard(spec, config, index: int, count: int, run_dir: str) -> dict:
 
 def _absolute(config):
     """Paths a worker on another machine (or in another directory) must read the same way."""
-    from relaylens.experiments.runner import SAMPLE
+    from relaylens.datasets import SAMPLE
 
     data = config.data if config.data == SAMPLE else str(Path(config.data).resolve())
     model = str(Path(config.model).resolve()) if Path(config.model).exists() else config.model
@@ -124,10 +124,10 @@ def _absolute(config):
 def _unit_totals(spec, config, count: int) -> list[int]:
     """Units per shard, as the runner will plan them (for the progress view only)."""
     from relaylens.datasets import load_records
-    from relaylens.experiments.runner import resolve_data
+    from relaylens.datasets import resolve_data
     from relaylens.results.shards import shard_records
 
-    from relaylens.experiments.runner import SAMPLE
+    from relaylens.datasets import SAMPLE
 
     data = getattr(spec, "data", None) if config.data == SAMPLE else config.data  # as the runner resolves it
     records = load_records(resolve_data(data or config.data), format=config.data_format)
@@ -197,7 +197,7 @@ def run_sweep(spec, config, options: SweepOptions, console=None, report: bool = 
     Returns the run directory (``config.out``, default ``runs/ANALYSIS``). Raises :class:`SweepError` naming every
     failed shard; finished units stay in the shard directories, so re-running the same call resumes.
     """
-    from relaylens.experiments.runner import check_config
+    from relaylens.experiments.config import check_config
     from relaylens.results.shards import merge_run_dir
 
     if config.shard:

@@ -28,7 +28,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-from transformers import DynamicCache
 
 from relaylens.generation.attention import AttentionState
 from relaylens.conditions.catalogue import Condition, Coordinates
@@ -44,7 +43,7 @@ from relaylens.geometry.selection import Selection
 class RelocatedCache:
     """A cache ready for the question pass, and the attention state that goes with it."""
 
-    cache: DynamicCache
+    cache: object  # a transformers DynamicCache (built by relaylens.model.hf.cache_from_tensors)
     state: AttentionState
     coordinates: Coordinates
     widths: list[int]  # per layer: slots kept in the cache (the layer's widest head)
@@ -83,12 +82,11 @@ def build_cache(
     ``grad=True`` keeps autograd on: the graph reaches back to ``prefill`` keys/values that require grad, and
     otherwise the relocated keys and kept values become leaves that require grad (``RelocatedCache.inputs``).
     """
-    if not grad:
-        layers = relocate_selection(prefill, selection, condition, factors, window_mode)
-        data = [(keys[None], values[None]) for keys, values in layers.data]  # [1, kv_head, slot, head_dim]
-        return RelocatedCache(DynamicCache(ddp_cache_data=data), layers.state, layers.coordinates, layers.widths)
     with torch.set_grad_enabled(grad):
-        return _build_cache(prefill, selection, condition, factors, window_mode, grad)
+        layers = _relocate_layers(prefill, selection, condition, factors, window_mode, grad)
+    data = [(keys[None], values[None]) for keys, values in layers.data]  # [1, kv_head, slot, head_dim]
+    return RelocatedCache(cache_from_tensors(data), layers.state, layers.coordinates, layers.widths,
+                          layers.data if grad else None)
 
 
 def _gather_layer(prefill, selection, coords, layer: int):
@@ -107,34 +105,6 @@ def _gather_layer(prefill, selection, coords, layer: int):
     else:
         kept_values = prefill.values[layer].gather(1, index)
     return valid, source, target, kept_keys, kept_values
-
-
-def _build_cache(prefill, selection, condition, factors, window_mode: str, grad: bool) -> RelocatedCache:
-    _check_selection(prefill, selection)
-    coords = coordinates_of(condition, selection)
-    state = AttentionState(window_mode=window_mode, head_inputs={} if grad else None)
-    data, widths, inputs = [], [], []
-    for layer in range(prefill.num_layers):
-        valid, source, target, kept_keys, kept_values = _gather_layer(prefill, selection, coords, layer)
-        try:
-            moved = relocate_keys(kept_keys, source, target, factors, layer=layer if factors.per_layer else None)
-        except NonFiniteError as err:
-            raise NonFiniteError(f"layer {layer}: {err}") from None
-        except PositionError as err:
-            raise PositionError(f"condition {coords.condition}, layer {layer}: {err}") from None
-        pad = (~valid)[..., None].to(moved.device)
-        moved, kept_values = moved.masked_fill(pad, 0.0), kept_values.masked_fill(pad, 0.0)
-        _check_finite(moved, layer, "relocated keys")
-        _check_finite(kept_values, layer, "kept values")
-        if grad:
-            moved, kept_values = (t if t.requires_grad else t.detach().requires_grad_() for t in (moved, kept_values))
-            inputs.append((moved, kept_values))
-        data.append((moved[None], kept_values[None]))  # [1, kv_head, slot, head_dim]
-        state.valid[layer] = valid
-        state.key_positions[layer] = torch.where(valid, target, torch.full_like(target, -(10**9)))
-        state.source_positions[layer] = torch.where(valid, source, torch.full_like(source, -(10**9)))
-        widths.append(valid.shape[-1])
-    return RelocatedCache(cache_from_tensors(data), state, coords, widths, inputs if grad else None)
 
 
 @dataclass
@@ -168,13 +138,20 @@ def relocate_selection(
     window_mode: str = "condition",
 ) -> RelocatedLayers:
     """The work of :func:`build_cache` without the cache object (batched rows stack these)."""
+    return _relocate_layers(prefill, selection, condition, factors, window_mode, grad=False)
+
+
+def _relocate_layers(prefill, selection, condition, factors, window_mode: str, grad: bool) -> RelocatedLayers:
+    """The one per-layer relocation loop. Without ``grad`` only heads with a key to move are relocated (the others
+    keep the gathered rows); with ``grad`` every head is, and keys and values that do not carry a graph become
+    leaves that require grad."""
     _check_selection(prefill, selection)
     coords = coordinates_of(condition, selection)
-    state = AttentionState(window_mode=window_mode)
+    state = AttentionState(window_mode=window_mode, head_inputs={} if grad else None)
     data, widths = [], []
     for layer in range(prefill.num_layers):
         valid, source, target, kept_keys, kept_values = _gather_layer(prefill, selection, coords, layer)
-        moving = (target != source).any(-1)  # [kv_head]: heads with at least one key to move
+        moving = torch.ones(valid.shape[0], dtype=torch.bool) if grad else (target != source).any(-1)  # [kv_head]
         pad = (~valid)[..., None].to(kept_keys.device)
         if bool(moving.any()):
             moved = kept_keys.clone() if not bool(moving.all()) else None
@@ -196,6 +173,8 @@ def relocate_selection(
             _check_finite(moved, layer, "kept keys")
         moved, kept_values = moved.masked_fill(pad, 0.0), kept_values.masked_fill(pad, 0.0)
         _check_finite(kept_values, layer, "kept values")
+        if grad:
+            moved, kept_values = (t if t.requires_grad else t.detach().requires_grad_() for t in (moved, kept_values))
         data.append((moved, kept_values))  # [kv_head, slot, head_dim]
         state.valid[layer] = valid
         state.key_positions[layer] = torch.where(valid, target, torch.full_like(target, -(10**9)))

@@ -42,7 +42,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import torch
-from transformers import DynamicCache
 
 from relaylens.generation.attention import AttentionState, Observer, attention_context
 from relaylens.conditions.catalogue import Condition, Coordinates
@@ -51,6 +50,7 @@ from relaylens.geometry.rotary import RotaryFactors
 from relaylens.model.prefill import PrefillResult
 from relaylens.generation.cache import RelocatedLayers, relocate_selection
 from relaylens.geometry.selection import Selection
+from relaylens.model.hf import cache_from_tensors
 
 _FAR = -(10**9)  # position of a padding slot: never inside a window, never attended (its validity is False)
 
@@ -92,7 +92,7 @@ class Row:
 class RowBatch:
     """The batched cache of some rows and the attention state that goes with it (rows drop out as they stop)."""
 
-    cache: DynamicCache
+    cache: object  # a transformers DynamicCache (built by relaylens.model.hf.cache_from_tensors)
     state: AttentionState  # per layer [row, kv_head, slot]; new_positions [row, T]
     layers: list[RelocatedLayers]  # per row: its own unpadded state and coordinates
 
@@ -117,7 +117,7 @@ def stack_rows(built: list[RelocatedLayers], window_mode: str = "condition") -> 
         state.valid[layer] = torch.stack(valid)  # [row, kv_head, slot]
         state.key_positions[layer] = torch.stack(key_pos)
         state.source_positions[layer] = torch.stack(src_pos)
-    return RowBatch(DynamicCache(ddp_cache_data=data), state, list(built))
+    return RowBatch(cache_from_tensors(data), state, list(built))
 
 
 def forward_rows(model, batch: RowBatch, ids: torch.Tensor, positions: torch.Tensor, source_positions: torch.Tensor,

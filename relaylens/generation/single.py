@@ -24,19 +24,18 @@ Example:
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 
 import torch
 
 from relaylens.generation.attention import attention_context
 from relaylens.conditions.catalogue import Condition, Coordinates
-from relaylens.errors import PositionError, ShapeError
+from relaylens.errors import ShapeError
 from relaylens.geometry.rotary import RotaryFactors
 from relaylens.model.hf import attention_constants, cache_from_tensors, cache_tensors
 from relaylens.model.prefill import PrefillResult
 from relaylens.generation.cache import RelocatedCache, build_cache
-from relaylens.generation.rows import GenerationResult, Row, default_eos_ids, run_rows
+from relaylens.generation.rows import GenerationResult, Row, run_rows
 from relaylens.geometry.selection import Selection
 
 
@@ -114,7 +113,8 @@ def run_condition(
             ``result.question_logits`` / ``result.teacher_logits`` carry the graph back to
             ``result.inputs`` (per layer ``(keys, values)``) and to per-query-head views of them
             (``result.head_inputs``, see :class:`~relaylens.generation.attention.AttentionState`). Decoding still runs without
-            autograd. Default: no autograd.
+            autograd, as one row of :func:`relaylens.generation.rows.run_rows` (a second question pass, no graph).
+            Default: no autograd.
 
     Without ``grad`` this is :func:`relaylens.generation.rows.run_rows` with one row; batch a record's conditions with
     ``run_rows``.
@@ -143,7 +143,7 @@ def run_condition(
     relocated.state.observers = []
     teacher_logits = None
     if teacher_token is not None:
-        forked = _fork(relocated) if grad else copy.deepcopy(relocated)
+        forked = _fork(relocated)
         forked.state.observers = list(teacher_observers or [])
         teacher_logits = _forward(model, torch.tensor([int(teacher_token)]), positions[-1:] + 1, forked, source[-1:] + 1, grad)[-1]
         del forked
@@ -151,38 +151,10 @@ def run_condition(
                               question_logits=logits if keep_question_logits or grad else None,
                               teacher_logits=teacher_logits, inputs=relocated.inputs,
                               head_inputs=relocated.state.head_inputs)
-    relocated.state.head_inputs = None  # decoding records no per-head views
-    eos = eos_token_ids if eos_token_ids is not None else default_eos_ids(model, tokenizer)
-    next_position = int(positions[-1]) + 1
-    next_source = int(source[-1]) + 1
-    current = logits[-1].detach()
-    for step in range(max_new_tokens):
-        token = int(current.argmax())
-        result.token_ids.append(token)
-        if token in eos:
-            result.stop_reason = "eos"
-            break
-        if stop_at_newline and tokenizer is not None and "\n" in tokenizer.decode(result.token_ids, skip_special_tokens=True).lstrip("\n"):
-            result.stop_reason = "newline"
-            break
-        if step == max_new_tokens - 1:
-            break
-        result.positions.append(next_position)
-        current = _forward(model, torch.tensor([token]), torch.tensor([next_position]), relocated, torch.tensor([next_source]))[-1]
-        next_position += 1
-        next_source += 1
-    if tokenizer is not None:
-        ids = [t for t in result.token_ids if t not in eos]
-        text = tokenizer.decode(ids, skip_special_tokens=True)
-        result.text = text.strip().split("\n")[0].strip() if stop_at_newline else text.strip()
+    if max_new_tokens > 0:  # decoding runs without autograd, in the one greedy loop of the batched path
+        decoded = run_rows(model, prefill, [Row(selection, coords)], question_ids, max_new_tokens=max_new_tokens,
+                           factors=factors, eos_token_ids=eos_token_ids, tokenizer=tokenizer,
+                           stop_at_newline=stop_at_newline, window_mode=window_mode)[0]
+        result.token_ids, result.positions = decoded.token_ids, decoded.positions
+        result.stop_reason, result.text = decoded.stop_reason, decoded.text
     return result
-
-
-def check_history_fits(model, history_length: int, allow_long: bool = False) -> None:
-    """Refuse histories longer than the model's context unless explicitly allowed."""
-    limit = getattr(model.config, "max_position_embeddings", None)
-    if limit is not None and history_length > limit and not allow_long:
-        raise PositionError(
-            f"history of {history_length} tokens exceeds the model's context ({limit}); trim the record or pass "
-            "allow_long=True to accept positions past the trained range"
-        )

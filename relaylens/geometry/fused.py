@@ -46,7 +46,7 @@ import threading
 import numpy as np
 import torch
 
-_KERNEL = None  # the kernel factory once numba is found (kernels compile per layout and plane count); False without numba
+_KERNEL_FACTORY = None  # the kernel factory once numba is found (kernels compile per layout and plane count); False without numba
 _LOCK = threading.Lock()
 _STATE = threading.local()
 
@@ -75,7 +75,7 @@ def usable(keys: torch.Tensor, rotary_dim: int) -> bool:
             and rotary_dim % 2 == 0 and fused_available())
 
 
-def relocate_rows(flat_keys: torch.Tensor, source: torch.Tensor, target: torch.Tensor,
+def relocate_key_rows(flat_keys: torch.Tensor, source: torch.Tensor, target: torch.Tensor,
                   tables: tuple[torch.Tensor, torch.Tensor], rotary_dim: int,
                   split_half: bool) -> tuple[torch.Tensor, bool, bool]:
     """Relocate ``flat_keys`` ``[slots, head_dim]`` from ``source`` to ``target`` ``[slots]`` (int64 positions).
@@ -101,11 +101,11 @@ def relocate_rows(flat_keys: torch.Tensor, source: torch.Tensor, target: torch.T
     forward, inverse = (t.contiguous().numpy() for t in tables)  # [P, 2 * plane] each
     slots = keys.shape[0]
     if src.shape != (slots,) or dst.shape != (slots,) or src.dtype != np.int64 or dst.dtype != np.int64:
-        raise ValueError(f"relocate_rows needs one int64 source and one int64 target position per key row ({slots}); "
+        raise ValueError(f"relocate_key_rows needs one int64 source and one int64 target position per key row ({slots}); "
                          f"got {tuple(source.shape)} {source.dtype} and {tuple(target.shape)} {target.dtype}")
     if (forward.shape != inverse.shape or forward.shape[1] != rotary_dim or keys.shape[1] < rotary_dim
             or not keys.dtype == forward.dtype == inverse.dtype == np.float32):  # the OpenMP entry reads raw memory
-        raise ValueError(f"relocate_rows needs float32 keys [slots, >= {rotary_dim}] and float32 phase tables "
+        raise ValueError(f"relocate_key_rows needs float32 keys [slots, >= {rotary_dim}] and float32 phase tables "
                          f"[P, {rotary_dim}]; got keys {keys.shape} {keys.dtype}, tables {forward.shape} {forward.dtype} "
                          f"/ {inverse.shape} {inverse.dtype}")
     threads = max(1, min(torch.get_num_threads(), slots // PARALLEL_SLOTS))
@@ -181,7 +181,7 @@ BLOCK_FEATURES = 65536  # the OpenMP team's unit of work, in key features (1,024
 _OPENMP = None  # PyTorch's OpenMP runtime (a ctypes handle) once looked up; False when there is none to use
 _FORKED = False  # True in a process forked from the one that imported this module
 _POOLS: dict = {}
-_KERNELS: dict = {}
+_COMPILED_KERNELS: dict = {}
 
 
 def _pool(workers: int):
@@ -196,31 +196,31 @@ def _pool(workers: int):
 
 def _kernel():
     """The kernel factory ``(split_half, planes) -> fused_kernel.Kernel``, or False when numba is unavailable."""
-    global _KERNEL
-    if _KERNEL is None:
+    global _KERNEL_FACTORY
+    if _KERNEL_FACTORY is None:
         with _LOCK:
-            if _KERNEL is None:
+            if _KERNEL_FACTORY is None:
                 try:
                     import numba  # noqa: F401
                 except ImportError:  # the eager path stays correct, only slower
-                    _KERNEL = False
+                    _KERNEL_FACTORY = False
                 else:
-                    _KERNEL = _specialised
-    return _KERNEL
+                    _KERNEL_FACTORY = _specialised
+    return _KERNEL_FACTORY
 
 
 def _specialised(split_half: bool, planes: int):
     """The kernel for one plane layout and plane count, compiled on first use (numba caches it on disk, keyed by
     these constants)."""
     key = (bool(split_half), int(planes))
-    kernel = _KERNELS.get(key)
+    kernel = _COMPILED_KERNELS.get(key)
     if kernel is None:
         with _LOCK:
-            kernel = _KERNELS.get(key)
+            kernel = _COMPILED_KERNELS.get(key)
             if kernel is None:
                 from relaylens.geometry.numba_source import compile_kernel
 
-                kernel = _KERNELS[key] = compile_kernel(*key)
+                kernel = _COMPILED_KERNELS[key] = compile_kernel(*key)
     return kernel
 
 

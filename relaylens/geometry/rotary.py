@@ -344,7 +344,7 @@ def _relocate_fused(keys: torch.Tensor, source: torch.Tensor, target: torch.Tens
     flat_dst = target.reshape(-1).to(device="cpu", dtype=torch.int64)
 
     def run(tables):
-        return kernels.relocate_rows(flat_keys, flat_src, flat_dst, tables, factors.rotary_dim,
+        return kernels.relocate_key_rows(flat_keys, flat_src, flat_dst, tables, factors.rotary_dim,
                                      factors.layout == "split_half")
 
     out, finite, inside = run((forward, inverse))

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 import torch
 
 from relaylens.errors import RopeError, ShapeError
-from relaylens.model.hf import cached_keys, decoder_layers, rebuild_query_key
+from relaylens.model.hf import attention_modules, cached_keys, rebuild_query_key
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -127,7 +127,7 @@ def capture_column_sums(
     """
     if not isinstance(block_size, int) or block_size < 1:
         raise ShapeError(f"block_size must be a positive int; got {block_size!r}")
-    modules = [layer.self_attn for layer in decoder_layers(model)]
+    modules = attention_modules(model)
     stats = ColumnSumStats(column_sums=[None] * len(modules), num_queries=[0] * len(modules))
 
     def make_hook(index: int):

@@ -38,7 +38,7 @@ from relaylens.errors import RopeError
 
 __all__ = ["decoder_layers", "attention_module", "attention_constants", "find_rotary_embedding", "call_rotary",
            "rotary_function", "detect_layout", "nope_layers", "QUERY_RECIPES", "rebuild_query_key", "attention_kernel",
-           "cache_tensors", "new_cache", "cache_from_tensors", "cached_keys", "cached_values", "cache_lengths", "pre_rotary_keys"]
+           "layer_attention", "attention_modules", "rope_summary", "output_projection", "cache_tensors", "new_cache", "cache_from_tensors", "cached_keys", "cached_values", "cache_lengths", "pre_rotary_keys"]
 
 
 # ------------------------------------------------------------------------------------------------- layer access
@@ -51,6 +51,21 @@ def decoder_layers(model) -> list:
         raise RopeError(f"{type(model).__name__} has no model.model.layers[i].self_attn; relaylens supports decoder-only "
                         "Hugging Face causal LMs laid out like Llama.")
     return list(layers)
+
+
+def layer_attention(layer: nn.Module) -> nn.Module:
+    """The attention module of one decoder layer (``layer.self_attn``)."""
+    return layer.self_attn
+
+
+def attention_modules(model) -> list[nn.Module]:
+    """Every decoder layer's attention module, in layer order."""
+    return [layer_attention(layer) for layer in decoder_layers(model)]
+
+
+def output_projection(model, layer: int) -> torch.Tensor:
+    """``W_O`` of one layer's attention, float32 ``[hidden, q_head * head_dim]`` (detached)."""
+    return layer_attention(decoder_layers(model)[layer]).o_proj.weight.detach().float()
 
 
 def attention_module(model: nn.Module) -> nn.Module:
@@ -66,6 +81,14 @@ def attention_constants(model) -> tuple[float, int]:
     """``(scaling, num_key_value_groups)`` of the model's attention (``q @ k^T`` scale; query heads per kv head)."""
     attn = model.model.layers[0].self_attn
     return float(attn.scaling), int(attn.num_key_value_groups)
+
+
+def rope_summary(model) -> dict:
+    """Rotary settings of the loaded model (after any override), for the run manifest: ``rope_parameters`` and
+    ``max_position_embeddings`` of its (text) config."""
+    config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    return {"rope_parameters": getattr(config, "rope_parameters", None),
+            "max_position_embeddings": getattr(config, "max_position_embeddings", None)}
 
 
 # ----------------------------------------------------------------------------------------------- rotary lookup

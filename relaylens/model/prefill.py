@@ -13,7 +13,8 @@ import torch
 
 from relaylens.model.attention_stats import capture_column_sums
 from relaylens.errors import PositionError, RopeError, ShapeError
-from relaylens.model.hf import QUERY_RECIPES, attention_constants, attention_kernel, cache_tensors, decoder_layers
+from relaylens.model.hf import (QUERY_RECIPES, attention_constants, attention_kernel, cache_tensors, decoder_layers,
+                                layer_attention, new_cache)
 
 
 @dataclass
@@ -131,15 +132,13 @@ class PrefillPieces:
         self.result: PrefillResult | None = None
 
     def __iter__(self):
-        from transformers import DynamicCache
-
         model, ids = self.model, self.ids
         L = int(ids.numel())
         layers = decoder_layers(model)
         device = next(model.parameters()).device
         chunk = self.chunk_size or L
         window_start = L - self.window_size if self.capture_window_queries else L
-        cache = DynamicCache()  # plain: DynamicCache(config=...) would drop sliding-layer history (Gemma-3)
+        cache = new_cache()  # plain: a model-config cache would drop sliding-layer history (Gemma-3)
         capture = _WindowQueryCapture(layers, window_start) if self.capture_window_queries else None
         sums = capture_column_sums(model, self.column_block_size) if self.column_sums else contextlib.nullcontext()
         with sums as stats:
@@ -230,7 +229,7 @@ class _WindowQueryCapture:
         self.layers, self.window_start, self.chunk_start = layers, window_start, 0
         self.recipes = []
         for layer in layers:
-            name = type(layer.self_attn).__name__
+            name = type(layer_attention(layer)).__name__
             if name not in QUERY_RECIPES:
                 raise RopeError(f"cannot rebuild window queries for attention class {name}; supported: "
                                 f"{', '.join(sorted(QUERY_RECIPES))}. Fix: add a recipe to relaylens.model.hf.QUERY_RECIPES "
@@ -243,7 +242,7 @@ class _WindowQueryCapture:
     def __enter__(self):
         try:
             for i, layer in enumerate(self.layers):
-                self.handles.append(layer.self_attn.register_forward_pre_hook(self._hook(i), with_kwargs=True))
+                self.handles.append(layer_attention(layer).register_forward_pre_hook(self._hook(i), with_kwargs=True))
         except BaseException:
             self.__exit__()
             raise
@@ -279,7 +278,7 @@ class _WindowQueryCapture:
             # Same ops on a slice: equal up to kernel blocking, i.e. a few ulps of the model dtype.
             tol = max(1e-4, 8 * torch.finfo(ref.dtype).eps) * (1.0 + ref.float().abs().max().item())
             if k.shape != ref.shape or not err <= tol:
-                raise RopeError(f"layer {i}: keys rebuilt by the {type(self.layers[i].self_attn).__name__} recipe differ "
+                raise RopeError(f"layer {i}: keys rebuilt by the {type(layer_attention(self.layers[i])).__name__} recipe differ "
                                 f"from the cached keys (max abs {err:.3g}, tolerance {tol:.3g}), so its rebuilt queries "
                                 "cannot be trusted. Fix: correct relaylens.model.hf.QUERY_RECIPES for this class or pass "
                                 "capture_window_queries=False.")

@@ -93,10 +93,9 @@ def logit_direction(model, target: int, residual: torch.Tensor) -> torch.Tensor:
 def logit_attribution(model, recorder, selection, gold: torch.Tensor, groups: int, target: int,
                       residual: torch.Tensor) -> pd.DataFrame:
     """Direct logit attribution per (layer, q_head) from a :class:`~relaylens.probes.readouts.FinalTokenRecorder`."""
-    from relaylens.model.hf import decoder_layers
+    from relaylens.model.hf import output_projection
 
     direction = logit_direction(model, target, residual)  # [hidden]
-    layers = decoder_layers(model)
     records = []
     for layer in sorted(recorder.rows):
         width = recorder.widths[layer]
@@ -106,7 +105,7 @@ def logit_attribution(model, recorder, selection, gold: torch.Tensor, groups: in
         valid = selection.valid[layer, :, :width][kv_of]  # [q_head, slot]
         is_gold = gold[layer, :, :width][kv_of] & valid
         values = recorder.values[layer][kv_of]  # [q_head, slot, head_dim]
-        weight = layers[layer].self_attn.o_proj.weight.detach().float()  # [hidden, q_head * head_dim]
+        weight = output_projection(model, layer)  # [hidden, q_head * head_dim]
         head_dir = (direction.to(weight.device) @ weight).reshape(q_heads, -1).cpu()  # [q_head, head_dim]
         per_state = torch.einsum("hsd,hd->hs", values, head_dir) * row  # [q_head, slot]: a_i u.(W_O v_i)
         gold_sum, total = (per_state * is_gold).sum(-1), (per_state * valid).sum(-1)

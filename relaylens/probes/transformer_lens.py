@@ -52,7 +52,7 @@ from relaylens.generation.attention import ATTENTION_NAME, AttentionState, windo
 from relaylens.conditions.catalogue import Condition
 from relaylens.errors import RelaylensError
 from relaylens.geometry.rotary import RotaryFactors
-from relaylens.model.hf import attention_kernel, cache_lengths, cached_values, decoder_layers
+from relaylens.model.hf import attention_kernel, cache_lengths, cached_values, decoder_layers, layer_attention
 from relaylens.model.prefill import PrefillResult
 from relaylens.probes.readouts import FinalTokenRecorder, ProbedCondition, gold_slots, readouts
 from relaylens.generation.cache import RelocatedCache, build_cache
@@ -143,12 +143,21 @@ def cache_kwarg_shim(enable: bool | None = None) -> Iterator[bool]:
 # wrapping a model
 
 
+def _placeholder_tokenizer():
+    """A minimal fast tokenizer (three special tokens, word level): TransformerLens needs a tokenizer object even
+    when it is driven with token ids only."""
+    from tokenizers import Tokenizer, models
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {"<|endoftext|>": 0, "<|im_start|>": 1, "<|im_end|>": 2}
+    return PreTrainedTokenizerFast(tokenizer_object=Tokenizer(models.WordLevel(vocab, unk_token="<|endoftext|>")),
+                                   eos_token="<|im_end|>", bos_token="<|im_start|>", pad_token="<|endoftext|>")
+
+
 def _bridge_tokenizer(tokenizer):
     """A copy the bridge may normalise; TransformerLens would otherwise re-load it from ``name_or_path``."""
     if tokenizer is None:
-        from relaylens.testing import tiny_tokenizer
-
-        tokenizer = tiny_tokenizer()  # placeholder: the probes drive the bridge with token ids only
+        tokenizer = _placeholder_tokenizer()  # the probes drive the bridge with token ids only
     tokenizer = copy.deepcopy(tokenizer)
     tokenizer.init_kwargs.setdefault("name_or_path", getattr(tokenizer, "name_or_path", "") or "relaylens")
     tokenizer.init_kwargs["add_bos_token"] = True  # keep TransformerLens from re-loading it (offline machines)
@@ -249,7 +258,8 @@ def _sliding_windows(bridge) -> dict[int, int]:
     """Sliding-window size per layer of the wrapped model (layers without a window are absent)."""
     windows = {}
     for index, layer in enumerate(decoder_layers(bridge.original_model)):
-        hf_attn = getattr(layer.self_attn, "original_component", layer.self_attn)  # bridge component -> HF module
+        attn = layer_attention(layer)
+        hf_attn = getattr(attn, "original_component", attn)  # bridge component -> HF module
         window = getattr(hf_attn, "sliding_window", None)
         if window:
             windows[index] = int(window)

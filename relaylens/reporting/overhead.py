@@ -42,7 +42,11 @@ def request_times(answers: pd.DataFrame) -> pd.DataFrame:
 
 
 def geometric_mean_minus_one(ratios) -> float:
-    """``exp(mean(log r)) - 1`` over the finite positive ratios; NaN when there are none."""
+    """Table 3's statistic: ``exp(mean(log r)) - 1`` over the finite positive ratios; NaN when there are none.
+
+    >>> round(geometric_mean_minus_one([1.01, 1.03]), 4), geometric_mean_minus_one([2.0, 0.5])
+    (0.02, 0.0)
+    """
     values = [float(r) for r in ratios if r is not None and math.isfinite(r) and r > 0]
     return math.exp(sum(math.log(r) for r in values) / len(values)) - 1 if values else float("nan")
 

@@ -23,7 +23,7 @@ from relaylens.reporting.bootstrap import cluster_bootstrap, condition_means
 from relaylens.errors import RelaylensError
 from relaylens.results.tables import SWEEP_SOURCE, get_table
 
-METRICS = ("contains", "f1")
+FALLBACK_METRICS = ("contains", "f1")  # read when a run has no judge or choice metric
 """Accuracy metrics reported when a run has neither judge verdicts nor multiple-choice answers (the fallback of
 :func:`relaylens.reporting.crossrun.choose_metrics`; ``tables["metrics"]`` carries the chosen ones)."""
 METRIC_ORDER = ("judge", "choice_accuracy", "contains", "f1", "exact_match")
@@ -94,10 +94,10 @@ def metric_list(scores: pd.DataFrame) -> list[str]:
 
 def accuracy_scores(tables: dict, metrics: Sequence[str] | None = None) -> pd.DataFrame:
     """The ``scores`` rows of the metrics the tables report: ``metrics``, else ``tables["metrics"]`` (the
-    ``--metric`` choice, :func:`relaylens.reporting.crossrun.choose_metrics`), else :data:`METRICS`; empty, with the schema's
+    ``--metric`` choice, :func:`relaylens.reporting.crossrun.choose_metrics`), else :data:`FALLBACK_METRICS`; empty, with the schema's
     columns, when none."""
     scores = get_table(tables, "scores")
-    chosen = metrics or tables.get("metrics") or METRICS
+    chosen = metrics or tables.get("metrics") or FALLBACK_METRICS
     return scores[scores["metric"].isin(chosen)]
 
 

@@ -51,6 +51,7 @@ import numpy as np
 import pandas as pd
 
 from relaylens.errors import RelaylensError
+from relaylens.results.atomic import write_atomic
 from relaylens.results.tables import (BOOL, DTYPES, FLOAT, INT, KEY_COLUMNS, OPT_STR, OPTIONAL_TABLES, SORT_COLUMNS, TABLES,
                               coerce_table, get_table, sort_table)
 
@@ -236,37 +237,16 @@ def _default_writer(f: io.BufferedWriter, data: bytes) -> None:
 
 
 def _atomic_write(path: Path, data: bytes, run_dir: Path, writer: Callable = _default_writer) -> None:
-    """Write ``data`` to ``path`` via a fsynced temp file and ``os.replace``; on failure nothing is left."""
-    tmp = path.parent / f".tmp-{path.name}-{os.getpid()}"
-    try:
-        with open(tmp, "wb") as f:
-            writer(f, data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-        _fsync_dir(path.parent)
-    except OSError as exc:
-        try:
-            tmp.unlink(missing_ok=True)
-        except OSError:
-            pass
+    """Write ``data`` to ``path`` atomically (:func:`relaylens.results.atomic.write_atomic`, directory fsynced); on
+    failure nothing is left and the error names the run directory."""
+
+    def error(exc: OSError) -> StoreWriteError:
         hint = ("the disk is full: free space or choose another --out" if exc.errno == errno.ENOSPC else
                 "check that the directory is writable, or choose another --out")
-        raise StoreWriteError(exc.errno, f"cannot write {path.name} into run directory {run_dir}: "
-                              f"{exc.strerror or exc}; nothing partial was kept. Fix: {hint}") from exc
+        return StoreWriteError(exc.errno, f"cannot write {path.name} into run directory {run_dir}: "
+                               f"{exc.strerror or exc}; nothing partial was kept. Fix: {hint}")
 
-
-def _fsync_dir(path: Path) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
+    write_atomic(path, data, writer=writer, sync_dir=True, error=error)
 
 
 # ------------------------------------------------------------------------------------------------- row checks

@@ -1,16 +1,18 @@
 """The scoring stage: answer metrics (equal to each benchmark's own code where they carry its name), the LLM judge,
-HelloEval checklists, re-judging a finished run, and judge agreement.
+HelloEval checklists and judge agreement.
 
 Owns: :mod:`~relaylens.scoring.metrics` (normalisation, exact match, F1, containment, choice extraction, abstention;
 :func:`score_answer`), :mod:`~relaylens.scoring.judge` (the blinded ``memory_judge_v1`` judge and its HTTP client),
-:mod:`~relaylens.scoring.checklist` (checklist judging of summaries), :mod:`~relaylens.scoring.rejudge`
-(``relaylens judge RUN_DIR``) and :mod:`~relaylens.scoring.agreement` (raw agreement, Cohen's kappa).
+:mod:`~relaylens.scoring.checklist` (checklist judging of summaries) and
+:mod:`~relaylens.scoring.agreement` (raw agreement, Cohen's kappa). Re-judging a finished run (``relaylens judge
+RUN_DIR``) drives a run directory, its dataset and a judge, so it sits with the other commands in
+:mod:`relaylens.experiments.rejudge`.
 
-In: a record (:mod:`relaylens.datasets.records`) and an answer; for re-judging, a run directory. Out: score rows
-(``scores`` table of :mod:`relaylens.results.tables`).
+In: a record (:mod:`relaylens.datasets.records`) and an answer. Out: metric values and verdicts (rows of the
+``scores`` table, :mod:`relaylens.results.tables`).
 
-May import: :mod:`relaylens.errors`, :mod:`relaylens.datasets`, :mod:`relaylens.results`. Never the model stage:
-scoring needs no torch (a local judge model is built by the caller and passed in).
+May import: :mod:`relaylens.errors` only; importing this package imports no torch (a local judge model is built by
+the caller and passed in as a backend).
 
 The former module ``relaylens.scoring`` is now :mod:`relaylens.scoring.metrics`; its names are importable from here.
 """

@@ -30,12 +30,12 @@ import urllib.error
 import urllib.parse
 import urllib.request
 import warnings
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
 from relaylens.errors import RelaylensError
+from relaylens.scoring.metrics import record_field, record_references
 
 __all__ = ["TEMPLATE_VERSION", "SYSTEM_PROMPT", "RUBRIC", "MAX_NEW_TOKENS", "build_payload", "user_message",
            "cache_key", "parse_verdict", "Verdict", "JudgeCache", "Judge", "OpenAIBackend", "HFBackend",
@@ -60,21 +60,15 @@ class JudgeBackendError(RelaylensError):
     """The judge backend could not produce a reply (HTTP error, timeout, malformed response)."""
 
 
-def _field(obj: Any, name: str, default: Any = None) -> Any:
-    return obj.get(name, default) if isinstance(obj, Mapping) else getattr(obj, name, default)
-
-
 def build_payload(record: Any, candidate: str) -> dict:
     """The blinded judge payload from a :class:`~relaylens.datasets.records.Record` (or a mapping with ``question``,
     ``answers``/``references``, ``question_type``, ``question_date``) and the candidate answer."""
-    refs = _field(record, "answers")
-    if refs is None:
-        refs = _field(record, "references")
+    refs = record_references(record)
     if isinstance(refs, str):
         refs = [refs]
-    return {"question": _field(record, "question", ""), "references": [str(r) for r in (refs or [])],
+    return {"question": record_field(record, "question", ""), "references": [str(r) for r in (refs or [])],
             "candidate": "" if candidate is None else str(candidate),
-            "question_type": _field(record, "question_type"), "question_date": _field(record, "question_date")}
+            "question_type": record_field(record, "question_type"), "question_date": record_field(record, "question_date")}
 
 
 def user_message(payload: dict) -> str:

@@ -45,10 +45,11 @@ from typing import Any
 
 __all__ = [
     "normalize_answer", "exact_match", "f1", "contains", "is_abstention", "extract_choice_personamem",
-    "infinitebench_choice_correct", "infinitebench_dialogue_correct", "score_answer", "METRICS",
+    "infinitebench_choice_correct", "infinitebench_dialogue_correct", "score_answer", "ANSWER_METRICS", "METRICS",
 ]
 
-METRICS = ("exact_match", "f1", "contains", "choice_accuracy", "abstention")
+ANSWER_METRICS = ("exact_match", "f1", "contains", "choice_accuracy", "abstention")  # what score_answer can give
+METRICS = ANSWER_METRICS  # the name of earlier releases
 """Metrics :func:`score_answer` can return (``choice_accuracy`` only for multiple-choice records)."""
 
 _NUMBER_WORDS = ["zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten", "eleven",
@@ -225,10 +226,15 @@ def infinitebench_dialogue_correct(answer: str, label: str) -> bool:
     return label.upper() in [w.upper() for w in answer.split()]
 
 
-def _field(obj: Any, name: str, default: Any = None) -> Any:
-    if isinstance(obj, Mapping):
-        return obj.get(name, default)
-    return getattr(obj, name, default)
+def record_field(record: Any, name: str, default: Any = None) -> Any:
+    """A field of a :class:`~relaylens.datasets.records.Record` or of a mapping with the same keys."""
+    return record.get(name, default) if isinstance(record, Mapping) else getattr(record, name, default)
+
+
+def record_references(record: Any) -> Any:
+    """The reference answers of a record (``answers``, or ``references`` in mappings); None when it has neither."""
+    refs = record_field(record, "answers")
+    return record_field(record, "references") if refs is None else refs
 
 
 def score_answer(record: Any, answer: str) -> dict[str, float]:
@@ -243,29 +249,27 @@ def score_answer(record: Any, answer: str) -> dict[str, float]:
     >>> score_answer({"answers": ["You did not mention it"], "is_abstention": True}, "I don't know.")["exact_match"]
     1.0
     """
-    refs = _field(record, "answers")
-    if refs is None:
-        refs = _field(record, "references")
+    refs = record_references(record)
     if refs is None:
         raise ValueError("score_answer needs the record's reference answers ('answers' or 'references'); got neither")
     refs = _refs(refs)
     answer = "" if answer is None else str(answer)
-    qtype = _field(record, "question_type", "") or ""
+    qtype = record_field(record, "question_type", "") or ""
     numbers = qtype != "longbook_qa_eng"  # InfiniteBench En.QA: the official plain SQuAD token F1
     abstains = float(is_abstention(answer))
     out = {"exact_match": exact_match(answer, refs, numbers), "f1": f1(answer, refs, numbers),
            "contains": contains(answer, refs, numbers), "abstention": abstains}
     if qtype == "longdialogue_qa_eng":
         out["contains"] = float(infinitebench_dialogue_correct(answer, refs[0]))
-    if _field(record, "is_abstention", False):
+    if record_field(record, "is_abstention", False):
         out.update(exact_match=abstains, f1=abstains, contains=abstains)
-    options = _field(record, "options")
+    options = record_field(record, "options")
     if options:
-        correct = _field(record, "correct_option")
+        correct = record_field(record, "correct_option")
         if not correct:
-            raise ValueError(f"record {_field(record, 'record_id', '?')!r} has options but no correct_option; "
+            raise ValueError(f"record {record_field(record, 'record_id', '?')!r} has options but no correct_option; "
                              "expected a letter like 'c'. Fix: set correct_option")
-        if qtype == "longbook_choice_eng" or _field(record, "source") == "infinitebench":
+        if qtype == "longbook_choice_eng" or record_field(record, "source") == "infinitebench":
             ok = infinitebench_choice_correct(answer, refs[0], correct)
         else:
             ok = personamem_choice_correct(answer, correct)

@@ -25,7 +25,7 @@ from typing import ClassVar
 import torch
 import torch.nn.functional as F
 
-from relaylens.errors import BudgetError, RelaylensError, ShapeError
+from relaylens.errors import BudgetError, RelaylensError, ShapeError, TooShortError
 from relaylens.model.prefill import PrefillResult
 from relaylens.geometry.selection import Selection
 
@@ -158,7 +158,7 @@ def resolve_budget(budget: Budget | float | int | str, history_length: int, wind
     k = Budget.coerce(budget).tokens(history_length)
     if window:
         if history_length <= window:
-            raise ShapeError(
+            raise TooShortError(
                 f"{what} needs a history longer than its observation window: L={history_length} <= w={window}; "
                 "use a smaller window or a longer history"
             )

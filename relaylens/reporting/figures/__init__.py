@@ -46,9 +46,6 @@ from relaylens.reporting.figures import (  # noqa: F401 - importing a figure fil
 from relaylens.reporting.figures.registry import (COMPANIONS, ORDER, REGISTRY, FigureEntry, FigureError, build, names,
                                         select_figures, supported, write_entry, write_figures)
 REGISTRY.update({name: REGISTRY.pop(name) for name in names()})  # iteration order = drawing order (ORDER first)
-# statistics that callers of the one-file figures module used from here; their home is relaylens.reporting.summaries
-from relaylens.reporting.summaries import (METRICS, accuracy_table, alpha_of, layer_table, paired_deltas,  # noqa: F401
-                                 table_markdown, with_random_mean)
 
 __all__ = ["REGISTRY", "ORDER", "COMPANIONS", "FigureEntry", "FigureError", "build", "names", "select_figures",
            "supported", "write_entry", "write_figures"]

@@ -15,7 +15,7 @@ from relaylens.reporting.bootstrap import condition_means, paired_difference
 from relaylens.reporting.figures.registry import register
 from relaylens.results.tables import get_table
 
-METRICS = ("judge", "contains", "f1", "choice_accuracy")
+TABLE7_METRICS = ("judge", "contains", "f1", "choice_accuracy")
 FINCH = "finch"
 COLUMNS = ["selector", "budget", "coordinates", "metric", "n", "score", "score_low", "score_high", "original", "original_low",
            "original_high", "vs_finch", "vs_finch_low", "vs_finch_high"]
@@ -45,7 +45,7 @@ def table7(tables: dict) -> pd.DataFrame:
     scores = get_table(tables, "scores")
     rows = []
     selectors = [FINCH] + sorted(s for s in scores["selector"].unique() if s != FINCH)
-    for metric in METRICS:
+    for metric in TABLE7_METRICS:
         df = scores[scores["metric"] == metric]
         if df.empty:
             continue

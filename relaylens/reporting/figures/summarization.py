@@ -28,13 +28,13 @@ from __future__ import annotations
 import pandas as pd
 
 from relaylens.reporting.figures.registry import register
+from relaylens.scoring.checklist import CHECKLIST_METRICS
 from relaylens.results.tables import get_table
 
-METRICS = ("quality", "factuality", "coverage")
 FAILED = "checklist_failed"
 SETTING = ["selector", "budget", "condition"]
-TABLE10_COLUMNS = ["setting", *SETTING, "n", *METRICS, "failures", "mean_new_tokens", "eos_rate"]
-TABLE11_COLUMNS = ["category", "setting", *SETTING, "n", *METRICS]
+TABLE10_COLUMNS = ["setting", *SETTING, "n", *CHECKLIST_METRICS, "failures", "mean_new_tokens", "eos_rate"]
+TABLE11_COLUMNS = ["category", "setting", *SETTING, "n", *CHECKLIST_METRICS]
 
 
 def needs_checklist(tables: dict) -> str | None:
@@ -64,11 +64,11 @@ def _wide(tables: dict) -> pd.DataFrame:
     """One row per judged answer: key, category and the checklist metrics as columns."""
     suffix = judge_suffix(tables)
     scores = get_table(tables, "scores")
-    scores = scores[scores["metric"].isin([f"{m}{suffix}" for m in (*METRICS, FAILED)])]
+    scores = scores[scores["metric"].isin([f"{m}{suffix}" for m in (*CHECKLIST_METRICS, FAILED)])]
     scores = scores.assign(metric=scores["metric"].str.slice(0, -len(suffix) if suffix else None))
     wide = scores.pivot_table(index=["record_id", *SETTING, "question_type"], columns="metric", values="value",
                               aggfunc="first", dropna=False).reset_index()
-    for column in (*METRICS, FAILED):
+    for column in (*CHECKLIST_METRICS, FAILED):
         if column not in wide:
             wide[column] = float("nan")
     keep = (wide["selector"] != "full") | (wide["condition"] == "original")  # keep-all under relay: same cache
@@ -77,7 +77,7 @@ def _wide(tables: dict) -> pd.DataFrame:
 
 def _means(group: pd.DataFrame) -> dict:
     ok = group[group[FAILED] == 0]
-    return {"n": len(ok), **{m: ok[m].mean() if len(ok) else float("nan") for m in METRICS}}
+    return {"n": len(ok), **{m: ok[m].mean() if len(ok) else float("nan") for m in CHECKLIST_METRICS}}
 
 
 def _order(frame: pd.DataFrame) -> pd.DataFrame:

@@ -1,0 +1,79 @@
+"""The run configuration: everything a run depends on besides the analysis spec (all of it recorded in the
+manifest), and the checks that refuse a configuration before any file is written.
+
+Example:
+    >>> config = RunConfig(limit=4, out="runs/ablation")
+    >>> config.model, config.data, config.chunk_size
+    ('smollm2-135m-instruct', 'sample', 2048)
+    >>> check_config(RunConfig(limit=0))
+    Traceback (most recent call last):
+    ...
+    relaylens.errors.RelaylensError: limit must be a positive number of records; got 0. Fix: pass --limit N with N >= 1, or omit it for the analysis's default
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from relaylens.datasets import SAMPLE
+from relaylens.errors import RelaylensError
+from relaylens.model.embedded import DEFAULT_MODEL
+
+
+@dataclass
+class RunConfig:
+    """Everything a run depends on besides the analysis spec (all recorded in the manifest)."""
+
+    model: str = DEFAULT_MODEL
+    data: str = SAMPLE
+    data_format: str = "auto"
+    limit: int | None = None
+    out: str | None = None
+    shard: str | None = None
+    seed: int = 0
+    window_size: int = 32
+    chunk_size: int | None = 2048
+    window_mode: str = "condition"
+    force: bool = False
+    judge_url: str | None = None  # OpenAI-compatible endpoint for the memory_judge_v1 judge (optional)
+    judge_model: str | None = None  # model name at that endpoint, or a local HF judge model spec
+    judge_key_env: str | None = None  # environment variable holding the endpoint's API key
+    device: str | None = None  # cpu, cuda, cuda:N, mps, auto (None: cpu); exclusive with device_map
+    dtype: str | None = None  # float32, bfloat16, float16 (None: float32 on CPU, bfloat16 on CUDA)
+    device_map: str | None = None  # accelerate device map ("auto") for models that do not fit one device
+    attn_implementation: str = "sdpa"  # kernel the model loads with and the history prefill runs with
+    rope_scaling: str | None = None  # rotary override applied before the weights load, e.g. "yarn:4:32768"
+    max_position: int | None = None  # max_position_embeddings override
+    max_history_tokens: int | None = None  # longer histories are skipped and recorded (None: the rotary range)
+    retry_skipped: bool = False  # recompute units recorded as skipped (e.g. after raising max_history_tokens)
+    view_records: int = 3  # token view data (RUN_DIR/views) for the first N records with probes (0: none)
+    batch_rows: int | None = None  # rows (unit x condition) of a record decoded together; None: all; 1: sequential
+
+    def placement(self, local_rank: int | None = None):
+        """The resolved :class:`relaylens.model.placement.Placement` of this run (``local_rank``: the launcher's, which
+        ``--device auto`` turns into ``cuda:LOCAL_RANK``)."""
+        from relaylens.model.placement import Placement
+
+        return Placement.resolve(self.device, self.dtype, self.device_map, self.attn_implementation, self.rope_scaling,
+                                 self.max_position, local_rank=local_rank)
+
+
+def check_config(config: RunConfig) -> None:
+    """Refuse a :class:`RunConfig` that would silently misbehave, before any file is written."""
+    from relaylens.generation.attention import WINDOW_MODES
+
+    if config.limit is not None and (isinstance(config.limit, bool) or not isinstance(config.limit, int) or config.limit < 1):
+        raise RelaylensError(f"limit must be a positive number of records; got {config.limit!r}. Fix: pass --limit N "
+                             "with N >= 1, or omit it for the analysis's default")
+    if isinstance(config.window_size, bool) or not isinstance(config.window_size, int) or config.window_size < 1:
+        raise RelaylensError(f"window_size must be a positive number of tokens; got {config.window_size!r}")
+    if config.chunk_size is not None and (not isinstance(config.chunk_size, int) or config.chunk_size < 1):
+        raise RelaylensError(f"chunk_size must be a positive number of tokens or None; got {config.chunk_size!r}")
+    if config.batch_rows is not None and (isinstance(config.batch_rows, bool) or not isinstance(config.batch_rows, int)
+                                          or config.batch_rows < 1):
+        raise RelaylensError(f"batch_rows must be a positive number of rows or None (all rows of a record); got "
+                             f"{config.batch_rows!r}. Fix: pass --batch-rows N with N >= 1")
+    if config.window_mode not in WINDOW_MODES:
+        raise RelaylensError(f"window_mode must be one of {WINDOW_MODES}; got {config.window_mode!r}")
+    if config.max_history_tokens is not None and (not isinstance(config.max_history_tokens, int) or config.max_history_tokens < 1):
+        raise RelaylensError(f"max_history_tokens must be a positive number of tokens; got {config.max_history_tokens!r}")

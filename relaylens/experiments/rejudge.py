@@ -1,0 +1,181 @@
+"""``relaylens judge RUN_DIR``: re-score a finished run's answers with another judge, never touching generations.
+
+Each answer of the run is judged (blinded, :mod:`relaylens.scoring.judge`) and two score rows are added per answer:
+``judge_<name>`` (1/0, NaN on failure) and ``judge_<name>_failed`` (1/0); summaries (HelloBench records) are judged
+by checklist instead (:mod:`relaylens.scoring.checklist`; give ``--max-tokens 2048``: the reply lists every item) and add
+``quality_<name>``, ``factuality_<name>``, ``coverage_<name>`` and ``checklist_failed_<name>``. Rows of an earlier pass with the same name
+are replaced; answers, probes and every other score are rewritten unchanged (so ``answers.parquet`` is
+byte-identical). Malformed replies count as failures and are listed (``RUN_DIR/judge_<name>_failures.json``). The
+judge's settings go to ``RUN_DIR/judges.json``; its verdicts are cached in ``RUN_DIR/judge_cache_<name>.jsonl``, so
+an interrupted pass resumes without new calls.
+
+Example:
+    $ relaylens judge runs/main_table --judge-url http://127.0.0.1:8000/v1 --judge-model gpt-oss-20b \\
+        --max-tokens 2048 --reasoning-effort medium --name gpt_oss_20b
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import re
+from contextlib import nullcontext
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from relaylens.errors import RelaylensError
+
+__all__ = ["RejudgeResult", "rejudge_run", "judge_name", "records_of_run"]
+
+_NAME = re.compile(r"^[a-z0-9][a-z0-9_]*$")
+
+
+def judge_name(text: str) -> str:
+    """A metric-safe judge name from ``text`` (a model name): lowercase letters, digits and ``_``.
+
+    >>> judge_name("openai/gpt-oss-20b")
+    'gpt_oss_20b'
+    """
+    name = re.sub(r"[^a-z0-9]+", "_", text.rsplit("/", 1)[-1].lower()).strip("_")
+    if not _NAME.match(name or ""):
+        raise RelaylensError(f"cannot make a judge name from {text!r}; pass --name with letters, digits and _")
+    return name
+
+
+@dataclass
+class RejudgeResult:
+    """What a re-judging pass did: answers judged, failures (listed), backend calls and cache hits."""
+
+    name: str
+    judged: int = 0
+    failures: list[dict] = field(default_factory=list)
+    calls: int = 0
+    cache_hits: int = 0
+
+
+def records_of_run(manifest: dict, data: str | Path | None = None) -> dict:
+    """``{record_id: Record}`` of the dataset a run used (``data`` overrides the manifest's path; its checksum must
+    match the one the run recorded)."""
+    from relaylens.datasets import load_records, resolve_data
+    from relaylens.results.store import file_sha256
+
+    dataset = manifest.get("dataset") or {}
+    path = resolve_data(str(data)) if data is not None else Path(dataset.get("path", ""))
+    if not path.is_file():
+        raise RelaylensError(f"the run's dataset {path} is not there. Fix: pass --data with the same file the run used")
+    if dataset.get("sha256") and file_sha256(path) != dataset["sha256"]:
+        raise RelaylensError(f"{path} is not the dataset the run used (sha256 differs from the manifest's). Fix: pass "
+                             "--data with the original file")
+    fmt = (manifest.get("config", {}).get("run", {}) or {}).get("data_format", "auto")
+    return {r.record_id: r for r in load_records(path, format=fmt)}
+
+
+def _rows(columns: dict[str, list]) -> list[dict]:
+    names = list(columns)
+    return [dict(zip(names, values)) for values in zip(*(columns[n] for n in names))]
+
+
+def rejudge_run(run_dir: str | Path, backend, name: str, data: str | Path | None = None,
+                progress: Callable[[int, int], None] | None = None) -> RejudgeResult:
+    """Judge every answer of ``run_dir`` with ``backend`` and store the verdicts as ``judge_<name>`` scores."""
+    from relaylens.scoring.judge import Judge
+    from relaylens.results.store import RunStore, UnitKey
+
+    if not _NAME.match(name):
+        raise RelaylensError(f"judge name {name!r} must be lowercase letters, digits and _ (it becomes the metric "
+                             f"judge_{name})")
+    run_dir = Path(run_dir)
+    store = RunStore.open(run_dir)
+    records = records_of_run(store.manifest, data)
+    _warn_short_checklist_replies(records, backend)
+    from relaylens.scoring.checklist import CHECKLIST_METRICS, ChecklistJudge, is_checklist_record
+
+    metric, failed_metric = f"judge_{name}", f"judge_{name}_failed"
+    checklist_metrics = [f"{m}_{name}" for m in (*CHECKLIST_METRICS, "checklist_failed")]
+    result = RejudgeResult(name)
+    with _lock(run_dir):
+        judge = Judge(backend, cache_path=run_dir / f"judge_cache_{name}.jsonl")
+        checklist = ChecklistJudge(backend, cache_path=run_dir / f"judge_cache_checklist_{name}.jsonl")
+        paths = store.unit_paths()
+        for done, path in enumerate(paths, 1):
+            tables = store.load_unit(path)  # raw column lists: rewritten exactly as stored
+            answers = _rows(tables["answers"])
+            if not answers:
+                continue
+            scores = [row for row in _rows(tables["scores"])
+                      if row["metric"] not in (metric, failed_metric, *checklist_metrics)]
+            for row in answers:
+                record = records.get(row["record_id"])
+                if record is None:
+                    raise RelaylensError(f"record {row['record_id']} of the run is not in the dataset. Fix: pass --data "
+                                         "with the file the run used")
+                meta = {k: row[k] for k in ("record_id", "selector", "budget", "condition", "question_type",
+                                            "is_abstention", "cluster_id")}
+                if is_checklist_record(record):  # summaries: HelloEval checklist scores, suffixed with the name
+                    verdict = checklist.judge(record, row["answer"])
+                    scores += [{**meta, "metric": f"{m}_{name}", "value": v} for m, v in verdict.scores().items()]
+                else:
+                    verdict = judge.judge(record, row["answer"])
+                    values = verdict.scores()
+                    scores.append({**meta, "metric": metric, "value": values["judge"]})
+                    scores.append({**meta, "metric": failed_metric, "value": values["judge_failed"]})
+                result.judged += 1
+                if verdict.failed:
+                    result.failures.append({**{k: row[k] for k in ("record_id", "selector", "budget", "condition")},
+                                            "reply": verdict.raw[:200], "error": verdict.error})
+            key = UnitKey(answers[0]["record_id"], answers[0]["selector"], answers[0]["budget"])
+            store.write_unit(key, answers, scores, _rows(tables["probes"]), replace=True,
+                             skipped_rows=_rows(tables["skipped"]))
+            if progress:
+                progress(done, len(paths))
+        store.consolidate()
+        result.calls = judge.stats["calls"] + checklist.stats["calls"]
+        result.cache_hits = judge.stats["cache_hits"] + checklist.stats["cache_hits"]
+        _write_json(run_dir / f"judge_{name}_failures.json", result.failures)
+        _record_judge(run_dir, name, backend, result)
+    return result
+
+
+def _warn_short_checklist_replies(records: dict, backend) -> None:
+    """Checklist replies list every item: a judge limited to a few dozen output tokens cuts them off (failures)."""
+    import warnings
+
+    from relaylens.scoring.checklist import CHECKLIST_MAX_TOKENS, is_checklist_record
+
+    limit = getattr(backend, "max_tokens", None)
+    if limit is not None and limit < 512 and any(is_checklist_record(r) for r in records.values()):
+        warnings.warn(f"the run holds summaries judged by checklist, but the judge may answer with at most {limit} "
+                      f"tokens: replies will be cut off and counted as failures. Fix: --max-tokens "
+                      f"{CHECKLIST_MAX_TOKENS}", stacklevel=3)
+
+
+def _lock(run_dir: Path):
+    try:
+        from relaylens.results.locks import run_lock
+    except ImportError:  # the run-directory lock module is not present in this checkout
+        return nullcontext()
+    return run_lock(run_dir, "judge")
+
+
+def _write_json(path: Path, obj) -> None:
+    tmp = path.with_name(f".tmp-{path.name}")
+    tmp.write_text(json.dumps(obj, indent=2, sort_keys=True, default=str) + "\n")
+    tmp.replace(path)
+
+
+def _record_judge(run_dir: Path, name: str, backend, result: RejudgeResult) -> None:
+    path = run_dir / "judges.json"
+    judges = json.loads(path.read_text()) if path.exists() else {}
+    url = getattr(backend, "shown_url", None) or getattr(backend, "url", None)
+    if url:
+        from relaylens.scoring import judge as judge_module
+
+        redact = getattr(judge_module, "redact_url", None)
+        url = redact(url) if redact else url.split("?", 1)[0]
+    judges[name] = {"metric": f"judge_{name}", "model_id": backend.model_id, "url": url,
+                    "max_tokens": getattr(backend, "max_tokens", None),
+                    "reasoning_effort": getattr(backend, "reasoning_effort", None),
+                    "answers": result.judged, "failures": len(result.failures),
+                    "at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
+    _write_json(path, judges)

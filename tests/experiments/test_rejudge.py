@@ -1,0 +1,127 @@
+"""``relaylens judge``: re-scoring a finished run leaves generations byte-identical, adds judge_<name> scores, lists
+malformed replies as failures; agreement statistics against hand-computed values; evidence retention counts."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pandas as pd
+import pytest
+
+from relaylens.errors import RelaylensError
+from relaylens.reporting.retention import retained_keys, retention_table
+from relaylens.results.store import load_tables
+from relaylens.scoring.agreement import cohen_kappa, cross_judge_table
+from relaylens.experiments.rejudge import judge_name, rejudge_run
+
+
+def test_cohen_kappa_textbook_table():
+    # 50 items: both yes 20, A yes / B no 5, A no / B yes 10, both no 15 -> p_o 0.7, p_e 0.5, kappa 0.4
+    a = [1] * 20 + [1] * 5 + [0] * 10 + [0] * 15
+    b = [1] * 20 + [0] * 5 + [1] * 10 + [0] * 15
+    assert cohen_kappa(a, b) == pytest.approx(0.4)
+    assert cohen_kappa([1, 1], [1, 1]) == 1.0 and math.isnan(cohen_kappa([], []))
+
+
+class Stub:
+    """A judge backend that answers from a table ``candidate -> reply`` (blinded: it sees only the payload)."""
+
+    def __init__(self, replies: dict[str, str], model_id: str):
+        self.replies, self.model_id, self.calls = replies, model_id, 0
+
+    def complete(self, system: str, user: str) -> str:
+        self.calls += 1
+        candidate = json.loads(user.split("\n\n", 1)[1])["candidate"]
+        return self.replies.get(candidate, '{"correct": false}')
+
+
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory):
+    from relaylens.datasets.synthetic import generate_records
+    from relaylens.experiments.runner import RunConfig, run_analysis
+    from relaylens.experiments.specs import load_analysis
+    from relaylens.testing import tiny_model, tiny_tokenizer
+
+    root = tmp_path_factory.mktemp("rejudge")
+    data = root / "records.json"
+    data.write_text(json.dumps(generate_records(n=3, seed=4, history_tokens=800)))
+    spec = load_analysis("main_table").SPEC.replace(selectors=("snapkv", "bm25"), budgets=(0.4,), max_new_tokens=3)
+    out = root / "run"
+    run_analysis(spec, RunConfig(data=str(data), out=str(out)), progress=False,
+                 model_and_tokenizer=(tiny_model("llama", seed=0, initializer_range=0.2), tiny_tokenizer()))
+    return out
+
+
+def test_rejudge_changes_only_judge_scores(finished_run):
+    before = {n: (finished_run / f"{n}.parquet").read_bytes() for n in ("answers", "probes")}
+    tables = load_tables(finished_run)
+    answers = tables["answers"]
+    relay = set(answers[answers.condition == "relay"].answer) - set(answers[answers.condition == "original"].answer)
+    assert relay, "a tiny model with larger weights answers differently under relay (needed for a judge that favours relay)"
+    malformed = sorted(relay)[0]
+    replies = {text: '{"correct": true}' for text in relay} | {malformed: "Sure! It is correct."}
+    result = rejudge_run(finished_run, Stub(replies, "stub-a"), "stub_a")
+    assert {n: (finished_run / f"{n}.parquet").read_bytes() for n in ("answers", "probes")} == before
+    after = load_tables(finished_run)["scores"]
+    untouched = after[~after.metric.str.startswith("judge_stub_a")].reset_index(drop=True)
+    pd.testing.assert_frame_equal(untouched, tables["scores"].reset_index(drop=True))
+    judged = after[after.metric == "judge_stub_a"]
+    assert len(judged) == len(answers) == result.judged
+    failed_rows = answers[answers.answer == malformed]
+    assert len(result.failures) == len(failed_rows) > 0
+    assert {f["reply"] for f in result.failures} == {"Sure! It is correct."}
+    listed = json.loads((finished_run / "judge_stub_a_failures.json").read_text())
+    assert len(listed) == len(result.failures)
+    flags = after[after.metric == "judge_stub_a_failed"].set_index(["record_id", "selector", "condition"]).value
+    assert flags.sum() == len(failed_rows)
+    assert judged.value.isna().sum() == len(failed_rows), "a malformed reply never counts as correct"
+    assert json.loads((finished_run / "judges.json").read_text())["stub_a"]["failures"] == len(failed_rows)
+    # a second pass reuses the cache: no backend calls, same rows
+    stub = Stub(replies, "stub-a")
+    rejudge_run(finished_run, stub, "stub_a")
+    assert stub.calls == 0
+    pd.testing.assert_frame_equal(load_tables(finished_run)["scores"], after)
+
+
+def test_cross_judge_table_agreement_and_kappa(finished_run):
+    answers = load_tables(finished_run)["answers"]
+    texts = sorted(set(answers.answer))
+    rejudge_run(finished_run, Stub({t: '{"correct": true}' for t in texts[::2]}, "stub-b"), "stub_b")
+    rejudge_run(finished_run, Stub({t: '{"correct": true}' for t in texts[::3]}, "stub-c"), "stub_c")
+    scores = load_tables(finished_run)["scores"]
+    table = cross_judge_table(scores)
+    row = table[(table.selector == "snapkv") & (table.judge_a == "judge_stub_b") & (table.judge_b == "judge_stub_c")]
+    assert len(row) == 1
+    # independent computation from the answers: verdicts are functions of the answer text
+    sub = answers[answers.selector == "snapkv"]
+    b = [1.0 if t in texts[::2] else 0.0 for t in sub.answer]
+    c = [1.0 if t in texts[::3] else 0.0 for t in sub.answer]
+    agree = sum(x == y for x, y in zip(b, c)) / len(b)
+    pb, pc = sum(b) / len(b), sum(c) / len(c)
+    pe = pb * pc + (1 - pb) * (1 - pc)
+    assert row.agreement.iloc[0] == pytest.approx(agree) and row.n.iloc[0] == len(b)
+    assert row.kappa.iloc[0] == pytest.approx((agree - pe) / (1 - pe) if pe < 1 else 1.0)
+    wide = sub.assign(v=b).pivot(index="record_id", columns="condition", values="v")
+    assert row.gain_a.iloc[0] == pytest.approx(float((wide.relay - wide.original).mean()))
+
+
+def test_bad_judge_names_and_moved_data(finished_run, tmp_path):
+    assert judge_name("openai/gpt-oss-20b") == "gpt_oss_20b"
+    with pytest.raises(RelaylensError, match="judge name"):
+        rejudge_run(finished_run, Stub({}, "x"), "Bad-Name")
+    other = tmp_path / "other.json"
+    other.write_text("[]")
+    with pytest.raises(RelaylensError, match="not the dataset the run used"):
+        rejudge_run(finished_run, Stub({}, "x"), "x", data=other)
+
+
+def test_retention_counts_units_not_conditions():
+    answers = pd.DataFrame({
+        "record_id": ["a", "a", "b", "b", "c", "a"], "selector": ["bm25"] * 5 + ["snapkv"],
+        "budget": [0.1] * 6, "condition": ["original", "relay"] * 3,
+        "gold_units_total": [2, 2, 1, 1, 0, 2], "gold_units_kept": [2, 2, 0, 0, 0, 1]})
+    table = retention_table(answers).set_index("selector")
+    assert (table.loc["bm25", "records"], table.loc["bm25", "retained"]) == (2, 1)  # c has no gold: not counted
+    assert (table.loc["snapkv", "records"], table.loc["snapkv", "retained"]) == (1, 0)  # partial: not retained
+    assert retained_keys(answers) == {("a", "bm25", 0.1)}

@@ -1,0 +1,87 @@
+"""Several runs as one grid, the metric choice, and the paper's Table 8 against hand-computed numbers."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from relaylens.errors import RelaylensError
+from relaylens.reporting.crossrun import (
+    FALLBACK_NOTE,
+    choose_metrics,
+    load_runs,
+    paired_settings_table,
+    settings_count,
+)
+from relaylens.results.store import RunStore, UnitKey, build_manifest
+
+
+def _scores(metric_values: dict[str, list[tuple[float, float]]], selector="bm25", budget=0.1, **labels):
+    """Long scores rows: per metric, per record ``(original, relay)`` values."""
+    rows = []
+    for metric, pairs in metric_values.items():
+        for i, (orig, relay) in enumerate(pairs):
+            for cond, value in (("original", orig), ("relay", relay)):
+                rows.append(dict(record_id=f"r{i}", selector=selector, budget=budget, condition=cond,
+                                 question_type="t", is_abstention=False, cluster_id=None, metric=metric, value=value,
+                                 **labels))
+    return pd.DataFrame(rows)
+
+
+@pytest.mark.parametrize(("metrics", "requested", "expected", "noted"), [
+    (["contains", "f1"], None, ("contains", "f1"), True),
+    (["contains", "f1", "judge"], None, ("judge",), False),
+    (["contains", "f1", "choice_accuracy"], None, ("choice_accuracy",), False),
+    (["contains", "f1", "judge_gpt_oss"], None, ("judge_gpt_oss",), False),
+    (["contains", "f1", "judge"], "f1", ("f1",), False),
+    (["contains", "exact_match"], "em", ("exact_match",), False),
+])
+def test_metric_choice(metrics, requested, expected, noted):
+    scores = _scores({m: [(0.0, 1.0)] for m in metrics})
+    chosen, note = choose_metrics(scores, requested)
+    assert chosen == expected and (note == FALLBACK_NOTE) == noted
+
+
+def test_requesting_a_missing_metric_is_one_clear_error():
+    scores = _scores({"contains": [(0.0, 1.0)], "judge": [(np.nan, np.nan)]})  # only failed verdicts
+    with pytest.raises(RelaylensError, match="no 'judge' scores"):
+        choose_metrics(scores, "judge")
+
+
+def test_table8_paired_differences_and_sign_counts():
+    up = _scores({"judge": [(0, 1), (0, 1), (1, 1), (0, 0)]}, selector="bm25")  # +0.5
+    down = _scores({"judge": [(1, 0), (1, 1), (1, 1), (1, 1)]}, selector="snapkv")  # -0.25
+    flat = _scores({"judge": [(1, 1), (0, 0)]}, selector="h2o")  # 0
+    table = paired_settings_table(pd.concat([up, down, flat]), "judge").set_index("selector")
+    assert table.loc["bm25", "delta"] == pytest.approx(0.5) and table.loc["bm25", "sign"] == "+"
+    assert table.loc["snapkv", "delta"] == pytest.approx(-0.25) and table.loc["snapkv", "sign"] == "-"
+    assert table.loc["h2o", "sign"] == "0" and table.loc["bm25", "original"] == pytest.approx(0.25)
+    assert (table.delta_low <= table.delta).all() and (table.delta <= table.delta_high).all()
+    # bm25's resampled means take values in multiples of 1/4 within [0, 1]; 10,000 resamples reach both ends' region
+    assert 0.0 <= table.loc["bm25", "delta_low"] <= 0.25 and 0.75 <= table.loc["bm25", "delta_high"] <= 1.0
+    assert settings_count(table) == "1 of 3 settings improve (1 positive, 1 negative, 1 zero)"
+
+
+def _run_dir(path, model, dataset, scores):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    data = path.parent / f"{dataset}.json"
+    data.write_text("[]")
+    store = RunStore.create_or_open(path, build_manifest("main_table", {}, model, "hash", data))
+    for rid, g in scores.groupby("record_id"):
+        store.write_unit(UnitKey(rid, "bm25", 0.1), [], g.to_dict("records"), [])
+    store.consolidate()
+    return path
+
+
+def test_load_runs_labels_models_and_datasets_and_keeps_pairs_apart(tmp_path):
+    a = _run_dir(tmp_path / "a" / "run", "/models/Llama-3.1-8B-Instruct", "lme_s", _scores({"judge": [(0, 1), (0, 1)]}))
+    b = _run_dir(tmp_path / "b" / "run", "/models/Qwen2-7B-Instruct", "lme_s", _scores({"judge": [(1, 0), (1, 1)]}))
+    tables, labels = load_runs([a, b])
+    assert [(x["model"], x["dataset"]) for x in labels] == [("Llama-3.1-8B-Instruct", "lme_s"),
+                                                             ("Qwen2-7B-Instruct", "lme_s")]
+    table = paired_settings_table(tables["scores"], "judge").set_index("model")
+    assert table.loc["Llama-3.1-8B-Instruct", "delta"] == 1.0 and table.loc["Qwen2-7B-Instruct", "delta"] == -0.5
+    assert tables["scores"].record_id.nunique() == 4, "record r0 of two runs are two records"
+    with pytest.raises(RelaylensError, match="same model and dataset"):
+        load_runs([a, a])
