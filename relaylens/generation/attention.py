@@ -5,9 +5,8 @@ Registered with ``transformers.AttentionInterface`` under the name ``"relaylens"
 registered under that name, transformers passes ``attention_mask=None`` and this function builds its own mask from
 the key length of every call (ragged layer widths work; a ``None`` mask is never forwarded to sdpa).
 
-Axes: ``q_head``, ``kv_head``, ``query`` (new tokens of this call), ``key`` (cached history slots of this layer,
-then every new token so far). History slot ``j`` of kv head ``h`` is visible iff ``valid[l][h, j]``; new token keys
-are causal among themselves.
+Axes: ``q_head``, ``kv_head``, ``query``, ``key`` (:mod:`relaylens.geometry`). History slot ``j`` of kv head ``h`` is visible iff
+``valid[l][h, j]``; new token keys are causal among themselves.
 
 Example:
     >>> import torch

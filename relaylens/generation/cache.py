@@ -1,6 +1,6 @@
 """Relocated cache: the kept states of one selection, keys moved to one coordinate condition, each layer padded.
 
-Axes: ``layer``, ``kv_head``, ``slot`` (kept state, valid slots first), ``head_dim``.
+Axes: ``layer``, ``kv_head``, ``slot``, ``head_dim`` (:mod:`relaylens.geometry`).
 
 :func:`build_cache` gathers the kept keys/values of the prefill, relocates keys to the condition's positions
 (:func:`relaylens.geometry.rotary.relocate_keys`) and pads every layer to its own widest head, the validity mask alongside

@@ -16,8 +16,8 @@ AVX-512) round each row of a batch as that row alone when rows have 4, 8 or at l
 readouts then equal sequential ones bit for bit; otherwise, and in decoding steps (one token per row), they differ
 by float32 rounding only.
 
-Axes: ``row`` (batch row ``b``), ``layer``, ``kv_head``, ``slot`` (history state, padded to the widest row of the
-layer), ``head_dim``; ``Q`` question tokens, ``T`` new tokens fed so far.
+Axes: ``batch_row`` (``row`` in shape comments), ``layer``, ``kv_head``, ``slot`` (padded to the widest
+row of the layer), ``head_dim``; ``Q`` question tokens, ``T`` new tokens fed so far (:mod:`relaylens.geometry`).
 
 Example:
     >>> import torch

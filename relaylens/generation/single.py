@@ -1,6 +1,6 @@
 """Relocated cache, synchronised question pass and greedy generation under one coordinate condition.
 
-Axes: ``layer``, ``kv_head``, ``slot`` (kept state, valid slots first), ``head_dim``; ``Q`` question tokens.
+Axes: ``layer``, ``kv_head``, ``slot``, ``head_dim``; ``Q`` question tokens (:mod:`relaylens.geometry`).
 
 Flow for one (record, selection, condition): :func:`relaylens.generation.cache.build_cache` gathers the kept keys/values of
 the prefill, relocates keys to the condition's positions and pads every layer to its own widest head (validity mask

@@ -15,19 +15,38 @@ May import: :mod:`relaylens.errors`, :mod:`relaylens.model` (rotary factors are 
 Axis glossary (every shape comment in relaylens uses these names; other modules point here instead of keeping
 their own):
 
-* ``layer``    decoder layer index ``0..num_layers-1``.
-* ``kv_head``  physical key/value head of a layer (grouped-query attention shares one among ``groups`` query heads).
-* ``q_head``   query head; its kv head is ``q_head // groups``.
-* ``slot``     index of a kept state inside its kv head, in ascending source order; valid slots first, padding after
-  (``-1`` positions, a ``valid`` mask).
-* ``pos``      a history position ``0..L-1`` (source coordinates); ``L`` the history length.
-* ``head_dim`` feature axis of one head; the first ``rotary_dim`` features rotate, the rest pass unchanged.
-* ``plane``    one rotary pair of features (split-half: ``(j, j + rotary_dim/2)``; interleaved: ``(2j, 2j+1)``).
-* ``Q``        number of question tokens; ``M`` the largest kept count over (layer, kv_head); ``m`` one head's count.
-* ``batch_row`` one (selection, condition) row of a batched question pass / decode (:mod:`relaylens.generation.rows`).
+* ``layer``      decoder layer index ``l``.
+* ``kv_head``    physical key/value head ``h`` of a layer (grouped-query attention shares one among ``group`` query
+  heads).
+* ``q_head``     query head; its kv head is ``q_head // group`` (``q_head = kv_head * group + r``).
+* ``group``      query heads per kv head (``num_key_value_groups``, ``g``).
+* ``head``       a query head in result tables and figures (the ``head`` column of the probes table).
+* ``slot``       index of a kept state inside its kv head, in ascending source order; valid slots first, padded
+  slots after them (position ``-1``, ``valid`` False), padded to the widest head of the layer (or of the batch).
+* ``pos``        a history position ``0..L-1`` (source coordinates); ``L`` the history length.
+* ``window``     the last ``w`` history positions (the observation window of SnapKV and friends); ``prefix`` the
+  positions before it, ``0..L-w-1``.
+* ``head_dim``   feature axis of one head; the first ``rotary_dim`` features rotate, the rest pass unchanged.
+* ``plane``      one rotated 2-D plane (``rotary_dim // 2`` of them): split-half layouts pair features
+  ``(j, j + rotary_dim/2)``, interleaved layouts pair ``(2j, 2j + 1)``.
+* ``hidden``     the residual stream of the model.
+* ``query``      the new tokens of one forward call (question tokens, a teacher-forced token, a decoded token);
+  ``key``  the keys one of them attends to (the layer's cached history slots, then the new tokens so far);
+  ``n``    the tokens of one forward; ``block`` the query positions of one block of the column-sum capture.
+* ``batch_row``  one (selection, condition) of a record in a batched question pass or decode
+  (:mod:`relaylens.generation.rows`; shape comments write ``row``); ``B`` a batch.
+* ``Q``          question tokens; ``T`` new tokens fed so far; ``M`` the largest kept count over (layer, kv_head);
+  ``m`` one head's kept count.
 
-Names say what things are: ``source_positions`` (where a key was computed), ``compact_positions`` / ``key_positions``
-(where a condition puts it), ``question_start`` (the first question token's position), ``evidence_mask``.
+Two more uses of the word *row*, always qualified: an *attention row* is one query's softmax over its keys (what
+probes record for the final question token; FINCH's question rows, Scissorhands' window rows), and a *key row* is one
+key vector of the flattened ``[N, head_dim]`` keys the fused relocation kernel walks
+(:func:`relaylens.geometry.fused.relocate_key_rows`).
+
+Frames: the *source frame* holds the positions ``p`` keys were cached at; the *compact frame* the positions ``p'``
+a coordinate condition assigns (RoPERelay: ``M - m + i``, right-aligned at ``M - 1``). Names say what things are:
+``source_positions`` (where a key was computed), ``compact_positions`` / ``key_positions`` (where a condition puts
+it), ``question_start`` (the first question token's position), ``evidence_mask``.
 
 The former module ``relaylens.geometry`` is now :mod:`relaylens.geometry.rotary`; its names are importable from here.
 """

@@ -1,16 +1,7 @@
 """Rotary geometry: rotation mathematics (the exact relocation of cached keys) and :class:`RotaryFactors`, the
 model's own rotary factors (read through :mod:`relaylens.model.hf`).
 
-Axis glossary (used in shape comments throughout relaylens):
-
-* ``layer``     decoder layer index ``l``.
-* ``kv_head``   physical key/value head ``h`` (query heads map to ``q_head // num_key_value_groups``).
-* ``slot``      index of a kept state inside its head; slots are in ascending *source* order, valid slots first.
-* ``head_dim``  feature axis of one key; the first ``rotary_dim`` features rotate, the rest pass through.
-* ``plane``     one rotated 2-D plane (``rotary_dim // 2`` of them); split-half layouts pair features
-                ``(i, i + rotary_dim/2)``, interleaved layouts pair ``(2i, 2i + 1)``.
-* source frame  positions ``p`` the keys were cached at (``0..L-1`` of the history).
-* compact frame positions ``p'`` a coordinate condition assigns (RoPERelay: ``M - m + i``, right-aligned at ``M-1``).
+Axes, frames and names: the glossary of :mod:`relaylens.geometry`.
 
 A cached key is ``R_a(p) k`` where ``R_a(p)`` multiplies each plane, read as a complex number ``z = x_1 + i x_2``,
 by ``c + i s = a e^{i phi(p)}``; ``a`` is the attention-scaling amplitude (1 for default RoPE, ``0.1 ln(f) + 1``

@@ -1,7 +1,6 @@
 """The output of a selector: kept source positions per (layer, kv_head), padded, with a validity mask.
 
-Axes: ``layer`` (decoder layer), ``kv_head`` (physical key/value head), ``slot`` (index of a kept state inside its
-head, in ascending source order; valid slots first, padded slots after them), ``head_dim``.
+Axes: ``layer``, ``kv_head``, ``slot``, ``head_dim`` (the glossary of :mod:`relaylens.geometry`).
 
 A head keeps ``m[l, h] = valid[l, h].sum()`` states. ``M = max m`` is the width every head is right-aligned to by
 RoPERelay. Padded slots carry position ``-1`` and never receive attention.

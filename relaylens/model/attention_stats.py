@@ -7,8 +7,7 @@ and keys from the hook's inputs with the recipes of :data:`relaylens.model.hf.QU
 projections, norms and ``apply_rotary_pos_emb``), and accumulates the sums in query blocks. The prefill runs it:
 ``prefill_history(model, ids, column_sums=True)`` fills :attr:`relaylens.model.prefill.PrefillResult.column_sums`.
 
-Axes: ``q_head``, ``kv_head``, ``group`` (``q_head = kv_head * group + r``), ``pos`` (history position),
-``block`` (query rows of one block), ``head_dim``.
+Axes: ``q_head``, ``kv_head``, ``group``, ``pos``, ``block``, ``head_dim`` (:mod:`relaylens.geometry`).
 
 Peak extra memory per layer is one ``[q_head, block, L]`` float32 buffer (``4 * H * block * L`` bytes: 9 heads x
 256 x 8,000 tokens = 74 MB) plus the layer's rebuilt queries and keys; only ``[q_head, L]`` float32 is kept per

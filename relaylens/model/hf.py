@@ -12,7 +12,7 @@
   :func:`cached_keys`, :func:`cached_values`, :func:`cache_lengths`;
 * pre-rotary capture: :func:`pre_rotary_keys` (keys after ``k_proj`` / ``k_norm``, before rotary).
 
-Axes: ``layer``, ``q_head``, ``kv_head``, ``n`` (tokens of one forward), ``head_dim``; ``B`` batch.
+Axes: ``layer``, ``q_head``, ``kv_head``, ``n``, ``head_dim``; ``B`` batch (:mod:`relaylens.geometry`).
 
 Example:
     >>> from relaylens.testing import tiny_model

@@ -1,7 +1,6 @@
 """History prefill: run the history once with the fast attention kernel and keep what later stages need.
 
-Axes: ``layer``, ``kv_head``, ``q_head`` (query head; ``q_head // group`` is its kv head), ``pos`` (history
-position ``0..L-1``), ``window`` (the last ``w`` history positions), ``head_dim``.
+Axes: ``layer``, ``kv_head``, ``q_head``, ``pos``, ``window``, ``head_dim`` (:mod:`relaylens.geometry`).
 """
 
 from __future__ import annotations

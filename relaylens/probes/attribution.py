@@ -1,8 +1,8 @@
 """Evidence attribution to the answer: gradient x input and direct logit attribution, per layer and query head.
 
-Axes: ``layer``, ``q_head`` (kv head ``q_head // groups``), ``slot`` (retained history state, valid slots first),
-``head_dim``, ``hidden`` (residual stream). The *target* of a probe point is the reference-answer token it predicts:
-the first answer token at ``question_final``, the next answer token at ``first_answer_token`` (teacher-forced).
+Axes: ``layer``, ``q_head``, ``slot``, ``head_dim``, ``hidden`` (:mod:`relaylens.geometry`). The *target* of a probe point is the
+reference-answer token it predicts: the first answer token at ``question_final``, the next answer token at
+``first_answer_token`` (teacher-forced).
 
 Readouts (``i`` runs over the retained states of the query head's kv head; ``gold``: those inside gold evidence):
 

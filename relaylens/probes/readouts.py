@@ -1,8 +1,8 @@
 """Evidence-reading probes: how the final question token reads the retained gold evidence under each condition.
 
-Axes: ``layer``, ``q_head`` (query head; kv head ``q_head // groups``), ``slot`` (retained history state of that
-kv head, valid slots first), ``head_dim``. Memory is O(layers x heads x retained states): only the final token's
-attention row, the retained values and un-rotated query/key contents are kept, never a full attention matrix.
+Axes: ``layer``, ``q_head``, ``slot``, ``head_dim`` (:mod:`relaylens.geometry`). Memory is O(layers x heads x retained states):
+only the final token's attention row, the retained values and un-rotated query/key contents are kept, never a full
+attention matrix.
 
 Readouts per layer and query head (``a_i``: the final token's softmax weight on retained history state ``i``):
 

@@ -23,8 +23,7 @@ Two things are needed to make the bridge run a relocated cache, both scoped to a
   (registered without a mask function), so transformers builds no layer-0-sized mask and layers of different widths
   work; the bridge then builds its own causal mask per layer.
 
-Axes: ``layer``, ``q_head`` (kv head ``q_head // groups``), ``kv_head``, ``query`` (new tokens of the pass),
-``key`` (history slots of the layer, then the new tokens), ``head_dim``.
+Axes: ``layer``, ``q_head``, ``kv_head``, ``query``, ``key``, ``head_dim`` (:mod:`relaylens.geometry`).
 
 Example:
     >>> import torch

@@ -6,7 +6,7 @@ fixes everything that would otherwise change between runs: PNG/PDF/SVG metadata 
 ``svg.hashsalt`` (ids of clip paths), ``SOURCE_DATE_EPOCH`` (PDF dates) and the font. Running the same figure twice
 gives byte-identical files.
 
-Axes: ``layer`` (decoder layer), ``head`` (query head), ``band`` (early / middle / late thirds of the layers).
+Axes: ``layer``, ``head``, ``band`` (early / middle / late thirds of the layers; :mod:`relaylens.geometry`).
 
 Example:
     >>> condition_color("random_order(0)") == condition_color("RandomMean")

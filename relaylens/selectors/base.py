@@ -1,8 +1,6 @@
 """Shared pieces of every selector: the budget, input checks, the SnapKV window score, GQA reduction, pooling, top-k.
 
-Axes: ``layer``, ``kv_head`` (physical key/value head), ``q_head`` (query head; ``q_head // group`` is its kv
-head), ``group`` (query heads per kv head, ``g``), ``pos`` (history position ``0..L-1``), ``prefix`` (the
-non-window positions ``0..L-w-1``), ``window`` (the last ``w`` positions), ``head_dim``.
+Axes: ``layer``, ``kv_head``, ``q_head``, ``group``, ``pos``, ``prefix``, ``window``, ``head_dim`` (:mod:`relaylens.geometry`).
 
 Conventions (``reference/selectors.md`` §0-§1):
 

@@ -26,7 +26,7 @@ What FINCH does here, for a history of ``L`` tokens and a question of ``Q`` toke
    generated token at ``K+Q``. That is the ``rank_sync`` condition; with equal counts it coincides with ``relay``
    (``M - m + i = i`` when ``m = M``). :attr:`Finch.coordinates` names it and ``Selection.info`` reports it.
 
-Axes: ``layer``, ``kv_head``, ``q_head``, ``row`` (question token), ``pos`` (history position ``0..L-1``).
+Axes: ``layer``, ``kv_head``, ``q_head``, ``pos`` (:mod:`relaylens.geometry`); ``row`` is one question token's attention row.
 """
 
 from __future__ import annotations

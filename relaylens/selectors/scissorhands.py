@@ -7,8 +7,8 @@ window of the last ``n`` history queries plays the role of the decode-time histo
 query ``i`` when its attention reaches the uniform level ``1 / t_i`` (``t_i = i + 1`` keys visible), importance is
 the fraction of observations in which a state is pivotal, and the last ``r`` tokens are protected.
 
-Axes: ``layer``, ``kv_head``, ``group`` (query heads per kv head), ``row`` (one query of the history window),
-``pos`` (history position ``0..L-1``).
+Axes: ``layer``, ``kv_head``, ``group``, ``pos`` (:mod:`relaylens.geometry`); ``row`` is the attention row of one query of the
+history window.
 """
 
 from __future__ import annotations
