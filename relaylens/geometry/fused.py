@@ -7,8 +7,10 @@ This kernel (:mod:`relaylens.geometry.numba_source`, compiled by numba once per 
 reads each key once, reads two phase rows (``[cos | sin]`` at ``p'`` and the inverse phase at ``p``, from tables laid
 out so that each row is one contiguous read), writes the relocated key once and sums ``0 * output`` (0 when every entry
 is finite, NaN otherwise), so one flag says whether anything became NaN/inf. It also checks every position against the
-tables as it goes, so a call makes no separate pass over the positions. It is used for contiguous float32 CPU keys
-without autograd; every other case (CUDA, bfloat16/float16, float64, autograd) keeps the eager path in ``geometry``.
+tables as it goes, so a call makes no separate pass over the positions. It is used for float32 and bfloat16 CPU
+keys without autograd (bfloat16 keys are widened to float32 feature by feature as they are read and rounded back to
+nearest even as they are written: the paper's "relocate in float32, cast back" in one pass over half the bytes);
+every other case (CUDA, float16, float64, autograd) keeps the eager path in ``geometry``.
 
 The arithmetic is the eager path's: ``cos = c' * c_inv - s' * s_inv`` and ``sin = c' * s_inv + s' * c_inv`` (the phase
 at ``p'`` times the exact inverse phase at ``p``) and ``(x_1 cos - x_2 sin, x_1 sin + x_2 cos)`` per plane, in float32,
@@ -69,9 +71,13 @@ def disabled():
         _STATE.disabled = before
 
 
+KERNEL_DTYPES = (torch.float32, torch.bfloat16)
+
+
 def usable(keys: torch.Tensor, rotary_dim: int) -> bool:
-    """Whether ``keys`` can go through the fused kernel: float32, CPU, no autograd graph, an even rotary width."""
-    return (keys.device.type == "cpu" and keys.dtype == torch.float32 and not keys.requires_grad
+    """Whether ``keys`` can go through the fused kernel: float32 or bfloat16, CPU, no autograd graph, an even rotary
+    width."""
+    return (keys.device.type == "cpu" and keys.dtype in KERNEL_DTYPES and not keys.requires_grad
             and rotary_dim % 2 == 0 and fused_available())
 
 
@@ -93,10 +99,15 @@ def relocate_key_rows(flat_keys: torch.Tensor, source: torch.Tensor, target: tor
     small Python thread pool runs the same blocks; the call then waits only for chunks a helper has taken, never for a
     helper that has not started (its core busy), and an error in any chunk is raised by the caller.
     """
-    kernel = _kernel()(split_half, rotary_dim // 2)
-    keys = flat_keys.contiguous().numpy()  # [slots, head_dim]
+    bfloat16 = flat_keys.dtype == torch.bfloat16
+    kernel = _kernel()(split_half, rotary_dim // 2, bfloat16)
     out = torch.empty(flat_keys.shape, dtype=flat_keys.dtype)
-    result = out.numpy()
+    if bfloat16:  # numpy has no bfloat16: the kernel reads and writes the bit patterns
+        keys = flat_keys.contiguous().view(torch.int16).numpy().view(np.uint16)  # [slots, head_dim]
+        result = out.view(torch.int16).numpy().view(np.uint16)
+    else:
+        keys = flat_keys.contiguous().numpy()  # [slots, head_dim]
+        result = out.numpy()
     src, dst = source.contiguous().numpy(), target.contiguous().numpy()  # [slots] int64
     forward, inverse = (t.contiguous().numpy() for t in tables)  # [P, 2 * plane] each
     slots = keys.shape[0]
@@ -104,8 +115,9 @@ def relocate_key_rows(flat_keys: torch.Tensor, source: torch.Tensor, target: tor
         raise ValueError(f"relocate_key_rows needs one int64 source and one int64 target position per key row ({slots}); "
                          f"got {tuple(source.shape)} {source.dtype} and {tuple(target.shape)} {target.dtype}")
     if (forward.shape != inverse.shape or forward.shape[1] != rotary_dim or keys.shape[1] < rotary_dim
-            or not keys.dtype == forward.dtype == inverse.dtype == np.float32):  # the OpenMP entry reads raw memory
-        raise ValueError(f"relocate_key_rows needs float32 keys [slots, >= {rotary_dim}] and float32 phase tables "
+            or keys.dtype != (np.uint16 if bfloat16 else np.float32)
+            or not forward.dtype == inverse.dtype == np.float32):  # the OpenMP entry reads raw memory
+        raise ValueError(f"relocate_key_rows needs float32 or bfloat16 keys [slots, >= {rotary_dim}] and float32 phase tables "
                          f"[P, {rotary_dim}]; got keys {keys.shape} {keys.dtype}, tables {forward.shape} {forward.dtype} "
                          f"/ {inverse.shape} {inverse.dtype}")
     threads = max(1, min(torch.get_num_threads(), slots // PARALLEL_SLOTS))
@@ -209,10 +221,10 @@ def _kernel():
     return _KERNEL_FACTORY
 
 
-def _specialised(split_half: bool, planes: int):
-    """The kernel for one plane layout and plane count, compiled on first use (numba caches it on disk, keyed by
-    these constants)."""
-    key = (bool(split_half), int(planes))
+def _specialised(split_half: bool, planes: int, bfloat16: bool = False):
+    """The kernel for one plane layout, plane count and key dtype, compiled on first use (numba caches it on disk,
+    keyed by these constants)."""
+    key = (bool(split_half), int(planes), bool(bfloat16))
     kernel = _COMPILED_KERNELS.get(key)
     if kernel is None:
         with _LOCK:

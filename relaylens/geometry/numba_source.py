@@ -14,6 +14,12 @@ Two entry points per plane layout and plane count, both running the same row loo
 
 Indices are unsigned in the row loop: numba then adds no negative-index wraparound, which would stop LLVM from
 vectorising the plane loop.
+
+bfloat16 keys (``keys``/``out`` as ``uint16`` bit patterns) run the same loop: each feature is widened to float32 as
+it is read (the bit pattern shifted into the high half, exact), the arithmetic is the float32 kernel's, and each
+result is rounded to nearest even as it is written (NaN -> 0x7FC0): exactly what ``torch``'s float32 -> bfloat16 cast
+does, so a bfloat16 call equals the float32 kernel on the widened keys followed by ``.to(torch.bfloat16)``, bit for
+bit, while reading and writing half the bytes.
 """
 
 from __future__ import annotations
@@ -25,7 +31,8 @@ import numba
 import numpy as np
 from numba import types
 from numba.core import cgutils
-from numba.extending import intrinsic
+from llvmlite import ir
+from numba.extending import intrinsic, overload
 
 
 @intrinsic
@@ -57,7 +64,65 @@ def _pointer(dtype):
 
 
 _float32_at = _pointer(types.float32)
+_uint16_at = _pointer(types.uint16)
 _int64_at = _pointer(types.int64)
+
+
+@intrinsic
+def _float_from_bits(typingctx, bits):
+    """A uint32 bit pattern read as the float32 it encodes (no conversion)."""
+    signature = types.float32(types.uint32)
+
+    def codegen(context, builder, sig, args):
+        return builder.bitcast(args[0], ir.FloatType())
+
+    return signature, codegen
+
+
+@intrinsic
+def _bits_of_float(typingctx, value):
+    """The uint32 bit pattern of a float32 (no conversion)."""
+    signature = types.uint32(types.float32)
+
+    def codegen(context, builder, sig, args):
+        return builder.bitcast(args[0], ir.IntType(32))
+
+    return signature, codegen
+
+
+def _load(array, index):  # pragma: no cover - replaced by the overload below inside compiled code
+    """Feature ``index`` of ``array`` as float32 (bfloat16 bit patterns widened exactly)."""
+
+
+@overload(_load, inline="always")
+def _load_overload(array, index):
+    if array.dtype == types.uint16:
+        return lambda array, index: _float_from_bits(numba.uint32(array[index]) << numba.uint32(16))
+    return lambda array, index: array[index]
+
+
+def _store(array, index, value):  # pragma: no cover - replaced by the overload below inside compiled code
+    """Write float32 ``value`` into ``array`` (rounded to nearest even for bfloat16); return what was stored."""
+
+
+@overload(_store, inline="always")
+def _store_overload(array, index, value):
+    if array.dtype == types.uint16:
+        def store_bfloat16(array, index, value):
+            bits = _bits_of_float(value)
+            nearest = (bits + numba.uint32(0x7FFF) + ((bits >> numba.uint32(16)) & numba.uint32(1))) >> numba.uint32(16)
+            nan = numba.uint32(value != value)  # NaN stays NaN (0x7FC0; the carry could have zeroed it), branch-free
+            rounded = nearest + nan * (numba.uint32(0x7FC0) - nearest)  # modulo 2^32: 0x7FC0 when nan, else nearest
+            array[index] = numba.uint16(rounded)
+            return _float_from_bits(rounded << numba.uint32(16))
+
+        return store_bfloat16
+
+    def store_float32(array, index, value):
+        array[index] = value
+        return value
+
+    return store_float32
 PARAMS = 11  # keys, source, target, forward, inverse, out (addresses), slots, head_dim, table rows, block rows, state
 
 
@@ -110,7 +175,7 @@ def _relocate_range(keys, source, target, forward, inverse, out, head_dim, table
         if src == dst:  # stays put: an identity, bit for bit
             for j in range(width):
                 out[base + j] = keys[base + j]
-                poison += keys[base + j] * zero
+                poison += _load(keys, base + j) * zero
             continue
         to = dst * wide  # the row [c | s] at p'
         back = src * wide  # the row [c | s] of the exact inverse phase at p
@@ -124,25 +189,26 @@ def _relocate_range(keys, source, target, forward, inverse, out, head_dim, table
             from_s = inverse[back + j + half]
             c = to_c * from_c - to_s * from_s  # one rotation from p to p' (float32)
             s = to_c * from_s + to_s * from_c
-            x1 = keys[first]
-            x2 = keys[second]
-            y1 = x1 * c - x2 * s
-            y2 = x1 * s + x2 * c
-            out[first] = y1
-            out[second] = y2
+            x1 = _load(keys, first)
+            x2 = _load(keys, second)
+            y1 = _store(out, first, x1 * c - x2 * s)  # what was stored (rounded for bfloat16)
+            y2 = _store(out, second, x1 * s + x2 * c)
             poison += y1 * zero + y2 * zero
         for j in range(wide, width):  # pass-through features, bit for bit
             out[base + j] = keys[base + j]
-            poison += keys[base + j] * zero
+            poison += _load(keys, base + j) * zero
     return poison, outside
 
 
-def compile_kernel(split_half: bool, planes: int) -> Kernel:
+def compile_kernel(split_half: bool, planes: int, bfloat16: bool = False) -> Kernel:
     """Compile (or load from numba's disk cache) the kernel for one plane layout and plane count: compile-time
-    constants, so the plane loop has a constant trip count and vectorises without run-time checks."""
+    constants, so the plane loop has a constant trip count and vectorises without run-time checks. ``bfloat16``:
+    keys and output are ``uint16`` bfloat16 bit patterns (the tables stay float32)."""
     split_half, planes = bool(split_half), int(planes)
     rotary_dim = 2 * planes
     zero = np.float32(0.0)
+    if bfloat16:
+        return _compile_bfloat16(split_half, planes)
 
     @numba.njit(cache=True, nogil=True, boundscheck=False)
     def rows(keys, source, target, forward, inverse, out, start, stop):  # pragma: no cover
@@ -159,6 +225,41 @@ def compile_kernel(split_half: bool, planes: int) -> Kernel:
         forward = numba.carray(_float32_at(params[3]), table_rows * rotary_dim)
         inverse = numba.carray(_float32_at(params[4]), table_rows * rotary_dim)
         out = numba.carray(_float32_at(params[5]), slots * head_dim)
+        state = numba.carray(_int64_at(params[10]), 3)  # [next row to claim, non-finite output, rows outside]
+        while True:
+            start = _fetch_add(state, 0, block)
+            if start >= slots:
+                break
+            poison, outside = _relocate_range(keys, source, target, forward, inverse, out, head_dim, table_rows, start,
+                                              min(start + block, slots), planes, split_half)
+            if poison != zero:
+                state[1] = 1  # read after the team's closing barrier
+            if outside:
+                _fetch_add(state, 2, outside)
+
+    return Kernel(rows, team)
+
+
+def _compile_bfloat16(split_half: bool, planes: int) -> Kernel:
+    """:func:`compile_kernel` for bfloat16 keys: the same row loop on ``uint16`` bit patterns."""
+    rotary_dim = 2 * planes
+    zero = np.float32(0.0)
+
+    @numba.njit(cache=True, nogil=True, boundscheck=False)
+    def rows(keys, source, target, forward, inverse, out, start, stop):  # pragma: no cover
+        return _relocate_range(keys.ravel(), source, target, forward.ravel(), inverse.ravel(), out.ravel(),
+                               keys.shape[1], forward.shape[0], start, stop, planes, split_half)
+
+    @numba.cfunc(types.void(types.CPointer(types.int64)), cache=True, nopython=True, boundscheck=False)
+    def team(params_at):  # pragma: no cover
+        params = numba.carray(params_at, PARAMS)
+        slots, head_dim, table_rows, block = params[6], params[7], params[8], params[9]
+        keys = numba.carray(_uint16_at(params[0]), slots * head_dim)
+        source = numba.carray(_int64_at(params[1]), slots)
+        target = numba.carray(_int64_at(params[2]), slots)
+        forward = numba.carray(_float32_at(params[3]), table_rows * rotary_dim)
+        inverse = numba.carray(_float32_at(params[4]), table_rows * rotary_dim)
+        out = numba.carray(_uint16_at(params[5]), slots * head_dim)
         state = numba.carray(_int64_at(params[10]), 3)  # [next row to claim, non-finite output, rows outside]
         while True:
             start = _fetch_add(state, 0, block)

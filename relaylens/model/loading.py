@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 
 from relaylens.errors import ModelError
-from relaylens.model.embedded import DEFAULT_MODEL, EMBEDDED, is_pulled, load_gguf, pull, verify_cached
+from relaylens.model.embedded import DEFAULT_MODEL, EMBEDDED, cache_for, load_gguf, pull, verify_cached
 
 # ----------------------------------------------------------------------------------------------------------------
 # load
@@ -50,7 +50,7 @@ def load_model(spec: str | os.PathLike = DEFAULT_MODEL, dtype: torch.dtype | str
     if device is not None:
         device = resolve_device(device)
     dtype = resolve_dtype(dtype, device or ("cuda" if device_map is not None else "cpu"))
-    kind, path = resolve_spec(spec, progress=progress)
+    kind, path = resolve_spec(spec, progress=progress, dtype=dtype)
     kw = dict(dtype=dtype, attn_implementation=attn_implementation)
     if device_map is not None:
         kw["device_map"] = device_map
@@ -107,14 +107,28 @@ def load_tokenizer(spec: str | os.PathLike = DEFAULT_MODEL, progress: Callable[[
     return _auto_tokenizer(path)
 
 
-def resolve_spec(spec: str | os.PathLike, progress: Callable[[str], None] | None = None) -> tuple[str, Path | str]:
+def resolve_spec(spec: str | os.PathLike, progress: Callable[[str], None] | None = None,
+                 dtype: torch.dtype | str | None = None) -> tuple[str, Path | str]:
     """Classify a model spec: ``("embedded", dir)`` (pulled if needed), ``("gguf", file)``, ``("local", dir)`` or
-    ``("hub", id)``."""
+    ``("hub", id)``.
+
+    An embedded model reads the cached copy in ``dtype`` when there is one, else the float32 copy, else the
+    bfloat16 copy (:func:`relaylens.model.embedded.cache_for`); with none, the float32 copy is pulled. A float32
+    load from a bfloat16 copy warns once (its weights are rounded to bfloat16)."""
     text = os.fspath(spec)
     if text in EMBEDDED:
-        if not is_pulled(text):
+        wanted = str(dtype).removeprefix("torch.") if dtype is not None else "float32"
+        cached = cache_for(text, wanted)
+        if cached is None:
             pull(text, progress=progress)
-        return "embedded", verify_cached(text)
+            cached = "float32"
+        if cached == "bfloat16" and wanted != "bfloat16":
+            import warnings
+
+            warnings.warn(f"{text}: loading {wanted} weights from the bfloat16 cache (the float32 values rounded to "
+                          f"bfloat16). Fix: pull the float32 copy (relaylens model pull {text}) for the GGUF's exact "
+                          "values", stacklevel=3)
+        return "embedded", verify_cached(text, cache_dtype=cached)
     path = Path(text).expanduser()
     if path.suffix == ".gguf":
         if not path.is_file():

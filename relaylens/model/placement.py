@@ -25,7 +25,8 @@ import torch
 
 from relaylens.errors import RelaylensError
 
-__all__ = ["Placement", "resolve_device", "resolve_dtype", "parse_rope_scaling", "apply_rope_override", "DTYPES",
+__all__ = ["Placement", "resolve_device", "resolve_dtype", "choose_dtype", "bfloat16_native", "cpu_flags",
+           "parse_rope_scaling", "apply_rope_override", "DTYPES",
            "ROPE_OVERRIDE_PARAMS"]
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -82,19 +83,92 @@ def resolve_device(spec: str | None = "auto", local_rank: int | None = None) -> 
 
 
 def resolve_dtype(name: str | torch.dtype | None, device: str) -> torch.dtype:
-    """The torch dtype for ``name`` (``float32``, ``bfloat16``, ``float16``); default float32 on CPU/MPS, bfloat16
-    on CUDA."""
+    """The torch dtype for ``name`` (``float32``, ``bfloat16``, ``float16``, ``auto``); default (None) float32 on
+    CPU/MPS, bfloat16 on CUDA. ``auto``: bfloat16 where the device runs it natively, else float32
+    (:func:`choose_dtype`). An explicit bfloat16 on a CPU without native support warns once (slow, not wrong)."""
+    return choose_dtype(name, device)[0]
+
+
+def choose_dtype(name: str | torch.dtype | None, device: str) -> tuple[torch.dtype, str | None]:
+    """``(dtype, reason)``: the dtype :func:`resolve_dtype` picks and, for ``auto``, why (for the run manifest).
+
+    >>> choose_dtype("float32", "cpu")
+    (torch.float32, None)
+    >>> choose_dtype("auto", "cpu")[1].startswith("auto: ")
+    True
+    """
     if isinstance(name, torch.dtype):
         if name not in DTYPES.values():
             raise PlacementError(f"dtype {name} is not supported; choose one of {', '.join(DTYPES)}")
-        return name
-    if name is None or name == "auto":
-        return torch.bfloat16 if str(device).startswith("cuda") else torch.float32
-    key = str(name).strip().lower().removeprefix("torch.")
-    key = {"bf16": "bfloat16", "fp16": "float16", "half": "float16", "fp32": "float32", "float": "float32"}.get(key, key)
-    if key not in DTYPES:
-        raise PlacementError(f"--dtype {name!r} is not supported; choose one of {', '.join(DTYPES)}")
-    return DTYPES[key]
+        dtype = name
+    elif name is None:
+        return (torch.bfloat16 if str(device).startswith("cuda") else torch.float32), None
+    else:
+        key = str(name).strip().lower().removeprefix("torch.")
+        key = {"bf16": "bfloat16", "fp16": "float16", "half": "float16", "fp32": "float32", "float": "float32"}.get(key, key)
+        if key == "auto":
+            native, why = bfloat16_native(device)
+            return (torch.bfloat16 if native else torch.float32), f"auto: {'bfloat16' if native else 'float32'}, {why}"
+        if key not in DTYPES:
+            raise PlacementError(f"--dtype {name!r} is not supported; choose one of {', '.join(DTYPES)} or auto")
+        dtype = DTYPES[key]
+    if dtype == torch.bfloat16 and str(device).startswith("cpu"):
+        native, why = bfloat16_native(device)
+        if not native:
+            _warn_once("bfloat16-cpu", f"--dtype bfloat16 on this CPU runs without native bfloat16 instructions ({why}): "
+                       "results are correct but matrix products are emulated and slower than float32. Fix: --dtype "
+                       "float32, or --dtype auto (bfloat16 only where the hardware runs it)")
+    return dtype, None
+
+
+_WARNED: set[str] = set()
+
+
+def _warn_once(key: str, message: str) -> None:
+    if key not in _WARNED:
+        _WARNED.add(key)
+        import warnings
+
+        warnings.warn(message, RuntimeWarning, stacklevel=4)
+
+
+#: CPU feature flags (Linux ``/proc/cpuinfo`` names) that run bfloat16 matrix products natively.
+BF16_CPU_FLAGS = {"amx_bf16": "AMX-BF16", "avx512_bf16": "AVX512-BF16"}
+
+
+def bfloat16_native(device: str = "cpu") -> tuple[bool, str]:
+    """``(native, why)``: whether ``device`` runs bfloat16 matrix products in hardware, detected (never assumed).
+
+    CUDA: ``torch.cuda.is_bf16_supported()``. CPU: the AMX-BF16 / AVX512-BF16 flags of ``/proc/cpuinfo`` (Linux;
+    elsewhere none are found and float32 is the safe answer). ``RELAYLENS_CPU_FLAGS`` (space-separated) replaces the
+    flags read, for tests.
+    """
+    device = str(device)
+    if device.startswith("cuda"):
+        ok = torch.cuda.is_available() and torch.cuda.is_bf16_supported()
+        return ok, ("CUDA device supports bfloat16" if ok else "this CUDA device has no native bfloat16")
+    if device.startswith("mps"):
+        return False, "MPS: bfloat16 not assumed native"
+    flags = cpu_flags()
+    found = [label for flag, label in BF16_CPU_FLAGS.items() if flag in flags]
+    if found:
+        return True, f"CPU reports {' and '.join(found)}"
+    return False, "CPU reports neither AMX-BF16 nor AVX512-BF16" if flags else "CPU feature flags unavailable"
+
+
+def cpu_flags() -> frozenset[str]:
+    """The CPU's feature flags (``/proc/cpuinfo``; ``RELAYLENS_CPU_FLAGS`` overrides), empty where unknown."""
+    override = os.environ.get("RELAYLENS_CPU_FLAGS")
+    if override is not None:
+        return frozenset(override.split())
+    try:
+        with open("/proc/cpuinfo") as handle:
+            for line in handle:
+                if line.startswith("flags"):
+                    return frozenset(line.partition(":")[2].split())
+    except OSError:
+        pass
+    return frozenset()
 
 
 def parse_rope_scaling(text: str | dict | None) -> dict | None:
@@ -175,6 +249,8 @@ class Placement:
         attn_implementation: kernel the model loads with (the prefill's kernel).
         rope_scaling: rotary override applied to the config before loading, or None.
         max_position: ``max_position_embeddings`` override, or None.
+        dtype_reason: for ``--dtype auto``, what was chosen and why (``"auto: bfloat16, CPU reports AVX512-BF16"``);
+            None for an explicit dtype.
     """
 
     device: str | None = "cpu"
@@ -183,6 +259,7 @@ class Placement:
     attn_implementation: str = "sdpa"
     rope_scaling: dict | None = None
     max_position: int | None = None
+    dtype_reason: str | None = None
 
     @classmethod
     def resolve(cls, device: str | None = None, dtype: str | torch.dtype | None = None, device_map: str | None = None,
@@ -196,9 +273,10 @@ class Placement:
         if device_map is not None and device not in (None, "auto"):
             raise PlacementError(f"pass either --device ({device}) or --device-map ({device_map}), not both")
         where = None if device_map is not None else resolve_device(device or "cpu", local_rank)
-        dtype_name = {v: k for k, v in DTYPES.items()}[resolve_dtype(dtype, where or ("cuda" if torch.cuda.is_available() else "cpu"))]
+        chosen, reason = choose_dtype(dtype, where or ("cuda" if torch.cuda.is_available() else "cpu"))
+        dtype_name = {v: k for k, v in DTYPES.items()}[chosen]
         return cls(where, dtype_name, device_map, attn_implementation or "sdpa", parse_rope_scaling(rope_scaling),
-                   None if max_position is None else int(max_position))
+                   None if max_position is None else int(max_position), reason)
 
     @property
     def torch_dtype(self) -> torch.dtype:

@@ -81,7 +81,7 @@ def test_model_check_passes_on_nope_models_and_fails_when_nope_is_ignored(monkey
     tiny_tokenizer().save_pretrained(model_dir)
     good = CliRunner().invoke(app, ["model", "check", str(model_dir), "--history-tokens", "120"])
     assert good.exit_code == 0, good.output
-    assert "FAIL" not in good.stdout and good.stdout.count("PASS") == 4 and "NoPE), left unmoved: [1, 3]" in good.stdout
+    assert "FAIL" not in good.stdout and good.stdout.count("PASS") == 6 and "NoPE), left unmoved: [1, 3]" in good.stdout
     monkeypatch.setattr(geometry, "nope_layers", lambda model: frozenset())  # what relaylens did before
     bad = CliRunner().invoke(app, ["model", "check", str(model_dir), "--history-tokens", "120"])
     assert bad.exit_code == 2 and "Traceback" not in bad.output

@@ -71,6 +71,58 @@ def _small_work_units(factors, monkeypatch) -> None:
     monkeypatch.setattr(kernels, "BLOCK_FEATURES", 100 * factors.head_dim)
 
 
+@pytest.mark.parametrize("variant", ROPE_VARIANTS + NOPE_VARIANTS)
+def test_bfloat16_kernel_is_the_float32_kernel_rounded_once(variant):
+    """bfloat16 keys: relocated in float32 and rounded back to nearest even, in one pass -- bit for bit the float32
+    kernel on the widened keys followed by torch's cast; within one bfloat16 step of the eager path."""
+    factors = RotaryFactors.from_model(tiny_model(variant))
+    keys, source, target = _case(factors, max_position=120000)
+    keys = (keys * 20).bfloat16()
+    for layer in range(factors.num_layers) if factors.per_layer else [None]:
+        fused = relocate_keys(keys, source, target, factors, layer)
+        assert fused.dtype == torch.bfloat16
+        widened = relocate_keys(keys.float(), source, target, factors, layer).bfloat16()
+        assert torch.equal(fused.view(torch.int16), widened.view(torch.int16)), f"{variant} layer {layer}"
+        with kernels.disabled():
+            eager = relocate_keys(keys, source, target, factors, layer)
+        step = 2.0 ** (torch.floor(torch.log2(eager.float().abs().clamp_min(1e-30)))) * torch.finfo(torch.bfloat16).eps
+        assert bool(((fused.float() - eager.float()).abs() <= step).all()), f"{variant} layer {layer}: > 1 step"
+        stay = source == target
+        assert torch.equal(fused[stay].view(torch.int16), keys[stay].view(torch.int16))
+        assert torch.equal(fused[..., factors.rotary_dim:], keys[..., factors.rotary_dim:])
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_bfloat16_threaded_split_equals_one_thread(backend, monkeypatch):
+    factors = RotaryFactors.from_model(tiny_model("qwen2"))
+    keys, source, target = _case(factors, slots=3000, heads=4)
+    keys = keys.bfloat16()
+    _small_work_units(factors, monkeypatch)
+    _use(backend, monkeypatch)
+    with _torch_threads(3):
+        split = relocate_keys(keys, source, target, factors)
+    with _torch_threads(1):
+        single = relocate_keys(keys, source, target, factors)
+    assert torch.equal(split.view(torch.int16), single.view(torch.int16))
+
+
+@pytest.mark.parametrize(("threads", "backend"), [(1, "python"), (3, "openmp")])
+def test_bfloat16_kernel_refuses_nan_and_overflow(threads, backend, monkeypatch):
+    factors = RotaryFactors.from_model(tiny_model("llama"))
+    keys, source, target = _case(factors, slots=1000)
+    keys = keys.bfloat16()
+    keys.view(-1, factors.head_dim)[1234, 3] = float("nan")
+    _small_work_units(factors, monkeypatch)
+    _use(backend, monkeypatch)
+    with _torch_threads(threads), pytest.raises(NonFiniteError, match=r"first at flattened slot 1234\b"):
+        relocate_keys(keys, source, target, factors)
+    keys, source, target = _case(factors, slots=1000)
+    keys = keys.bfloat16()
+    keys[1, 20] = 3.0e38  # finite in bfloat16; the rotated plane is not
+    with _torch_threads(threads), pytest.raises(NonFiniteError, match="overflow torch.bfloat16"):
+        relocate_keys(keys, source, target, factors)
+
+
 def test_linux_wheels_relocate_on_pytorchs_own_openmp_team():
     if sys.platform != "linux":  # elsewhere the Python pool runs (tested below on every platform)
         assert kernels.parallel_backend() in ("openmp", "python")
@@ -155,7 +207,7 @@ def test_a_failing_chunk_is_raised_whichever_thread_ran_it(monkeypatch):
             raise RuntimeError("chunk failed")
         return 0.0
 
-    monkeypatch.setattr(kernels, "_KERNEL_FACTORY", lambda split_half, planes: types.SimpleNamespace(rows=failing))
+    monkeypatch.setattr(kernels, "_KERNEL_FACTORY", lambda split_half, planes, bfloat16=False: types.SimpleNamespace(rows=failing))
     _use("python", monkeypatch)
     threads = torch.get_num_threads()
     try:
@@ -223,7 +275,8 @@ def test_fused_refuses_float32_overflow():
 def test_paths_that_keep_eager_arithmetic():
     factors = RotaryFactors.from_model(tiny_model("llama"))
     keys, _, _ = _case(factors)
-    assert not kernels.usable(keys.bfloat16(), factors.rotary_dim)
+    assert kernels.usable(keys.bfloat16(), factors.rotary_dim)  # bfloat16 has its own kernel (below)
+    assert not kernels.usable(keys.half(), factors.rotary_dim)
     assert not kernels.usable(keys.double(), factors.rotary_dim)
     assert not kernels.usable(keys.clone().requires_grad_(), factors.rotary_dim)
     with kernels.disabled():
