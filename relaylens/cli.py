@@ -165,7 +165,8 @@ def data_synth(
 
 @app.command("bench")
 def bench(
-    which: str = typer.Argument("geometry", help="geometry, overhead, throughput, probes, prefill, selectors, scaling or all"),
+    which: str = typer.Argument("geometry", help="geometry, overhead, throughput, probes, prefill, selectors, scaling, "
+                                "dtype (float32 vs bfloat16) or all"),
     out: Path = typer.Option(Path("runs/bench"), help="directory for the CSV and Markdown tables"),
     repeats: int = typer.Option(None, help="repetitions per timing, median reported (default: each benchmark's own; "
                                            "overhead: 3 per record, as the paper)"),
@@ -176,7 +177,9 @@ def bench(
                                             "piece by piece) or back-to-back"),
     prefill_chunk: int = typer.Option(None, "--prefill-chunk", help="overhead: prefill chunk in tokens (default 256; 0: "
                                                                     "the whole history in one pass)"),
-    model: str = typer.Option(DEFAULT_MODEL, help="model of the model benchmarks (overhead, throughput, probes, prefill, scaling)"),
+    model: str = typer.Option(None, help="model of the model benchmarks (overhead, throughput, probes, prefill, scaling; "
+                              f"default {DEFAULT_MODEL}); dtype takes a comma-separated list (default "
+                              "qwen2.5-coder-0.5b-instruct,smollm2-135m-instruct)"),
     device: str = _DEVICE, dtype: str = _DTYPE, device_map: str = _DEVICE_MAP, attn_implementation: str = _ATTN,
     rope_scaling: str = _ROPE, max_position: int = _MAX_POS,
 ) -> None:

@@ -5,13 +5,14 @@ benchmark does not take, and options left at None, are dropped so that each benc
 
 Example:
     >>> sorted(BENCHMARKS)
-    ['geometry', 'overhead', 'prefill', 'probes', 'scaling', 'selectors', 'throughput']
+    ['dtype', 'geometry', 'overhead', 'prefill', 'probes', 'scaling', 'selectors', 'throughput']
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
+from relaylens.bench.dtype import run_dtype
 from relaylens.bench.geometry import run_geometry
 from relaylens.bench.model import run_prefill, run_probes, run_scaling, run_selectors
 from relaylens.bench.requests import run_overhead, run_throughput
@@ -36,4 +37,5 @@ BENCHMARKS: dict[str, Callable[..., list[dict]]] = {
     "prefill": _model_benchmark(run_prefill),
     "selectors": _model_benchmark(run_selectors),
     "scaling": _model_benchmark(run_scaling),
+    "dtype": _model_benchmark(run_dtype),
 }

