@@ -33,7 +33,7 @@ PROBE_METRICS = ("evidence_share", "history_share", "evidence_value_norm", "repl
 
 def run_dtype(model_spec: str = "qwen2.5-coder-0.5b-instruct,smollm2-135m-instruct", records: int = 3,
               new_tokens: int = 32, repeats: int = 2, load_kwargs: dict | None = None, out: str | None = None,
-              **_) -> list[dict]:
+              lengths: tuple[int, ...] = LENGTHS, **_) -> list[dict]:
     """The rows of the table above, for each model of the comma-separated ``model_spec``.
 
     ``load_kwargs`` placement options other than the dtype (device, attention kernel, rotary override) apply to both
@@ -49,22 +49,23 @@ def run_dtype(model_spec: str = "qwen2.5-coder-0.5b-instruct,smollm2-135m-instru
             run_dir = base / f"{spec.replace('/', '_')}-{dtype}"
             command = [sys.executable, "-m", "relaylens.bench.dtype", "--model", spec, "--dtype", dtype,
                        "--records", str(records), "--new-tokens", str(new_tokens), "--repeats", str(repeats),
-                       "--out", str(run_dir), "--placement", json.dumps(placement, default=str)]
+                       "--out", str(run_dir), "--placement", json.dumps(placement, default=str),
+                       "--lengths", ",".join(str(n) for n in lengths)]
             done = subprocess.run(command, capture_output=True, text=True)
             if done.returncode != 0:
                 raise RuntimeError(f"bench dtype arm {spec} {dtype} failed (exit {done.returncode}):\n"
                                    f"{done.stderr.strip()[-3000:]}")
             arms[dtype] = json.loads(done.stdout.strip().splitlines()[-1])
-        rows.extend(_rows(spec, arms, base))
+        rows.extend(_rows(spec, arms, lengths))
     return rows
 
 
-def _rows(spec: str, arms: dict, base: Path) -> list[dict]:
+def _rows(spec: str, arms: dict, lengths: tuple[int, ...]) -> list[dict]:
     f32, b16 = arms["float32"], arms["bfloat16"]
     name = spec if len(spec) < 40 else spec[-40:]
     rows = [{"benchmark": "dtype", "model": name, "case": "load from cache (s)", "float32": f32["load_s"],
              "bfloat16": b16["load_s"], "speedup": f32["load_s"] / b16["load_s"], "target": "<= 5 s (0.5B)"}]
-    for length in LENGTHS:
+    for length in lengths:
         key = str(length)
         rows.append({"benchmark": "dtype", "model": name, "case": f"prefill {length} tokens (tokens/s)",
                      "float32": f32["prefill_tokens_per_s"][key], "bfloat16": b16["prefill_tokens_per_s"][key],
@@ -83,7 +84,7 @@ def _rows(spec: str, arms: dict, base: Path) -> list[dict]:
     rows.append({"benchmark": "dtype", "model": name, "case": "process peak resident set (MB)",
                  "float32": f32["process_peak_mb"], "bfloat16": b16["process_peak_mb"]})
     same, prefix, total = answer_agreement(Path(f32["run_dir"]), Path(b16["run_dir"]), f32["model"])
-    rows.append({"benchmark": "dtype", "model": name, "case": f"same answer text ({total} rows x 32 tokens)",
+    rows.append({"benchmark": "dtype", "model": name, "case": f"same answer text ({total} rows)",
                  "float32": None, "bfloat16": None, "agreement": same})
     rows.append({"benchmark": "dtype", "model": name, "case": "mean tokens before the first difference (re-tokenised)",
                  "float32": None, "bfloat16": None, "agreement": prefix})
@@ -135,7 +136,8 @@ def probe_differences(first: Path, second: Path) -> dict[str, tuple[float, float
 # ----------------------------------------------------------------------------------------------- one arm
 
 
-def _arm(model_spec: str, dtype: str, records: int, new_tokens: int, repeats: int, out: Path, placement: dict) -> dict:
+def _arm(model_spec: str, dtype: str, records: int, new_tokens: int, repeats: int, out: Path, placement: dict,
+         lengths: tuple[int, ...] = LENGTHS) -> dict:
     """One model in one dtype, in this process: the measurements :func:`run_dtype` tabulates."""
     import gc
 
@@ -154,10 +156,11 @@ def _arm(model_spec: str, dtype: str, records: int, new_tokens: int, repeats: in
     gc.collect()
     load_peak_kb, loaded_kb = proc_status_kb("VmHWM"), proc_status_kb("VmRSS")
     tokens, peaks = {}, {}
-    for length in LENGTHS:
-        ids = torch.randint(100, 20000, (length,), generator=torch.Generator().manual_seed(length))
+    vocab = model.get_input_embeddings().num_embeddings
+    for length in lengths:
+        ids = torch.randint(min(100, vocab // 4), min(20000, vocab), (length,), generator=torch.Generator().manual_seed(length))
         limit = getattr(model.config, "max_position_embeddings", None)
-        if length == LENGTHS[0]:
+        if length == lengths[0]:
             prefill_history(model, ids[:256], chunk_size=2048)  # warm-up (kernels, allocator)
         times = []
         for _ in range(repeats):
@@ -209,10 +212,11 @@ def main(argv: list[str] | None = None) -> None:  # pragma: no cover - run as a 
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--out", required=True)
     parser.add_argument("--placement", default="{}")
+    parser.add_argument("--lengths", default=",".join(str(n) for n in LENGTHS))
     args = parser.parse_args(argv)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     result = _arm(args.model, args.dtype, args.records, args.new_tokens, args.repeats, Path(args.out),
-                  json.loads(args.placement))
+                  json.loads(args.placement), tuple(int(n) for n in args.lengths.split(",")))
     print(json.dumps(result))
 
 
