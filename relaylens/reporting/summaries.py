@@ -24,6 +24,7 @@ from relaylens.errors import RelaylensError
 from relaylens.results.tables import SWEEP_SOURCE, get_table
 
 FALLBACK_METRICS = ("contains", "f1")  # read when a run has no judge or choice metric
+METRICS = FALLBACK_METRICS  # the name of earlier releases
 """Accuracy metrics reported when a run has neither judge verdicts nor multiple-choice answers (the fallback of
 :func:`relaylens.reporting.crossrun.choose_metrics`; ``tables["metrics"]`` carries the chosen ones)."""
 METRIC_ORDER = ("judge", "choice_accuracy", "contains", "f1", "exact_match")

@@ -3,8 +3,18 @@
 Each selector is a small frozen dataclass of hyperparameters (defaults documented on the class). Only BM25 and
 FINCH read ``prompt`` (BM25 the question text; FINCH the question tokens, run once over the full cache by
 :meth:`Selector.prepare`); the attention-based selectors read the prefill's window queries (SnapKV, PyramidKV,
-AdaKV, ChunkKV, CaM, Scissorhands) or its captured column sums (H2O, see :func:`capture_column_sums`). The
+AdaKV, ChunkKV, CaM, Scissorhands) or its captured column sums (H2O, see :func:`relaylens.model.attention_stats.capture_column_sums`). The
 specification is ``reference/selectors.md``.
+
+Owns: one file per selector (``bm25.py``, ``snapkv.py``, ...; the shared scoring in ``base.py``), the
+:data:`REGISTRY` and :func:`make_selector`, and :mod:`~relaylens.selectors.protection` (instruction and template
+states kept outside the budget). In: a :class:`~relaylens.model.prefill.PrefillResult`, the rendered prompt and a
+budget. Out: a sorted :class:`~relaylens.geometry.selection.Selection` (per-state scores, replacement values for
+merging selectors).
+
+May import: :mod:`relaylens.errors`, :mod:`relaylens.datasets`, :mod:`relaylens.model`, :mod:`relaylens.geometry`;
+never conditions, generation or probes (one declared exception: FINCH's question pass, see
+:mod:`~relaylens.selectors.finch`).
 
 Example:
     >>> from relaylens.selectors.synthetic import random_prefill
@@ -82,8 +92,4 @@ __all__ = [
     "StreamingLLM",
     "RandomSelector",
     "FullKV",
-    "capture_column_sums",
-    "causal_column_sums",
-    "rebuild_query_key",
-    "ColumnSumStats",
 ]
