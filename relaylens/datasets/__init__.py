@@ -39,10 +39,14 @@ log = logging.getLogger("relaylens.datasets.records")
 
 REGISTRY: dict[str, DatasetFormat] = {m.FORMAT.name: m.FORMAT for m in (longmemeval, personamem, longmtbench,
                                                                         infinitebench, hellobench)}
+"""Every dataset format by name: its reader, sniffing rule, bundled sample and prompt layout."""
 FORMATS = tuple(REGISTRY)
+"""The names of the dataset formats (``relaylens run --format``)."""
 READERS = {name: fmt.reader for name, fmt in REGISTRY.items()}
+"""The reader of each dataset format by name."""
 SNIFF_ORDER = ("personamem", "longmemeval", "longmtbench", "hellobench", "infinitebench")  # first match wins
 SAMPLE = "sample"  # --data sample: the bundled LongMemEval-schema sample; sample:NAME: the bundled sample of NAME
+"""``--data sample``: the bundled LongMemEval-schema sample; ``sample:NAME``: the bundled sample of format NAME."""
 
 
 def detect_format(path: str | Path) -> str:

@@ -24,6 +24,7 @@ from relaylens.errors import RecordError
 from relaylens.datasets.records import Record, RecordCollector, Session, Turn
 
 TASKS = ("longdialogue_qa_eng", "longbook_choice_eng", "longbook_qa_eng")
+"""The InfiniteBench tasks relaylens reads (En.Dia, En.MC, En.QA)."""
 CHUNK_CHARS = 2000
 #: En.Dia ignores ``input``: the question is always who ``$$MASK$$`` is.
 DIALOGUE_QUESTION = 'Which character is "$$MASK$$" in the dialogue above? Answer with the name only.'

@@ -20,8 +20,13 @@ from relaylens.conditions.scoped import get_condition
 from relaylens.errors import RelaylensError
 
 PROMPT_MODES = ("chat", "completion", "auto")
+"""How a record becomes a prompt (``ExperimentSpec.prompt_mode``, ``--prompt-mode``): the chat template, plain
+completion text, or ``auto`` (chat where the tokenizer has a template)."""
 STOPS = ("auto", "eos", "newline", "none")
+"""When greedy decoding stops (``ExperimentSpec.stop``, ``--stop``); ``auto`` stops at a newline in completion mode and
+at EOS in chat mode."""
 ALPHA_CURVE = ("compaction(0)", "compaction(0.25)", "compaction(0.5)", "compaction(0.75)", "compaction(1)")
+"""The ``compaction(alpha)`` conditions of the phase-replay curve, from ``original`` (0) to ``relay`` (1)."""
 
 
 @dataclass(frozen=True)

@@ -33,15 +33,16 @@ from relaylens.geometry import fused as kernels
 from relaylens.errors import NonFiniteError, PositionError, RopeError, ShapeError
 from relaylens.model.hf import call_rotary, detect_layout, find_rotary_embedding, nope_layers
 
-#: Rope types whose frequencies do not depend on the sequence length: relocation is exact for them.
 STATIC_ROPE_TYPES = ("default", "linear", "yarn", "llama3")
-#: Rope types whose frequencies change with the sequence length (``@dynamic_rope_update``): refused.
+"""Rope types whose frequencies do not depend on the sequence length: relocation is exact for them."""
 DYNAMIC_ROPE_TYPES = ("dynamic", "longrope")
+"""Rope types whose frequencies change with the sequence length (``@dynamic_rope_update``): refused."""
 
 _CHUNK_SLOTS = 4096  # slots relocated per step: the scratch phases stay in cache, so the pass is close to a copy
 
 
-NOPE = "<no positional encoding>"  # the layer type of NoPE layers in RotaryFactors' tables
+NOPE = "<no positional encoding>"
+"""The layer type of NoPE layers (no rotary) in RotaryFactors' tables: their keys are never moved."""
 
 
 @dataclass(frozen=True, eq=False)
@@ -488,3 +489,5 @@ def _apply_phases(keys: torch.Tensor, positions: torch.Tensor, factors: RotaryFa
 
 
 multiply_planes = _multiply_planes  # public name: relaylens.bench.geometry multiplies rotary planes by a phase (delta-rotation peer)
+"""Multiply every rotary plane of ``x`` ``[rows, rotary_dim]`` (read as ``x_1 + i x_2``) by ``multiplier``
+``[rows, plane]``, in float32 (float64 for float64 input); differentiable in ``x``."""

@@ -59,7 +59,9 @@ __all__ = ["UnitKey", "RunStore", "ResultStoreError", "StoreWriteError", "build_
            "load_tables", "SORT_COLUMNS", "DTYPES"]
 
 FORMAT_VERSION = 1
+"""The run-directory format, recorded in every manifest."""
 UNITS = "units"
+"""The folder of a run directory that holds its committed units (``units/<hash>.json.gz``)."""
 # Paths are recorded but never compared: the same data or model at another path (a relative path, another mount
 # point) is the same run when the content hashes (dataset.sha256, model.*) agree.
 _IGNORED_ON_COMPARE = {"created_at", "merged_from", "forced", "replaced", "dataset.path", "model.spec",

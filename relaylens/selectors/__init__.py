@@ -58,6 +58,7 @@ REGISTRY: dict[str, type[Selector]] = {
     "random": RandomSelector,
     "full": FullKV,
 }
+"""Every selector by name (``make_selector(name)``, ``--selector NAME``): one class per file of this package."""
 
 
 def make_selector(name: str, **kwargs) -> Selector:
