@@ -4,7 +4,9 @@ environment (``make kvpress-env``: kvpress 0.5.5 with transformers 5.2), never i
     python kvpress_reference.py MODEL_DIR CASES_JSON OUT_JSON
 
 ``CASES_JSON``: ``{"context": str, "question": str, "cases": [{"id", "press", "kwargs", "inner", "inner_kwargs",
-"compression_ratio", "attn", "seed"}]}``. For each case the script loads the model with the case's attention kernel,
+"compression_ratio", "attn", "seed", "pipeline"}]}``; ``pipeline: false`` runs only the pipeline's compression step
+(``with press(model): model.model(input_ids=context_ids, past_key_values=cache)``), for presses whose per-layer
+cache lengths differ: kvpress 0.5.5's pipeline then fails at the question (one attention mask for all layers). For each case the script loads the model with the case's attention kernel,
 builds the press, seeds torch (when ``seed`` is set), runs ``KVPressTextGenerationPipeline`` on the context and the
 question with a cache it passes in, and reads the kept positions off the compressed cache: every kept key is a
 copy of one context key of an uncompressed prefill of the same ``context_ids`` (matched exactly, and each match
@@ -49,7 +51,11 @@ def main(model_dir: str, cases_path: str, out_path: str) -> None:
         if case.get("seed") is not None:
             torch.manual_seed(case["seed"])
         cache = DynamicCache()
-        pipe(spec["context"], question=spec["question"], press=press, cache=cache, max_new_tokens=1)
+        if case.get("pipeline", True):
+            pipe(spec["context"], question=spec["question"], press=press, cache=cache, max_new_tokens=1)
+        else:  # the pipeline's compression step alone (its _forward's prefill statement), see the case's note
+            with torch.no_grad(), press(model):
+                model.model(input_ids=context_ids, past_key_values=cache)
         kept = []
         for layer, ref in zip(cache.layers, full_keys[attn]):
             heads = []
