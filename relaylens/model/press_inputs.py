@@ -35,7 +35,8 @@ from relaylens.model.hf import (attached_rotary, attention_kernel, attention_mod
 LayerFunction = Callable[..., object]
 
 
-def press_layer_pass(model, history_ids: torch.Tensor, fn: LayerFunction, attn_implementation: str | None = "sdpa") -> list:
+def press_layer_pass(model, history_ids: torch.Tensor, fn: LayerFunction,
+                     attn_implementation: str | None = "sdpa") -> list:
     """One forward of the whole history (no chunking, as kvpress's pipeline prefills the context), calling ``fn``
     after every attention layer with the arguments a kvpress forward hook passes a press.
 

@@ -81,7 +81,8 @@ REFUSED = {
                          "masks whole heads instead of selecting states",
     "KVzipPress": "scores by re-running the model on a context-reconstruction prompt after the prefill (several "
                   "extra forward passes), not by a per-layer score()",
-    "KVgradPress": "scores from gradients of a context-reconstruction pass after the prefill, not by a per-layer score()",
+    "KVgradPress": "scores from gradients of a context-reconstruction pass after the prefill, not by a per-layer "
+                   "score()",
     "KVComposePress": "aligns composite tokens across heads and layers after the whole prefill from the attention "
                       "weights of every layer, not by a per-layer score()",
     "SimLayerKVPress": "decides per layer between the full cache and a sink+recent window by a threshold: it has no "
@@ -331,7 +332,8 @@ class KvPress(Selector):
                 "budget_rule": "kvpress", "kvpress": KVPRESS_VERSION}
         if ratio == 0.0:  # kvpress's compress returns the cache unchanged
             full = Selection.full(length, prefill.num_layers, prefill.num_kv_heads)
-            return Selection(full.positions, full.valid, length, torch.ones(full.positions.shape), info=info | {"budget": length})
+            ones = torch.ones(full.positions.shape)
+            return Selection(full.positions, full.valid, length, ones, info=info | {"budget": length})
         if self.model is None:
             raise PressError(f"{self.label} has no model to run the press with; select with the copy returned by "
                              "prepare(model, prefill, prompt) (the runner does this)")

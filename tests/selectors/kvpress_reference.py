@@ -6,7 +6,8 @@ environment (``make kvpress-env``: kvpress 0.5.5 with transformers 5.2), never i
 ``CASES_JSON``: ``{"context": str, "question": str, "cases": [{"id", "press", "kwargs", "inner", "inner_kwargs",
 "compression_ratio", "attn", "seed", "pipeline"}]}``; ``pipeline: false`` runs only the pipeline's compression step
 (``with press(model): model.model(input_ids=context_ids, past_key_values=cache)``), for presses whose per-layer
-cache lengths differ: kvpress 0.5.5's pipeline then fails at the question (one attention mask for all layers). For each case the script loads the model with the case's attention kernel,
+cache lengths differ: kvpress 0.5.5's pipeline then fails at the question (one attention mask for all layers).
+For each case the script loads the model with the case's attention kernel,
 builds the press, seeds torch (when ``seed`` is set), runs ``KVPressTextGenerationPipeline`` on the context and the
 question with a cache it passes in, and reads the kept positions off the compressed cache: every kept key is a
 copy of one context key of an uncompressed prefill of the same ``context_ids`` (matched exactly, and each match
@@ -31,7 +32,8 @@ def main(model_dir: str, cases_path: str, out_path: str) -> None:
     for case in spec["cases"]:
         attn = case.get("attn", "sdpa")
         if attn not in models:
-            models[attn] = AutoModelForCausalLM.from_pretrained(model_dir, attn_implementation=attn, dtype=torch.float32).eval()
+            model = AutoModelForCausalLM.from_pretrained(model_dir, attn_implementation=attn, dtype=torch.float32)
+            models[attn] = model.eval()
         model = models[attn]
         pipe = pipeline("kv-press-text-generation", model=model, tokenizer=tokenizer)
         max_length = min(tokenizer.model_max_length, int(1e10))

@@ -103,8 +103,9 @@ def reference(tmp_path_factory):
     spec = {"context": _context(tokenizer), "question": "What is the name of my dog?", "cases": cases}
     (folder / "cases.json").write_text(json.dumps(spec))
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}  # kvpress's environment, not relaylens's
-    done = subprocess.run([python, str(HERE / "kvpress_reference.py"), str(folder / "model"), str(folder / "cases.json"),
-                           str(folder / "out.json")], capture_output=True, text=True, env=env, timeout=900)
+    command = [python, str(HERE / "kvpress_reference.py"), str(folder / "model"), str(folder / "cases.json"),
+               str(folder / "out.json")]
+    done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=900)
     assert done.returncode == 0, done.stderr[-4000:]
     return model, json.loads((folder / "out.json").read_text())
 
