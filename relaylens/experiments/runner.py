@@ -54,12 +54,12 @@ def answer_tokens(tokenizer, record: Record, mode: str) -> list[int]:
 def _selector_objects(spec: ExperimentSpec, seed: int) -> dict:
     import dataclasses
 
-    from relaylens.selectors import make_selector
+    from relaylens.selectors import make_selector, selector_class
 
     objects = {}
     for name in spec.selectors:
         options = dict(spec.selector_options.get(name, {}))
-        cls_fields = {f.name for f in dataclasses.fields(make_selector(name))}
+        cls_fields = {f.name for f in dataclasses.fields(selector_class(name))}
         if "seed" in cls_fields:
             options.setdefault("seed", seed)
         objects[name] = make_selector(name, **options)

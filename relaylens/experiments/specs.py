@@ -35,7 +35,7 @@ class ExperimentSpec:
 
     Attributes:
         name: analysis name (module in ``analyses/``).
-        selectors: selector names from :data:`relaylens.selectors.REGISTRY`.
+        selectors: selector names from :data:`relaylens.selectors.REGISTRY`, or ``kvpress:<PressName>``.
         budgets: retention ratios in (0, 1] or absolute state counts (> 1).
         conditions: coordinate conditions run with a real question pass and generation.
         replay_conditions: conditions evaluated by phase replay only (content from the ``original`` pass).
@@ -85,11 +85,12 @@ class ExperimentSpec:
     protect_instructions: bool = False
 
     def __post_init__(self) -> None:
-        from relaylens.selectors import REGISTRY
+        from relaylens.selectors import REGISTRY, is_selector_name
 
         for name in self.selectors:
-            if name not in REGISTRY:
-                raise RelaylensError(f"analysis {self.name!r}: unknown selector {name!r}; known: {sorted(REGISTRY)}")
+            if not is_selector_name(name):
+                raise RelaylensError(f"analysis {self.name!r}: unknown selector {name!r}; known: {sorted(REGISTRY)} or "
+                                     "kvpress:<PressName>")
         for condition in self.conditions + self.replay_conditions:
             get_condition(condition)
         if "original" not in self.conditions:
@@ -195,12 +196,24 @@ def _value(text: str):
 
 
 def parse_selector_arg(text: str) -> tuple[str, dict]:
-    """``NAME[:key=value,...]`` -> ``(name, options)`` (values read as bool, int, float or text).
+    """``NAME[:key=value,...]`` -> ``(name, options)`` (values read as bool, int, float or text). A kvpress press
+    is ``kvpress:<PressName>[:key=value,...]``; its name keeps the press's spelling.
 
     >>> parse_selector_arg("bm25:packing=truncate,k1=1.2")
     ('bm25', {'packing': 'truncate', 'k1': 1.2})
+    >>> parse_selector_arg("kvpress:snapkvpress:window_size=64")
+    ('kvpress:SnapKVPress', {'window_size': 64})
     """
+    from relaylens.selectors.kvpress_adapter import PREFIX, canonical_name, is_press_selector
+
+    if is_press_selector(text):
+        press, _, rest = text.strip()[len(PREFIX):].partition(":")
+        return canonical_name(PREFIX + press), _options(text, rest)
     name, _, rest = text.strip().partition(":")
+    return name.strip().lower(), _options(text, rest)
+
+
+def _options(text: str, rest: str) -> dict:
     options = {}
     for part in filter(None, (p.strip() for p in rest.split(","))):
         key, eq, value = part.partition("=")
@@ -208,7 +221,7 @@ def parse_selector_arg(text: str) -> tuple[str, dict]:
             raise RelaylensError(f"--selector {text!r}: {part!r} is not key=value. Form: NAME[:key=value,...], e.g. "
                                  "bm25:packing=truncate")
         options[key.strip()] = _value(value)
-    return name.strip().lower(), options
+    return options
 
 
 def apply_overrides(spec: ExperimentSpec, selectors: list[str] | None = None, conditions: list[str] | None = None,
