@@ -15,6 +15,7 @@ import typer
 from rich.console import Console
 
 from relaylens.model.embedded import DEFAULT_MODEL, EMBEDDED  # names only: importing them loads no model code
+from relaylens.scoring.judge import DEADLINE_S, MAX_REPLY_BYTES  # the judge's documented bounds (stdlib only)
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="relaylens: post-selection positional geometry of sparse KV caches.")
 model_app = typer.Typer(no_args_is_help=True, help="Embedded models.")
@@ -76,12 +77,14 @@ def _check_key_env(judge_url: str | None, judge_key_env: str | None) -> None:
 
 
 def _guard(fn, *args, **kwargs):
-    """Run ``fn`` and turn relaylens input errors and OS errors into one clear line (exit 2)."""
+    """Run ``fn`` and turn relaylens input errors and OS errors into one clear line (exit 2), and its Python warnings
+    into one ``warning:`` line each."""
     from relaylens.errors import RelaylensError
     from relaylens.results.store import StoreWriteError
 
     try:
-        return fn(*args, **kwargs)
+        with _warnings_as_lines():
+            return fn(*args, **kwargs)
     except (RelaylensError, ValueError) as err:
         _fail(str(err))
     except StoreWriteError as err:  # already names the run directory and the fix
@@ -428,6 +431,9 @@ def judge_command(
     reasoning_effort: str = typer.Option(None, "--reasoning-effort", help="low, medium or high (reasoning judges)"),
     name: str = typer.Option(None, "--name", help="judge name: scores become judge_NAME (default: from the model)"),
     data: str = typer.Option(None, help="the run's dataset file, when it moved since the run"),
+    deadline: float = typer.Option(DEADLINE_S, "--deadline", help="wall-clock seconds one judge call may take, "
+                                   "retries included (a server trickling bytes is cut there)"),
+    max_reply_bytes: int = typer.Option(MAX_REPLY_BYTES, "--max-reply-bytes", help="largest judge reply read"),
 ) -> None:
     """Re-score a finished run's answers with another judge (generations untouched; adds judge_NAME scores)."""
     from relaylens.errors import shown
@@ -439,14 +445,14 @@ def judge_command(
     _check_key_env(judge_url, judge_key_env)
     if judge_url:
         backend = _guard(OpenAIBackend, judge_url, judge_model, api_key_env=judge_key_env, max_tokens=max_tokens,
-                         reasoning_effort=reasoning_effort)
+                         reasoning_effort=reasoning_effort, deadline=deadline, max_reply_bytes=max_reply_bytes)
     else:
         from relaylens.model.loading import load_model
 
         model, tokenizer = _guard(load_model, judge_model)
         backend = _guard(HFBackend, model, tokenizer, model_id=judge_model, max_tokens=max_tokens,
                          reasoning_effort=reasoning_effort)
-    with console.status(f"judging the answers of {_safe(run_dir)} as judge {name} ..."), _warnings_as_lines():
+    with console.status(f"judging the answers of {_safe(run_dir)} as judge {name} ..."):
         result = _guard(rejudge_run, run_dir, backend, name, data)
     print(f"judge {name}: {result.judged} answers judged ({result.calls} calls, {result.cache_hits} cached), "
           f"{len(result.failures)} failure(s)")

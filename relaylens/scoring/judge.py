@@ -55,8 +55,10 @@ RUBRIC = (
     "requested information is unavailable."
 )
 MAX_NEW_TOKENS = 32
-DEADLINE_S = 300.0
-"""Default wall-clock limit of one judge call, every attempt, read and backoff together (seconds)."""
+DEADLINE_S = 120.0
+"""Default wall-clock limit of one judge call, every attempt, read and backoff together (seconds). A reply is not
+streamed: it starts only when the verdict is complete, within the per-read ``timeout`` (60 s), and is a few KB, so
+two minutes cover a slow judge and its retries; a server trickling bytes is cut there."""
 MAX_REPLY_BYTES = 1 << 20
 """Default cap on the bytes of one judge reply (1 MiB; a 2,048-token verdict list is a few tens of KB)."""
 

@@ -203,5 +203,5 @@ def test_bad_limits_are_refused(kwargs):
 
 def test_documented_defaults():
     backend = OpenAIBackend("http://127.0.0.1:9/v1", "m")
-    assert (backend.deadline, backend.max_reply_bytes) == (DEADLINE_S, MAX_REPLY_BYTES) == (300.0, 1 << 20)
+    assert (backend.deadline, backend.max_reply_bytes) == (DEADLINE_S, MAX_REPLY_BYTES) == (120.0, 1 << 20)
     assert "deadline" not in json.dumps(backend.settings), "the bounds do not change which cached verdicts apply"
