@@ -33,7 +33,7 @@ from relaylens.datasets.formats import DatasetFormat
 from relaylens.datasets.infinitebench import TASKS as INFINITEBENCH_TASKS
 from relaylens.datasets.longmemeval import bundled_sample_path
 from relaylens.datasets.records import LoadReport, Record, RecordCollector
-from relaylens.errors import RecordError, RelaylensError
+from relaylens.errors import RecordError, RelaylensError, shown
 
 log = logging.getLogger("relaylens.datasets.records")
 
@@ -133,7 +133,8 @@ def load_records_with_report(path: str | Path, format: str = "auto", lenient: bo
                           "limit). Fix: check that this is a dataset file; records are only a few levels deep") from None
     report = LoadReport(str(path), fmt, len(collector.records), tuple(collector.skipped))
     if report.num_skipped:
-        msg = f"{path}: skipped {report.num_skipped} malformed {fmt} record(s) (lenient=True); first: {report.skipped[0][0]}: {report.skipped[0][1]}"
+        where, why = (shown(text) for text in report.skipped[0])  # dataset text: one line, no terminal control
+        msg = f"{path}: skipped {report.num_skipped} malformed {fmt} record(s) (lenient=True); first: {where}: {why}"
         log.warning(msg)
         warnings.warn(msg, stacklevel=2)
     return collector.records, report

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from relaylens.errors import RecordError
+from relaylens.errors import RecordError, shown
 
 
 @dataclass(frozen=True)
@@ -137,7 +137,7 @@ class LoadReport:
 
     def summary(self) -> str:
         head = f"{self.path}: loaded {self.loaded} {self.format} records, skipped {self.num_skipped}"
-        return head + "".join(f"\n  {where}: {why}" for where, why in self.skipped)
+        return head + "".join(f"\n  {shown(where)}: {shown(why)}" for where, why in self.skipped)  # one line each
 
 
 class RecordCollector:

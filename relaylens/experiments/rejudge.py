@@ -26,7 +26,7 @@ from typing import Callable
 
 from relaylens.errors import RelaylensError
 
-__all__ = ["RejudgeResult", "rejudge_run", "judge_name", "records_of_run"]
+__all__ = ["RejudgeResult", "rejudge_run", "judge_name", "check_judge_name", "records_of_run"]
 
 _NAME = re.compile(r"^[a-z0-9][a-z0-9_]*$")
 
@@ -38,20 +38,38 @@ def judge_name(text: str) -> str:
     'gpt_oss_20b'
     """
     name = re.sub(r"[^a-z0-9]+", "_", text.rsplit("/", 1)[-1].lower()).strip("_")
-    if not _NAME.match(name or ""):
+    if not _NAME.fullmatch(name or ""):
         raise RelaylensError(f"cannot make a judge name from {text!r}; pass --name with letters, digits and _")
+    return name
+
+
+def check_judge_name(name: str) -> str:
+    """``name`` when it is a judge name (the whole of it lowercase letters, digits and ``_``, not starting with
+    ``_``); a :class:`~relaylens.errors.RelaylensError` otherwise. A trailing newline is no exception.
+
+    >>> check_judge_name("gpt_oss_20b")
+    'gpt_oss_20b'
+    """
+    if not isinstance(name, str) or not _NAME.fullmatch(name):
+        from relaylens.errors import shown
+
+        raise RelaylensError(f"judge name {shown(repr(name))} must be lowercase letters, digits and _ only, starting "
+                             "with a letter or digit (it becomes the metric judge_NAME). Fix: pass --name with only "
+                             "those characters, e.g. --name gpt_oss_20b")
     return name
 
 
 @dataclass
 class RejudgeResult:
-    """What a re-judging pass did: answers judged, failures (listed), backend calls and cache hits."""
+    """What a re-judging pass did: answers judged, failures (listed), backend calls and cache hits, and the score
+    metrics it wrote (``judge_<name>``, ``judge_<name>_failed`` for questions; ``quality_<name>`` ... for summaries)."""
 
     name: str
     judged: int = 0
     failures: list[dict] = field(default_factory=list)
     calls: int = 0
     cache_hits: int = 0
+    metrics: list[str] = field(default_factory=list)
 
 
 def records_of_run(manifest: dict, data: str | Path | None = None) -> dict:
@@ -82,9 +100,7 @@ def rejudge_run(run_dir: str | Path, backend, name: str, data: str | Path | None
     from relaylens.scoring.judge import Judge
     from relaylens.results.store import RunStore, UnitKey
 
-    if not _NAME.match(name):
-        raise RelaylensError(f"judge name {name!r} must be lowercase letters, digits and _ (it becomes the metric "
-                             f"judge_{name})")
+    check_judge_name(name)
     run_dir = Path(run_dir)
     store = RunStore.open(run_dir)
     records = records_of_run(store.manifest, data)
@@ -93,7 +109,7 @@ def rejudge_run(run_dir: str | Path, backend, name: str, data: str | Path | None
 
     metric, failed_metric = f"judge_{name}", f"judge_{name}_failed"
     checklist_metrics = [f"{m}_{name}" for m in (*CHECKLIST_METRICS, "checklist_failed")]
-    result = RejudgeResult(name)
+    result, written = RejudgeResult(name), {}
     with _lock(run_dir):
         judge = Judge(backend, cache_path=run_dir / f"judge_cache_{name}.jsonl")
         checklist = ChecklistJudge(backend, cache_path=run_dir / f"judge_cache_checklist_{name}.jsonl")
@@ -114,12 +130,13 @@ def rejudge_run(run_dir: str | Path, backend, name: str, data: str | Path | None
                                             "is_abstention", "cluster_id")}
                 if is_checklist_record(record):  # summaries: HelloEval checklist scores, suffixed with the name
                     verdict = checklist.judge(record, row["answer"])
-                    scores += [{**meta, "metric": f"{m}_{name}", "value": v} for m, v in verdict.scores().items()]
+                    new = {f"{m}_{name}": v for m, v in verdict.scores().items()}
                 else:
                     verdict = judge.judge(record, row["answer"])
                     values = verdict.scores()
-                    scores.append({**meta, "metric": metric, "value": values["judge"]})
-                    scores.append({**meta, "metric": failed_metric, "value": values["judge_failed"]})
+                    new = {metric: values["judge"], failed_metric: values["judge_failed"]}
+                scores += [{**meta, "metric": m, "value": v} for m, v in new.items()]
+                written.update(dict.fromkeys(new))
                 result.judged += 1
                 if verdict.failed:
                     result.failures.append({**{k: row[k] for k in ("record_id", "selector", "budget", "condition")},
@@ -130,6 +147,7 @@ def rejudge_run(run_dir: str | Path, backend, name: str, data: str | Path | None
             if progress:
                 progress(done, len(paths))
         store.consolidate()
+        result.metrics = list(written)
         result.calls = judge.stats["calls"] + checklist.stats["calls"]
         result.cache_hits = judge.stats["cache_hits"] + checklist.stats["cache_hits"]
         _write_json(run_dir / f"judge_{name}_failures.json", result.failures)
@@ -173,7 +191,8 @@ def _record_judge(run_dir: Path, name: str, backend, result: RejudgeResult) -> N
 
         redact = getattr(judge_module, "redact_url", None)
         url = redact(url) if redact else url.split("?", 1)[0]
-    judges[name] = {"metric": f"judge_{name}", "model_id": backend.model_id, "url": url,
+    main = next((m for m in (f"judge_{name}", f"quality_{name}") if m in result.metrics), f"judge_{name}")
+    judges[name] = {"metric": main, "metrics": result.metrics, "model_id": backend.model_id, "url": url,
                     "max_tokens": getattr(backend, "max_tokens", None),
                     "reasoning_effort": getattr(backend, "reasoning_effort", None),
                     "answers": result.judged, "failures": len(result.failures),

@@ -26,7 +26,7 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-from relaylens.errors import BudgetError, RelaylensError, TooShortError
+from relaylens.errors import BudgetError, RelaylensError, TooShortError, shown
 from relaylens.datasets import SAMPLE, resolve_data
 from relaylens.experiments.config import RunConfig, check_config
 from relaylens.experiments.judges import make_judge
@@ -395,5 +395,5 @@ def _jupyter_without_widgets() -> bool:
 
 
 def _advance(live, task, steps: int, record_id: str, stage: str) -> None:
-    if live is not None:
-        live.update(task, advance=steps, stage=f"{record_id}: {stage}")
+    if live is not None:  # a record id is dataset text: shown, never interpreted by the terminal
+        live.update(task, advance=steps, stage=f"{shown(record_id)}: {stage}")

@@ -62,6 +62,8 @@ class ExperimentSpec:
         sweep: ``"layers"`` adds the per-layer causal sweep (:mod:`relaylens.probes.layer_sweep`: relay in each layer
             alone and in layers ``0..l``, one question pass each, about ``2 x layers`` passes per record); ``""``
             (the default) runs none.
+        preset: the named preset applied (``"paper"``; :func:`relaylens.experiments.presets.apply_preset` sets it),
+            recorded in the manifest beside its effect; ``""`` for the analysis's own ``SPEC``.
     """
 
     name: str
@@ -83,6 +85,7 @@ class ExperimentSpec:
     data: str = "sample"
     sweep: str = ""
     protect_instructions: bool = False
+    preset: str = ""
 
     def __post_init__(self) -> None:
         from relaylens.selectors import REGISTRY, is_selector_name
@@ -146,6 +149,8 @@ class ExperimentSpec:
             del out["sweep"]
         if not out["protect_instructions"]:  # likewise for runs without protected spans
             del out["protect_instructions"]
+        if not out["preset"]:  # and for runs without a preset
+            del out["preset"]
         return out
 
 
