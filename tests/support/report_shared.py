@@ -12,7 +12,6 @@ MANIFEST = {"analysis": "evidence_reading", "config": {"spec": {"figures": ["fig
             "model": {"spec": "https://example.org/tiny-model", "weights_hash": "ab" * 32},
             "dataset": {"path": "/data/lme.json", "sha256": "cd" * 32}, "created_at": "2026-01-01T00:00:00+00:00"}
 
-LAYERS, HEADS = 4, 2
 
 
 @pytest.fixture(scope="module")
