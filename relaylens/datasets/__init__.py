@@ -28,7 +28,7 @@ import warnings
 from pathlib import Path
 
 from relaylens.datasets import hellobench, infinitebench, longmemeval, longmtbench, personamem
-from relaylens.datasets.common import peek_text
+from relaylens.datasets.common import data_suffix, peek_text
 from relaylens.datasets.formats import DatasetFormat
 from relaylens.datasets.infinitebench import TASKS as INFINITEBENCH_TASKS
 from relaylens.datasets.longmemeval import bundled_sample_path
@@ -92,7 +92,7 @@ def _refuse_empty_or_broken_json(path: Path) -> None:
     if not text:
         raise RecordError(f"dataset file {path} is empty. Fix: pass a LongMemEval / PersonaMem / Long-MT-Bench+ / "
                           "InfiniteBench file (re-download it if a transfer was cut short)")
-    if path.suffix not in (".csv", ".parquet") and text[:1] in "[{":
+    if data_suffix(path) not in (".csv", ".parquet") and text[:1] in "[{":
         try:
             json.loads(text)
         except RecursionError:
