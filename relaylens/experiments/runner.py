@@ -347,10 +347,12 @@ def history_problem(prompt, spec: ExperimentSpec, config: RunConfig, factors) ->
         return "too_long", (f"record {rid}: history of {L} tokens exceeds --max-history-tokens "
                             f"{config.max_history_tokens}")
     needed = L + spec.max_shift + int(prompt.question_ids.numel()) + max(spec.max_new_tokens, 1) + 1
-    if factors.max_position is not None and needed > factors.max_position:
+    if needed > factors.position_limit:
+        limit = (f"max_position_embeddings={factors.max_position}" if factors.position_limit == factors.max_position
+                 else "of 2**24 positions (float32 phases cannot tell larger positions apart)")
         return "too_long", (f"record {rid}: history of {L} tokens needs positions up to {needed - 1} (largest condition "
                             f"shift {spec.max_shift}, question and {spec.max_new_tokens} new tokens), past the model's "
-                            f"rotary range max_position_embeddings={factors.max_position}")
+                            f"rotary range {limit}")
     if L <= config.window_size:
         return "too_short", (f"record {rid}: history of {L} tokens is not longer than the {config.window_size}-token "
                              "observation window")
