@@ -230,6 +230,12 @@ class RotaryFactors:
         the positions as ``int64`` and the largest (-1 when there is none)."""
         return check_positions(positions, what, self.max_position, fix)
 
+    @staticmethod
+    def check_integer(positions, what: str) -> None:
+        """Raise :class:`~relaylens.errors.PositionError` unless ``positions`` have an integer dtype (the dtype half of
+        the position rule)."""
+        check_positions(positions, what, bounds=False)
+
     def check_positions(self, positions, what: str, fix: str | None = None) -> int:
         """Raise :class:`~relaylens.errors.PositionError` for non-integer, negative or out-of-range positions
         (:meth:`check_positions_of`); ``fix`` replaces the default advice. Returns the largest position (-1 if none)."""

@@ -107,3 +107,22 @@ def test_run_analysis_refuses_bad_placement_before_loading(workspace, config, me
         run_analysis(load_analysis("ordering").SPEC, RunConfig(model=str(root / "model"), data=str(data), out=str(out),
                                                               **config), progress=False)
     assert not out.exists()
+
+
+def test_an_error_inside_a_record_names_the_record(workspace, monkeypatch, tmp_path):
+    """Errors raised while a record runs (a position past the range, a non-finite cache) say which record it was."""
+    from relaylens.errors import PositionError
+    from relaylens.experiments.config import RunConfig
+    from relaylens.experiments.runner import run_analysis
+    from relaylens.experiments.specs import load_analysis
+    from relaylens.testing import tiny_model, tiny_tokenizer
+
+    def fail(*args, **kwargs):
+        raise PositionError("condition relay, layer 1: target positions reach position 99")
+
+    monkeypatch.setattr("relaylens.generation.rows.run_rows", fail)
+    spec = load_analysis("ordering").SPEC.replace(budgets=(0.4,), max_new_tokens=2, probes=False, replay_conditions=(),
+                                                  teacher_forcing=False, attribution=False)
+    config = RunConfig(model="tiny", data=str(workspace[1]), out=str(tmp_path / "run"), limit=1)
+    with pytest.raises(PositionError, match=r"^record \S+: condition relay, layer 1: target positions"):
+        run_analysis(spec, config, progress=False, model_and_tokenizer=(tiny_model("llama"), tiny_tokenizer()))
