@@ -13,17 +13,15 @@ there atomically, so a task that dies (a killed worker, a preempted node, out of
 (bad input) is not retried: it would fail the same way. When a shard still fails, the others finish, nothing is
 merged, and re-running the same command resumes every shard.
 
-**A local instance stays on this machine.** Without ``--ray-address`` (and ``RAY_ADDRESS``) the sweep starts Ray
-with its node address on the loopback interface, so the GCS, the raylet, the agents and the workers listen on
-127.0.0.1 only (Ray's single-machine mode), and without the dashboard (``--ray-dashboard`` starts it, on 127.0.0.1);
-a Ray that will not bind to loopback is shut down and refused. Joining a cluster fails within a bounded time when nothing answers: the address is probed first
-(``CONNECT_PROBE_S``) and the connection must complete within ``SweepOptions.connect_timeout_s``.
+**A local instance stays on this machine.** Without ``--ray-address`` (and ``RAY_ADDRESS``) Ray starts in its
+single-machine mode: every server listens on 127.0.0.1 only, with no dashboard unless ``--ray-dashboard``. Joining a
+cluster fails within a bounded time when nothing answers there (:mod:`relaylens.experiments.ray_connect`).
 
 **Code on the workers.** On a local Ray instance (no ``--ray-address``, no ``RAY_ADDRESS``) the workers import the
 driver's relaylens (its directory is put on their ``PYTHONPATH``). On a cluster they import the relaylens installed
 on the nodes; each shard's manifest records its versions and git commit, and the merge refuses shards that differ.
 
-Ray is optional (``pip install 'relaylens[ray]'``); nothing else in relaylens imports it.
+Ray is optional (``pip install 'relaylens[ray]'``); nothing outside this module and ray_connect imports it.
 
 Example:
     $ relaylens sweep coordinate_ablation --shards 4 --gpus-per-shard 1 --out /shared/runs/ablation
@@ -31,33 +29,23 @@ Example:
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import ipaddress
 import json
-import logging
 import os
 import socket
-import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from relaylens.errors import RelaylensError
 from relaylens.experiments.launch import shard_dir
+from relaylens.experiments.ray_connect import RAY_MISSING, SweepError, address_parts, import_ray, start_ray
 
 __all__ = ["SweepOptions", "SweepError", "RAY_MISSING", "import_ray", "run_sweep", "run_shard", "attempts_path"]
 
-RAY_MISSING = ("relaylens sweep runs its shards on Ray, which is not installed. Fix: pip install 'relaylens[ray]' "
-               "(or pip install ray); everything else (run, --shard i/n or auto, merge) works without it")
 ATTEMPTS = ".attempts.jsonl"
 """Suffix of ``RUN_DIR/shards/I-of-N.attempts.jsonl``: one line per attempt of a shard task (host, pid, start time),
 beside the shard directory (which holds only what the store writes); the progress view reads it."""
-CONNECT_PROBE_S = 10.0
-"""Seconds a TCP connection to ``--ray-address`` may take before the sweep says nothing answers there."""
-LOOPBACK_ONLY = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
-"""Ray's switch for its single-machine mode ("0": the node address is the loopback address, and every server of the
-node listens on it only); read by ``ray._private.ray_constants`` when Ray is imported, inherited by its processes."""
 
 
 def attempts_path(run_dir: str | Path, index: int, count: int) -> Path:
@@ -68,10 +56,6 @@ def attempts_path(run_dir: str | Path, index: int, count: int) -> Path:
     """
     path = shard_dir(run_dir, index, count)
     return path.with_name(path.name + ATTEMPTS)
-
-
-class SweepError(RelaylensError):
-    """A sweep that cannot start (no Ray, resources the cluster lacks) or whose shards failed."""
 
 
 @dataclass(frozen=True)
@@ -110,16 +94,7 @@ class SweepOptions:
         if not self.connect_timeout_s > 0:
             raise SweepError(f"connect_timeout_s must be a positive number of seconds; got {self.connect_timeout_s!r}")
         if self.ray_address is not None:
-            _address_parts(self.ray_address)  # a malformed address: one line now, not a hang later
-
-
-def import_ray():
-    """The ``ray`` module, or a :class:`SweepError` saying how to install it."""
-    try:
-        import ray
-    except ImportError:
-        raise SweepError(RAY_MISSING) from None
-    return ray
+            address_parts(self.ray_address)  # a malformed address: one line now, not a hang later
 
 
 def run_shard(spec, config, index: int, count: int, run_dir: str) -> dict:
@@ -158,142 +133,6 @@ def _unit_totals(spec, config, count: int) -> list[int]:
     limit = config.limit if config.limit is not None else spec.limit
     ids = [r.record_id for r in (records[:limit] if limit else records)]
     return [len(spec.units(shard_records(ids, i, count))) for i in range(count)]
-
-
-def _address_parts(address: str) -> tuple[str, int] | None:
-    """``(host, port)`` of ``HOST:PORT`` or ``ray://HOST:PORT``; None for ``auto`` / ``local`` (Ray resolves them)."""
-    text = str(address).strip()
-    if text.lower() in ("auto", "local"):
-        return None
-    host, sep, port = text.removeprefix("ray://").rpartition(":")
-    host = host.strip("[]")
-    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
-        raise SweepError(f"--ray-address {address!r} is not a Ray address. Fix: HOST:PORT of the head's GCS (e.g. "
-                         "10.0.0.5:6379), ray://HOST:10001 for Ray Client, or auto on a cluster node")
-    return host, int(port)
-
-
-def _probe(address: str) -> None:
-    """Refuse within :data:`CONNECT_PROBE_S` an address where nothing accepts a TCP connection (Ray itself would
-    retry forever)."""
-    parts = _address_parts(address)
-    if parts is None:
-        return
-    try:
-        socket.create_connection(parts, timeout=CONNECT_PROBE_S).close()
-    except OSError as err:
-        why = err.strerror or str(err) or type(err).__name__
-        raise SweepError(f"cannot reach Ray at {address}: nothing accepts connections there ({why}). Fix: start the "
-                         "cluster (ray start --head) or correct --ray-address (HOST:PORT of the head's GCS, "
-                         "ray://HOST:10001, or auto on a cluster node)") from None
-
-
-@contextlib.contextmanager
-def _loopback_only(ray):
-    """Ray's single-machine mode for a local start: its node address is the loopback address, so every server of the
-    node listens on 127.0.0.1 only (the environment variable for the processes it starts, the constant Ray read when
-    it was imported for this one)."""
-    constants = getattr(getattr(ray, "_private", None), "ray_constants", None)
-    before_env, before = os.environ.get(LOOPBACK_ONLY), getattr(constants, "ENABLE_RAY_CLUSTER", None)
-    os.environ[LOOPBACK_ONLY] = "0"
-    if before is not None:
-        constants.ENABLE_RAY_CLUSTER = False
-    try:
-        yield
-    finally:
-        if before_env is None:
-            os.environ.pop(LOOPBACK_ONLY, None)
-        else:
-            os.environ[LOOPBACK_ONLY] = before_env
-        if before is not None:
-            constants.ENABLE_RAY_CLUSTER = before
-
-
-class _OtherThreadNotice(logging.Filter):
-    """Drops Ray's notice that ``ray.init`` outside the main thread installs no SIGTERM handler (:func:`_join`)."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return "SIGTERM handler is not set" not in record.getMessage()
-
-
-def _join(ray, address: str | None, timeout_s: float) -> None:
-    """``ray.init`` of an existing cluster, given up after ``timeout_s`` (Ray retries an address that does not answer
-    as Ray forever): it runs on a daemon thread the sweep stops waiting for."""
-    done, failure = threading.Event(), []
-
-    def connect() -> None:
-        try:
-            ray.init(address=address, include_dashboard=False, log_to_driver=False, logging_level="WARNING")
-        except BaseException as err:  # noqa: BLE001 - handed to the caller
-            failure.append(err)
-        finally:
-            done.set()
-
-    notice = _OtherThreadNotice()
-    logging.getLogger("ray._private.worker").addFilter(notice)
-    try:
-        threading.Thread(target=connect, name="relaylens-ray-join", daemon=True).start()
-        answered = done.wait(timeout_s)
-    finally:
-        logging.getLogger("ray._private.worker").removeFilter(notice)
-    where = address or os.environ.get("RAY_ADDRESS") or "auto"
-    if not answered:
-        raise SweepError(f"cannot reach Ray at {where}: no Ray cluster answered within {timeout_s:g} s. Fix: check "
-                         "--ray-address (HOST:PORT of the head's GCS, ray://HOST:10001, or auto on a cluster node) and "
-                         "that the cluster is up (ray status on the head)")
-    if failure:
-        ray.shutdown()
-        raise SweepError(f"cannot reach Ray at {where}: {(str(failure[0]).strip().splitlines() or [''])[0]}. Fix: "
-                         "check --ray-address (auto on a cluster node, or ray://HEAD:10001)") from None
-
-
-def _start_local(ray, dashboard: bool = False) -> None:
-    """A local instance in Ray's single-machine mode (loopback only; the dashboard only when asked for, on
-    127.0.0.1), refused when Ray did not bind it to the loopback address."""
-    import relaylens
-
-    root = str(Path(relaylens.__file__).resolve().parent.parent)  # the workers import this process's relaylens
-    runtime_env = {"env_vars": {"PYTHONPATH": os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)}}
-    for attempt in (1, 2, 3):  # a local start can time out on a loaded machine (the node's agents start slowly)
-        try:
-            with _loopback_only(ray):
-                ray.init(runtime_env=runtime_env, include_dashboard=dashboard, dashboard_host="127.0.0.1",
-                         log_to_driver=False, logging_level="WARNING")
-            break
-        except Exception as err:  # noqa: BLE001 - Ray raises plain Exception for a node that failed to start
-            ray.shutdown()
-            if attempt == 3:
-                raise SweepError(f"cannot start a local Ray instance: {str(err).strip().splitlines()[0]}. Fix: retry "
-                                 "on a less loaded machine, or join a cluster with --ray-address; Ray's logs are in "
-                                 "/tmp/ray/session_latest/logs") from None
-    node = ray.util.get_node_ip_address()
-    if not ipaddress.ip_address(node.strip("[]")).is_loopback:
-        ray.shutdown()
-        raise SweepError(f"the local Ray instance bound to {node}, not to the loopback address, so its servers would "
-                         f"listen on the network; relaylens refuses it (this Ray ignores {LOOPBACK_ONLY}=0). Fix: start "
-                         "Ray yourself as you want it (ray start --head --node-ip-address ...) and pass --ray-address")
-
-
-def _start_ray(ray, options: SweepOptions) -> bool:
-    """Connect to ``options.ray_address`` or start a local instance; returns whether this call started Ray."""
-    if ray.is_initialized():
-        return False
-    local = options.ray_address is None and not os.environ.get("RAY_ADDRESS")
-    if local:
-        _start_local(ray, options.dashboard)
-    else:
-        address = options.ray_address or os.environ.get("RAY_ADDRESS")
-        _probe(address)
-        _join(ray, options.ray_address, options.connect_timeout_s)
-    if local:
-        have = ray.cluster_resources()
-        for kind, need in (("GPU", options.gpus_per_shard), ("CPU", options.cpus_per_shard)):
-            if need > have.get(kind, 0):
-                ray.shutdown()
-                raise SweepError(f"each shard asks for {need:g} {kind}s but this machine's Ray instance has "
-                                 f"{have.get(kind, 0):g}. Fix: lower --{kind.lower()}s-per-shard, or join a cluster "
-                                 "with --ray-address")
-    return True
 
 
 def _attempts(path: Path) -> list[dict]:
@@ -335,7 +174,7 @@ def run_sweep(spec, config, options: SweepOptions, console=None, report: bool = 
     if options.gpus_per_shard > 0 and config.device is None and config.device_map is None:
         config = dataclasses.replace(config, device="auto")  # the task's GPUs (Ray sets CUDA_VISIBLE_DEVICES)
     totals = _unit_totals(spec, config, options.shards)
-    started = _start_ray(ray, options)
+    started = start_ray(ray, options)
     try:
         task = ray.remote(run_shard).options(num_cpus=options.cpus_per_shard, num_gpus=options.gpus_per_shard,
                                              max_retries=options.max_retries, retry_exceptions=False)

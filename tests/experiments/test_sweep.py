@@ -209,7 +209,8 @@ def test_sweep_shard_errors_are_named_per_shard_and_nothing_is_merged(workspace)
 # bound UDP socket of this process and its descendants, read from /proc: {"sockets": [[pid, command, address]], ...}.
 LOCAL_SOCKETS = r"""
 import json, os, socket, struct
-from relaylens.experiments.sweep import SweepOptions, _start_ray, import_ray
+from relaylens.experiments.ray_connect import import_ray, start_ray
+from relaylens.experiments.sweep import SweepOptions
 
 def descendants(root):
     parents = {}
@@ -244,7 +245,7 @@ def listening():
     return found
 
 ray = import_ray()
-_start_ray(ray, SweepOptions(shards=1))
+start_ray(ray, SweepOptions(shards=1))
 try:
     assert ray.get(ray.remote(lambda: 1).remote()) == 1
     bound, out = listening(), []
@@ -299,7 +300,8 @@ def test_sweep_with_nothing_at_the_ray_address_fails_within_seconds(workspace):
 
 NOT_RAY = r"""
 import json, socket, sys, time
-from relaylens.experiments.sweep import SweepError, SweepOptions, _start_ray, import_ray
+from relaylens.experiments.ray_connect import import_ray, start_ray
+from relaylens.experiments.sweep import SweepError, SweepOptions
 
 ray = import_ray()
 server = socket.socket()
@@ -307,7 +309,7 @@ server.bind(("127.0.0.1", 0))
 server.listen()  # accepts connections but never answers as Ray (and Ray itself dials the node's address, not 127.0.0.1)
 started = time.monotonic()
 try:
-    _start_ray(ray, SweepOptions(shards=1, ray_address=f"127.0.0.1:{server.getsockname()[1]}", connect_timeout_s=5))
+    start_ray(ray, SweepOptions(shards=1, ray_address=f"127.0.0.1:{server.getsockname()[1]}", connect_timeout_s=5))
     print(json.dumps({"connected": True}))
 except SweepError as err:
     print(json.dumps({"error": str(err), "seconds": time.monotonic() - started}))
@@ -344,9 +346,9 @@ class _FakeRay:
         return False
 
     def init(self, **kwargs):
-        import relaylens.experiments.sweep as sweep
+        from relaylens.experiments.ray_connect import LOOPBACK_ONLY
 
-        self.calls.append({**kwargs, "loopback_env": os.environ.get(sweep.LOOPBACK_ONLY)})
+        self.calls.append({**kwargs, "loopback_env": os.environ.get(LOOPBACK_ONLY)})
 
     def shutdown(self):
         self.shutdowns += 1
@@ -357,22 +359,24 @@ class _FakeRay:
 
 @pytest.mark.parametrize("dashboard", [False, True])
 def test_local_ray_starts_in_single_machine_mode_with_the_dashboard_only_when_asked(dashboard, monkeypatch):
-    from relaylens.experiments.sweep import LOOPBACK_ONLY, SweepOptions, _start_ray
+    from relaylens.experiments.ray_connect import LOOPBACK_ONLY, start_ray
+    from relaylens.experiments.sweep import SweepOptions
 
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
     monkeypatch.delenv(LOOPBACK_ONLY, raising=False)
     ray = _FakeRay("127.0.0.1")
-    assert _start_ray(ray, SweepOptions(shards=1, dashboard=dashboard)) is True
+    assert start_ray(ray, SweepOptions(shards=1, dashboard=dashboard)) is True
     (call,) = ray.calls
     assert call["loopback_env"] == "0" and call["include_dashboard"] is dashboard and call["dashboard_host"] == "127.0.0.1"
     assert os.environ.get(LOOPBACK_ONLY) is None  # restored once Ray has started
 
 
 def test_a_local_ray_bound_beyond_loopback_is_shut_down_and_refused(monkeypatch):
-    from relaylens.experiments.sweep import SweepError, SweepOptions, _start_ray
+    from relaylens.experiments.ray_connect import start_ray
+    from relaylens.experiments.sweep import SweepError, SweepOptions
 
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
     ray = _FakeRay("192.0.2.2")
     with pytest.raises(SweepError, match=r"bound to 192\.0\.2\.2, not to the loopback address.*Fix"):
-        _start_ray(ray, SweepOptions(shards=1))
+        start_ray(ray, SweepOptions(shards=1))
     assert ray.shutdowns == 1
