@@ -371,6 +371,8 @@ def sweep(
                                     "default: start a local Ray instance", rich_help_panel="Ray"),
     max_retries: int = typer.Option(3, "--max-retries", help="restarts of a shard whose worker died (each resumes)",
                                     rich_help_panel="Ray"),
+    ray_dashboard: bool = typer.Option(False, "--ray-dashboard", help="start Ray's dashboard with a local instance "
+                                       "(on 127.0.0.1; a local instance listens on loopback only)", rich_help_panel="Ray"),
     report: bool = typer.Option(True, help="draw the figures and write the HTML report after the merge",
                                 rich_help_panel="Ray"),
     **options,
@@ -383,7 +385,7 @@ def sweep(
 
     spec, config = _spec_and_config({"analysis": analysis, **options})
     sweep_options = _guard(SweepOptions, shards=shards, gpus_per_shard=gpus_per_shard, cpus_per_shard=cpus_per_shard,
-                           ray_address=ray_address, max_retries=max_retries)
+                           ray_address=ray_address, max_retries=max_retries, dashboard=ray_dashboard)
     run_dir = _guard(run_sweep, spec, config, sweep_options, console=console, report=report)
     _print_summary(run_dir)
     console.print(f"[green]run directory[/] {run_dir} (merged from {shards} shards"

@@ -96,6 +96,9 @@ def parse_record(obj, path, where: str, task: str | None) -> Record:
         options = tuple(f"{chr(65 + i)}. {o}" for i, o in enumerate(raw))
         correct = chr(97 + idx)
     elif task == "longdialogue_qa_eng":
+        if "$$MASK$$" not in obj["context"]:  # the question asks who $$MASK$$ is: without it there is no answer
+            raise record_error(path, where, "context", "a dialogue script with the $$MASK$$ placeholder (En.Dia asks "
+                               "which character it hides)", obj["context"][:80], "keep the $$MASK$$ of the record")
         question = DIALOGUE_QUESTION
     if not question.strip():
         raise record_error(path, where, "input", "a non-empty question", question, "fill in the question")

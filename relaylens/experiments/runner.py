@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import json
 import time
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -297,33 +297,45 @@ def _run_units(model, tokenizer, factors, records, spec: ExperimentSpec, config:
             if not pending:
                 _advance(live, task, per_record, record.record_id, "done earlier")
                 continue
-            _advance(live, task, per_record - len(pending), record.record_id, "prefill")
-            prompt = render_prompt(record, tokenizer, mode=spec.prompt_mode)
-            reason = history_problem(prompt, spec, config, factors)
-            if reason is not None:
-                for name, budget in pending:
-                    _skip(store, record.record_id, name, budget, prompt.history_length, *reason)
-                _advance(live, task, len(pending), record.record_id, f"skipped ({reason[0]})")
-                continue
-            started = time.perf_counter()
-            prefill = _prefill(model, prompt, config, selectors.values())
-            prepared = {name: selectors[name].prepare(model, prefill, prompt, factors)  # FINCH: its question pass
-                        for name in dict.fromkeys(name for name, _ in pending)}
-            prefill_s = time.perf_counter() - started
-            _advance(live, task, 0, record.record_id, f"selecting {len(pending)} units")
-            units, too_short = select_units(prefill, prompt, pending, prepared, spec.protect_instructions)
-            for name, budget, err in too_short:
-                _skip(store, record.record_id, name, budget, prompt.history_length, "too_short",
-                      f"record {record.record_id}: {name} @ {budget:g}: {err}")
-                _advance(live, task, 1, record.record_id, "skipped (too_short)")
-            _advance(live, task, 0, record.record_id, f"decoding {len(units) * len(spec.conditions)} rows")
-            for unit, answers, scores, probes, view in process_record(
-                    model, tokenizer, factors, record, prompt, prefill, prefill_s, units, spec, config, judge,
-                    views=order < config.view_records):
-                store.write_unit(UnitKey(record.record_id, unit.selector, unit.budget), answers, scores, probes)
-                if view is not None:  # after the commit: a failed unit leaves no view behind (reliability suite)
-                    write_view(store.run_dir, view | {"order": order})
-                _advance(live, task, 1, record.record_id, "committed")
+            with _naming_record(record.record_id):  # an error of this record names it
+                _advance(live, task, per_record - len(pending), record.record_id, "prefill")
+                prompt = render_prompt(record, tokenizer, mode=spec.prompt_mode)
+                reason = history_problem(prompt, spec, config, factors)
+                if reason is not None:
+                    for name, budget in pending:
+                        _skip(store, record.record_id, name, budget, prompt.history_length, *reason)
+                    _advance(live, task, len(pending), record.record_id, f"skipped ({reason[0]})")
+                    continue
+                started = time.perf_counter()
+                prefill = _prefill(model, prompt, config, selectors.values())
+                prepared = {name: selectors[name].prepare(model, prefill, prompt, factors)  # FINCH: its question pass
+                            for name in dict.fromkeys(name for name, _ in pending)}
+                prefill_s = time.perf_counter() - started
+                _advance(live, task, 0, record.record_id, f"selecting {len(pending)} units")
+                units, too_short = select_units(prefill, prompt, pending, prepared, spec.protect_instructions)
+                for name, budget, err in too_short:
+                    _skip(store, record.record_id, name, budget, prompt.history_length, "too_short",
+                          f"record {record.record_id}: {name} @ {budget:g}: {err}")
+                    _advance(live, task, 1, record.record_id, "skipped (too_short)")
+                _advance(live, task, 0, record.record_id, f"decoding {len(units) * len(spec.conditions)} rows")
+                for unit, answers, scores, probes, view in process_record(
+                        model, tokenizer, factors, record, prompt, prefill, prefill_s, units, spec, config, judge,
+                        views=order < config.view_records):
+                    store.write_unit(UnitKey(record.record_id, unit.selector, unit.budget), answers, scores, probes)
+                    if view is not None:  # after the commit: a failed unit leaves no view behind (reliability suite)
+                        write_view(store.run_dir, view | {"order": order})
+                    _advance(live, task, 1, record.record_id, "committed")
+
+
+@contextmanager
+def _naming_record(record_id: str):
+    """Re-raise a relaylens error of one record with the record's id in front (unless the message names it)."""
+    try:
+        yield
+    except RelaylensError as err:
+        if record_id in str(err):
+            raise
+        raise type(err)(f"record {record_id}: {err}") from err
 
 
 def _prefill(model, prompt, config: RunConfig, selectors):
@@ -347,10 +359,12 @@ def history_problem(prompt, spec: ExperimentSpec, config: RunConfig, factors) ->
         return "too_long", (f"record {rid}: history of {L} tokens exceeds --max-history-tokens "
                             f"{config.max_history_tokens}")
     needed = L + spec.max_shift + int(prompt.question_ids.numel()) + max(spec.max_new_tokens, 1) + 1
-    if factors.max_position is not None and needed > factors.max_position:
+    if needed > factors.position_limit:
+        limit = (f"max_position_embeddings={factors.max_position}" if factors.position_limit == factors.max_position
+                 else "of 2**24 positions (float32 phases cannot tell larger positions apart)")
         return "too_long", (f"record {rid}: history of {L} tokens needs positions up to {needed - 1} (largest condition "
                             f"shift {spec.max_shift}, question and {spec.max_new_tokens} new tokens), past the model's "
-                            f"rotary range max_position_embeddings={factors.max_position}")
+                            f"rotary range {limit}")
     if L <= config.window_size:
         return "too_short", (f"record {rid}: history of {L} tokens is not longer than the {config.window_size}-token "
                              "observation window")

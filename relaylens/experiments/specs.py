@@ -94,8 +94,15 @@ class ExperimentSpec:
             if not is_selector_name(name):
                 raise RelaylensError(f"analysis {self.name!r}: unknown selector {name!r}; known: {sorted(REGISTRY)} or "
                                      "kvpress:<PressName>")
+        from relaylens.model.hf import POSITION_LIMIT
+
         for condition in self.conditions + self.replay_conditions:
-            get_condition(condition)
+            shift = int(getattr(get_condition(condition), "shift", 0))
+            if shift >= POSITION_LIMIT:  # every record would need positions float32 phases cannot tell apart
+                raise RelaylensError(f"analysis {self.name!r}: condition {condition!r} shifts the question by {shift:,} "
+                                     f"positions, at or past 2**24 = {POSITION_LIMIT:,}, where the rotary embedding's "
+                                     "float32 positions collapse (distinct positions share one phase). Fix: a shift "
+                                     "below the model's context (e.g. query_only(2048))")
         if "original" not in self.conditions:
             raise RelaylensError(f"analysis {self.name!r}: conditions must include 'original' (the paired reference)")
         for budget in self.budgets:
@@ -201,8 +208,9 @@ def _value(text: str):
 
 
 def parse_selector_arg(text: str) -> tuple[str, dict]:
-    """``NAME[:key=value,...]`` -> ``(name, options)`` (values read as bool, int, float or text). A kvpress press
-    is ``kvpress:<PressName>[:key=value,...]``; its name keeps the press's spelling.
+    """``NAME[:key=value,...]`` -> ``(name, options)`` (values read as bool, int, float or text; each selector
+    checks types and ranges when the spec is built, before any model loads). A kvpress press is
+    ``kvpress:<PressName>[:key=value,...]``; its name keeps the press's spelling.
 
     >>> parse_selector_arg("bm25:packing=truncate,k1=1.2")
     ('bm25', {'packing': 'truncate', 'k1': 1.2})

@@ -2,7 +2,7 @@
 
 * layer access: :func:`decoder_layers` (``model.model.layers[i]`` with ``self_attn``), :func:`attention_module`,
   :func:`attention_constants` (scaling, query heads per kv head);
-* rotary lookup and layout: :func:`find_rotary_embedding`, :func:`call_rotary`, :func:`rotary_function` (the modeling
+* rotary lookup and layout: :data:`POSITION_LIMIT`, :func:`find_rotary_embedding`, :func:`call_rotary`, :func:`rotary_function` (the modeling
   module's own ``apply_rotary_pos_emb``), :func:`detect_layout` (split-half vs interleaved ``rotate_half``),
   :func:`nope_layers` (layers that apply no rotary);
 * query/key rebuild recipes: :data:`QUERY_RECIPES`, :func:`rebuild_query_key` (post-rotary q/k of one attention
@@ -39,7 +39,7 @@ from torch import nn
 
 from relaylens.errors import RopeError
 
-__all__ = ["decoder_layers", "attention_module", "attention_constants", "find_rotary_embedding", "call_rotary",
+__all__ = ["POSITION_LIMIT", "decoder_layers", "attention_module", "attention_constants", "find_rotary_embedding", "call_rotary",
            "rotary_function", "detect_layout", "nope_layers", "QUERY_RECIPES", "rebuild_query_key", "attention_kernel",
            "layer_attention", "attention_modules", "rope_summary", "output_projection", "cache_tensors", "new_cache", "cache_from_tensors", "cached_keys", "cached_values", "cache_lengths", "pre_rotary_keys",
            "hook_cache", "attached_rotary", "preserved_attention_functions"]
@@ -96,6 +96,13 @@ def rope_summary(model) -> dict:
 
 
 # ----------------------------------------------------------------------------------------------- rotary lookup
+
+POSITION_LIMIT = 2**24
+"""Positions a Hugging Face rotary embedding can tell apart: it computes phases from float32 positions
+(``inv_freq.float() @ position_ids.float()``), and float32 holds every integer only below ``2**24`` (``2**24 + 1``
+rounds to ``2**24``). Every position relaylens feeds or relocates to stays below it
+(:func:`relaylens.geometry.positions.check_positions`), and ``--max-position`` may not exceed it."""
+
 
 def find_rotary_embedding(model: nn.Module) -> nn.Module:
     """The model's rotary embedding module (``model.model.rotary_emb`` or the first ``*RotaryEmbedding``)."""
