@@ -99,8 +99,8 @@ def rejudge_run(run_dir: str | Path, backend, name: str, data: str | Path | None
     checklist_metrics = [f"{m}_{name}" for m in (*CHECKLIST_METRICS, "checklist_failed")]
     result = RejudgeResult(name)
     with _lock(run_dir):
+        store.invalidate()  # from here on the consolidated tables may no longer describe the units
         begin_pass(run_dir, name, [metric, failed_metric, *checklist_metrics], _judge_settings(name, backend))
-        store.invalidate()  # the consolidated tables no longer describe the units from here on
         judge = Judge(backend, cache_path=run_dir / f"judge_cache_{name}.jsonl")
         checklist = ChecklistJudge(backend, cache_path=run_dir / f"judge_cache_checklist_{name}.jsonl")
         paths = store.unit_paths()

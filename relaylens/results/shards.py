@@ -170,11 +170,11 @@ def _unit_keys(manifest: dict, hashes: set[str]) -> list[str]:
     return [f"{k.record_id}/{k.selector}@{k.budget:g}" for k in _planned_keys(manifest) or [] if k.hash in hashes]
 
 
-def _content(tables: dict[str, dict[str, list]], hidden: dict[str, str]) -> str:
-    """A digest of a unit's rows without the score rows of the metrics in ``hidden`` (a judge pass's)."""
-    if hidden:
+def _content(tables: dict[str, dict[str, list]], judged: dict[str, str]) -> str:
+    """A digest of a unit's rows without the score rows of the metrics in ``judged`` (those of judge passes)."""
+    if judged:
         scores = tables["scores"]
-        keep = [i for i, m in enumerate(scores["metric"]) if m not in hidden]
+        keep = [i for i, m in enumerate(scores["metric"]) if m not in judged]
         tables = {**tables, "scores": {c: [v[i] for i in keep] for c, v in scores.items()}}
     return hashlib.sha256(json.dumps(tables, sort_keys=True).encode()).hexdigest()
 
