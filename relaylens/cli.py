@@ -96,6 +96,26 @@ def _guard(fn, *args, **kwargs):
               "command expects")
 
 
+def _warned(fn, *args, **kwargs):
+    """:func:`_guard` ``fn``, printing each warning it raises as one ``warning:`` line (stderr) before its result
+    or error."""
+    import warnings
+
+    from rich.markup import escape
+
+    def call():
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                for w in caught:
+                    if not issubclass(w.category, DeprecationWarning):
+                        console.print(f"[bold yellow]warning:[/] {escape(str(w.message))}")
+
+    return _guard(call)
+
+
 def os_error_line(err: OSError) -> str:
     """One line for an operating-system error: what failed on which file, and a fix that fits the error
     (only a full disk is told to free space)."""
@@ -386,7 +406,7 @@ def sweep(
     spec, config = _spec_and_config({"analysis": analysis, **options})
     sweep_options = _guard(SweepOptions, shards=shards, gpus_per_shard=gpus_per_shard, cpus_per_shard=cpus_per_shard,
                            ray_address=ray_address, max_retries=max_retries, dashboard=ray_dashboard)
-    run_dir = _guard(run_sweep, spec, config, sweep_options, console=console, report=report)
+    run_dir = _warned(run_sweep, spec, config, sweep_options, console=console, report=report)
     _print_summary(run_dir)
     console.print(f"[green]run directory[/] {run_dir} (merged from {shards} shards"
                   f"{'; figures and report.html written' if report else ''})")
@@ -402,21 +422,15 @@ def merge(
 ) -> None:
     """Combine shard run directories into one (manifests must agree; keys must not conflict; complete unless
     --allow-incomplete). With one RUN_DIR and no --out: merge RUN_DIR/shards/I-of-N into RUN_DIR."""
-    import warnings
-
     from relaylens.results.shards import merge_run_dir, merge_runs
 
     if out is None and len(shards) != 1:
         _fail("relaylens merge: pass --out DIR to merge several shard directories, or one run directory whose "
               "shards/ subdirectory holds the shards (relaylens merge RUN_DIR)")
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        if out is None:
-            merged = _guard(merge_run_dir, shards[0], allow_incomplete=allow_incomplete)
-        else:
-            _guard(merge_runs, [str(s) for s in shards], str(out), allow_incomplete=allow_incomplete)
-    for w in caught:
-        console.print(f"[bold yellow]warning:[/] {_safe(w.message)}")
+    if out is None:
+        merged = _warned(merge_run_dir, shards[0], allow_incomplete=allow_incomplete)
+    else:
+        _warned(merge_runs, [str(s) for s in shards], str(out), allow_incomplete=allow_incomplete)
     if out is None:
         console.print(f"[green]merged[/] {len(merged)} shards into {shards[0]}")
         return
@@ -492,7 +506,7 @@ def figures_command(
     fmts = [f.strip() for f in formats.split(",") if f.strip()]
     if not fmts:
         _fail(f"--format {formats!r} names no figure format. Fix: pass one or more of png, pdf, svg (e.g. --format png)")
-    paths = _guard(write_figures, run_dirs[0] if len(run_dirs) == 1 else run_dirs, only=only, formats=fmts,
+    paths = _warned(write_figures, run_dirs[0] if len(run_dirs) == 1 else run_dirs, only=only, formats=fmts,
                    all_supported=all_supported, progress=lambda name: console.print(f"drawing {name} ..."),
                    metric=metric, retained_only=retained_only, out=out)
     for path in paths:
@@ -520,7 +534,7 @@ def report_command(
     from relaylens.reporting.report import write_report
 
     with console.status("rendering report ..."):
-        path = _guard(write_report, run_dirs[0] if len(run_dirs) == 1 else run_dirs, out, view_records, metric=metric,
+        path = _warned(write_report, run_dirs[0] if len(run_dirs) == 1 else run_dirs, out, view_records, metric=metric,
                       retained_only=retained_only)
     print(path)
     console.print(f"[green]wrote[/] {path}")

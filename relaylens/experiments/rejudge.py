@@ -7,7 +7,9 @@ by checklist instead (:mod:`relaylens.scoring.checklist`; give ``--max-tokens 20
 are replaced; answers, probes and every other score are rewritten unchanged (so ``answers.parquet`` is
 byte-identical). Malformed replies count as failures and are listed (``RUN_DIR/judge_<name>_failures.json``). The
 judge's settings go to ``RUN_DIR/judges.json``; its verdicts are cached in ``RUN_DIR/judge_cache_<name>.jsonl``, so
-an interrupted pass resumes without new calls.
+an interrupted pass resumes without new calls. The pass is recorded there as incomplete before the first unit is
+rewritten and as complete after the last (:mod:`relaylens.results.passes`): until then its scores are not shown,
+and reports name the interrupted pass.
 
 Example:
     $ relaylens judge runs/main_table --judge-url http://127.0.0.1:8000/v1 --judge-model gpt-oss-20b \\
@@ -107,10 +109,14 @@ def rejudge_run(run_dir: str | Path, backend, name: str, data: str | Path | None
     _warn_short_checklist_replies(records, backend)
     from relaylens.scoring.checklist import CHECKLIST_METRICS, ChecklistJudge, is_checklist_record
 
+    from relaylens.results.passes import begin_pass, finish_pass
+
     metric, failed_metric = f"judge_{name}", f"judge_{name}_failed"
     checklist_metrics = [f"{m}_{name}" for m in (*CHECKLIST_METRICS, "checklist_failed")]
     result, written = RejudgeResult(name), {}
     with _lock(run_dir):
+        store.invalidate()  # from here on the consolidated tables may no longer describe the units
+        begin_pass(run_dir, name, [metric, failed_metric, *checklist_metrics], _judge_settings(name, backend))
         judge = Judge(backend, cache_path=run_dir / f"judge_cache_{name}.jsonl")
         checklist = ChecklistJudge(backend, cache_path=run_dir / f"judge_cache_checklist_{name}.jsonl")
         paths = store.unit_paths()
@@ -146,12 +152,14 @@ def rejudge_run(run_dir: str | Path, backend, name: str, data: str | Path | None
                              skipped_rows=_rows(tables["skipped"]))
             if progress:
                 progress(done, len(paths))
-        store.consolidate()
-        result.metrics = list(written)
+        result.metrics = sorted(written)
         result.calls = judge.stats["calls"] + checklist.stats["calls"]
         result.cache_hits = judge.stats["cache_hits"] + checklist.stats["cache_hits"]
         _write_json(run_dir / f"judge_{name}_failures.json", result.failures)
-        _record_judge(run_dir, name, backend, result)
+        main = next((m for m in (metric, f"quality_{name}") if m in result.metrics), metric)
+        finish_pass(run_dir, name, {"metric": main, "metrics": result.metrics or [metric, failed_metric],
+                                    "answers": result.judged, "failures": len(result.failures), "at": _now()})
+        store.consolidate()
     return result
 
 
@@ -177,24 +185,23 @@ def _lock(run_dir: Path):
 
 
 def _write_json(path: Path, obj) -> None:
-    tmp = path.with_name(f".tmp-{path.name}")
-    tmp.write_text(json.dumps(obj, indent=2, sort_keys=True, default=str) + "\n")
-    tmp.replace(path)
+    from relaylens.results.atomic import write_atomic
+
+    write_atomic(path, json.dumps(obj, indent=2, sort_keys=True, default=str) + "\n")
 
 
-def _record_judge(run_dir: Path, name: str, backend, result: RejudgeResult) -> None:
-    path = run_dir / "judges.json"
-    judges = json.loads(path.read_text()) if path.exists() else {}
+def _now() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+
+
+def _judge_settings(name: str, backend) -> dict:
+    """What ``judges.json`` records about a judge: its metric, model, URL (credentials removed) and settings."""
     url = getattr(backend, "shown_url", None) or getattr(backend, "url", None)
     if url:
         from relaylens.scoring import judge as judge_module
 
         redact = getattr(judge_module, "redact_url", None)
         url = redact(url) if redact else url.split("?", 1)[0]
-    main = next((m for m in (f"judge_{name}", f"quality_{name}") if m in result.metrics), f"judge_{name}")
-    judges[name] = {"metric": main, "metrics": result.metrics, "model_id": backend.model_id, "url": url,
-                    "max_tokens": getattr(backend, "max_tokens", None),
-                    "reasoning_effort": getattr(backend, "reasoning_effort", None),
-                    "answers": result.judged, "failures": len(result.failures),
-                    "at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
-    _write_json(path, judges)
+    return {"metric": f"judge_{name}", "model_id": backend.model_id, "url": url,
+            "max_tokens": getattr(backend, "max_tokens", None),
+            "reasoning_effort": getattr(backend, "reasoning_effort", None), "at": _now()}

@@ -294,13 +294,16 @@ def _run_units(model, tokenizer, factors, records, spec: ExperimentSpec, config:
             if config.retry_skipped:
                 _forget_skipped(store, keys)
             pending = [(k.selector, k.budget) for k in keys if not store.is_done(k)]
-            if not pending:
+            redo = _missing_views(store, keys) if order < config.view_records else []  # committed, view lost
+            if not pending and not redo:
                 _advance(live, task, per_record, record.record_id, "done earlier")
                 continue
             with _naming_record(record.record_id):  # an error of this record names it
                 _advance(live, task, per_record - len(pending), record.record_id, "prefill")
                 prompt = render_prompt(record, tokenizer, mode=spec.prompt_mode)
                 reason = history_problem(prompt, spec, config, factors)
+                if reason is not None and not pending:
+                    continue  # only views to write again, and the record no longer fits (--force with other settings)
                 if reason is not None:
                     for name, budget in pending:
                         _skip(store, record.record_id, name, budget, prompt.history_length, *reason)
@@ -309,10 +312,11 @@ def _run_units(model, tokenizer, factors, records, spec: ExperimentSpec, config:
                 started = time.perf_counter()
                 prefill = _prefill(model, prompt, config, selectors.values())
                 prepared = {name: selectors[name].prepare(model, prefill, prompt, factors)  # FINCH: its question pass
-                            for name in dict.fromkeys(name for name, _ in pending)}
+                            for name in dict.fromkeys(name for name, _ in pending + redo)}
                 prefill_s = time.perf_counter() - started
                 _advance(live, task, 0, record.record_id, f"selecting {len(pending)} units")
-                units, too_short = select_units(prefill, prompt, pending, prepared, spec.protect_instructions)
+                units, too_short = select_units(prefill, prompt, pending + redo, prepared, spec.protect_instructions)
+                too_short = [t for t in too_short if t[:2] not in redo]
                 for name, budget, err in too_short:
                     _skip(store, record.record_id, name, budget, prompt.history_length, "too_short",
                           f"record {record.record_id}: {name} @ {budget:g}: {err}")
@@ -321,10 +325,13 @@ def _run_units(model, tokenizer, factors, records, spec: ExperimentSpec, config:
                 for unit, answers, scores, probes, view in process_record(
                         model, tokenizer, factors, record, prompt, prefill, prefill_s, units, spec, config, judge,
                         views=order < config.view_records):
-                    store.write_unit(UnitKey(record.record_id, unit.selector, unit.budget), answers, scores, probes)
+                    again = (unit.selector, unit.budget) in redo  # committed earlier: only its view is written
+                    if not again:
+                        store.write_unit(UnitKey(record.record_id, unit.selector, unit.budget), answers, scores, probes)
                     if view is not None:  # after the commit: a failed unit leaves no view behind (reliability suite)
                         write_view(store.run_dir, view | {"order": order})
-                    _advance(live, task, 1, record.record_id, "committed")
+                    if not again:
+                        _advance(live, task, 1, record.record_id, "committed")
 
 
 @contextmanager
@@ -384,7 +391,22 @@ def _forget_skipped(store, keys) -> None:
     for key in keys:
         path = store.unit_path(key)
         if path.exists() and len(store.read_unit(path)["skipped"]):
-            path.unlink()
+            store.remove_unit(key)
+
+
+def _missing_views(store, keys) -> list[tuple[str, float]]:
+    """``(selector, budget)`` of the committed units whose probes ran (a token view was due) but whose view is
+    missing or damaged (a write that failed after the commit): the resumed run computes them again for the view
+    only."""
+    from relaylens.results.views import has_view
+
+    missing = []
+    for key in keys:
+        if store.is_done(key) and not has_view(store.run_dir, key):
+            probes = store.load_unit(store.unit_path(key))["probes"]
+            if "forward" in probes["source"]:
+                missing.append((key.selector, key.budget))
+    return missing
 
 
 def _progress(enabled: bool):

@@ -77,8 +77,10 @@ def choose_metrics(scores: pd.DataFrame, requested: str | None = None) -> tuple[
 
 def run_label(manifest: dict) -> dict[str, str]:
     """``{"model", "dataset"}`` labels of a run from its manifest (file names, not full paths)."""
-    model = str((manifest.get("model") or {}).get("spec") or "?").rstrip("/")
-    dataset = (manifest.get("dataset") or {}).get("path") or "?"
+    from relaylens.results.store import manifest_section
+
+    model = str(manifest_section(manifest, "model").get("spec") or "?").rstrip("/")
+    dataset = manifest_section(manifest, "dataset").get("path") or "?"
     return {"model": Path(model).name or model, "dataset": Path(str(dataset)).stem}
 
 

@@ -7,7 +7,8 @@ choice accuracy), else ``contains`` with ``f1`` alongside (``--metric`` chooses;
 are 95% paired cluster-bootstrap intervals (:mod:`relaylens.reporting.bootstrap`, through :mod:`relaylens.reporting.summaries`).
 
 One file per figure, named after its analysis; :mod:`relaylens.reporting.figures.registry` holds the registry
-(:data:`REGISTRY`, by name; ``SPEC.figures`` of each analysis names its entries) and the run-directory writer.
+(:data:`REGISTRY`, by name; ``SPEC.figures`` of each analysis names its entries), :mod:`~relaylens.reporting.figures.writer`
+the run-directory writer.
 
 =================== ====== ==================== =========================================================================
 name                kind   file                 what
@@ -44,7 +45,8 @@ from relaylens.reporting.figures import (  # noqa: F401 - importing a figure fil
     alignment, budget_curves, coordinate_ablation, cross_judge, evidence_attribution, evidence_reading, finch_comparison,
     infinitebench, layer_scope, main_table, ordering, overhead, paired_settings, question_types, summarization)
 from relaylens.reporting.figures.registry import (COMPANIONS, ORDER, REGISTRY, FigureEntry, FigureError, build, names,
-                                        select_figures, supported, write_entry, write_figures)
+                                        select_figures, supported)
+from relaylens.reporting.figures.writer import write_entry, write_figures
 REGISTRY.update({name: REGISTRY.pop(name) for name in names()})  # iteration order = drawing order (ORDER first)
 
 __all__ = ["REGISTRY", "ORDER", "COMPANIONS", "FigureEntry", "FigureError", "build", "names", "select_figures",
