@@ -32,6 +32,7 @@ from relaylens.experiments.config import RunConfig, check_config
 from relaylens.experiments.judges import make_judge
 from relaylens.experiments.specs import ExperimentSpec
 from relaylens.datasets.records import Record
+from relaylens.generation.rows import default_eos_ids
 
 
 def first_answer_token(tokenizer, record: Record, mode: str) -> int | None:
@@ -71,6 +72,19 @@ def query_window(config: RunConfig, selectors, history_length: int) -> int:
     window of history queries (Scissorhands' ``query_window``), capped at the history length."""
     extra = max([getattr(s, "query_window", 0) for s in selectors] + [0])
     return max(config.window_size, min(extra, history_length))
+
+
+def first_token_end_probability(last_logits: torch.Tensor, end_ids: list[int]) -> float:
+    """The probability the final question token gives the end-of-answer tokens (EOS / end of turn) as the first
+    answer token: an answer that is empty before it starts. NaN when the model has no such token.
+
+    >>> round(first_token_end_probability(torch.zeros(3), [2]), 4), first_token_end_probability(torch.zeros(3), [])
+    (0.3333, nan)
+    """
+    if not end_ids:
+        return float("nan")
+    probs = torch.softmax(last_logits.detach().double(), dim=-1)  # [vocab]
+    return float(probs[[i for i in end_ids if 0 <= i < probs.numel()]].sum())
 
 
 def _gold_units(prompt, selection, granularity: str) -> tuple[int, int]:
@@ -180,6 +194,7 @@ def _unit_tables(model, tokenizer, record, prompt, prefill, prefill_s, unit: Uni
     meta = {"question_type": record.question_type, "is_abstention": bool(record.is_abstention),
             "cluster_id": record.cluster_id or record.record_id}
     answers, scores, probe_frames, reference, recorders = [], [], [], None, {}
+    end_ids = sorted(default_eos_ids(model, tokenizer))  # what ends an answer, whatever the run's --stop
     for generation, probed, elapsed, batch_rows in outcomes:
         label = generation.condition
         if probed is not None:
@@ -195,6 +210,7 @@ def _unit_tables(model, tokenizer, record, prompt, prefill, prefill_s, unit: Uni
             "question_start": generation.question_start, "gold_units_total": gold_total, "gold_units_kept": gold_kept,
             "references": json.dumps(list(record.answers)), "elapsed_s": elapsed, "prefill_s": prefill_s,
             "selection_s": unit.selection_s, "batch_rows": batch_rows,
+            "first_token_eos_prob": first_token_end_probability(generation.last_logits, end_ids),
         })
         metrics = score_answer(record, generation.text) if record.answers else {}  # summaries: judged only
         if judge is not None:  # blinded: the judge sees question, references and answer, never selector or condition
