@@ -132,7 +132,7 @@ MOVED: dict[str, tuple[str, ...]] = {
     "htmlsafe": ("reporting.htmlsafe",),
     "overhead": ("reporting.overhead",),
     "presets": ("experiments.presets",),
-    "runner": ("experiments.runner",),
+    "runner": ("experiments.runner", "experiments.summary"),
     "launch": ("experiments.launch",),
     "sweep": ("experiments.sweep",),
     "demo": ("experiments.demo",),

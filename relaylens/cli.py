@@ -7,7 +7,7 @@ are printed as one clear line with exit status 2, never as a traceback from deep
 from __future__ import annotations
 
 import contextlib
-
+import inspect
 import sys
 from pathlib import Path
 
@@ -15,6 +15,7 @@ import typer
 from rich.console import Console
 
 from relaylens.model.embedded import DEFAULT_MODEL, EMBEDDED  # names only: importing them loads no model code
+from relaylens.scoring.judge import DEADLINE_S, MAX_REPLY_BYTES  # the judge's documented bounds (stdlib only)
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="relaylens: post-selection positional geometry of sparse KV caches.")
 model_app = typer.Typer(no_args_is_help=True, help="Embedded models.")
@@ -43,19 +44,49 @@ def _load_kwargs(device, dtype, device_map, attn_implementation, rope_scaling, m
 
 
 def _fail(message: str) -> None:
-    from rich.markup import escape
-
-    console.print(f"[bold red]error:[/] {escape(message)}")  # messages may hold brackets: pip install 'relaylens[ray]'
+    console.print(f"[bold red]error:[/] {_safe(message)}")  # one line, even when it quotes a record id
     raise typer.Exit(2)
 
 
+def _safe(text) -> str:
+    """Text for ``console.print``: control characters shown as escapes (:func:`relaylens.errors.shown`) and rich
+    markup escaped (messages may hold brackets: pip install 'relaylens[ray]')."""
+    from rich.markup import escape
+
+    from relaylens.errors import shown
+
+    return escape(shown(text))
+
+
+@contextlib.contextmanager
+def _warnings_as_lines():
+    """Python warnings raised inside print at once as one ``warning:`` line each, without a source path."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.showwarning = lambda message, *args, **kwargs: console.print(f"[bold yellow]warning:[/] {_safe(message)}")
+        yield
+
+
+def _check_key_env(judge_url: str | None, judge_key_env: str | None) -> None:
+    """An unset ``--judge-key-env`` variable, in the command line's terms (before any model loads)."""
+    import os
+
+    if judge_url and judge_key_env is not None and not os.environ.get(judge_key_env):
+        _fail(f"--judge-key-env {judge_key_env}: the environment variable {judge_key_env} is not set (or empty). Fix: "
+              f"export {judge_key_env}=YOUR_KEY before the command, or leave out --judge-key-env for an endpoint "
+              "without authentication")
+
+
 def _guard(fn, *args, **kwargs):
-    """Run ``fn`` and turn relaylens input errors and OS errors into one clear line (exit 2)."""
+    """Run ``fn`` and turn relaylens input errors and OS errors into one clear line (exit 2), and its Python warnings
+    into one ``warning:`` line each."""
     from relaylens.errors import RelaylensError
     from relaylens.results.store import StoreWriteError
 
     try:
-        return fn(*args, **kwargs)
+        with _warnings_as_lines():
+            return fn(*args, **kwargs)
     except (RelaylensError, ValueError) as err:
         _fail(str(err))
     except StoreWriteError as err:  # already names the run directory and the fix
@@ -65,6 +96,26 @@ def _guard(fn, *args, **kwargs):
     except RecursionError:
         _fail("the input is nested too deeply to read (RecursionError). Fix: check that the file is what the "
               "command expects")
+
+
+def _warned(fn, *args, **kwargs):
+    """:func:`_guard` ``fn``, printing each warning it raises as one ``warning:`` line (stderr) before its result
+    or error."""
+    import warnings
+
+    from rich.markup import escape
+
+    def call():
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                for w in caught:
+                    if not issubclass(w.category, DeprecationWarning):
+                        console.print(f"[bold yellow]warning:[/] {escape(str(w.message))}")
+
+    return _guard(call)
 
 
 def os_error_line(err: OSError) -> str:
@@ -229,6 +280,7 @@ def _spec_and_config(p: dict):
                   stop=p["stop"], sweep=p["sweep"], protect_instructions=p["protect_instructions"])
     placement = {k: p[k] for k in ("device", "dtype", "device_map", "attn_implementation", "rope_scaling", "max_position")}
     _load_kwargs(**placement)  # bad values: one line, early
+    _check_key_env(p["judge_url"], p["judge_key_env"])
     config = RunConfig(model=p["model"], data=p["data"], data_format=p["data_format"], limit=p["limit"],
                        out=str(p["out"]) if p["out"] else None, shard=p["shard"], seed=p["seed"], force=p["force"],
                        judge_url=p["judge_url"], judge_model=p["judge_model"], judge_key_env=p["judge_key_env"],
@@ -247,87 +299,121 @@ def _print_summary(run_dir) -> None:
         print(text)
 
 
+# --- the options of `relaylens run` (and of `sweep`, which passes them to every shard), declared once, in panels ------
+
+_MODEL, _DATA, _SELECT, _DECODE, _JUDGE, _OUTPUT = ("Model and placement", "Data", "Selection and conditions", "Decoding",
+                                                    "Judge", "Output and scale")
+
+
+def _option(name: str, annotation, *decls: str, panel: str, **kw) -> inspect.Parameter:
+    return inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, annotation=annotation,
+                             default=typer.Option(kw.pop("default", None), *decls, rich_help_panel=panel, **kw))
+
+
+RUN_OPTIONS = [
+    _option("model", str, default=DEFAULT_MODEL, help="embedded name, local HF dir, .gguf file or hub id", panel=_MODEL),
+    _option("device", str, "--device", help=_DEVICE.help, panel=_MODEL),
+    _option("dtype", str, "--dtype", help=_DTYPE.help, panel=_MODEL),
+    _option("device_map", str, "--device-map", help=_DEVICE_MAP.help, panel=_MODEL),
+    _option("attn_implementation", str, "--attn-implementation", default="sdpa", help=_ATTN.help, panel=_MODEL),
+    _option("rope_scaling", str, "--rope-scaling", help=_ROPE.help, panel=_MODEL),
+    _option("max_position", int, "--max-position", help=_MAX_POS.help, panel=_MODEL),
+    _option("data", str, default="sample", help="dataset file, or 'sample' for the bundled LongMemEval-schema sample",
+            panel=_DATA),
+    _option("data_format", str, "--format", default="auto", help="dataset format (auto-detected when unambiguous)",
+            panel=_DATA),
+    _option("limit", int, help="first N records (default: the analysis's CPU-sized limit)", panel=_DATA),
+    _option("max_history_tokens", int, "--max-history-tokens", help="skip (and record) records whose history is "
+            "longer (default: what the rotary range and the largest condition shift allow)", panel=_DATA),
+    _option("granularity", str, help="gold evidence unit for probes and retention: turn or session", panel=_DATA),
+    _option("preset", str, help="named configuration of the analysis: paper (the paper's settings)", panel=_SELECT),
+    _option("selector", list[str], "--selector", help="selector to sweep, NAME[:key=value,...] (repeatable; replaces "
+            "the analysis's selectors), e.g. bm25:packing=truncate", panel=_SELECT),
+    _option("condition", list[str], "--condition", help="condition to run (repeatable; original is added when "
+            "missing), e.g. relay, query_only(2048), compaction(0.5)", panel=_SELECT),
+    _option("budget", list[float], help="override budgets (repeatable): ratio in (0,1] or states", panel=_SELECT),
+    _option("protect_instructions", bool, "--protect-instructions/--no-protect-instructions",
+            help="keep the instruction and chat-template tokens outside the budget (every selector keeps them; the "
+            "budget applies to the source text); default: the analysis's (on for summarization, off for memory tasks)",
+            panel=_SELECT),
+    _option("seed", int, default=0, help="seed for random selectors and orders", panel=_SELECT),
+    _option("sweep", str, "--sweep", help="'layers': per-layer causal sweep (relay in layer l only, and in layers 0..l, "
+            "for every l): costs one extra question pass per layer and curve for every record (about 2 x layers "
+            "passes); off by default; recorded in the manifest", panel=_SELECT),
+    _option("stop", str, help="decoding stop: eos, newline or none (fixed length)", panel=_DECODE),
+    _option("max_new_tokens", int, "--max-new-tokens", help="override the decoding limit", panel=_DECODE),
+    _option("prompt_mode", str, "--prompt-mode", help="chat, completion or auto (chat where the model has a template)",
+            panel=_DECODE),
+    _option("batch_rows", int, "--batch-rows", help="rows (selector x budget x condition) of a record decoded in one "
+            "batch (default: all; 1: one at a time, per-request timings)", panel=_DECODE),
+    _option("judge_url", str, "--judge-url", help="OpenAI-compatible base URL of an LLM judge (optional)", panel=_JUDGE),
+    _option("judge_model", str, "--judge-model", help="judge model: name at --judge-url, a local HF model spec, or "
+            "'stub' (deterministic local checklist stub, summarization demos/tests)", panel=_JUDGE),
+    _option("judge_key_env", str, "--judge-key-env", help="environment variable with the judge's API key", panel=_JUDGE),
+    _option("out", Path, help="run directory (default runs/ANALYSIS)", panel=_OUTPUT),
+    _option("shard", str, help="i/n: run the i-th of n deterministic record shards; auto: take i/n from torchrun/"
+            "accelerate (RANK, WORLD_SIZE) or SLURM and write OUT/shards/I-of-N", panel=_OUTPUT),
+    _option("force", bool, default=False, help="reuse a run directory whose manifest differs", panel=_OUTPUT),
+    _option("retry_skipped", bool, "--retry-skipped", default=False, help="recompute units recorded as skipped",
+            panel=_OUTPUT),
+    _option("view_records", int, "--view-records", default=3, min=0, help="store the token view (per-token attention "
+            "of the final question token) for the first N records with probes", panel=_OUTPUT),
+]
+
+
+def with_run_options(command):
+    """Declare :data:`RUN_OPTIONS` as keyword parameters of ``command`` (which takes them as ``**options``)."""
+    signature = inspect.signature(command)
+    fixed = [p for p in signature.parameters.values() if p.kind is not inspect.Parameter.VAR_KEYWORD]
+    command.__signature__ = signature.replace(parameters=fixed + RUN_OPTIONS)
+    return command
+
+
 @app.command("run")
-def run(
-    analysis: str = typer.Argument(..., help="analysis name (analyses/NAME.py), e.g. coordinate_ablation"),
-    model: str = typer.Option(DEFAULT_MODEL, help="embedded name, local HF dir, .gguf file or hub id"),
-    data: str = typer.Option("sample", help="dataset file, or 'sample' for the bundled LongMemEval-schema sample"),
-    data_format: str = typer.Option("auto", "--format", help="dataset format (auto-detected when unambiguous)"),
-    limit: int = typer.Option(None, help="first N records (default: the analysis's CPU-sized limit)"),
-    preset: str = typer.Option(None, help="named configuration of the analysis: paper (the paper's settings)"),
-    selector: list[str] = typer.Option(None, "--selector", help="selector to sweep, NAME[:key=value,...] (repeatable; "
-                                       "replaces the analysis's selectors), e.g. bm25:packing=truncate"),
-    condition: list[str] = typer.Option(None, "--condition", help="condition to run (repeatable; original is added when "
-                                        "missing), e.g. relay, query_only(2048), compaction(0.5)"),
-    budget: list[float] = typer.Option(None, help="override budgets (repeatable): ratio in (0,1] or states"),
-    granularity: str = typer.Option(None, help="gold evidence unit for probes and retention: turn or session"),
-    stop: str = typer.Option(None, help="decoding stop: eos, newline or none (fixed length)"),
-    max_new_tokens: int = typer.Option(None, "--max-new-tokens", help="override the decoding limit"),
-    prompt_mode: str = typer.Option(None, "--prompt-mode", help="chat, completion or auto (chat where the model has a template)"),
-    max_history_tokens: int = typer.Option(None, "--max-history-tokens", help="skip (and record) records whose history is "
-                                           "longer (default: what the rotary range and the largest condition shift allow)"),
-    retry_skipped: bool = typer.Option(False, "--retry-skipped", help="recompute units recorded as skipped"),
-    protect_instructions: bool = typer.Option(None, "--protect-instructions/--no-protect-instructions",
-                                              help="keep the instruction and chat-template tokens outside the budget "
-                                              "(every selector keeps them; the budget applies to the source text); "
-                                              "default: the analysis's (on for summarization, off for memory tasks)"),
-    device: str = _DEVICE, dtype: str = _DTYPE, device_map: str = _DEVICE_MAP, attn_implementation: str = _ATTN,
-    rope_scaling: str = _ROPE, max_position: int = _MAX_POS,
-    out: Path = typer.Option(None, help="run directory (default runs/ANALYSIS)"),
-    shard: str = typer.Option(None, help="i/n: run the i-th of n deterministic record shards; auto: take i/n from "
-                              "torchrun/accelerate (RANK, WORLD_SIZE) or SLURM and write OUT/shards/I-of-N"),
-    seed: int = typer.Option(0, help="seed for random selectors and orders"),
-    force: bool = typer.Option(False, help="reuse a run directory whose manifest differs"),
-    judge_url: str = typer.Option(None, "--judge-url", help="OpenAI-compatible base URL of an LLM judge (optional)"),
-    judge_model: str = typer.Option(None, "--judge-model", help="judge model: name at --judge-url, a local HF model "
-                                    "spec, or 'stub' (deterministic local checklist stub, summarization demos/tests)"),
-    judge_key_env: str = typer.Option(None, "--judge-key-env", help="environment variable with the judge's API key"),
-    batch_rows: int = typer.Option(None, "--batch-rows", help="rows (selector x budget x condition) of a record decoded "
-                                   "in one batch (default: all; 1: one at a time, per-request timings)"),
-    view_records: int = typer.Option(3, "--view-records", min=0, help="store the token view (per-token attention of "
-                                     "the final question token) for the first N records with probes"),
-    sweep: str = typer.Option(None, "--sweep", help="'layers': per-layer causal sweep (relay in layer l only, and in "
-                              "layers 0..l, for every l): costs one extra question pass per layer and curve for every "
-                              "record (about 2 x layers passes); off by default; recorded in the manifest"),
-) -> None:
+@with_run_options
+def run(analysis: str = typer.Argument(..., help="analysis name (analyses/NAME.py), e.g. coordinate_ablation"),
+        **options) -> None:
     """Run (or resume) an analysis; every condition of a record shares one prefill and one selection."""
-    params = dict(locals())  # exactly the options above; `sweep` passes the same dictionary
     from relaylens.experiments.runner import run_analysis
 
-    spec, config = _spec_and_config(params)
+    spec, config = _spec_and_config({"analysis": analysis, **options})
     run_dir = _guard(run_analysis, spec, config)
     _print_summary(run_dir)
     console.print(f"[green]run directory[/] {run_dir}")
+    shard = options["shard"]
     if shard and shard.strip().lower() == "auto":  # rank 0 does not merge on its own: the others may still run
         console.print(f"this is shard {run_dir.name} of one run; when every shard has finished: "
                       f"relaylens merge {run_dir.parent.parent}")
 
 
-@app.command("sweep", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+@app.command("sweep")
+@with_run_options
 def sweep(
-    ctx: typer.Context,
-    analysis: str = typer.Argument(..., help="analysis name, e.g. coordinate_ablation; any option of "
-                                   "`relaylens run` may follow (--model, --data, --limit, --budget, --out, ...)"),
-    shards: int = typer.Option(..., "--shards", help="number of record shards, one Ray task each"),
-    gpus_per_shard: float = typer.Option(0, "--gpus-per-shard", help="GPUs each shard reserves"),
-    cpus_per_shard: float = typer.Option(1, "--cpus-per-shard", help="CPUs each shard reserves (its torch threads)"),
+    analysis: str = typer.Argument(..., help="analysis name, e.g. coordinate_ablation"),
+    shards: int = typer.Option(..., "--shards", help="number of record shards, one Ray task each", rich_help_panel="Ray"),
+    gpus_per_shard: float = typer.Option(0, "--gpus-per-shard", help="GPUs each shard reserves", rich_help_panel="Ray"),
+    cpus_per_shard: float = typer.Option(1, "--cpus-per-shard", help="CPUs each shard reserves (its torch threads)",
+                                         rich_help_panel="Ray"),
     ray_address: str = typer.Option(None, "--ray-address", help="Ray cluster to join (auto, ray://HEAD:10001); "
-                                    "default: start a local Ray instance"),
-    max_retries: int = typer.Option(3, "--max-retries", help="restarts of a shard whose worker died (each resumes)"),
-    report: bool = typer.Option(True, help="draw the figures and write the HTML report after the merge"),
+                                    "default: start a local Ray instance", rich_help_panel="Ray"),
+    max_retries: int = typer.Option(3, "--max-retries", help="restarts of a shard whose worker died (each resumes)",
+                                    rich_help_panel="Ray"),
+    ray_dashboard: bool = typer.Option(False, "--ray-dashboard", help="start Ray's dashboard with a local instance "
+                                       "(on 127.0.0.1; a local instance listens on loopback only)", rich_help_panel="Ray"),
+    report: bool = typer.Option(True, help="draw the figures and write the HTML report after the merge",
+                                rich_help_panel="Ray"),
+    **options,
 ) -> None:
     """Run an analysis as N shards on Ray (local or a cluster), merge them, then draw figures and the report.
 
-    RUN_DIR (--out) must be on storage every Ray worker sees; each shard writes RUN_DIR/shards/I-of-N.
-    Needs the ray extra: pip install 'relaylens[ray]'."""
+    Takes every option of `relaylens run`. RUN_DIR (--out) must be on storage every Ray worker sees; each shard writes
+    RUN_DIR/shards/I-of-N. Needs the ray extra: pip install 'relaylens[ray]'."""
     from relaylens.experiments.sweep import SweepOptions, run_sweep
 
-    # the run options, parsed exactly as `run` parses them (a bad option is a usage error, as for `run`)
-    params = typer.main.get_command(app).commands["run"].make_context("relaylens sweep", [analysis, *ctx.args]).params
-    spec, config = _spec_and_config(params)
-    options = _guard(SweepOptions, shards=shards, gpus_per_shard=gpus_per_shard, cpus_per_shard=cpus_per_shard,
-                     ray_address=ray_address, max_retries=max_retries)
-    run_dir = _guard(run_sweep, spec, config, options, console=console, report=report)
+    spec, config = _spec_and_config({"analysis": analysis, **options})
+    sweep_options = _guard(SweepOptions, shards=shards, gpus_per_shard=gpus_per_shard, cpus_per_shard=cpus_per_shard,
+                           ray_address=ray_address, max_retries=max_retries, dashboard=ray_dashboard)
+    run_dir = _warned(run_sweep, spec, config, sweep_options, console=console, report=report)
     _print_summary(run_dir)
     console.print(f"[green]run directory[/] {run_dir} (merged from {shards} shards"
                   f"{'; figures and report.html written' if report else ''})")
@@ -343,21 +429,15 @@ def merge(
 ) -> None:
     """Combine shard run directories into one (manifests must agree; keys must not conflict; complete unless
     --allow-incomplete). With one RUN_DIR and no --out: merge RUN_DIR/shards/I-of-N into RUN_DIR."""
-    import warnings
-
     from relaylens.results.shards import merge_run_dir, merge_runs
 
     if out is None and len(shards) != 1:
         _fail("relaylens merge: pass --out DIR to merge several shard directories, or one run directory whose "
               "shards/ subdirectory holds the shards (relaylens merge RUN_DIR)")
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        if out is None:
-            merged = _guard(merge_run_dir, shards[0], allow_incomplete=allow_incomplete)
-        else:
-            _guard(merge_runs, [str(s) for s in shards], str(out), allow_incomplete=allow_incomplete)
-    for w in caught:
-        console.print(f"[bold yellow]warning:[/] {w.message}")
+    if out is None:
+        merged = _warned(merge_run_dir, shards[0], allow_incomplete=allow_incomplete)
+    else:
+        _warned(merge_runs, [str(s) for s in shards], str(out), allow_incomplete=allow_incomplete)
     if out is None:
         console.print(f"[green]merged[/] {len(merged)} shards into {shards[0]}")
         return
@@ -374,31 +454,38 @@ def judge_command(
     reasoning_effort: str = typer.Option(None, "--reasoning-effort", help="low, medium or high (reasoning judges)"),
     name: str = typer.Option(None, "--name", help="judge name: scores become judge_NAME (default: from the model)"),
     data: str = typer.Option(None, help="the run's dataset file, when it moved since the run"),
+    deadline: float = typer.Option(DEADLINE_S, "--deadline", help="wall-clock seconds one judge call may take, "
+                                   "retries included (a server trickling bytes is cut there)"),
+    max_reply_bytes: int = typer.Option(MAX_REPLY_BYTES, "--max-reply-bytes", help="largest judge reply read"),
 ) -> None:
     """Re-score a finished run's answers with another judge (generations untouched; adds judge_NAME scores)."""
+    from relaylens.errors import shown
+    from relaylens.experiments.rejudge import check_judge_name, judge_name, rejudge_run
     from relaylens.scoring.judge import HFBackend, OpenAIBackend
-    from relaylens.experiments.rejudge import judge_name, rejudge_run
 
-    name = name or _guard(judge_name, judge_model)
+    name = _guard(judge_name, judge_model) if name is None else name
+    _guard(check_judge_name, name)
+    _check_key_env(judge_url, judge_key_env)
     if judge_url:
         backend = _guard(OpenAIBackend, judge_url, judge_model, api_key_env=judge_key_env, max_tokens=max_tokens,
-                         reasoning_effort=reasoning_effort)
+                         reasoning_effort=reasoning_effort, deadline=deadline, max_reply_bytes=max_reply_bytes)
     else:
         from relaylens.model.loading import load_model
 
         model, tokenizer = _guard(load_model, judge_model)
         backend = _guard(HFBackend, model, tokenizer, model_id=judge_model, max_tokens=max_tokens,
                          reasoning_effort=reasoning_effort)
-    with console.status(f"judging the answers of {run_dir} as judge_{name} ..."):
+    with console.status(f"judging the answers of {_safe(run_dir)} as judge {name} ..."):
         result = _guard(rejudge_run, run_dir, backend, name, data)
-    print(f"judge_{name}: {result.judged} answers judged ({result.calls} calls, {result.cache_hits} cached), "
+    print(f"judge {name}: {result.judged} answers judged ({result.calls} calls, {result.cache_hits} cached), "
           f"{len(result.failures)} failure(s)")
-    for failure in result.failures[:20]:
-        print(f"  failed: {failure['record_id']} {failure['selector']} @ {failure['budget']:g} {failure['condition']}: "
-              f"{failure['reply']!r}")
+    for failure in result.failures[:20]:  # dataset strings and replies: shown, never interpreted by the terminal
+        print(f"  failed: {shown(failure['record_id'])} {shown(failure['selector'])} @ {failure['budget']:g} "
+              f"{shown(failure['condition'])}: {shown(repr(failure['reply']))}")
     if len(result.failures) > 20:
-        print(f"  ... {len(result.failures) - 20} more in {Path(run_dir) / f'judge_{name}_failures.json'}")
-    console.print(f"[green]updated[/] {run_dir} (scores judge_{name}, judge_{name}_failed)")
+        print(f"  ... {len(result.failures) - 20} more in {shown(Path(run_dir) / f'judge_{name}_failures.json')}")
+    written = ", ".join(result.metrics) or "none: the run has no answers"
+    console.print(f"[green]updated[/] {_safe(run_dir)} (scores {written})")
 
 
 # --- figures and report (relaylens.reporting.figures, relaylens.reporting.report: result tables only, no model) -------------------
@@ -426,7 +513,7 @@ def figures_command(
     fmts = [f.strip() for f in formats.split(",") if f.strip()]
     if not fmts:
         _fail(f"--format {formats!r} names no figure format. Fix: pass one or more of png, pdf, svg (e.g. --format png)")
-    paths = _guard(write_figures, run_dirs[0] if len(run_dirs) == 1 else run_dirs, only=only, formats=fmts,
+    paths = _warned(write_figures, run_dirs[0] if len(run_dirs) == 1 else run_dirs, only=only, formats=fmts,
                    all_supported=all_supported, progress=lambda name: console.print(f"drawing {name} ..."),
                    metric=metric, retained_only=retained_only, out=out)
     for path in paths:
@@ -454,7 +541,7 @@ def report_command(
     from relaylens.reporting.report import write_report
 
     with console.status("rendering report ..."):
-        path = _guard(write_report, run_dirs[0] if len(run_dirs) == 1 else run_dirs, out, view_records, metric=metric,
+        path = _warned(write_report, run_dirs[0] if len(run_dirs) == 1 else run_dirs, out, view_records, metric=metric,
                       retained_only=retained_only)
     print(path)
     console.print(f"[green]wrote[/] {path}")

@@ -39,3 +39,4 @@ BENCHMARKS: dict[str, Callable[..., list[dict]]] = {
     "scaling": _model_benchmark(run_scaling),
     "dtype": _model_benchmark(run_dtype),
 }
+"""Every benchmark of ``relaylens bench`` by name: ``name -> run(**options) -> rows`` (``all`` runs each)."""

@@ -22,11 +22,12 @@ Example:
 from relaylens.conditions.bands import BANDS, band_of, bands
 from relaylens.conditions.catalogue import (CONDITIONS, CommonShift, Compaction, Condition, Coordinates, HalfGap,
                                             KeyOnly, Original, QueryOnly, RandomOrder, RankSync, Relay,
-                                            ReverseOrder, ScoreOrder, make_coordinates, parse_condition)
+                                            ReverseOrder, ScoreOrder, check_coordinates, make_coordinates,
+                                            parse_condition)
 from relaylens.conditions.scoped import (ALL_LAYER_TYPES, Scoped, expand_conditions, format_layers, get_condition,
                                          model_layer_types, parse_scoped)
 
 __all__ = ["ALL_LAYER_TYPES", "BANDS", "CONDITIONS", "CommonShift", "Compaction", "Condition", "Coordinates",
            "HalfGap", "KeyOnly", "Original", "QueryOnly", "RandomOrder", "RankSync", "Relay", "ReverseOrder",
-           "ScoreOrder", "Scoped", "band_of", "bands", "expand_conditions", "format_layers", "get_condition",
-           "make_coordinates", "model_layer_types", "parse_condition", "parse_scoped"]
+           "ScoreOrder", "Scoped", "band_of", "bands", "check_coordinates", "expand_conditions", "format_layers",
+           "get_condition", "make_coordinates", "model_layer_types", "parse_condition", "parse_scoped"]

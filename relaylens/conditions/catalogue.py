@@ -75,13 +75,45 @@ def _compact(sel: Selection) -> torch.Tensor:
 
 def make_coordinates(name: str, sel: Selection, key_positions: torch.Tensor, question_start: int) -> Coordinates:
     """:class:`Coordinates` named ``name``: ``key_positions`` ``[layer, kv_head, slot]`` where the selection is valid,
-    ``-1`` in its padded slots."""
+    ``-1`` in its padded slots; checked by :func:`check_coordinates`."""
     import torch
 
     from relaylens.geometry.selection import PAD_POSITION
 
+    check_coordinates(name, key_positions, sel.valid, question_start)
     key_positions = torch.where(sel.valid, key_positions.long(), torch.full_like(key_positions, PAD_POSITION, dtype=torch.long))
     return Coordinates(name, key_positions, int(question_start))
+
+
+def check_coordinates(name: str, key_positions: torch.Tensor, valid: torch.Tensor, question_start) -> None:
+    """Refuse coordinates no model can read as intended: every kept key and the question start obey the position
+    rule (:func:`relaylens.geometry.positions.check_positions`: integers in ``0 .. 2**24 - 1``), and the question
+    starts after every kept key (a question at or before a kept key would read history from its own future).
+
+    >>> import torch
+    >>> check_coordinates("query_only(-5)", torch.tensor([[[2, 9]]]), torch.ones(1, 1, 2, dtype=torch.bool), 5)
+    Traceback (most recent call last):
+    ...
+    relaylens.errors.PositionError: condition query_only(-5): the question starts at position 5, but layer 0, kv_head 0, slot 1 keeps a key at position 9; the question must start after every kept key. Fix: start the question after the last kept key (query_only and common_shift take a shift >= 0)
+    """
+    import torch
+
+    from relaylens.errors import PositionError
+    from relaylens.geometry.positions import check_positions
+
+    axes = ("layer", "kv_head", "slot")
+    kept = torch.where(valid, key_positions, torch.zeros((), dtype=key_positions.dtype))  # padded slots hold no key
+    keys, _ = check_positions(kept, f"condition {name}: key positions", axes=axes)
+    keys = keys.masked_fill(~valid, -1)  # [layer, kv_head, slot] int64
+    if isinstance(question_start, bool) or int(question_start) != question_start:
+        raise PositionError(f"condition {name}: the question start must be a whole position; got {question_start!r}")
+    check_positions([int(question_start)], f"condition {name}: question positions")
+    last = int(keys.max()) if keys.numel() else -1
+    if int(question_start) <= last:
+        where = ", ".join(f"{a} {i}" for a, i in zip(axes, torch.nonzero(keys == last)[0].tolist()))
+        raise PositionError(f"condition {name}: the question starts at position {int(question_start)}, but {where} "
+                            f"keeps a key at position {last}; the question must start after every kept key. Fix: start the "
+                            "question after the last kept key (query_only and common_shift take a shift >= 0)")
 
 
 class Condition:
@@ -137,12 +169,25 @@ class KeyOnly(Condition):
         return make_coordinates(self.label, sel, _compact(sel), sel.history_length)
 
 
+def _check_shift(condition: Condition) -> None:
+    """A shift is a whole number of positions >= 0: it moves the question (and, for ``common_shift``, the keys) past
+    the history. A negative one would put the question at or before kept keys (the last history token is kept by every
+    windowed selector) or keys before position 0."""
+    shift = condition.shift
+    if isinstance(shift, bool) or not isinstance(shift, int) or shift < 0:
+        raise RelaylensError(f"condition {condition.name}({shift!r}): the shift must be a whole number of positions >= 0 "
+                             f"(it moves the question past the history); got {shift!r}. Fix: e.g. {condition.name}(2048)")
+
+
 @dataclass(frozen=True)
 class QueryOnly(Condition):
-    """Keys at their source positions, the question moved to ``L + shift``."""
+    """Keys at their source positions, the question moved to ``L + shift`` (``shift >= 0``)."""
 
     shift: int = 2048
     name = "query_only"
+
+    def __post_init__(self) -> None:
+        _check_shift(self)
 
     @property
     def label(self) -> str:
@@ -154,10 +199,13 @@ class QueryOnly(Condition):
 
 @dataclass(frozen=True)
 class CommonShift(Condition):
-    """Keys and question both shifted by ``shift``: relative positions unchanged (a RoPE invariance control)."""
+    """Keys and question both shifted by ``shift >= 0``: relative positions unchanged (a RoPE invariance control)."""
 
     shift: int = 2048
     name = "common_shift"
+
+    def __post_init__(self) -> None:
+        _check_shift(self)
 
     @property
     def label(self) -> str:
@@ -274,6 +322,7 @@ CONDITIONS: dict[str, type[Condition]] = {
     "reverse_order": ReverseOrder,
     "random_order": RandomOrder,
 }
+"""Every coordinate condition class by name (the catalogue ``get_condition`` and ``--condition`` parse from)."""
 _PARAMETER = {"query_only": ("shift", int), "common_shift": ("shift", int), "compaction": ("alpha", float), "random_order": ("seed", int)}
 _SPEC = re.compile(r"^\s*([a-z_]+)\s*(?:\(\s*(?:([a-z_]+)\s*=\s*)?([-+0-9.eE]+)\s*\))?\s*$")
 

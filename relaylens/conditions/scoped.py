@@ -64,6 +64,7 @@ if TYPE_CHECKING:  # importing scoped conditions imports no torch; masks are bui
     from relaylens.geometry.selection import Selection
 
 ALL_LAYER_TYPES = "*"
+"""``relay@layer_type=*``: one scoped condition per layer type of the model (Gemma-3's sliding and full layers)."""
 _CLAUSES = ("layers", "band", "layer_type", "heads", "base")
 
 

@@ -131,6 +131,9 @@ def relocate_key_rows(flat_keys: torch.Tensor, source: torch.Tensor, target: tor
     return (out, *_python_pool(kernel.rows, keys, src, dst, forward, inverse, result, threads))
 
 
+relocate_rows = relocate_key_rows  # the name of earlier releases
+
+
 def parallel_backend() -> str:
     """Which threads run large relocations: ``"openmp"`` (PyTorch's own GNU OpenMP team) or ``"python"`` (a Python
     thread pool: other platforms, or ``RELAYLENS_NO_OPENMP=1``)."""

@@ -7,7 +7,8 @@ choice accuracy), else ``contains`` with ``f1`` alongside (``--metric`` chooses;
 are 95% paired cluster-bootstrap intervals (:mod:`relaylens.reporting.bootstrap`, through :mod:`relaylens.reporting.summaries`).
 
 One file per figure, named after its analysis; :mod:`relaylens.reporting.figures.registry` holds the registry
-(:data:`REGISTRY`, by name; ``SPEC.figures`` of each analysis names its entries) and the run-directory writer.
+(:data:`REGISTRY`, by name; ``SPEC.figures`` of each analysis names its entries), :mod:`~relaylens.reporting.figures.writer`
+the run-directory writer.
 
 =================== ====== ==================== =========================================================================
 name                kind   file                 what
@@ -22,6 +23,7 @@ table11             table  summarization        the same checklist scores per so
 cross_judge         table  cross_judge          gain under each judge, agreement and Cohen's kappa
 layer_bands         table  evidence_reading     evidence reading by early / middle / late band (deltas vs original)
 table3              table  overhead             complete-request time per condition and overhead over original
+answering           table  answering            empty answers, first-token end-of-answer probability, accuracy over non-empty
 figure3             figure budget_curves        accuracy vs budget, one panel per selector, original vs relay
 figure4             figure coordinate_ablation  per-condition means and paired differences vs original, band deltas
 figure5             figure ordering             source / score / reverse / RandomMean and the seed spread
@@ -33,7 +35,7 @@ layer_scope         figure layer_scope          relay per band / layer type vs o
 
 Example:
     >>> sorted(REGISTRY)  # doctest: +NORMALIZE_WHITESPACE
-    ['alignment', 'cross_judge', 'figure3', 'figure4', 'figure5', 'figure6', 'figure6_attribution',
+    ['alignment', 'answering', 'cross_judge', 'figure3', 'figure4', 'figure5', 'figure6', 'figure6_attribution',
      'layer_bands', 'layer_scope', 'table1', 'table10', 'table11', 'table2', 'table3', 'table6', 'table7',
      'table8']
 """
@@ -41,10 +43,11 @@ Example:
 from __future__ import annotations
 
 from relaylens.reporting.figures import (  # noqa: F401 - importing a figure file registers its entries
-    alignment, budget_curves, coordinate_ablation, cross_judge, evidence_attribution, evidence_reading, finch_comparison,
+    alignment, answering, budget_curves, coordinate_ablation, cross_judge, evidence_attribution, evidence_reading, finch_comparison,
     infinitebench, layer_scope, main_table, ordering, overhead, paired_settings, question_types, summarization)
 from relaylens.reporting.figures.registry import (COMPANIONS, ORDER, REGISTRY, FigureEntry, FigureError, build, names,
-                                        select_figures, supported, write_entry, write_figures)
+                                        select_figures, supported)
+from relaylens.reporting.figures.writer import write_entry, write_figures
 REGISTRY.update({name: REGISTRY.pop(name) for name in names()})  # iteration order = drawing order (ORDER first)
 
 __all__ = ["REGISTRY", "ORDER", "COMPANIONS", "FigureEntry", "FigureError", "build", "names", "select_figures",
