@@ -44,8 +44,10 @@ ALLOWED: dict[str, set[str]] = {
     "reporting": {"errors", "results", "scoring", "conditions"},
     "experiments": {"errors", "progress", "datasets", "model", "geometry", "conditions", "selectors", "generation",
                     "probes", "scoring", "results", "reporting"},
+    # bench sits above experiments (as the experiments docstring says): bench dtype times records as `relaylens run`
+    # runs them, through the runner itself
     "bench": {"errors", "progress", "datasets", "model", "geometry", "conditions", "selectors", "generation", "probes",
-              "results", "reporting"},
+              "scoring", "results", "reporting", "experiments"},
     "testing": {"errors", "model", "probes"},  # test support (tiny models); no package module imports it
     "cli": {"errors", "progress", "datasets", "model", "geometry", "conditions", "selectors", "generation", "probes",
             "scoring", "results", "reporting", "experiments", "bench"},
