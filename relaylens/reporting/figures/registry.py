@@ -37,7 +37,7 @@ __all__ = ["REGISTRY", "ORDER", "COMPANIONS", "FigureEntry", "FigureError", "reg
 ORDER = ("table1", "table2", "table6", "table7", "table8", "table10", "table11", "cross_judge", "layer_bands", "table3", "figure3", "figure4",
          "figure5", "figure6", "figure6_attribution", "alignment")
 """The order in which entries are drawn and listed (entries not named here follow, in registration order)."""
-CROSS_RUN = ("table1", "table8", "cross_judge")
+CROSS_RUN = ("table1", "table8", "cross_judge", "history_length", "history_length_table")
 """Entries built across several run directories (one per model x dataset)."""
 COMPANIONS = {"figure6": ("layer_bands", "figure6_attribution"), "table1": ("table8", "cross_judge", "answering"),
               "figure4": ("answering",)}
