@@ -7,6 +7,11 @@ Every condition maps one :class:`~relaylens.geometry.selection.Selection` (kept 
 * ``question_start``: the position of the first question token. Question tokens take ``question_start + j``;
   generation continues consecutively after the last question token.
 
+Real-valued coordinates: a condition may place keys (and the question) at floating-point positions
+(``key_positions`` float64, e.g. the geometry family of :mod:`relaylens.conditions.family`); relocation and the
+question pass then use the real-valued phases of :mod:`relaylens.geometry.real`. Every condition of this table is
+integer-valued and takes the integer path unchanged.
+
 Values, selection and counts are never changed; only the phases keys carry move.
 
 | name | key positions | question starts at |
@@ -48,17 +53,31 @@ if TYPE_CHECKING:  # importing the catalogue imports no torch; coordinates are c
 
 @dataclass(frozen=True)
 class Coordinates:
-    """Target coordinates of one condition on one selection."""
+    """Target coordinates of one condition on one selection.
+
+    ``key_positions`` is long for integer conditions, float64 for real-valued ones (it may then carry autograd:
+    gradients w.r.t. positions); ``question_start`` an int, a float, or a 0-d float64 tensor (autograd).
+    """
 
     condition: str
-    key_positions: torch.Tensor  # [layer, kv_head, slot] long, -1 in padded slots
-    question_start: int
+    key_positions: torch.Tensor  # [layer, kv_head, slot] long (or float64), -1 in padded slots
+    question_start: int | float | torch.Tensor
 
-    def question_positions(self, num_question_tokens: int) -> torch.Tensor:
-        """``[Q]`` positions of the question tokens."""
+    @property
+    def real(self) -> bool:
+        """Whether any position is real-valued (floating point)."""
         import torch
 
-        return torch.arange(self.question_start, self.question_start + num_question_tokens)
+        return self.key_positions.is_floating_point() or not isinstance(self.question_start, int) \
+            and (isinstance(self.question_start, torch.Tensor) or not float(self.question_start).is_integer())
+
+    def question_positions(self, num_question_tokens: int) -> torch.Tensor:
+        """``[Q]`` positions of the question tokens (long; float64 for a real-valued question start)."""
+        import torch
+
+        if isinstance(self.question_start, int):
+            return torch.arange(self.question_start, self.question_start + num_question_tokens)
+        return self.question_start + torch.arange(num_question_tokens, dtype=torch.float64)
 
 
 def _slot_index(sel: Selection) -> torch.Tensor:
@@ -73,15 +92,21 @@ def _compact(sel: Selection) -> torch.Tensor:
     return sel.max_count - counts + _slot_index(sel)
 
 
-def make_coordinates(name: str, sel: Selection, key_positions: torch.Tensor, question_start: int) -> Coordinates:
+def make_coordinates(name: str, sel: Selection, key_positions: torch.Tensor, question_start) -> Coordinates:
     """:class:`Coordinates` named ``name``: ``key_positions`` ``[layer, kv_head, slot]`` where the selection is valid,
-    ``-1`` in its padded slots."""
+    ``-1`` in its padded slots. Floating-point positions stay real-valued (float64, autograd kept); a question start
+    with an integer value becomes an int."""
     import torch
 
     from relaylens.geometry.selection import PAD_POSITION
 
-    key_positions = torch.where(sel.valid, key_positions.long(), torch.full_like(key_positions, PAD_POSITION, dtype=torch.long))
-    return Coordinates(name, key_positions, int(question_start))
+    if key_positions.is_floating_point():
+        key_positions = torch.where(sel.valid, key_positions.double(), torch.full_like(key_positions, PAD_POSITION, dtype=torch.float64))
+    else:
+        key_positions = torch.where(sel.valid, key_positions.long(), torch.full_like(key_positions, PAD_POSITION, dtype=torch.long))
+    if not isinstance(question_start, torch.Tensor) and float(question_start).is_integer():
+        question_start = int(question_start)
+    return Coordinates(name, key_positions, question_start)
 
 
 class Condition:
