@@ -383,11 +383,12 @@ class RunStore:
         return sorted((self.run_dir / UNITS).glob("[0-9a-f]*.json.gz"))
 
     def write_unit(self, key: UnitKey | tuple, answers_rows: Any, scores_rows: Any, probes_rows: Any,
-                   replace: bool = False, skipped_rows: Any = ()) -> None:
+                   replace: bool = False, skipped_rows: Any = (), geometry_rows: Any = ()) -> None:
         """Commit all rows of one unit atomically. Rows are lists of dicts (or DataFrames) with the columns of
         :mod:`relaylens.results.tables`; their key columns must match ``key``; no two rows may share an identity
         (:data:`SORT_COLUMNS`). Float NaN / None are stored as null and read back as NaN. A unit that was not run
-        commits one ``skipped_rows`` row (and no other rows): resuming does not retry it."""
+        commits one ``skipped_rows`` row (and no other rows): resuming does not retry it. ``geometry_rows``: the
+        training unit of ``learned_geometry`` (rewritten with ``replace=True`` after every step)."""
         key = UnitKey(*key).normalised()
         where = f"unit {tuple(key)}"
         if self.is_done(key) and not replace:
@@ -395,7 +396,7 @@ class RunStore:
                                    "(is_done). Fix: pass replace=True to overwrite it deliberately")
         tables = {name: _columns(name, rows, key, where)
                   for name, rows in (("answers", answers_rows), ("scores", scores_rows), ("probes", probes_rows),
-                                     ("skipped", skipped_rows))}
+                                     ("skipped", skipped_rows), ("geometry", geometry_rows))}
         checksum = hashlib.sha256(_dumps({"unit": list(key), "tables": tables})).hexdigest()
         doc = {"unit": list(key), "sha256": checksum, "tables": tables}
         _atomic_write(self.unit_path(key), gzip.compress(_dumps(doc), compresslevel=6, mtime=0), self.run_dir, self.writer)
@@ -536,10 +537,12 @@ def load_tables(run_dir: str | Path) -> dict[str, pd.DataFrame]:
     if not units and all((run_dir / f"{name}.parquet").exists() for name in required):
         return _exported_tables(run_dir)  # tables without units (an exported or published run, e.g. figures/)
     if (not isinstance(marker, dict) or marker.get("units") != units
-            or not all((run_dir / f"{name}.parquet").exists() for name in TABLES)):  # stale, or an older layout
+            or not all((run_dir / f"{name}.parquet").exists() for name in required)):  # stale, or an older layout
         return store.build_tables()
-    try:
-        return {name: sort_table(name, coerce_table(name, pd.read_parquet(run_dir / f"{name}.parquet"))) for name in TABLES}
+    try:  # an optional table a run consolidated before it existed reads as empty
+        return {name: sort_table(name, coerce_table(name, pd.read_parquet(run_dir / f"{name}.parquet")
+                                                    if (run_dir / f"{name}.parquet").exists() else get_table({}, name)))
+                for name in TABLES}
     except (OSError, ValueError, KeyError, TypeError):  # a parquet file deleted or damaged: the units are the truth
         return store.build_tables()
 
