@@ -18,7 +18,8 @@ Flow:
    and ascends the mean per-token log-likelihood with Adam (float64; one question-plus-answer pass and one backward
    pass per record, no weight gradients). Every step rewrites the run's one training unit (the ``geometry`` table:
    parameters, the batch's log-likelihood, seconds, and Adam's moments), so a killed run resumes at its last step;
-   every ``eval_every`` steps (and at 0 and the end) the mean log-likelihood of every test record is recorded too.
+   every ``eval_every`` steps (and at 0 and the end) the mean log-likelihood of every test record and of every train
+   record is recorded too (one pass per record, no gradients).
 4. **Save**: ``RUN_DIR/learned_geometry.json`` (parameters, sharing, model, selector, budget, split): the condition
    ``learned:RUN_DIR`` anywhere else (:class:`relaylens.conditions.family.Learned`; the runner refuses another
    model, selector or budget, and records of its train split).
@@ -200,6 +201,12 @@ def mean_loglik(model, items: list[Prepared], values: dict, factors, window_mode
         return float(sum(float(record_loglik(model, item, detached, factors, window_mode)) for item in items) / len(items))
 
 
+def evaluation_rows(model, train_items, test_items, values, factors, window_mode: str, key: dict, step: int) -> list[dict]:
+    """``test_loglik`` and ``train_all_loglik`` (every test / train record) at ``values``, as geometry rows."""
+    return [scalar_row(key, step, "test_loglik", mean_loglik(model, test_items, values, factors, window_mode)),
+            scalar_row(key, step, "train_all_loglik", mean_loglik(model, train_items, values, factors, window_mode))]
+
+
 def batch_of(step: int, count: int, size: int, seed: int) -> list[int]:
     """The train records of ``step``: a seeded draw without replacement (all of them when ``size`` is 0 or >= count)."""
     if size == 0 or size >= count:
@@ -241,8 +248,8 @@ def train(model, factors, train_items: list[Prepared], test_items: list[Prepared
     start = 0 if done is None else done
     if done is None:
         values = family_values(raw)
-        rows = parameter_rows(values, 0, key)
-        rows.append(scalar_row(key, 0, "test_loglik", mean_loglik(model, test_items, values, factors, window_mode)))
+        rows = parameter_rows(values, 0, key) + evaluation_rows(model, train_items, test_items, values, factors,
+                                                                 window_mode, key, 0)
         commit(rows)
     for step in range(start, options.steps):
         started = time.perf_counter()
@@ -267,9 +274,8 @@ def train(model, factors, train_items: list[Prepared], test_items: list[Prepared
         rows += parameter_rows({n: v[n] for n in PARAMETERS}, step + 1, key, "adam_v:")
         if step + 1 in evals:
             if tick:
-                tick(step, f"step {step + 1}/{options.steps}: test log-likelihood")
-            rows.append(scalar_row(key, step + 1, "test_loglik", mean_loglik(model, test_items, values, factors,
-                                                                            window_mode)))
+                tick(step, f"step {step + 1}/{options.steps}: log-likelihood of every record")
+            rows += evaluation_rows(model, train_items, test_items, values, factors, window_mode, key, step + 1)
         commit(rows)
     return family_values(raw)
 

@@ -58,9 +58,9 @@ def prefill_from_cache(history_ids: torch.Tensor, cache, model) -> PrefillResult
 
 
 def _forward(model, ids: torch.Tensor, positions: torch.Tensor, relocated: RelocatedCache, source_positions: torch.Tensor,
-             grad: bool = False, factors: RotaryFactors | None = None, keep_logits: int = 0):
+             grad: bool = False, factors: RotaryFactors | None = None, keep_logits: int | torch.Tensor = 0):
     """Feed ``ids`` ``[T]`` at ``positions`` ``[T]`` (long, or float64 possibly carrying autograd) over the relocated
-    cache; logits ``[T or keep_logits, vocab]``."""
+    cache; logits ``[T or keep_logits, vocab]`` (``keep_logits``: a count of last tokens, or their indices)."""
     state = relocated.state
     state.new_positions = torch.cat((state.new_positions, positions.detach()))
     base = state.new_source_positions if state.new_source_positions is not None else torch.zeros(0, dtype=torch.long)
@@ -214,8 +214,10 @@ def answer_log_probs(
                                 fix="Fix: use shorter records or answers, or a model with a longer context")
     source = torch.arange(ids.numel()) + prefill.history_length
     tracked = coords.key_positions.requires_grad or positions.requires_grad
-    logits = _forward(model, ids, positions, relocated, source, grad=tracked, factors=factors,
-                      keep_logits=answer_ids.numel())  # [A, vocab]
+    # the scored rows by index: transformers gathers them into a contiguous tensor, so the unembedding is one matrix
+    # product (a count would slice a strided view, and matmul would copy the whole [vocab, hidden] weight for it)
+    rows = torch.arange(ids.numel() - answer_ids.numel(), ids.numel(), device=model.device)
+    logits = _forward(model, ids, positions, relocated, source, grad=tracked, factors=factors, keep_logits=rows)  # [A, vocab]
     logits = logits[-answer_ids.numel():]
     log_probs = torch.log_softmax(logits if logits.dtype == torch.float64 else logits.float(), dim=-1)
     return log_probs.gather(-1, answer_ids[:, None].to(log_probs.device))[:, 0]

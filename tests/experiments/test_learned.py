@@ -91,6 +91,7 @@ def test_run_trains_saves_and_evaluates(learned_run):
     geometry = tables["geometry"]
     assert set(geometry["record_id"]) == {"training"} and geometry["step"].max() == 3
     assert set(geometry[geometry["metric"] == "test_loglik"]["step"]) == {0, 2, 3}
+    assert set(geometry[geometry["metric"] == "train_all_loglik"]["step"]) == {0, 2, 3}
     assert len(geometry[geometry["metric"] == "train_loglik"]) == 3
     layers = sorted(geometry[(geometry["metric"] == "b") & (geometry["step"] == 3)]["layer"])
     assert layers == [0, 1]  # per layer (the default sharing), head -1

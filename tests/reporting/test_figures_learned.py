@@ -38,6 +38,7 @@ def _tables(sharing: str = "layer", seed: int = 0) -> dict:
             rows.append(key | dict(step=step, layer=-1, head=-1, metric="train_loglik", value=-3 + 0.1 * step))
         if step % 3 == 0:
             rows.append(key | dict(step=step, layer=-1, head=-1, metric="test_loglik", value=-3.2 + 0.05 * step))
+            rows.append(key | dict(step=step, layer=-1, head=-1, metric="train_all_loglik", value=-3.1 + 0.08 * step))
     tables["geometry"] = pd.DataFrame(rows, columns=TABLES["geometry"])
     scores, probes = tables["scores"], tables["probes"]
     extra_scores, extra_probes = [], []

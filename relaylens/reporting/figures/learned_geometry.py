@@ -4,7 +4,7 @@ wanted, and whether it beats RoPERelay on held-out records.
 Figure, top row: the learned ``b``, ``s`` and ``alpha`` per layer (one point per kv head where they are per head, a
 line through the layer means) beside RoPERelay's values (``b = s = alpha = 1``, dashed); bottom row: the train /
 test log-likelihood curve (per-token mean of the teacher-forced reference answer; train: each step's records at the
-parameters before its update, test: every test record at the evaluation steps; step 0 is RoPERelay), the test
+parameters before its update, and every train / test record at the evaluation steps; step 0 is RoPERelay), the test
 records' answer log-likelihood under the learned map against relay (one point per record; above the diagonal: the
 learned map is better), and the paired differences learned - relay and learned - original with 95% cluster-bootstrap
 intervals. The table holds those numbers per metric (``answer_loglik``, ``contains``, ``f1``, evidence share in pp,
@@ -27,7 +27,7 @@ from relaylens.results.tables import ANSWER_LOGLIK, get_table
 LEARNED = "learned"
 RELAY_VALUES = {"b": 1.0, "s": 1.0, "alpha": 1.0}
 TABLE_METRICS = (ANSWER_LOGLIK, "contains", "f1", "evidence_share", "mean_key_distance")
-CURVE_COLORS = {"train_loglik": "#9ecae1", "test_loglik": "#e6550d", "train_mean": "#3182bd"}
+CURVE_COLORS = {"train_loglik": "#9ecae1", "test_loglik": "#e6550d", "train_all_loglik": "#3182bd"}
 
 
 def needs_geometry(tables: dict) -> str | None:
@@ -46,8 +46,8 @@ def final_parameters(geometry: pd.DataFrame) -> pd.DataFrame:
 
 
 def curves(geometry: pd.DataFrame) -> pd.DataFrame:
-    """``step, metric, value`` of ``train_loglik`` and ``test_loglik``."""
-    rows = geometry[geometry["metric"].isin(["train_loglik", "test_loglik"])]
+    """``step, metric, value`` of ``train_loglik``, ``train_all_loglik`` and ``test_loglik``."""
+    rows = geometry[geometry["metric"].isin(["train_loglik", "train_all_loglik", "test_loglik"])]
     return rows[["step", "metric", "value"]].sort_values(["metric", "step"]).reset_index(drop=True)
 
 
@@ -122,16 +122,13 @@ def _parameter_panel(ax, params: pd.DataFrame, name: str, num_layers: int) -> No
 
 
 def _curve_panel(ax, curve: pd.DataFrame) -> None:
-    train = curve[curve["metric"] == "train_loglik"]
-    test = curve[curve["metric"] == "test_loglik"]
-    if len(train):
-        ax.plot(train["step"], train["value"], lw=0.8, color=CURVE_COLORS["train_loglik"], label="train (step's records)")
-        window = max(1, len(train) // 10)
-        smooth = train["value"].rolling(window, min_periods=1).mean()
-        ax.plot(train["step"], smooth, lw=1.4, color=CURVE_COLORS["train_mean"], label=f"train, mean of {window}")
-    if len(test):
-        ax.plot(test["step"], test["value"], marker="o", ms=4, lw=1.4, color=CURVE_COLORS["test_loglik"],
-                label="test (all records)")
+    for metric, label in (("train_loglik", "train, the step's records"), ("train_all_loglik", "train, all records"),
+                          ("test_loglik", "test, all records")):
+        sub = curve[curve["metric"] == metric]
+        if len(sub):
+            batch = metric == "train_loglik"
+            ax.plot(sub["step"], sub["value"], marker=None if batch else "o", ms=4, lw=0.8 if batch else 1.5,
+                    color=CURVE_COLORS[metric], label=label)
     ax.set_xlabel("step (0: relay)")
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_ylabel("answer log-likelihood per token")
