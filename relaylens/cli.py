@@ -15,6 +15,7 @@ import typer
 from rich.console import Console
 
 from relaylens.model.embedded import DEFAULT_MODEL, EMBEDDED  # names only: importing them loads no model code
+from relaylens.scoring.judge import DEADLINE_S, MAX_REPLY_BYTES  # the judge's documented bounds (stdlib only)
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="relaylens: post-selection positional geometry of sparse KV caches.")
 model_app = typer.Typer(no_args_is_help=True, help="Embedded models.")
@@ -41,19 +42,49 @@ def _load_kwargs(device, dtype, device_map, attn_implementation, rope_scaling, m
 
 
 def _fail(message: str) -> None:
-    from rich.markup import escape
-
-    console.print(f"[bold red]error:[/] {escape(message)}")  # messages may hold brackets: pip install 'relaylens[ray]'
+    console.print(f"[bold red]error:[/] {_safe(message)}")  # one line, even when it quotes a record id
     raise typer.Exit(2)
 
 
+def _safe(text) -> str:
+    """Text for ``console.print``: control characters shown as escapes (:func:`relaylens.errors.shown`) and rich
+    markup escaped (messages may hold brackets: pip install 'relaylens[ray]')."""
+    from rich.markup import escape
+
+    from relaylens.errors import shown
+
+    return escape(shown(text))
+
+
+@contextlib.contextmanager
+def _warnings_as_lines():
+    """Python warnings raised inside print at once as one ``warning:`` line each, without a source path."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.showwarning = lambda message, *args, **kwargs: console.print(f"[bold yellow]warning:[/] {_safe(message)}")
+        yield
+
+
+def _check_key_env(judge_url: str | None, judge_key_env: str | None) -> None:
+    """An unset ``--judge-key-env`` variable, in the command line's terms (before any model loads)."""
+    import os
+
+    if judge_url and judge_key_env is not None and not os.environ.get(judge_key_env):
+        _fail(f"--judge-key-env {judge_key_env}: the environment variable {judge_key_env} is not set (or empty). Fix: "
+              f"export {judge_key_env}=YOUR_KEY before the command, or leave out --judge-key-env for an endpoint "
+              "without authentication")
+
+
 def _guard(fn, *args, **kwargs):
-    """Run ``fn`` and turn relaylens input errors and OS errors into one clear line (exit 2)."""
+    """Run ``fn`` and turn relaylens input errors and OS errors into one clear line (exit 2), and its Python warnings
+    into one ``warning:`` line each."""
     from relaylens.errors import RelaylensError
     from relaylens.results.store import StoreWriteError
 
     try:
-        return fn(*args, **kwargs)
+        with _warnings_as_lines():
+            return fn(*args, **kwargs)
     except (RelaylensError, ValueError) as err:
         _fail(str(err))
     except StoreWriteError as err:  # already names the run directory and the fix
@@ -63,6 +94,26 @@ def _guard(fn, *args, **kwargs):
     except RecursionError:
         _fail("the input is nested too deeply to read (RecursionError). Fix: check that the file is what the "
               "command expects")
+
+
+def _warned(fn, *args, **kwargs):
+    """:func:`_guard` ``fn``, printing each warning it raises as one ``warning:`` line (stderr) before its result
+    or error."""
+    import warnings
+
+    from rich.markup import escape
+
+    def call():
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                for w in caught:
+                    if not issubclass(w.category, DeprecationWarning):
+                        console.print(f"[bold yellow]warning:[/] {escape(str(w.message))}")
+
+    return _guard(call)
 
 
 def os_error_line(err: OSError) -> str:
@@ -222,6 +273,7 @@ def _spec_and_config(p: dict):
                   stop=p["stop"], sweep=p["sweep"], protect_instructions=p["protect_instructions"])
     placement = {k: p[k] for k in ("device", "dtype", "device_map", "attn_implementation", "rope_scaling", "max_position")}
     _load_kwargs(**placement)  # bad values: one line, early
+    _check_key_env(p["judge_url"], p["judge_key_env"])
     config = RunConfig(model=p["model"], data=p["data"], data_format=p["data_format"], limit=p["limit"],
                        out=str(p["out"]) if p["out"] else None, shard=p["shard"], seed=p["seed"], force=p["force"],
                        judge_url=p["judge_url"], judge_model=p["judge_model"], judge_key_env=p["judge_key_env"],
@@ -371,6 +423,8 @@ def sweep(
                                     "default: start a local Ray instance", rich_help_panel="Ray"),
     max_retries: int = typer.Option(3, "--max-retries", help="restarts of a shard whose worker died (each resumes)",
                                     rich_help_panel="Ray"),
+    ray_dashboard: bool = typer.Option(False, "--ray-dashboard", help="start Ray's dashboard with a local instance "
+                                       "(on 127.0.0.1; a local instance listens on loopback only)", rich_help_panel="Ray"),
     report: bool = typer.Option(True, help="draw the figures and write the HTML report after the merge",
                                 rich_help_panel="Ray"),
     **options,
@@ -389,8 +443,8 @@ def sweep(
     _learn_options(module, options)  # refuses the learned-geometry flags
     spec, config = _spec_and_config({"analysis": analysis, **options})
     sweep_options = _guard(SweepOptions, shards=shards, gpus_per_shard=gpus_per_shard, cpus_per_shard=cpus_per_shard,
-                           ray_address=ray_address, max_retries=max_retries)
-    run_dir = _guard(run_sweep, spec, config, sweep_options, console=console, report=report)
+                           ray_address=ray_address, max_retries=max_retries, dashboard=ray_dashboard)
+    run_dir = _warned(run_sweep, spec, config, sweep_options, console=console, report=report)
     _print_summary(run_dir)
     console.print(f"[green]run directory[/] {run_dir} (merged from {shards} shards"
                   f"{'; figures and report.html written' if report else ''})")
@@ -406,21 +460,15 @@ def merge(
 ) -> None:
     """Combine shard run directories into one (manifests must agree; keys must not conflict; complete unless
     --allow-incomplete). With one RUN_DIR and no --out: merge RUN_DIR/shards/I-of-N into RUN_DIR."""
-    import warnings
-
     from relaylens.results.shards import merge_run_dir, merge_runs
 
     if out is None and len(shards) != 1:
         _fail("relaylens merge: pass --out DIR to merge several shard directories, or one run directory whose "
               "shards/ subdirectory holds the shards (relaylens merge RUN_DIR)")
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        if out is None:
-            merged = _guard(merge_run_dir, shards[0], allow_incomplete=allow_incomplete)
-        else:
-            _guard(merge_runs, [str(s) for s in shards], str(out), allow_incomplete=allow_incomplete)
-    for w in caught:
-        console.print(f"[bold yellow]warning:[/] {w.message}")
+    if out is None:
+        merged = _warned(merge_run_dir, shards[0], allow_incomplete=allow_incomplete)
+    else:
+        _warned(merge_runs, [str(s) for s in shards], str(out), allow_incomplete=allow_incomplete)
     if out is None:
         console.print(f"[green]merged[/] {len(merged)} shards into {shards[0]}")
         return
@@ -437,31 +485,38 @@ def judge_command(
     reasoning_effort: str = typer.Option(None, "--reasoning-effort", help="low, medium or high (reasoning judges)"),
     name: str = typer.Option(None, "--name", help="judge name: scores become judge_NAME (default: from the model)"),
     data: str = typer.Option(None, help="the run's dataset file, when it moved since the run"),
+    deadline: float = typer.Option(DEADLINE_S, "--deadline", help="wall-clock seconds one judge call may take, "
+                                   "retries included (a server trickling bytes is cut there)"),
+    max_reply_bytes: int = typer.Option(MAX_REPLY_BYTES, "--max-reply-bytes", help="largest judge reply read"),
 ) -> None:
     """Re-score a finished run's answers with another judge (generations untouched; adds judge_NAME scores)."""
+    from relaylens.errors import shown
+    from relaylens.experiments.rejudge import check_judge_name, judge_name, rejudge_run
     from relaylens.scoring.judge import HFBackend, OpenAIBackend
-    from relaylens.experiments.rejudge import judge_name, rejudge_run
 
-    name = name or _guard(judge_name, judge_model)
+    name = _guard(judge_name, judge_model) if name is None else name
+    _guard(check_judge_name, name)
+    _check_key_env(judge_url, judge_key_env)
     if judge_url:
         backend = _guard(OpenAIBackend, judge_url, judge_model, api_key_env=judge_key_env, max_tokens=max_tokens,
-                         reasoning_effort=reasoning_effort)
+                         reasoning_effort=reasoning_effort, deadline=deadline, max_reply_bytes=max_reply_bytes)
     else:
         from relaylens.model.loading import load_model
 
         model, tokenizer = _guard(load_model, judge_model)
         backend = _guard(HFBackend, model, tokenizer, model_id=judge_model, max_tokens=max_tokens,
                          reasoning_effort=reasoning_effort)
-    with console.status(f"judging the answers of {run_dir} as judge_{name} ..."):
+    with console.status(f"judging the answers of {_safe(run_dir)} as judge {name} ..."):
         result = _guard(rejudge_run, run_dir, backend, name, data)
-    print(f"judge_{name}: {result.judged} answers judged ({result.calls} calls, {result.cache_hits} cached), "
+    print(f"judge {name}: {result.judged} answers judged ({result.calls} calls, {result.cache_hits} cached), "
           f"{len(result.failures)} failure(s)")
-    for failure in result.failures[:20]:
-        print(f"  failed: {failure['record_id']} {failure['selector']} @ {failure['budget']:g} {failure['condition']}: "
-              f"{failure['reply']!r}")
+    for failure in result.failures[:20]:  # dataset strings and replies: shown, never interpreted by the terminal
+        print(f"  failed: {shown(failure['record_id'])} {shown(failure['selector'])} @ {failure['budget']:g} "
+              f"{shown(failure['condition'])}: {shown(repr(failure['reply']))}")
     if len(result.failures) > 20:
-        print(f"  ... {len(result.failures) - 20} more in {Path(run_dir) / f'judge_{name}_failures.json'}")
-    console.print(f"[green]updated[/] {run_dir} (scores judge_{name}, judge_{name}_failed)")
+        print(f"  ... {len(result.failures) - 20} more in {shown(Path(run_dir) / f'judge_{name}_failures.json')}")
+    written = ", ".join(result.metrics) or "none: the run has no answers"
+    console.print(f"[green]updated[/] {_safe(run_dir)} (scores {written})")
 
 
 # --- figures and report (relaylens.reporting.figures, relaylens.reporting.report: result tables only, no model) -------------------
@@ -489,7 +544,7 @@ def figures_command(
     fmts = [f.strip() for f in formats.split(",") if f.strip()]
     if not fmts:
         _fail(f"--format {formats!r} names no figure format. Fix: pass one or more of png, pdf, svg (e.g. --format png)")
-    paths = _guard(write_figures, run_dirs[0] if len(run_dirs) == 1 else run_dirs, only=only, formats=fmts,
+    paths = _warned(write_figures, run_dirs[0] if len(run_dirs) == 1 else run_dirs, only=only, formats=fmts,
                    all_supported=all_supported, progress=lambda name: console.print(f"drawing {name} ..."),
                    metric=metric, retained_only=retained_only, out=out)
     for path in paths:
@@ -517,7 +572,7 @@ def report_command(
     from relaylens.reporting.report import write_report
 
     with console.status("rendering report ..."):
-        path = _guard(write_report, run_dirs[0] if len(run_dirs) == 1 else run_dirs, out, view_records, metric=metric,
+        path = _warned(write_report, run_dirs[0] if len(run_dirs) == 1 else run_dirs, out, view_records, metric=metric,
                       retained_only=retained_only)
     print(path)
     console.print(f"[green]wrote[/] {path}")

@@ -1,4 +1,4 @@
-"""Error types raised by relaylens.
+"""Error types raised by relaylens, and :func:`shown`, which makes dataset text safe to print in messages.
 
 Every error derives from :class:`RelaylensError` *and* from :class:`ValueError`, so callers that only know
 ``ValueError`` still catch them. Messages say what was expected, what arrived and how to fix it.
@@ -47,3 +47,32 @@ class NonFiniteError(RelaylensError):
 class ModelError(RelaylensError):
     """A model spec that names nothing loadable: unknown embedded name, missing path, unpulled model offline, a
     damaged cached copy."""
+
+
+_VISIBLE = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
+_HIDDEN = {"Cc", "Cf", "Cs", "Co", "Cn", "Zl", "Zp"}  # control, format (bidi), surrogate, private, unassigned, separators
+
+
+def shown(text) -> str:
+    """``text`` safe to print on a terminal: every control or format character (ANSI / OSC escapes, newlines,
+    carriage returns, backspaces, C1 codes, bidirectional overrides, line separators) becomes a visible escape such
+    as ``\\x1b`` or ``\\n``, so a dataset string can neither drive the terminal nor start a line of its own. Every
+    place where dataset strings (record ids, details, judge replies) reach the terminal prints them through this.
+
+    >>> shown("r1\\x1b]0;pwned\\x07\\nerror: forged"), shown("plain id: 42")
+    ('r1\\\\x1b]0;pwned\\\\x07\\\\nerror: forged', 'plain id: 42')
+    """
+    import unicodedata
+
+    text = str(text)
+    if text.isprintable():
+        return text
+    out = []
+    for ch in text:
+        if unicodedata.category(ch) not in _HIDDEN:
+            out.append(ch)
+        else:
+            code = ord(ch)
+            out.append(_VISIBLE.get(ch) or (f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}" if code < 0x10000
+                                            else f"\\U{code:08x}"))
+    return "".join(out)

@@ -1,7 +1,8 @@
 """The progress view of long work — runs, sweeps and request benchmarks share one look.
 
-Columns: the task's description, a bar, ``done/total``, the task's ``stage`` field (what runs now), the elapsed time
-and, unless ``remaining=False``, the estimated time left.
+Columns: the task's description, a bar, ``done/total``, the task's ``stage`` field (what runs now; plain text, never
+rich markup: callers pass dataset strings through :func:`relaylens.errors.shown`), the elapsed time and, unless
+``remaining=False``, the estimated time left.
 
 Example:
     >>> view = progress_view()
@@ -18,8 +19,9 @@ def progress_view(console=None, remaining: bool = True):
     """A ``rich.progress.Progress`` with relaylens's columns (on ``console``; None: rich's default, stdout)."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-    columns = [TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[stage]}"),
-               TimeElapsedColumn()]
+    # the stage may quote a record id: printed as plain text, never read as rich markup ([link=...] would be a link)
+    columns = [TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+               TextColumn("{task.fields[stage]}", markup=False), TimeElapsedColumn()]
     if remaining:
         columns.append(TimeRemainingColumn())
     return Progress(*columns, console=console, transient=False)

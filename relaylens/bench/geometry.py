@@ -31,6 +31,7 @@ class CacheShape:
 
 
 SMOLLM2 = CacheShape("SmolLM2-135M (30x3x410x64)", 30, 3, 410, 64, {"rope_type": "default", "rope_theta": 100000.0}, 4100)
+"""The SmolLM2-sized cache of the small relocation benchmark (30 layers x 3 kv heads x 410 states x 64)."""
 LLAMA31_8B = CacheShape(
     "Llama-3.1-8B (32x8x12800x128)",
     32,
@@ -41,6 +42,7 @@ LLAMA31_8B = CacheShape(
      "original_max_position_embeddings": 8192, "rope_theta": 500000.0},
     128000,
 )
+"""The Llama-3.1-8B-sized cache of the large relocation benchmark (32 layers x 8 kv heads x 12,800 states x 128)."""
 
 
 def rotary_only_model(head_dim: int, rope_parameters: dict, max_position: int = 131072 + 1):
@@ -145,6 +147,8 @@ def bench_delta_rotation_error(rope_name: str, rope_parameters: dict, head_dim: 
 
 
 def run_geometry(repeats: int = 5, include_large: bool = True) -> list[dict]:
+    """``relaylens bench geometry``: relocation against a float32 copy (fused kernel and eager path, SmolLM2- and
+    Llama-3.1-8B-sized caches) and the error of two-step relocation against direct rotation; one row each."""
     rows = [bench_relocation(SMOLLM2, repeats), bench_relocation(SMOLLM2, repeats, fused=False)]
     if include_large:
         rows.append(bench_relocation(LLAMA31_8B, repeats=max(3, repeats // 2)))

@@ -37,3 +37,4 @@ BENCHMARKS: dict[str, Callable[..., list[dict]]] = {
     "selectors": _model_benchmark(run_selectors),
     "scaling": _model_benchmark(run_scaling),
 }
+"""Every benchmark of ``relaylens bench`` by name: ``name -> run(**options) -> rows`` (``all`` runs each)."""

@@ -24,12 +24,14 @@ Example:
 from relaylens.conditions.bands import BANDS, band_of, bands
 from relaylens.conditions.catalogue import (CONDITIONS, CommonShift, Compaction, Condition, Coordinates, HalfGap,
                                             KeyOnly, Original, QueryOnly, RandomOrder, RankSync, Relay,
-                                            ReverseOrder, ScoreOrder, make_coordinates, parse_condition)
+                                            ReverseOrder, ScoreOrder, check_coordinates, make_coordinates,
+                                            parse_condition)
 from relaylens.conditions.family import Geometry, Learned, family_coordinates, family_point
 from relaylens.conditions.scoped import (ALL_LAYER_TYPES, Scoped, expand_conditions, format_layers, get_condition,
                                          model_layer_types, parse_scoped)
 
 __all__ = ["ALL_LAYER_TYPES", "BANDS", "CONDITIONS", "CommonShift", "Compaction", "Condition", "Coordinates",
-           "Geometry", "HalfGap", "KeyOnly", "Learned", "Original", "family_coordinates", "family_point", "QueryOnly", "RandomOrder", "RankSync", "Relay", "ReverseOrder",
-           "ScoreOrder", "Scoped", "band_of", "bands", "expand_conditions", "format_layers", "get_condition",
-           "make_coordinates", "model_layer_types", "parse_condition", "parse_scoped"]
+           "Geometry", "HalfGap", "KeyOnly", "Learned", "Original", "QueryOnly", "RandomOrder", "RankSync", "Relay",
+           "ReverseOrder", "ScoreOrder", "Scoped", "band_of", "bands", "check_coordinates", "expand_conditions",
+           "family_coordinates", "family_point", "format_layers", "get_condition", "make_coordinates",
+           "model_layer_types", "parse_condition", "parse_scoped"]

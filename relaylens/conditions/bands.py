@@ -13,6 +13,7 @@ from __future__ import annotations
 from relaylens.errors import RelaylensError
 
 BANDS = ("early", "middle", "late")
+"""The layer bands, in order: the thirds of a model's layers (``relay@band=late``, the band tables)."""
 
 
 def bands(num_layers: int, boundaries: tuple[int, int] | None = None) -> dict[str, list[int]]:

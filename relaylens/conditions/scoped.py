@@ -17,7 +17,9 @@ Spec syntax::
 * ``move=`` an integer: inside the scope the scoped condition's keys move that many positions towards the question
   (negative: away from it); ``relay@heads=3.0@move=1@base=relay`` is relay with kv head 0 of layer 3 one position
   closer (the finite shifts that check :mod:`relaylens.probes.sensitivity`). When a key would land below 0, every
-  position shifts up by the same amount (distances unchanged);
+  position shifts up by the same amount (distances unchanged). A move may bring a key to the question start itself
+  (distance 0; relay's and original's nearest key is at distance 1), never past it
+  (:func:`~relaylens.conditions.catalogue.check_coordinates` with ``at_question``);
 * ``base=`` the condition of everything outside the scope (default ``original``); it is written last in labels.
 
 Several scope clauses intersect (``relay@band=late@layer_type=full_attention``). The label is the canonical spec
@@ -69,6 +71,7 @@ if TYPE_CHECKING:  # importing scoped conditions imports no torch; masks are bui
     from relaylens.geometry.selection import Selection
 
 ALL_LAYER_TYPES = "*"
+"""``relay@layer_type=*``: one scoped condition per layer type of the model (Gemma-3's sliding and full layers)."""
 _CLAUSES = ("layers", "band", "layer_type", "heads", "move", "base")
 
 
@@ -189,7 +192,9 @@ class Scoped(Condition):
         low = keys[sel.valid].min()
         if bool(low < 0):  # a negative move pushed a key below 0: shift everything up (distances unchanged)
             keys, anchor = keys - low, anchor - low
-        return make_coordinates(self.label, sel, keys, anchor)
+        # a move towards the question may bring a head's nearest key to the question start itself (distance 0: the
+        # finite shifts of the sensitivity readout at b = 1), never past it
+        return make_coordinates(self.label, sel, keys, anchor, at_question=int(self.move) > 0)
 
 
 def _layer_mask(layers, num_layers: int, label: str) -> torch.Tensor:

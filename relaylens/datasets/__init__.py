@@ -28,21 +28,25 @@ import warnings
 from pathlib import Path
 
 from relaylens.datasets import hellobench, infinitebench, longmemeval, longmtbench, personamem
-from relaylens.datasets.common import peek_text
+from relaylens.datasets.common import data_suffix, peek_text
 from relaylens.datasets.formats import DatasetFormat
 from relaylens.datasets.infinitebench import TASKS as INFINITEBENCH_TASKS
 from relaylens.datasets.longmemeval import bundled_sample_path
 from relaylens.datasets.records import LoadReport, Record, RecordCollector
-from relaylens.errors import RecordError, RelaylensError
+from relaylens.errors import RecordError, RelaylensError, shown
 
 log = logging.getLogger("relaylens.datasets.records")
 
 REGISTRY: dict[str, DatasetFormat] = {m.FORMAT.name: m.FORMAT for m in (longmemeval, personamem, longmtbench,
                                                                         infinitebench, hellobench)}
+"""Every dataset format by name: its reader, sniffing rule, bundled sample and prompt layout."""
 FORMATS = tuple(REGISTRY)
+"""The names of the dataset formats (``relaylens run --format``)."""
 READERS = {name: fmt.reader for name, fmt in REGISTRY.items()}
+"""The reader of each dataset format by name."""
 SNIFF_ORDER = ("personamem", "longmemeval", "longmtbench", "hellobench", "infinitebench")  # first match wins
 SAMPLE = "sample"  # --data sample: the bundled LongMemEval-schema sample; sample:NAME: the bundled sample of NAME
+"""``--data sample``: the bundled LongMemEval-schema sample; ``sample:NAME``: the bundled sample of format NAME."""
 
 
 def detect_format(path: str | Path) -> str:
@@ -88,7 +92,7 @@ def _refuse_empty_or_broken_json(path: Path) -> None:
     if not text:
         raise RecordError(f"dataset file {path} is empty. Fix: pass a LongMemEval / PersonaMem / Long-MT-Bench+ / "
                           "InfiniteBench file (re-download it if a transfer was cut short)")
-    if path.suffix not in (".csv", ".parquet") and text[:1] in "[{":
+    if data_suffix(path) not in (".csv", ".parquet") and text[:1] in "[{":
         try:
             json.loads(text)
         except RecursionError:
@@ -129,7 +133,8 @@ def load_records_with_report(path: str | Path, format: str = "auto", lenient: bo
                           "limit). Fix: check that this is a dataset file; records are only a few levels deep") from None
     report = LoadReport(str(path), fmt, len(collector.records), tuple(collector.skipped))
     if report.num_skipped:
-        msg = f"{path}: skipped {report.num_skipped} malformed {fmt} record(s) (lenient=True); first: {report.skipped[0][0]}: {report.skipped[0][1]}"
+        where, why = (shown(text) for text in report.skipped[0])  # dataset text: one line, no terminal control
+        msg = f"{path}: skipped {report.num_skipped} malformed {fmt} record(s) (lenient=True); first: {where}: {why}"
         log.warning(msg)
         warnings.warn(msg, stacklevel=2)
     return collector.records, report

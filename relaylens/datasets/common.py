@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 import json
 from datetime import datetime
 from pathlib import Path
@@ -48,16 +49,30 @@ def parse_lme_date(text: Any, path, where: str, field: str) -> datetime:
                            "write the date in LongMemEval's format") from None
 
 
+def open_text(path: Path, errors: str | None = None):
+    """A dataset file opened as UTF-8 text (a byte-order mark is not content); ``*.gz`` files are read through gzip,
+    so a compressed JSON / JSON Lines file reads like the plain one."""
+    if Path(path).name.endswith(".gz"):
+        return gzip.open(path, "rt", encoding="utf-8-sig", errors=errors)
+    return open(path, encoding="utf-8-sig", errors=errors)
+
+
+def data_suffix(path: Path) -> str:
+    """The suffix that says what a dataset file holds, past a ``.gz`` (``x.json.gz`` -> ``.json``)."""
+    path = Path(path)
+    return Path(path.name[:-3]).suffix if path.name.endswith(".gz") else path.suffix
+
+
 def iter_json_objects(path: Path) -> Iterator[tuple[str, Any]]:
     """Yield ``(where, object)`` for a JSON array, a single JSON object or JSON Lines.
 
     ``where`` is ``"item N"`` (array, 0-based) or ``"line N"`` (JSONL, 1-based). A line that is not valid JSON
     yields a :class:`RecordError` instance as its object so that a lenient reader can skip it.
     """
-    with open(path, encoding="utf-8-sig") as fh:
+    with open_text(path) as fh:
         head = fh.read(4096).lstrip()
     if head.startswith("["):
-        with open(path, encoding="utf-8-sig") as fh:
+        with open_text(path) as fh:
             try:
                 data = json.load(fh)
             except json.JSONDecodeError as err:
@@ -65,7 +80,7 @@ def iter_json_objects(path: Path) -> Iterator[tuple[str, Any]]:
         for i, obj in enumerate(data):
             yield f"item {i}", obj
         return
-    with open(path, encoding="utf-8-sig") as fh:
+    with open_text(path) as fh:
         lines = fh.readlines()
     try:
         first = json.loads(lines[0]) if lines else None
@@ -89,5 +104,5 @@ def iter_json_objects(path: Path) -> Iterator[tuple[str, Any]]:
 
 def peek_text(path: Path, n: int = 1 << 20) -> str:
     """The first ``n`` characters of a text file (format detection)."""
-    with open(path, encoding="utf-8-sig", errors="replace") as fh:  # a UTF-8 byte-order mark is not content
+    with open_text(path, errors="replace") as fh:
         return fh.read(n)

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from relaylens.datasets.common import peek_text
+from relaylens.datasets.common import data_suffix, peek_text
 
 JSON_SUFFIXES_EXCLUDED = (".csv", ".parquet")  # formats sniffed by suffix, never by JSON keys
 
@@ -46,9 +46,9 @@ class DatasetFormat:
 
 
 def json_head(path: Path) -> str | None:
-    """The first bytes of a JSON / JSON Lines file (left-stripped), or None for files sniffed by suffix or not
-    starting like JSON."""
-    if path.suffix in JSON_SUFFIXES_EXCLUDED:
+    """The first bytes of a JSON / JSON Lines file, plain or ``.gz`` (left-stripped), or None for files sniffed by
+    suffix or not starting like JSON."""
+    if data_suffix(path) in JSON_SUFFIXES_EXCLUDED:
         return None
     head = peek_text(path).lstrip()
     return head if head[:1] in "[{" else None

@@ -8,10 +8,18 @@ One JSON object per line (a JSON array also reads). Fields read:
   ``raw_text`` verbatim: the text before it is the task instruction (kept in the history, protected under
   ``--protect-instructions``), the text after it is read as the question part;
 * ``checklists``: the item's HelloEval checklist, a non-empty list of yes/no questions, each a string or an object
-  ``{"text", "weight", "aspect"}``; ``num_checklist``, when present, must equal its length;
+  ``{"text", "weight", "aspect"}``; ``num_checklist``, when present, must equal its length. An item without
+  ``checklists`` gets its category's published checklist (:data:`HELLOEVAL`; ``Record.meta["checklist_from"]`` says
+  which was used: ``"item"`` or ``"helloeval"``);
 * checklist weights (HelloEval's per-category regression weights): an item's ``checklist_weights`` list, else
-  ``checklist_weights.json`` beside the data file (``{category: [weights]}``), else equal weights. Weights are
-  positive and finite; the source used is recorded in ``Record.meta["weights_from"]``.
+  ``checklist_weights.json`` beside the data file (``{category: [weights]}``), else HelloEval's published weights
+  of the category when the checklist has their length (``WEIGHT_DICT``, :data:`HELLOEVAL`), else equal weights.
+  Weights are positive and finite; the source used is recorded in ``Record.meta["weights_from"]`` (``"item"``,
+  ``checklist_weights.json``, ``"helloeval"`` or ``"equal"``).
+
+:data:`HELLOEVAL` is HelloBench's own data, read from ``relaylens/data/helloeval_summarization.json``: the five
+categories' checklists (``Checklists/summarization_checklist.json``) and HelloEval's regression weights
+(``WEIGHT_DICT`` of ``results/scripts/compute.py``), from github.com/Quehry/HelloBench (the file names the commits).
 
 Everything else (``requirements``, ``text_len``, ``base_prompt``, ...) is kept in ``Record.meta``. Malformed items
 raise :class:`~relaylens.errors.RecordError` naming the record id, the field and the fix.
@@ -24,7 +32,7 @@ Example:
     'factuality'
     >>> checklist_aspect("Does the summary comprehensively cover all the important information from the blog?")
     'coverage'
-    >>> checklist_aspect("Is the content of the summary easy to understand?")
+    >>> checklist_aspect("Is the summary sufficiently long and complete? ... long enough to cover the key information.")
     'other'
 """
 
@@ -44,15 +52,27 @@ CATEGORIES = ("blogs", "report", "news", "long_dialogue", "academic_article")
 ASPECTS = ("factuality", "coverage", "other")
 WEIGHTS_FILE = "checklist_weights.json"
 SOURCE = "hellobench"
+HELLOEVAL = json.loads((Path(__file__).resolve().parent.parent / "data" / "helloeval_summarization.json")
+                       .read_text("utf-8"))
+"""HelloBench's published summarization checklists (``HELLOEVAL["checklists"][category]``) and HelloEval's
+regression weights (``HELLOEVAL["weights"][category]``), with their ``source``: the documented defaults."""
+_LENGTH = re.compile(r"\b(?:sufficiently|adequately)\s+(?:long|lengthy)\b"
+                     r"|\b(?:long|short|brief|lengthy)\s+enough\b|\b(?:too|overly)\s+(?:long|short|brief|lengthy)\b"
+                     r"|\blength\b|\bword count\b|\bnumber of words\b")  # a question about the summary's length
 
 
 def checklist_aspect(text: str) -> str:
-    """``factuality`` for an item asking whether the summary is accurate, ``coverage`` for one asking whether it
-    covers the source's important information, ``other`` otherwise (readability, length, requirements, flawless)."""
+    """The aspect an item's question asks about: ``other`` for length ("sufficiently long", "long enough", "length",
+    even when it goes on to "cover the key information"), ``factuality`` for accuracy, ``coverage`` for covering
+    the source's important information, ``other`` otherwise (readability, requirements, flawless). The question is
+    the text up to its first ``?`` (HelloBench items go on to explain it; the explanation does not decide)."""
     low = text.lower()
-    if re.search(r"\baccura(te|cy)\b", low):
+    question = low[:low.index("?") + 1] if "?" in low else low
+    if _LENGTH.search(question):
+        return "other"
+    if re.search(r"\baccura(te|cy)\b", question):
         return "factuality"
-    if re.search(r"\bcover(s|age)?\b", low):
+    if re.search(r"\bcover(s|age)?\b", question):
         return "coverage"
     return "other"
 
@@ -96,18 +116,21 @@ def parse_item(obj, path, where: str, weights: dict | None = None) -> Record:
                            "the prompt must embed the source text unchanged (it is split there into instruction, "
                            "source and question parts)")
     head, tail = prompt[:at], prompt[at + len(text):]
-    checklist = parse_checklist(obj, path, where, (weights or {}).get(category))
+    published = "checklists" not in obj and category in HELLOEVAL["checklists"]
+    if published:  # HelloBench's own checklist of the category
+        obj = {**obj, "checklists": list(HELLOEVAL["checklists"][category])}
+    checklist, weights_from = parse_checklist(obj, path, where, (weights or {}).get(category), with_source=True)
     meta = {k: v for k, v in obj.items() if k not in ("id", "raw_text", "checklists", key)}
-    meta.update(category=category, prompt_head=head, prompt_tail=tail, checklist=checklist,
-                weights_from="item" if "checklist_weights" in obj else (WEIGHTS_FILE if (weights or {}).get(category)
-                                                                         else "equal"))
+    meta.update(category=category, prompt_head=head, prompt_tail=tail, checklist=checklist, weights_from=weights_from,
+                checklist_from="helloeval" if published else "item")
     instruction = (head + tail).strip()
     return Record(rid, instruction, (), category, None, (Session("source", None, (Turn("document", text),)),), (),
                   False, source=SOURCE, meta=meta)
 
 
-def parse_checklist(obj: dict, path, where: str, category_weights=None) -> tuple[dict, ...]:
-    """``({"text", "weight", "aspect"}, ...)`` of an item, weights resolved, every field checked."""
+def parse_checklist(obj: dict, path, where: str, category_weights=None, with_source: bool = False):
+    """``({"text", "weight", "aspect"}, ...)`` of an item, weights resolved (see the module docstring), every field
+    checked; with ``with_source``, also where the weights came from (``Record.meta["weights_from"]``)."""
     items = get_field(obj, "checklists", list, path, where, "give the HelloEval checklist as a list of questions")
     if not items:
         raise record_error(path, where, "checklists", "a non-empty list", items, "give at least one checklist question")
@@ -116,6 +139,10 @@ def parse_checklist(obj: dict, path, where: str, category_weights=None) -> tuple
         raise record_error(path, where, "num_checklist", f"{len(items)} (the checklist's length)", count,
                            "make num_checklist equal the number of checklist items, or drop it")
     weights = obj.get("checklist_weights", category_weights)
+    source = "item" if "checklist_weights" in obj else WEIGHTS_FILE if category_weights is not None else "equal"
+    published = HELLOEVAL["weights"].get(obj.get("category"))
+    if weights is None and published is not None and len(published) == len(items):
+        weights, source = list(published), "helloeval"  # HelloEval's regression weights of the category
     if weights is not None and (not isinstance(weights, list) or len(weights) != len(items)):
         field = "checklist_weights" if "checklist_weights" in obj else f"{WEIGHTS_FILE}[{obj.get('category')!r}]"
         raise record_error(path, where, field, f"a list of {len(items)} weights (one per checklist item)", weights,
@@ -141,7 +168,7 @@ def parse_checklist(obj: dict, path, where: str, category_weights=None) -> tuple
             raise record_error(path, where, "checklists", f"at least one {aspect} item", [c["text"][:40] for c in out],
                                f"add an item about {aspect} or mark one with \"aspect\": \"{aspect}\" (factuality and "
                                "coverage are averaged over those items)")
-    return tuple(out)
+    return (tuple(out), source) if with_source else tuple(out)
 
 
 def hellobench_layout(record, mode: str):

@@ -24,6 +24,7 @@ from relaylens.errors import RecordError
 from relaylens.datasets.records import Record, RecordCollector, Session, Turn
 
 TASKS = ("longdialogue_qa_eng", "longbook_choice_eng", "longbook_qa_eng")
+"""The InfiniteBench tasks relaylens reads (En.Dia, En.MC, En.QA)."""
 CHUNK_CHARS = 2000
 #: En.Dia ignores ``input``: the question is always who ``$$MASK$$`` is.
 DIALOGUE_QUESTION = 'Which character is "$$MASK$$" in the dialogue above? Answer with the name only.'
@@ -95,6 +96,9 @@ def parse_record(obj, path, where: str, task: str | None) -> Record:
         options = tuple(f"{chr(65 + i)}. {o}" for i, o in enumerate(raw))
         correct = chr(97 + idx)
     elif task == "longdialogue_qa_eng":
+        if "$$MASK$$" not in obj["context"]:  # the question asks who $$MASK$$ is: without it there is no answer
+            raise record_error(path, where, "context", "a dialogue script with the $$MASK$$ placeholder (En.Dia asks "
+                               "which character it hides)", obj["context"][:80], "keep the $$MASK$$ of the record")
         question = DIALOGUE_QUESTION
     if not question.strip():
         raise record_error(path, where, "input", "a non-empty question", question, "fill in the question")

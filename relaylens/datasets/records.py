@@ -16,11 +16,12 @@ Example:
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from relaylens.errors import RecordError
+from relaylens.errors import RecordError, shown
 
 
 @dataclass(frozen=True)
@@ -137,7 +138,7 @@ class LoadReport:
 
     def summary(self) -> str:
         head = f"{self.path}: loaded {self.loaded} {self.format} records, skipped {self.num_skipped}"
-        return head + "".join(f"\n  {where}: {why}" for where, why in self.skipped)
+        return head + "".join(f"\n  {shown(where)}: {shown(why)}" for where, why in self.skipped)  # one line each
 
 
 class RecordCollector:
@@ -186,10 +187,26 @@ def _encodable(text: Any, path, where: str, field: str) -> None:
                               "the string (a broken \\ud8xx escape in the JSON?)") from None
 
 
+_LABEL = re.compile(r"^\s*(?:\(\s*[A-Za-z]\s*\)|[A-Za-z][.)])\s*")
+
+
+def option_text(option: str) -> str:
+    """An option as compared for duplicates: its letter label (``(a)``, ``A.``, ``b)``) removed, case folded,
+    spacing collapsed.
+
+    >>> option_text("(a) The  Red Fox"), option_text("B. the red fox")
+    ('the red fox', 'the red fox')
+    """
+    return " ".join(_LABEL.sub("", str(option), count=1).casefold().split())
+
+
 def check_record(record: Record, path="<records>", where: str = "<record>") -> None:
     """Refuse records that would be scored or tokenised wrongly without an error later.
 
     * every text field is valid Unicode (no unpaired surrogates);
+    * the question holds some text (an empty question would be answered from the history alone);
+    * multiple-choice options are non-empty and pairwise different once their letter labels, case and spacing are
+      set aside (two equal options would make a right answer count as wrong);
     * every reference answer of an answerable record keeps some text after answer normalisation (``""``, ``"A"``,
       ``"The"`` or ``"?"`` would let an empty model answer score exact match and F1 of 1).
 
@@ -211,6 +228,20 @@ def check_record(record: Record, path="<records>", where: str = "<record>") -> N
         _encodable(session.session_id, path, where, f"sessions[{i}].id")
         for j, turn in enumerate(session.turns):
             _encodable(turn.content, path, where, f"sessions[{i}].turns[{j}].content")
+    if not isinstance(record.question, str) or not record.question.strip():
+        raise RecordError(f"{path}: {where}: the question is empty ({record.question!r}); the model would answer "
+                          "nothing in particular. Fix: fill in the question text, or drop the record")
+    seen: dict[str, int] = {}
+    for k, option in enumerate(record.options or ()):
+        text = option_text(option)
+        if not text:
+            raise RecordError(f"{path}: {where}: option {k} ({option!r}) is empty once its label is removed. Fix: give "
+                              "every option its text, or drop the record")
+        if text in seen:
+            raise RecordError(f"{path}: {where}: options {seen[text]} and {k} are the same option "
+                              f"({record.options[seen[text]]!r}, {option!r}), so choosing either could be right. Fix: "
+                              "make the options distinct, or drop the record")
+        seen[text] = k
     if not record.is_abstention:
         for answer in record.answers:
             if not normalize_answer(answer) or not normalize_answer(answer, numbers=True):

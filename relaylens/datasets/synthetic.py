@@ -34,6 +34,7 @@ Example:
 
 from __future__ import annotations
 
+import gzip
 import json
 import math
 import random
@@ -314,10 +315,14 @@ def _check(world: SynthWorld, plan: Plan) -> None:
 
 
 def write_records(records: list[dict], path: str | Path) -> Path:
-    """Write records as one JSON array (indent 1, UTF-8, trailing newline: stable bytes)."""
+    """Write records as one JSON array (indent 1, UTF-8, trailing newline: stable bytes); a ``.gz`` path is written
+    gzip-compressed with no name or time in the header (the same bytes on every run)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(records, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
+    data = (json.dumps(records, indent=1, ensure_ascii=False) + "\n").encode("utf-8")
+    if path.name.endswith(".gz"):
+        data = gzip.compress(data, compresslevel=9, mtime=0)
+    path.write_bytes(data)
     return path
 
 

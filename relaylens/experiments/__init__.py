@@ -4,7 +4,8 @@ that runs it: the runner, launcher-aware sharding, Ray sweeps and the demo.
 Owns: :mod:`~relaylens.experiments.specs` (:class:`ExperimentSpec`, the analyses in ``analyses/``),
 :mod:`~relaylens.experiments.presets` (``--preset paper``), :mod:`~relaylens.experiments.runner` (records x
 selectors x budgets x conditions, paired and resumable), :mod:`~relaylens.experiments.launch` (which shard this
-process runs under torchrun / accelerate / SLURM), :mod:`~relaylens.experiments.sweep` (shards as Ray tasks) and
+process runs under torchrun / accelerate / SLURM), :mod:`~relaylens.experiments.sweep` (shards as Ray tasks),
+:mod:`~relaylens.experiments.ray_connect` (a loopback-only local Ray, or a cluster joined within a bounded time) and
 :mod:`~relaylens.experiments.demo`; :mod:`~relaylens.experiments.learned` and :mod:`~relaylens.experiments.learned_run`
 (``learned_geometry``: fit the geometry family on train records, evaluate it on test records).
 

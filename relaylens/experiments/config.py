@@ -73,6 +73,9 @@ def check_config(config: RunConfig) -> None:
                                           or config.batch_rows < 1):
         raise RelaylensError(f"batch_rows must be a positive number of rows or None (all rows of a record); got "
                              f"{config.batch_rows!r}. Fix: pass --batch-rows N with N >= 1")
+    if isinstance(config.seed, bool) or not isinstance(config.seed, int) or not 0 <= config.seed < 2**63:
+        raise RelaylensError(f"seed must be a whole number in 0..2**63-1 (it seeds random selectors); got "
+                             f"{config.seed!r}. Fix: pass --seed N with N >= 0")
     if config.window_mode not in WINDOW_MODES:
         raise RelaylensError(f"window_mode must be one of {WINDOW_MODES}; got {config.window_mode!r}")
     if config.max_history_tokens is not None and (not isinstance(config.max_history_tokens, int) or config.max_history_tokens < 1):

@@ -47,7 +47,7 @@ from pathlib import Path
 import torch
 
 from relaylens.conditions.family import LEARNED_FILE, PARAMETERS, SHARING, Learned, family_coordinates
-from relaylens.errors import RelaylensError
+from relaylens.errors import RelaylensError, shown
 from relaylens.results.tables import ANSWER_LOGLIK, TRAINING_UNIT
 
 #: the Adam hyperparameters besides the learning rate
@@ -262,7 +262,7 @@ def train(model, factors, train_items: list[Prepared], test_items: list[Prepared
                 (objective / len(batch)).backward()
                 total += float(objective.detach())
                 if tick:
-                    tick(step, f"step {step + 1}/{options.steps}: {item.record.record_id}")
+                    tick(step, f"step {step + 1}/{options.steps}: {shown(item.record.record_id)}")
         grads = {name: leaf.grad.detach().clone() for name, leaf in leaves.items()}
         adam_step(raw, grads, m, v, step + 1, options.learning_rate)
         values = family_values(raw)

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-from relaylens.errors import RelaylensError
+from relaylens.errors import RelaylensError, shown
 from relaylens.experiments.config import RunConfig, check_config
 from relaylens.experiments.learned import LearnOptions, Prepared, learned_file, split_records, train
 from relaylens.experiments.specs import ExperimentSpec
@@ -144,7 +144,7 @@ def _prepare(model, tokenizer, factors, records, spec, config, store, options: L
     out = {}
     for record in records:
         if bar:
-            bar.update(task, stage=f"{record.record_id}: prefill")
+            bar.update(task, stage=f"{shown(record.record_id)}: prefill")
         prompt = render_prompt(record, tokenizer, mode=spec.prompt_mode)
         reason = history_problem(prompt, spec, config, factors)
         started = time.perf_counter()
@@ -165,7 +165,7 @@ def _prepare(model, tokenizer, factors, records, spec, config, store, options: L
                                              prefill_s, torch.tensor(answer, dtype=torch.long))
             del prefill
         if bar:
-            bar.update(task, advance=1, stage=f"{record.record_id}: ready")
+            bar.update(task, advance=1, stage=f"{shown(record.record_id)}: ready")
     return out
 
 
@@ -186,7 +186,7 @@ def _evaluate(model, tokenizer, factors, items: list[Prepared], spec, config, st
     for item in items:
         record = item.record
         if bar:
-            bar.update(task, stage=f"{record.record_id}: decoding")
+            bar.update(task, stage=f"{shown(record.record_id)}: decoding")
         for unit, answers, scores, probes, _ in process_record(model, tokenizer, factors, record, item.prompt, item.prefill,
                                                                item.prefill_s, [item.unit], eval_spec, config, judge):
             meta = {"record_id": record.record_id, "selector": unit.selector, "budget": float(unit.budget),
@@ -205,4 +205,4 @@ def _evaluate(model, tokenizer, factors, items: list[Prepared], spec, config, st
                         scores.append(meta | {"condition": condition.label, "metric": ANSWER_LOGLIK, "value": float(value)})
             store.write_unit(UnitKey(record.record_id, unit.selector, unit.budget), answers, scores, probes)
         if bar:
-            bar.update(task, advance=1, stage=f"{record.record_id}: committed")
+            bar.update(task, advance=1, stage=f"{shown(record.record_id)}: committed")

@@ -53,7 +53,8 @@ class Preset:
 
 
 def apply_preset(module, name: str | None):
-    """The analysis's ``SPEC`` with preset ``name`` applied (``None``: the CPU-sized default)."""
+    """The analysis's ``SPEC`` with preset ``name`` applied and named in its ``preset`` field, so the manifest records
+    which preset ran (``None``: the CPU-sized default)."""
     spec = module.SPEC
     if name is None or name == "default":
         return spec
@@ -61,7 +62,7 @@ def apply_preset(module, name: str | None):
     if name not in presets:
         raise RelaylensError(f"analysis {spec.name!r} has no preset {name!r}; available: "
                              f"{', '.join(['default', *sorted(presets)])}")
-    return spec.replace(**presets[name].changes)
+    return spec.replace(**presets[name].changes, preset=name)
 
 
 def _describe(spec) -> str:

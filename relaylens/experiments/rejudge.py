@@ -7,7 +7,9 @@ by checklist instead (:mod:`relaylens.scoring.checklist`; give ``--max-tokens 20
 are replaced; answers, probes and every other score are rewritten unchanged (so ``answers.parquet`` is
 byte-identical). Malformed replies count as failures and are listed (``RUN_DIR/judge_<name>_failures.json``). The
 judge's settings go to ``RUN_DIR/judges.json``; its verdicts are cached in ``RUN_DIR/judge_cache_<name>.jsonl``, so
-an interrupted pass resumes without new calls.
+an interrupted pass resumes without new calls. The pass is recorded there as incomplete before the first unit is
+rewritten and as complete after the last (:mod:`relaylens.results.passes`): until then its scores are not shown,
+and reports name the interrupted pass.
 
 Example:
     $ relaylens judge runs/main_table --judge-url http://127.0.0.1:8000/v1 --judge-model gpt-oss-20b \\
@@ -26,7 +28,7 @@ from typing import Callable
 
 from relaylens.errors import RelaylensError
 
-__all__ = ["RejudgeResult", "rejudge_run", "judge_name", "records_of_run"]
+__all__ = ["RejudgeResult", "rejudge_run", "judge_name", "check_judge_name", "records_of_run"]
 
 _NAME = re.compile(r"^[a-z0-9][a-z0-9_]*$")
 
@@ -38,20 +40,38 @@ def judge_name(text: str) -> str:
     'gpt_oss_20b'
     """
     name = re.sub(r"[^a-z0-9]+", "_", text.rsplit("/", 1)[-1].lower()).strip("_")
-    if not _NAME.match(name or ""):
+    if not _NAME.fullmatch(name or ""):
         raise RelaylensError(f"cannot make a judge name from {text!r}; pass --name with letters, digits and _")
+    return name
+
+
+def check_judge_name(name: str) -> str:
+    """``name`` when it is a judge name (the whole of it lowercase letters, digits and ``_``, not starting with
+    ``_``); a :class:`~relaylens.errors.RelaylensError` otherwise. A trailing newline is no exception.
+
+    >>> check_judge_name("gpt_oss_20b")
+    'gpt_oss_20b'
+    """
+    if not isinstance(name, str) or not _NAME.fullmatch(name):
+        from relaylens.errors import shown
+
+        raise RelaylensError(f"judge name {shown(repr(name))} must be lowercase letters, digits and _ only, starting "
+                             "with a letter or digit (it becomes the metric judge_NAME). Fix: pass --name with only "
+                             "those characters, e.g. --name gpt_oss_20b")
     return name
 
 
 @dataclass
 class RejudgeResult:
-    """What a re-judging pass did: answers judged, failures (listed), backend calls and cache hits."""
+    """What a re-judging pass did: answers judged, failures (listed), backend calls and cache hits, and the score
+    metrics it wrote (``judge_<name>``, ``judge_<name>_failed`` for questions; ``quality_<name>`` ... for summaries)."""
 
     name: str
     judged: int = 0
     failures: list[dict] = field(default_factory=list)
     calls: int = 0
     cache_hits: int = 0
+    metrics: list[str] = field(default_factory=list)
 
 
 def records_of_run(manifest: dict, data: str | Path | None = None) -> dict:
@@ -82,19 +102,21 @@ def rejudge_run(run_dir: str | Path, backend, name: str, data: str | Path | None
     from relaylens.scoring.judge import Judge
     from relaylens.results.store import RunStore, UnitKey
 
-    if not _NAME.match(name):
-        raise RelaylensError(f"judge name {name!r} must be lowercase letters, digits and _ (it becomes the metric "
-                             f"judge_{name})")
+    check_judge_name(name)
     run_dir = Path(run_dir)
     store = RunStore.open(run_dir)
     records = records_of_run(store.manifest, data)
     _warn_short_checklist_replies(records, backend)
     from relaylens.scoring.checklist import CHECKLIST_METRICS, ChecklistJudge, is_checklist_record
 
+    from relaylens.results.passes import begin_pass, finish_pass
+
     metric, failed_metric = f"judge_{name}", f"judge_{name}_failed"
     checklist_metrics = [f"{m}_{name}" for m in (*CHECKLIST_METRICS, "checklist_failed")]
-    result = RejudgeResult(name)
+    result, written = RejudgeResult(name), {}
     with _lock(run_dir):
+        store.invalidate()  # from here on the consolidated tables may no longer describe the units
+        begin_pass(run_dir, name, [metric, failed_metric, *checklist_metrics], _judge_settings(name, backend))
         judge = Judge(backend, cache_path=run_dir / f"judge_cache_{name}.jsonl")
         checklist = ChecklistJudge(backend, cache_path=run_dir / f"judge_cache_checklist_{name}.jsonl")
         paths = store.unit_paths()
@@ -114,12 +136,13 @@ def rejudge_run(run_dir: str | Path, backend, name: str, data: str | Path | None
                                             "is_abstention", "cluster_id")}
                 if is_checklist_record(record):  # summaries: HelloEval checklist scores, suffixed with the name
                     verdict = checklist.judge(record, row["answer"])
-                    scores += [{**meta, "metric": f"{m}_{name}", "value": v} for m, v in verdict.scores().items()]
+                    new = {f"{m}_{name}": v for m, v in verdict.scores().items()}
                 else:
                     verdict = judge.judge(record, row["answer"])
                     values = verdict.scores()
-                    scores.append({**meta, "metric": metric, "value": values["judge"]})
-                    scores.append({**meta, "metric": failed_metric, "value": values["judge_failed"]})
+                    new = {metric: values["judge"], failed_metric: values["judge_failed"]}
+                scores += [{**meta, "metric": m, "value": v} for m, v in new.items()]
+                written.update(dict.fromkeys(new))
                 result.judged += 1
                 if verdict.failed:
                     result.failures.append({**{k: row[k] for k in ("record_id", "selector", "budget", "condition")},
@@ -129,11 +152,14 @@ def rejudge_run(run_dir: str | Path, backend, name: str, data: str | Path | None
                              skipped_rows=_rows(tables["skipped"]), geometry_rows=_rows(tables["geometry"]))
             if progress:
                 progress(done, len(paths))
-        store.consolidate()
+        result.metrics = sorted(written)
         result.calls = judge.stats["calls"] + checklist.stats["calls"]
         result.cache_hits = judge.stats["cache_hits"] + checklist.stats["cache_hits"]
         _write_json(run_dir / f"judge_{name}_failures.json", result.failures)
-        _record_judge(run_dir, name, backend, result)
+        main = next((m for m in (metric, f"quality_{name}") if m in result.metrics), metric)
+        finish_pass(run_dir, name, {"metric": main, "metrics": result.metrics or [metric, failed_metric],
+                                    "answers": result.judged, "failures": len(result.failures), "at": _now()})
+        store.consolidate()
     return result
 
 
@@ -159,23 +185,23 @@ def _lock(run_dir: Path):
 
 
 def _write_json(path: Path, obj) -> None:
-    tmp = path.with_name(f".tmp-{path.name}")
-    tmp.write_text(json.dumps(obj, indent=2, sort_keys=True, default=str) + "\n")
-    tmp.replace(path)
+    from relaylens.results.atomic import write_atomic
+
+    write_atomic(path, json.dumps(obj, indent=2, sort_keys=True, default=str) + "\n")
 
 
-def _record_judge(run_dir: Path, name: str, backend, result: RejudgeResult) -> None:
-    path = run_dir / "judges.json"
-    judges = json.loads(path.read_text()) if path.exists() else {}
+def _now() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+
+
+def _judge_settings(name: str, backend) -> dict:
+    """What ``judges.json`` records about a judge: its metric, model, URL (credentials removed) and settings."""
     url = getattr(backend, "shown_url", None) or getattr(backend, "url", None)
     if url:
         from relaylens.scoring import judge as judge_module
 
         redact = getattr(judge_module, "redact_url", None)
         url = redact(url) if redact else url.split("?", 1)[0]
-    judges[name] = {"metric": f"judge_{name}", "model_id": backend.model_id, "url": url,
-                    "max_tokens": getattr(backend, "max_tokens", None),
-                    "reasoning_effort": getattr(backend, "reasoning_effort", None),
-                    "answers": result.judged, "failures": len(result.failures),
-                    "at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
-    _write_json(path, judges)
+    return {"metric": f"judge_{name}", "model_id": backend.model_id, "url": url,
+            "max_tokens": getattr(backend, "max_tokens", None),
+            "reasoning_effort": getattr(backend, "reasoning_effort", None), "at": _now()}

@@ -19,19 +19,20 @@ from __future__ import annotations
 
 import json
 import time
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
 import torch
 
-from relaylens.errors import BudgetError, RelaylensError, TooShortError
+from relaylens.errors import BudgetError, RelaylensError, TooShortError, shown
 from relaylens.datasets import SAMPLE, resolve_data
 from relaylens.experiments.config import RunConfig, check_config
 from relaylens.experiments.judges import make_judge
 from relaylens.experiments.specs import ExperimentSpec
 from relaylens.datasets.records import Record
+from relaylens.generation.rows import default_eos_ids
 
 
 def first_answer_token(tokenizer, record: Record, mode: str) -> int | None:
@@ -54,12 +55,12 @@ def answer_tokens(tokenizer, record: Record, mode: str) -> list[int]:
 def selector_objects(spec: ExperimentSpec, seed: int) -> dict:
     import dataclasses
 
-    from relaylens.selectors import make_selector
+    from relaylens.selectors import make_selector, selector_class
 
     objects = {}
     for name in spec.selectors:
         options = dict(spec.selector_options.get(name, {}))
-        cls_fields = {f.name for f in dataclasses.fields(make_selector(name))}
+        cls_fields = {f.name for f in dataclasses.fields(selector_class(name))}
         if "seed" in cls_fields:
             options.setdefault("seed", seed)
         objects[name] = make_selector(name, **options)
@@ -71,6 +72,19 @@ def query_window(config: RunConfig, selectors, history_length: int) -> int:
     window of history queries (Scissorhands' ``query_window``), capped at the history length."""
     extra = max([getattr(s, "query_window", 0) for s in selectors] + [0])
     return max(config.window_size, min(extra, history_length))
+
+
+def first_token_end_probability(last_logits: torch.Tensor, end_ids: list[int]) -> float:
+    """The probability the final question token gives the end-of-answer tokens (EOS / end of turn) as the first
+    answer token: an answer that is empty before it starts. NaN when the model has no such token.
+
+    >>> round(first_token_end_probability(torch.zeros(3), [2]), 4), first_token_end_probability(torch.zeros(3), [])
+    (0.3333, nan)
+    """
+    if not end_ids:
+        return float("nan")
+    probs = torch.softmax(last_logits.detach().double(), dim=-1)  # [vocab]
+    return float(probs[[i for i in end_ids if 0 <= i < probs.numel()]].sum())
 
 
 def _gold_units(prompt, selection, granularity: str) -> tuple[int, int]:
@@ -180,6 +194,7 @@ def _unit_tables(model, tokenizer, record, prompt, prefill, prefill_s, unit: Uni
     meta = {"question_type": record.question_type, "is_abstention": bool(record.is_abstention),
             "cluster_id": record.cluster_id or record.record_id}
     answers, scores, probe_frames, reference, recorders = [], [], [], None, {}
+    end_ids = sorted(default_eos_ids(model, tokenizer))  # what ends an answer, whatever the run's --stop
     for generation, probed, elapsed, batch_rows in outcomes:
         label = generation.condition
         if probed is not None:
@@ -195,6 +210,7 @@ def _unit_tables(model, tokenizer, record, prompt, prefill, prefill_s, unit: Uni
             "question_start": generation.question_start, "gold_units_total": gold_total, "gold_units_kept": gold_kept,
             "references": json.dumps(list(record.answers)), "elapsed_s": elapsed, "prefill_s": prefill_s,
             "selection_s": unit.selection_s, "batch_rows": batch_rows,
+            "first_token_eos_prob": first_token_end_probability(generation.last_logits, end_ids),
         })
         metrics = score_answer(record, generation.text) if record.answers else {}  # summaries: judged only
         if judge is not None:  # blinded: the judge sees question, references and answer, never selector or condition
@@ -317,36 +333,55 @@ def _run_units(model, tokenizer, factors, records, spec: ExperimentSpec, config:
             if config.retry_skipped:
                 _forget_skipped(store, keys)
             pending = [(k.selector, k.budget) for k in keys if not store.is_done(k)]
-            if not pending:
+            redo = _missing_views(store, keys) if order < config.view_records else []  # committed, view lost
+            if not pending and not redo:
                 advance_bar(live, task, per_record, record.record_id, "done earlier")
                 continue
-            advance_bar(live, task, per_record - len(pending), record.record_id, "prefill")
-            prompt = render_prompt(record, tokenizer, mode=spec.prompt_mode)
-            reason = history_problem(prompt, spec, config, factors)
-            if reason is not None:
-                for name, budget in pending:
-                    skip_unit(store, record.record_id, name, budget, prompt.history_length, *reason)
-                advance_bar(live, task, len(pending), record.record_id, f"skipped ({reason[0]})")
-                continue
-            started = time.perf_counter()
-            prefill = prefill_record(model, prompt, config, selectors.values())
-            prepared = {name: selectors[name].prepare(model, prefill, prompt, factors)  # FINCH: its question pass
-                        for name in dict.fromkeys(name for name, _ in pending)}
-            prefill_s = time.perf_counter() - started
-            advance_bar(live, task, 0, record.record_id, f"selecting {len(pending)} units")
-            units, too_short = select_units(prefill, prompt, pending, prepared, spec.protect_instructions)
-            for name, budget, err in too_short:
-                skip_unit(store, record.record_id, name, budget, prompt.history_length, "too_short",
-                      f"record {record.record_id}: {name} @ {budget:g}: {err}")
-                advance_bar(live, task, 1, record.record_id, "skipped (too_short)")
-            advance_bar(live, task, 0, record.record_id, f"decoding {len(units) * len(spec.conditions)} rows")
-            for unit, answers, scores, probes, view in process_record(
-                    model, tokenizer, factors, record, prompt, prefill, prefill_s, units, spec, config, judge,
-                    views=order < config.view_records):
-                store.write_unit(UnitKey(record.record_id, unit.selector, unit.budget), answers, scores, probes)
-                if view is not None:  # after the commit: a failed unit leaves no view behind (reliability suite)
-                    write_view(store.run_dir, view | {"order": order})
-                advance_bar(live, task, 1, record.record_id, "committed")
+            with _naming_record(record.record_id):  # an error of this record names it
+                advance_bar(live, task, per_record - len(pending), record.record_id, "prefill")
+                prompt = render_prompt(record, tokenizer, mode=spec.prompt_mode)
+                reason = history_problem(prompt, spec, config, factors)
+                if reason is not None and not pending:
+                    continue  # only views to write again, and the record no longer fits (--force with other settings)
+                if reason is not None:
+                    for name, budget in pending:
+                        skip_unit(store, record.record_id, name, budget, prompt.history_length, *reason)
+                    advance_bar(live, task, len(pending), record.record_id, f"skipped ({reason[0]})")
+                    continue
+                started = time.perf_counter()
+                prefill = prefill_record(model, prompt, config, selectors.values())
+                prepared = {name: selectors[name].prepare(model, prefill, prompt, factors)  # FINCH: its question pass
+                            for name in dict.fromkeys(name for name, _ in pending + redo)}
+                prefill_s = time.perf_counter() - started
+                advance_bar(live, task, 0, record.record_id, f"selecting {len(pending)} units")
+                units, too_short = select_units(prefill, prompt, pending + redo, prepared, spec.protect_instructions)
+                too_short = [t for t in too_short if t[:2] not in redo]
+                for name, budget, err in too_short:
+                    skip_unit(store, record.record_id, name, budget, prompt.history_length, "too_short",
+                              f"record {record.record_id}: {name} @ {budget:g}: {err}")
+                    advance_bar(live, task, 1, record.record_id, "skipped (too_short)")
+                advance_bar(live, task, 0, record.record_id, f"decoding {len(units) * len(spec.conditions)} rows")
+                for unit, answers, scores, probes, view in process_record(
+                        model, tokenizer, factors, record, prompt, prefill, prefill_s, units, spec, config, judge,
+                        views=order < config.view_records):
+                    again = (unit.selector, unit.budget) in redo  # committed earlier: only its view is written
+                    if not again:
+                        store.write_unit(UnitKey(record.record_id, unit.selector, unit.budget), answers, scores, probes)
+                    if view is not None:  # after the commit: a failed unit leaves no view behind (reliability suite)
+                        write_view(store.run_dir, view | {"order": order})
+                    if not again:
+                        advance_bar(live, task, 1, record.record_id, "committed")
+
+
+@contextmanager
+def _naming_record(record_id: str):
+    """Re-raise a relaylens error of one record with the record's id in front (unless the message names it)."""
+    try:
+        yield
+    except RelaylensError as err:
+        if record_id in str(err):
+            raise
+        raise type(err)(f"record {record_id}: {err}") from err
 
 
 def prefill_record(model, prompt, config: RunConfig, selectors):
@@ -370,10 +405,12 @@ def history_problem(prompt, spec: ExperimentSpec, config: RunConfig, factors) ->
         return "too_long", (f"record {rid}: history of {L} tokens exceeds --max-history-tokens "
                             f"{config.max_history_tokens}")
     needed = L + spec.max_shift + int(prompt.question_ids.numel()) + max(spec.max_new_tokens, 1) + 1
-    if factors.max_position is not None and needed > factors.max_position:
+    if needed > factors.position_limit:
+        limit = (f"max_position_embeddings={factors.max_position}" if factors.position_limit == factors.max_position
+                 else "of 2**24 positions (float32 phases cannot tell larger positions apart)")
         return "too_long", (f"record {rid}: history of {L} tokens needs positions up to {needed - 1} (largest condition "
                             f"shift {spec.max_shift}, question and {spec.max_new_tokens} new tokens), past the model's "
-                            f"rotary range max_position_embeddings={factors.max_position}")
+                            f"rotary range {limit}")
     if L <= config.window_size:
         return "too_short", (f"record {rid}: history of {L} tokens is not longer than the {config.window_size}-token "
                              "observation window")
@@ -393,7 +430,22 @@ def _forget_skipped(store, keys) -> None:
     for key in keys:
         path = store.unit_path(key)
         if path.exists() and len(store.read_unit(path)["skipped"]):
-            path.unlink()
+            store.remove_unit(key)
+
+
+def _missing_views(store, keys) -> list[tuple[str, float]]:
+    """``(selector, budget)`` of the committed units whose probes ran (a token view was due) but whose view is
+    missing or damaged (a write that failed after the commit): the resumed run computes them again for the view
+    only."""
+    from relaylens.results.views import has_view
+
+    missing = []
+    for key in keys:
+        if store.is_done(key) and not has_view(store.run_dir, key):
+            probes = store.load_unit(store.unit_path(key))["probes"]
+            if "forward" in probes["source"]:
+                missing.append((key.selector, key.budget))
+    return missing
 
 
 def progress_bar(enabled: bool):
@@ -418,5 +470,5 @@ def _jupyter_without_widgets() -> bool:
 
 
 def advance_bar(live, task, steps: int, record_id: str, stage: str) -> None:
-    if live is not None:
-        live.update(task, advance=steps, stage=f"{record_id}: {stage}")
+    if live is not None:  # a record id is dataset text: shown, never interpreted by the terminal
+        live.update(task, advance=steps, stage=f"{shown(record_id)}: {stage}")

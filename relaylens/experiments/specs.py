@@ -20,8 +20,13 @@ from relaylens.conditions.scoped import get_condition
 from relaylens.errors import RelaylensError
 
 PROMPT_MODES = ("chat", "completion", "auto")
+"""How a record becomes a prompt (``ExperimentSpec.prompt_mode``, ``--prompt-mode``): the chat template, plain
+completion text, or ``auto`` (chat where the tokenizer has a template)."""
 STOPS = ("auto", "eos", "newline", "none")
+"""When greedy decoding stops (``ExperimentSpec.stop``, ``--stop``); ``auto`` stops at a newline in completion mode and
+at EOS in chat mode."""
 ALPHA_CURVE = ("compaction(0)", "compaction(0.25)", "compaction(0.5)", "compaction(0.75)", "compaction(1)")
+"""The ``compaction(alpha)`` conditions of the phase-replay curve, from ``original`` (0) to ``relay`` (1)."""
 
 
 @dataclass(frozen=True)
@@ -30,7 +35,7 @@ class ExperimentSpec:
 
     Attributes:
         name: analysis name (module in ``analyses/``).
-        selectors: selector names from :data:`relaylens.selectors.REGISTRY`.
+        selectors: selector names from :data:`relaylens.selectors.REGISTRY`, or ``kvpress:<PressName>``.
         budgets: retention ratios in (0, 1] or absolute state counts (> 1).
         conditions: coordinate conditions run with a real question pass and generation.
         replay_conditions: conditions evaluated by phase replay only (content from the ``original`` pass).
@@ -60,6 +65,8 @@ class ExperimentSpec:
         sweep: ``"layers"`` adds the per-layer causal sweep (:mod:`relaylens.probes.layer_sweep`: relay in each layer
             alone and in layers ``0..l``, one question pass each, about ``2 x layers`` passes per record); ``""``
             (the default) runs none.
+        preset: the named preset applied (``"paper"``; :func:`relaylens.experiments.presets.apply_preset` sets it),
+            recorded in the manifest beside its effect; ``""`` for the analysis's own ``SPEC``.
     """
 
     name: str
@@ -82,15 +89,24 @@ class ExperimentSpec:
     sweep: str = ""
     protect_instructions: bool = False
     sensitivity: bool = False
+    preset: str = ""
 
     def __post_init__(self) -> None:
-        from relaylens.selectors import REGISTRY
+        from relaylens.selectors import REGISTRY, is_selector_name
 
         for name in self.selectors:
-            if name not in REGISTRY:
-                raise RelaylensError(f"analysis {self.name!r}: unknown selector {name!r}; known: {sorted(REGISTRY)}")
+            if not is_selector_name(name):
+                raise RelaylensError(f"analysis {self.name!r}: unknown selector {name!r}; known: {sorted(REGISTRY)} or "
+                                     "kvpress:<PressName>")
+        from relaylens.model.hf import POSITION_LIMIT
+
         for condition in self.conditions + self.replay_conditions:
-            get_condition(condition)
+            shift = int(getattr(get_condition(condition), "shift", 0))
+            if shift >= POSITION_LIMIT:  # every record would need positions float32 phases cannot tell apart
+                raise RelaylensError(f"analysis {self.name!r}: condition {condition!r} shifts the question by {shift:,} "
+                                     f"positions, at or past 2**24 = {POSITION_LIMIT:,}, where the rotary embedding's "
+                                     "float32 positions collapse (distinct positions share one phase). Fix: a shift "
+                                     "below the model's context (e.g. query_only(2048))")
         if "original" not in self.conditions:
             raise RelaylensError(f"analysis {self.name!r}: conditions must include 'original' (the paired reference)")
         for budget in self.budgets:
@@ -146,6 +162,8 @@ class ExperimentSpec:
             del out["protect_instructions"]
         if not out["sensitivity"]:  # and without the positional sensitivity readout
             del out["sensitivity"]
+        if not out["preset"]:  # and for runs without a preset
+            del out["preset"]
         return out
 
 
@@ -196,12 +214,25 @@ def _value(text: str):
 
 
 def parse_selector_arg(text: str) -> tuple[str, dict]:
-    """``NAME[:key=value,...]`` -> ``(name, options)`` (values read as bool, int, float or text).
+    """``NAME[:key=value,...]`` -> ``(name, options)`` (values read as bool, int, float or text; each selector
+    checks types and ranges when the spec is built, before any model loads). A kvpress press is
+    ``kvpress:<PressName>[:key=value,...]``; its name keeps the press's spelling.
 
     >>> parse_selector_arg("bm25:packing=truncate,k1=1.2")
     ('bm25', {'packing': 'truncate', 'k1': 1.2})
+    >>> parse_selector_arg("kvpress:snapkvpress:window_size=64")
+    ('kvpress:SnapKVPress', {'window_size': 64})
     """
+    from relaylens.selectors.kvpress_adapter import PREFIX, canonical_name, is_press_selector
+
+    if is_press_selector(text):
+        press, _, rest = text.strip()[len(PREFIX):].partition(":")
+        return canonical_name(PREFIX + press), _options(text, rest)
     name, _, rest = text.strip().partition(":")
+    return name.strip().lower(), _options(text, rest)
+
+
+def _options(text: str, rest: str) -> dict:
     options = {}
     for part in filter(None, (p.strip() for p in rest.split(","))):
         key, eq, value = part.partition("=")
@@ -209,7 +240,7 @@ def parse_selector_arg(text: str) -> tuple[str, dict]:
             raise RelaylensError(f"--selector {text!r}: {part!r} is not key=value. Form: NAME[:key=value,...], e.g. "
                                  "bm25:packing=truncate")
         options[key.strip()] = _value(value)
-    return name.strip().lower(), options
+    return options
 
 
 def apply_overrides(spec: ExperimentSpec, selectors: list[str] | None = None, conditions: list[str] | None = None,

@@ -7,6 +7,8 @@ from pathlib import Path
 
 import pandas as pd
 
+from relaylens.errors import shown
+
 
 def skipped_summary(tables: dict[str, pd.DataFrame]) -> str:
     """One line per skipped record (reasons and the units affected), for the run summary; empty when none."""
@@ -14,8 +16,9 @@ def skipped_summary(tables: dict[str, pd.DataFrame]) -> str:
     if skipped is None or skipped.empty:
         return ""
     lines = [f"skipped {len(skipped)} unit(s) of {skipped.record_id.nunique()} record(s):"]
-    for rid, group in skipped.groupby("record_id", sort=True):
-        lines.append(f"  {rid}: {group.reason.iloc[0]} ({len(group)} unit(s)) - {group.detail.iloc[0]}")
+    for rid, group in skipped.groupby("record_id", sort=True):  # dataset text: shown, one line per record
+        reason, detail = shown(group.reason.iloc[0]), shown(group.detail.iloc[0])
+        lines.append(f"  {shown(rid)}: {reason} ({len(group)} unit(s)) - {detail}")
     return "\n".join(lines)
 
 

@@ -13,11 +13,15 @@ there atomically, so a task that dies (a killed worker, a preempted node, out of
 (bad input) is not retried: it would fail the same way. When a shard still fails, the others finish, nothing is
 merged, and re-running the same command resumes every shard.
 
+**A local instance stays on this machine.** Without ``--ray-address`` (and ``RAY_ADDRESS``) Ray starts in its
+single-machine mode: every server listens on 127.0.0.1 only, with no dashboard unless ``--ray-dashboard``. Joining a
+cluster fails within a bounded time when nothing answers there (:mod:`relaylens.experiments.ray_connect`).
+
 **Code on the workers.** On a local Ray instance (no ``--ray-address``, no ``RAY_ADDRESS``) the workers import the
 driver's relaylens (its directory is put on their ``PYTHONPATH``). On a cluster they import the relaylens installed
 on the nodes; each shard's manifest records its versions and git commit, and the merge refuses shards that differ.
 
-Ray is optional (``pip install 'relaylens[ray]'``); nothing else in relaylens imports it.
+Ray is optional (``pip install 'relaylens[ray]'``); nothing outside this module and ray_connect imports it.
 
 Example:
     $ relaylens sweep coordinate_ablation --shards 4 --gpus-per-shard 1 --out /shared/runs/ablation
@@ -35,11 +39,10 @@ from pathlib import Path
 
 from relaylens.errors import RelaylensError
 from relaylens.experiments.launch import shard_dir
+from relaylens.experiments.ray_connect import RAY_MISSING, SweepError, address_parts, import_ray, start_ray
 
 __all__ = ["SweepOptions", "SweepError", "RAY_MISSING", "import_ray", "run_sweep", "run_shard", "attempts_path"]
 
-RAY_MISSING = ("relaylens sweep runs its shards on Ray, which is not installed. Fix: pip install 'relaylens[ray]' "
-               "(or pip install ray); everything else (run, --shard i/n or auto, merge) works without it")
 ATTEMPTS = ".attempts.jsonl"
 """Suffix of ``RUN_DIR/shards/I-of-N.attempts.jsonl``: one line per attempt of a shard task (host, pid, start time),
 beside the shard directory (which holds only what the store writes); the progress view reads it."""
@@ -55,10 +58,6 @@ def attempts_path(run_dir: str | Path, index: int, count: int) -> Path:
     return path.with_name(path.name + ATTEMPTS)
 
 
-class SweepError(RelaylensError):
-    """A sweep that cannot start (no Ray, resources the cluster lacks) or whose shards failed."""
-
-
 @dataclass(frozen=True)
 class SweepOptions:
     """How the shards are placed on Ray.
@@ -67,9 +66,12 @@ class SweepOptions:
         shards: number of record shards (Ray tasks).
         gpus_per_shard: GPUs each task reserves (Ray sets ``CUDA_VISIBLE_DEVICES``; ``--device auto`` uses them).
         cpus_per_shard: CPUs each task reserves (Ray sets the task's thread count to it).
-        ray_address: an existing cluster (``auto``, ``ray://head:10001``); ``None`` starts a local instance.
+        ray_address: an existing cluster (``auto``, ``HOST:PORT``, ``ray://head:10001``); ``None`` starts a local
+            instance (loopback only, no dashboard).
         max_retries: how often Ray restarts a shard whose worker died; each attempt resumes from committed units.
         poll_s: seconds between progress updates.
+        connect_timeout_s: seconds joining ``ray_address`` may take before the sweep gives up.
+        dashboard: start Ray's dashboard with a local instance (on 127.0.0.1; off by default).
     """
 
     shards: int
@@ -78,6 +80,8 @@ class SweepOptions:
     ray_address: str | None = None
     max_retries: int = 3
     poll_s: float = 0.5
+    connect_timeout_s: float = 120.0
+    dashboard: bool = False
 
     def __post_init__(self) -> None:
         if isinstance(self.shards, bool) or not isinstance(self.shards, int) or self.shards < 1:
@@ -87,15 +91,10 @@ class SweepOptions:
                              f"{self.cpus_per_shard}")
         if self.max_retries < 0:
             raise SweepError(f"--max-retries must be >= 0; got {self.max_retries}")
-
-
-def import_ray():
-    """The ``ray`` module, or a :class:`SweepError` saying how to install it."""
-    try:
-        import ray
-    except ImportError:
-        raise SweepError(RAY_MISSING) from None
-    return ray
+        if not self.connect_timeout_s > 0:
+            raise SweepError(f"connect_timeout_s must be a positive number of seconds; got {self.connect_timeout_s!r}")
+        if self.ray_address is not None:
+            address_parts(self.ray_address)  # a malformed address: one line now, not a hang later
 
 
 def run_shard(spec, config, index: int, count: int, run_dir: str) -> dict:
@@ -134,40 +133,6 @@ def _unit_totals(spec, config, count: int) -> list[int]:
     limit = config.limit if config.limit is not None else spec.limit
     ids = [r.record_id for r in (records[:limit] if limit else records)]
     return [len(spec.units(shard_records(ids, i, count))) for i in range(count)]
-
-
-def _start_ray(ray, options: SweepOptions) -> bool:
-    """Connect to ``options.ray_address`` or start a local instance; returns whether this call started Ray."""
-    if ray.is_initialized():
-        return False
-    local = options.ray_address is None and not os.environ.get("RAY_ADDRESS")
-    runtime_env = None
-    if local:  # the workers import this process's relaylens, wherever it was imported from
-        import relaylens
-
-        root = str(Path(relaylens.__file__).resolve().parent.parent)
-        runtime_env = {"env_vars": {"PYTHONPATH": os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)}}
-    for attempt in (1, 2, 3):  # a local start can time out on a loaded machine (the node's agents start slowly)
-        try:
-            ray.init(address=options.ray_address, runtime_env=runtime_env, include_dashboard=False,
-                     log_to_driver=False, logging_level="WARNING")
-            break
-        except Exception as err:  # noqa: BLE001 - Ray raises plain Exception for a node that failed to start
-            ray.shutdown()
-            if attempt == 3 or not local:
-                where = options.ray_address or os.environ.get("RAY_ADDRESS") or "a new local instance"
-                raise SweepError(f"cannot start or reach Ray at {where}: {str(err).strip().splitlines()[0]}. Fix: "
-                                 "check --ray-address (auto on a cluster node, or ray://HEAD:10001); Ray's logs are "
-                                 "in /tmp/ray/session_latest/logs") from None
-    if local:
-        have = ray.cluster_resources()
-        for kind, need in (("GPU", options.gpus_per_shard), ("CPU", options.cpus_per_shard)):
-            if need > have.get(kind, 0):
-                ray.shutdown()
-                raise SweepError(f"each shard asks for {need:g} {kind}s but this machine's Ray instance has "
-                                 f"{have.get(kind, 0):g}. Fix: lower --{kind.lower()}s-per-shard, or join a cluster "
-                                 "with --ray-address")
-    return True
 
 
 def _attempts(path: Path) -> list[dict]:
@@ -209,7 +174,7 @@ def run_sweep(spec, config, options: SweepOptions, console=None, report: bool = 
     if options.gpus_per_shard > 0 and config.device is None and config.device_map is None:
         config = dataclasses.replace(config, device="auto")  # the task's GPUs (Ray sets CUDA_VISIBLE_DEVICES)
     totals = _unit_totals(spec, config, options.shards)
-    started = _start_ray(ray, options)
+    started = start_ray(ray, options)
     try:
         task = ray.remote(run_shard).options(num_cpus=options.cpus_per_shard, num_gpus=options.gpus_per_shard,
                                              max_retries=options.max_retries, retry_exceptions=False)

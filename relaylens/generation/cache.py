@@ -30,7 +30,7 @@ from dataclasses import dataclass
 import torch
 
 from relaylens.generation.attention import AttentionState
-from relaylens.conditions.catalogue import Condition, Coordinates
+from relaylens.conditions.catalogue import Condition, Coordinates, check_coordinates
 from relaylens.errors import NonFiniteError, PositionError, ShapeError
 from relaylens.geometry.rotary import RotaryFactors, relocate_keys
 from relaylens.model.hf import cache_from_tensors
@@ -155,6 +155,7 @@ def coordinates_of(condition: str | Condition | Coordinates, selection: Selectio
                 f"coordinates {condition.condition!r} have key positions {tuple(condition.key_positions.shape)} but the "
                 f"selection is {tuple(selection.positions.shape)}; build them from the same selection"
             )
+        check_coordinates(condition.condition, condition.key_positions, selection.valid, condition.question_start)
         return condition
     return get_condition(condition).coordinates(selection)
 

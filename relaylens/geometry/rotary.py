@@ -30,19 +30,21 @@ import torch
 from torch import nn
 
 from relaylens.geometry import fused as kernels
+from relaylens.geometry.positions import POSITION_LIMIT, check_positions
 from relaylens.geometry.real import is_real, relocate_real
 from relaylens.errors import NonFiniteError, PositionError, RopeError, ShapeError
 from relaylens.model.hf import call_rotary, detect_layout, find_rotary_embedding, nope_layers, rotary_frequencies
 
-#: Rope types whose frequencies do not depend on the sequence length: relocation is exact for them.
 STATIC_ROPE_TYPES = ("default", "linear", "yarn", "llama3")
-#: Rope types whose frequencies change with the sequence length (``@dynamic_rope_update``): refused.
+"""Rope types whose frequencies do not depend on the sequence length: relocation is exact for them."""
 DYNAMIC_ROPE_TYPES = ("dynamic", "longrope")
+"""Rope types whose frequencies change with the sequence length (``@dynamic_rope_update``): refused."""
 
 _CHUNK_SLOTS = 4096  # slots relocated per step: the scratch phases stay in cache, so the pass is close to a copy
 
 
-NOPE = "<no positional encoding>"  # the layer type of NoPE layers in RotaryFactors' tables
+NOPE = "<no positional encoding>"
+"""The layer type of NoPE layers (no rotary) in RotaryFactors' tables: their keys are never moved."""
 
 
 @dataclass(frozen=True, eq=False)
@@ -98,6 +100,8 @@ class RotaryFactors:
                 raise RopeError(f"unsupported rope type {rope_type!r}{where}; supported: {STATIC_ROPE_TYPES}")
         head_dim = getattr(text_config, "head_dim", None) or text_config.hidden_size // text_config.num_attention_heads
         layout = detect_layout(model)
+        for layer_type in dict.fromkeys(layer_types):  # phases that are finite and tell positions apart
+            _check_phases(*call_rotary(rotary, torch.tensor([[1, 2]]), layer_type), layer_type)
         probe_type = layer_types[0]
         cos, _ = call_rotary(rotary, torch.tensor([[1, 2]]), probe_type)  # [1, 2, rotary_dim]
         rotary_dim = int(cos.shape[-1])
@@ -127,7 +131,8 @@ class RotaryFactors:
         They are exactly what the model multiplies a plane by at those positions (amplitude included): rows of a
         table the model's rotary embedding computed once for ``0..P-1`` (``P`` grows to the largest position asked).
         """
-        cos_table, sin_table = self.tables(int(positions.max()) + 1 if positions.numel() else 1, layer)  # [P, plane]
+        positions, high = self.check_positions_of(positions, "positions")  # int64: never a boolean mask
+        cos_table, sin_table = self.tables(high + 1 if high >= 0 else 1, layer)  # [P, plane]
         flat = positions.reshape(-1).to(cos_table.device)
         shape = (*positions.shape, self.rotary_dim // 2)
         return cos_table[flat].reshape(shape), sin_table[flat].reshape(shape)
@@ -143,8 +148,7 @@ class RotaryFactors:
             self._tables[layer_type] = cached
         if cached is None or cached[0].shape[0] < size:
             capacity = max(size, 4096, 0 if cached is None else 2 * cached[0].shape[0])
-            if self.max_position is not None:
-                capacity = max(size, min(capacity, self.max_position))
+            capacity = max(size, min(capacity, self.position_limit))  # never a row the position rule refuses
             device = next(self.rotary_emb.buffers(), torch.zeros(0)).device
             cos, sin = call_rotary(self.rotary_emb, torch.arange(capacity, device=device)[None], layer_type)  # [1, P, rotary_dim]
             half = self.rotary_dim // 2
@@ -268,31 +272,32 @@ class RotaryFactors:
             raise ShapeError(f"layer {layer} out of range 0..{self.num_layers - 1}")
         return NOPE if layer in self.nope_layers else self.layer_types[layer]
 
-    @staticmethod
-    def check_integer(positions: torch.Tensor, what: str) -> None:
-        """Raise :class:`PositionError` unless ``positions`` have an integer dtype."""
-        if positions.is_floating_point() or positions.is_complex() or positions.dtype == torch.bool:
-            raise PositionError(f"{what} must be integer positions; got dtype {positions.dtype}")
+    @property
+    def position_limit(self) -> int:
+        """One past the largest position this model's rotary tells apart: ``max_position_embeddings``, never more
+        than :data:`~relaylens.model.hf.POSITION_LIMIT` (``2**24``, where float32 positions collapse)."""
+        return POSITION_LIMIT if self.max_position is None else min(int(self.max_position), POSITION_LIMIT)
 
-    def check_positions(self, positions: torch.Tensor, what: str, fix: str | None = None) -> int:
-        """Raise :class:`PositionError` for non-integer, negative or out-of-range positions; ``fix`` replaces the
-        default advice for out-of-range positions. Returns the largest position (-1 when there is none)."""
-        self.check_integer(positions, what)
-        if positions.numel() == 0:
-            return -1
-        low, high = (int(v) for v in torch.aminmax(positions))  # one pass, one synchronisation
-        if low < 0:
-            raise PositionError(f"{what} contain a negative position ({low}); positions start at 0")
-        if self.max_position is not None and high >= self.max_position:
-            raise PositionError(
-                f"{what} reach position {high}, past what this model's rotary supports (max_position_embeddings="
-                f"{self.max_position}); {fix or 'use a smaller shift or a model with a longer context'}"
-            )
-        return high
+    def check_positions_of(self, positions, what: str, fix: str | None = None) -> tuple[torch.Tensor, int]:
+        """The position rule (:func:`relaylens.geometry.positions.check_positions`) against this model's range:
+        the positions as ``int64`` and the largest (-1 when there is none)."""
+        return check_positions(positions, what, self.max_position, fix)
+
+    @staticmethod
+    def check_integer(positions, what: str) -> None:
+        """Raise :class:`~relaylens.errors.PositionError` unless ``positions`` have an integer dtype (the dtype half of
+        the position rule)."""
+        check_positions(positions, what, bounds=False)
+
+    def check_positions(self, positions, what: str, fix: str | None = None) -> int:
+        """Raise :class:`~relaylens.errors.PositionError` for non-integer, negative or out-of-range positions
+        (:meth:`check_positions_of`); ``fix`` replaces the default advice. Returns the largest position (-1 if none)."""
+        return self.check_positions_of(positions, what, fix)[1]
 
     def check_real_positions(self, positions: torch.Tensor, what: str, fix: str | None = None) -> float:
-        """:meth:`check_positions` for real-valued positions: finite, ``>= 0`` and at most ``max_position - 1``.
-        Returns the largest position (-1.0 when there is none)."""
+        """:meth:`check_positions` for real-valued positions: finite, ``>= 0`` and at most ``position_limit - 1``
+        (:attr:`position_limit`: ``max_position_embeddings``, never past ``2**24``). Returns the largest position
+        (-1.0 when there is none)."""
         if positions.numel() == 0:
             return -1.0
         values = positions.detach().double()
@@ -301,12 +306,18 @@ class RotaryFactors:
                                  "geometry's parameters (a learned geometry that diverged: lower the learning rate)")
         low, high = (float(v) for v in torch.aminmax(values))
         if low < 0:
-            raise PositionError(f"{what} contain a negative position ({low:g}); positions start at 0")
-        if self.max_position is not None and high > self.max_position - 1:
-            raise PositionError(
-                f"{what} reach position {high:g}, past what this model's rotary supports (max_position_embeddings="
-                f"{self.max_position}); {fix or 'use a smaller shift or a model with a longer context'}"
-            )
+            raise PositionError(f"{what} contain a negative position ({low:g}); positions start at 0. "
+                                f"Fix: {fix or 'give positions >= 0'}")
+        limit = self.position_limit
+        if high > limit - 1:
+            if limit == POSITION_LIMIT:
+                why = ("past 2**24 - 1: the rotary embedding computes phases from float32 positions, which cannot tell "
+                       "positions apart from there on")
+            else:
+                why = f"past what this model's rotary supports (max_position_embeddings={limit})"
+            advice = fix or "use a smaller shift or a model with a longer context"
+            raise PositionError(f"{what} reach position {high:g}, {why}. "
+                                f"{advice if advice.startswith('Fix:') else 'Fix: ' + advice}")
         return high
 
     def check_any_positions(self, positions: torch.Tensor, what: str, fix: str | None = None) -> float:
@@ -314,6 +325,19 @@ class RotaryFactors:
         if is_real(positions):
             return self.check_real_positions(positions, what, fix)
         return self.check_positions(positions, what, fix)
+
+
+def _check_phases(cos: torch.Tensor, sin: torch.Tensor, layer_type: str | None) -> None:
+    """Refuse a rotary embedding whose phases at positions 1 and 2 (``[1, 2, rotary_dim]``) are not finite, or equal
+    in every plane (no positional encoding at all: an infinite rope factor, say)."""
+    where = f" (layer type {layer_type})" if layer_type else ""
+    if not bool(torch.isfinite(cos).all() and torch.isfinite(sin).all()):
+        raise RopeError(f"the model's rotary embedding{where} gives non-finite phases (NaN or inf in cos/sin). Fix: check "
+                        "the rope parameters of its config (--rope-scaling: finite values, factor >= 1)")
+    if torch.equal(cos[0, 0], cos[0, 1]) and torch.equal(sin[0, 0], sin[0, 1]):
+        raise RopeError(f"the model's rotary embedding{where} gives positions 1 and 2 the same phase in every plane: it "
+                        "encodes no position, so there is nothing to relocate. Fix: check the rope parameters of its "
+                        "config (a factor of inf or a zero inv_freq)")
 
 
 def relocate_keys(
@@ -382,7 +406,9 @@ def _relocate(keys, source_positions, target_positions, factors: RotaryFactors, 
         fused = _relocate_fused(keys, source, target, factors, layer)
         if fused is not None:
             return fused
-    size = max(factors.check_positions(source, "source positions"), factors.check_positions(target, "target positions")) + 1
+    source, source_max = factors.check_positions_of(source, "source positions")  # int64, any integer width arrived
+    target, target_max = factors.check_positions_of(target, "target positions")
+    size = max(source_max, target_max) + 1
     if keys.numel() == 0:
         return keys.clone()
     if fast:
@@ -410,18 +436,19 @@ def _relocate_fused(keys: torch.Tensor, source: torch.Tensor, target: torch.Tens
                     layer: int | None) -> torch.Tensor | None:
     """The fused CPU kernel (:mod:`relaylens.geometry.fused`), or None when the model's tables live on another device.
 
-    The kernel checks each position against the tables as they are (at least 4,096 positions, never more than the
-    model supports), so the common call makes no separate pass over the positions. When one is outside, the positions
-    are checked properly (negative or past the model's range: the usual error) and the tables grown to the largest.
+    The position rule (:func:`relaylens.geometry.positions.check_positions`) checks the dtype here and leaves the
+    range to the kernel, which checks each position against the tables as they are (at least 4,096 positions, never
+    more than the rule allows), so the common call makes no separate pass over the positions. When one is outside,
+    the rule checks them in full (negative or past the range: the usual error) and the tables grow to the largest.
     """
-    factors.check_integer(source, "source positions")
-    factors.check_integer(target, "target positions")
+    source64, _ = check_positions(source, "source positions", bounds=False)  # int64, whatever integer width arrived
+    target64, _ = check_positions(target, "target positions", bounds=False)
     forward, inverse = factors.paired_phase_tables(1, layer)  # [P, rotary_dim] each, P as built so far
     if forward.device.type != "cpu":
         return None
     flat_keys = keys.reshape(-1, keys.shape[-1])  # [slots, head_dim]
-    flat_src = source.reshape(-1).to(device="cpu", dtype=torch.int64)  # [slots]
-    flat_dst = target.reshape(-1).to(device="cpu", dtype=torch.int64)
+    flat_src = source64.reshape(-1).to(device="cpu")  # [slots] int64
+    flat_dst = target64.reshape(-1).to(device="cpu")
 
     def run(tables):
         return kernels.relocate_key_rows(flat_keys, flat_src, flat_dst, tables, factors.rotary_dim,
@@ -563,9 +590,8 @@ def unrotate_keys(keys: torch.Tensor, positions: torch.Tensor, factors: RotaryFa
 
 def _apply_phases(keys: torch.Tensor, positions: torch.Tensor, factors: RotaryFactors, layer: int | None, inverse: bool) -> torch.Tensor:
     """``R_a(p)`` or its exact inverse ``(c - is) / (c^2 + s^2)`` on every plane; pass-through features copied."""
-    positions = torch.broadcast_to(positions, keys.shape[:-1])
-    factors.check_positions(positions, "positions")
-    cos, sin = factors.plane_factors(positions.reshape(-1), layer)  # [slots, plane] on the rotary's device
+    positions = torch.broadcast_to(torch.as_tensor(positions), keys.shape[:-1])
+    cos, sin = factors.plane_factors(positions.reshape(-1), layer)  # [slots, plane] on the rotary's device (checked there)
     cos, sin = cos.to(keys.device), sin.to(keys.device)
     multiplier = torch.complex(cos, sin)
     if inverse:
@@ -577,3 +603,5 @@ def _apply_phases(keys: torch.Tensor, positions: torch.Tensor, factors: RotaryFa
 
 
 multiply_planes = _multiply_planes  # public name: relaylens.bench.geometry multiplies rotary planes by a phase (delta-rotation peer)
+"""Multiply every rotary plane of ``x`` ``[rows, rotary_dim]`` (read as ``x_1 + i x_2``) by ``multiplier``
+``[rows, plane]``, in float32 (float64 for float64 input); differentiable in ``x``."""

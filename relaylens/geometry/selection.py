@@ -23,6 +23,7 @@ import torch
 from relaylens.errors import PositionError, ShapeError
 
 PAD_POSITION = -1
+"""The source position of a padded slot (a head that keeps fewer states than ``M``); padded slots are masked."""
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,7 @@
 
 * layer access: :func:`decoder_layers` (``model.model.layers[i]`` with ``self_attn``), :func:`attention_module`,
   :func:`attention_constants` (scaling, query heads per kv head);
-* rotary lookup and layout: :func:`find_rotary_embedding`, :func:`call_rotary`, :func:`rotary_function` (the modeling
+* rotary lookup and layout: :data:`POSITION_LIMIT`, :func:`find_rotary_embedding`, :func:`call_rotary`, :func:`rotary_function` (the modeling
   module's own ``apply_rotary_pos_emb``), :func:`detect_layout` (split-half vs interleaved ``rotate_half``),
   :func:`nope_layers` (layers that apply no rotary), :func:`rotary_frequencies` (the inverse-frequency buffer),
   :func:`rotary_override` (a ``with`` block in which the rotary module's ``(cos, sin)`` are replaced: real-valued
@@ -12,7 +12,10 @@
 * the attention-kernel switch: :func:`attention_kernel` (a ``with`` block, restored on exit);
 * cache conversion: :func:`cache_tensors` (``DynamicCache`` -> per-layer keys/values), :func:`new_cache`, :func:`cache_from_tensors`,
   :func:`cached_keys`, :func:`cached_values`, :func:`cache_lengths`;
-* pre-rotary capture: :func:`pre_rotary_keys` (keys after ``k_proj`` / ``k_norm``, before rotary).
+* pre-rotary capture: :func:`pre_rotary_keys` (keys after ``k_proj`` / ``k_norm``, before rotary);
+* what kvpress presses expect: :func:`hook_cache` (the cache an attention hook received), :func:`attached_rotary`
+  (``self_attn.rotary_emb`` for the duration of a block), :func:`preserved_attention_functions` (undo global
+  attention-function patches made inside a block, e.g. by ``import kvpress``).
 
 Axes: ``layer``, ``q_head``, ``kv_head``, ``n``, ``head_dim``; ``B`` batch (:mod:`relaylens.geometry`).
 
@@ -38,9 +41,11 @@ from torch import nn
 
 from relaylens.errors import RopeError
 
-__all__ = ["decoder_layers", "attention_module", "attention_constants", "find_rotary_embedding", "call_rotary",
-           "rotary_function", "detect_layout", "nope_layers", "rotary_frequencies", "rotary_override", "QUERY_RECIPES", "rebuild_query_key", "attention_kernel",
-           "layer_attention", "attention_modules", "rope_summary", "output_projection", "cache_tensors", "new_cache", "cache_from_tensors", "cached_keys", "cached_values", "cache_lengths", "pre_rotary_keys"]
+__all__ = ["POSITION_LIMIT", "decoder_layers", "attention_module", "attention_constants", "find_rotary_embedding", "call_rotary",
+           "rotary_function", "detect_layout", "nope_layers", "rotary_frequencies", "rotary_override", "QUERY_RECIPES",
+           "rebuild_query_key", "attention_kernel", "layer_attention", "attention_modules", "rope_summary", "output_projection",
+           "cache_tensors", "new_cache", "cache_from_tensors", "cached_keys", "cached_values", "cache_lengths", "pre_rotary_keys",
+           "hook_cache", "attached_rotary", "preserved_attention_functions"]
 
 
 # ------------------------------------------------------------------------------------------------- layer access
@@ -94,6 +99,13 @@ def rope_summary(model) -> dict:
 
 
 # ----------------------------------------------------------------------------------------------- rotary lookup
+
+POSITION_LIMIT = 2**24
+"""Positions a Hugging Face rotary embedding can tell apart: it computes phases from float32 positions
+(``inv_freq.float() @ position_ids.float()``), and float32 holds every integer only below ``2**24`` (``2**24 + 1``
+rounds to ``2**24``). Every position relaylens feeds or relocates to stays below it
+(:func:`relaylens.geometry.positions.check_positions`), and ``--max-position`` may not exceed it."""
+
 
 def find_rotary_embedding(model: nn.Module) -> nn.Module:
     """The model's rotary embedding module (``model.model.rotary_emb`` or the first ``*RotaryEmbedding``)."""
@@ -369,3 +381,46 @@ def pre_rotary_keys(model, ids: torch.Tensor) -> dict[int, torch.Tensor]:
         for handle in handles:
             handle.remove()
     return captured
+
+
+# ------------------------------------------------------------------------------------- what kvpress presses expect
+
+def hook_cache(kwargs: dict):
+    """The cache an attention module's forward hook received (``cache``; ``past_key_values`` before transformers
+    renamed it), or None."""
+    return kwargs.get("cache", kwargs.get("past_key_values"))
+
+
+@contextlib.contextmanager
+def attached_rotary(model) -> Iterator[None]:
+    """Give every attention module a ``rotary_emb`` attribute (the model's rotary embedding) inside the block, as
+    kvpress's ``BasePress.__call__`` does before a press scores; removed on exit where relaylens added it."""
+    rotary = find_rotary_embedding(model)
+    added = []
+    try:
+        for attn in attention_modules(model):
+            if getattr(attn, "rotary_emb", None) is None:
+                attn.rotary_emb = rotary
+                added.append(attn)
+        yield
+    finally:
+        for attn in added:
+            del attn.rotary_emb
+
+
+@contextlib.contextmanager
+def preserved_attention_functions() -> Iterator[None]:
+    """Restore transformers' attention-function table on exit: whatever code inside the block wrapped or replaced
+    in ``ALL_ATTENTION_FUNCTIONS`` (``import kvpress`` wraps every entry for AdaKV's decode-time key masking) is
+    undone, so relaylens's own passes run the kernels transformers ships."""
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    local = dict(ALL_ATTENTION_FUNCTIONS._local_mapping)
+    shared = type(ALL_ATTENTION_FUNCTIONS)._global_mapping
+    before = dict(shared)
+    try:
+        yield
+    finally:
+        ALL_ATTENTION_FUNCTIONS._local_mapping.clear()
+        ALL_ATTENTION_FUNCTIONS._local_mapping.update(local)
+        shared.update(before)  # entries registered inside the block (new names) stay

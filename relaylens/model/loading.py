@@ -43,12 +43,13 @@ def load_model(spec: str | os.PathLike = DEFAULT_MODEL, dtype: torch.dtype | str
     """
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from relaylens.model.placement import apply_rope_override, parse_rope_scaling, resolve_dtype
+    from relaylens.model.placement import apply_rope_override, check_attn_implementation, parse_rope_scaling, resolve_dtype
 
     if device is not None and device_map is not None:
         raise ModelError(f"pass either device ({device!r}) or device_map ({device_map!r}), not both")
     if device is not None:
         device = resolve_device(device)
+    attn_implementation = check_attn_implementation(attn_implementation, device)  # before anything loads
     dtype = resolve_dtype(dtype, device or ("cuda" if device_map is not None else "cpu"))
     kind, path = resolve_spec(spec, progress=progress)
     kw = dict(dtype=dtype, attn_implementation=attn_implementation)

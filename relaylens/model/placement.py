@@ -5,7 +5,10 @@ Everything here is resolved *before* the weights load and recorded in the run ma
 (:func:`relaylens.geometry.rotary.relocate_keys`); the question pass keeps its float32 softmax.
 
 Rotary overrides change the config the weights load into, so a model runs with the paper's static YaRN x4 / 131,072
-without editing ``config.json``: ``--rope-scaling yarn:4:32768 --max-position 131072``.
+without editing ``config.json``: ``--rope-scaling yarn:4:32768 --max-position 131072``. Every value is checked here,
+before anything loads: rope parameters are finite and in range (:func:`parse_rope_scaling`; transformers itself only
+warns), ``--max-position`` is a whole number in ``1 .. 2**24`` (:func:`check_max_position`), and the attention kernel
+exists and can run here (:func:`check_attn_implementation`).
 
 Example:
     >>> parse_rope_scaling("yarn:4:32768")
@@ -18,15 +21,17 @@ Example:
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import asdict, dataclass
 
 import torch
 
 from relaylens.errors import RelaylensError
+from relaylens.model.hf import POSITION_LIMIT
 
 __all__ = ["Placement", "resolve_device", "resolve_dtype", "parse_rope_scaling", "apply_rope_override", "DTYPES",
-           "ROPE_OVERRIDE_PARAMS"]
+           "ROPE_OVERRIDE_PARAMS", "ATTENTION_KERNELS", "check_attn_implementation", "check_max_position"]
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -39,6 +44,16 @@ ROPE_OVERRIDE_PARAMS = {
 
 _REQUIRED = {"yarn": ("factor",), "linear": ("factor",), "llama3": ROPE_OVERRIDE_PARAMS["llama3"]}
 _INT_PARAMS = {"original_max_position_embeddings"}
+_RANGES = {  # parameter -> (smallest, largest, why); every value must also be finite
+    "factor": (1.0, POSITION_LIMIT, "a factor stretches positions: below 1 it compresses nothing (transformers' own "
+               "rule), past 2**24 every position relaylens accepts falls inside one original position"),
+    "original_max_position_embeddings": (1, POSITION_LIMIT, "a context length: a whole number of positions"),
+    "low_freq_factor": (1e-6, POSITION_LIMIT, "a wavelength divisor: positive"),
+    "high_freq_factor": (1e-6, POSITION_LIMIT, "a wavelength divisor: positive, above low_freq_factor"),
+}
+
+ATTENTION_KERNELS = ("sdpa", "eager", "flash_attention_2", "flash_attention_3", "flex_attention")
+"""Attention kernels the model may load with (the history prefill's kernel; the question pass is relaylens's own)."""
 
 
 class PlacementError(RelaylensError):
@@ -100,10 +115,17 @@ def resolve_dtype(name: str | torch.dtype | None, device: str) -> torch.dtype:
 def parse_rope_scaling(text: str | dict | None) -> dict | None:
     """``TYPE:P1:P2...`` or ``TYPE:key=value,...`` -> the rope parameters to set (without ``rope_theta``).
 
-    Types and positional parameters: :data:`ROPE_OVERRIDE_PARAMS`; ``none`` removes nothing and returns None.
+    Types and positional parameters: :data:`ROPE_OVERRIDE_PARAMS`; ``none`` removes nothing and returns None. Values
+    must be finite and in range (factor ``1 .. 2**24``, ``original_max_position_embeddings`` a whole number
+    ``1 .. 2**24``, llama3's ``high_freq_factor > low_freq_factor > 0``); a dict is checked the same way.
+
+    >>> parse_rope_scaling("linear:inf")
+    Traceback (most recent call last):
+    ...
+    relaylens.model.placement.PlacementError: --rope-scaling 'linear:inf': factor=inf is not a finite number. Fix: give a finite factor (e.g. linear:4)
     """
     if text is None or isinstance(text, dict):
-        return dict(text) if text else None
+        return _checked_rope(dict(text), text) if text else None
     rope_type, _, rest = str(text).strip().partition(":")
     rope_type = rope_type.strip().lower()
     if rope_type in ("", "none"):
@@ -123,17 +145,74 @@ def parse_rope_scaling(text: str | dict | None) -> dict | None:
         if key not in names:
             raise PlacementError(f"--rope-scaling {text!r}: {rope_type} has no parameter {key!r}; it takes {', '.join(names)}")
         try:
-            number = float(value)
+            params[key] = float(value)
         except ValueError:
             raise PlacementError(f"--rope-scaling {text!r}: {key}={value!r} is not a number") from None
-        if number <= 0:
-            raise PlacementError(f"--rope-scaling {text!r}: {key} must be positive; got {value}")
-        params[key] = int(number) if key in _INT_PARAMS else number
     missing = [n for n in _REQUIRED[rope_type] if n not in params]
     if missing:
         raise PlacementError(f"--rope-scaling {text!r}: {rope_type} needs {', '.join(missing)} "
                              f"(form {rope_type}:{':'.join(names)})")
+    return _checked_rope(params, text)
+
+
+def _checked_rope(params: dict, text) -> dict:
+    """``params`` with every number finite and in range (:data:`_RANGES`), whole-number parameters as ints."""
+    shown = f"--rope-scaling {text!r}" if isinstance(text, str) else f"rope parameters {text!r}"
+    example = {"yarn": "yarn:4:32768", "llama3": "llama3:8:1:4:8192"}.get(str(params.get("rope_type")), "linear:4")
+    for key, value in params.items():
+        if key == "rope_type" or isinstance(value, (str, list, dict, type(None))):
+            continue
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            raise PlacementError(f"{shown}: {key}={value!r} is not a finite number. Fix: give a finite {key} "
+                                 f"(e.g. {example})")
+        low, high, why = _RANGES.get(key, (-math.inf, math.inf, ""))
+        if value <= 0 < low:
+            raise PlacementError(f"{shown}: {key} must be positive; got {value!r}. Fix: e.g. {example}")
+        if not low <= value <= high or (key in _INT_PARAMS and not float(value).is_integer()):
+            span = f"{low:g}..{high:,}" if high == POSITION_LIMIT else f"{low:g}..{high:g}"
+            bounds = f"a whole number in {span}" if key in _INT_PARAMS else f"in {span}"
+            raise PlacementError(f"{shown}: {key}={value!r} must be {bounds} ({why}). Fix: e.g. {example}")
+        if key in _INT_PARAMS:
+            params[key] = int(value)
+    if params.get("high_freq_factor", math.inf) <= params.get("low_freq_factor", -math.inf):
+        raise PlacementError(f"{shown}: high_freq_factor={params['high_freq_factor']:g} must exceed low_freq_factor="
+                             f"{params['low_freq_factor']:g} (llama3 divides by their difference). Fix: e.g. {example}")
     return params
+
+
+def check_max_position(value) -> int:
+    """``--max-position`` as an int: a whole number in ``1 .. 2**24`` (:data:`~relaylens.model.hf.POSITION_LIMIT`;
+    larger positions share float32 phases, so a larger context cannot be told apart)."""
+    whole = isinstance(value, int) or (isinstance(value, float) and value.is_integer())
+    if isinstance(value, bool) or not whole or not 1 <= value <= POSITION_LIMIT:
+        raise PlacementError(f"--max-position must be a whole number of positions in 1..{POSITION_LIMIT:,} (2**24: "
+                             f"the rotary embedding computes phases from float32 positions, which cannot tell larger "
+                             f"positions apart); got {value!r}. Fix: e.g. --max-position 131072")
+    return int(value)
+
+
+def check_attn_implementation(name: str | None, device: str | None = None) -> str:
+    """The attention kernel to load with (``None``: sdpa), refused when it is unknown or cannot run here (flash
+    attention without its package or a CUDA device), before any weight loads."""
+    name = "sdpa" if name is None else str(name).strip()
+    fix = "Fix: --attn-implementation sdpa (the default) or eager"
+    if name not in ATTENTION_KERNELS:
+        raise PlacementError(f"--attn-implementation {name!r} is not an attention kernel relaylens loads with; choose "
+                             f"one of {', '.join(ATTENTION_KERNELS)}. {fix}")
+    if name in ("sdpa", "eager"):
+        return name
+    from transformers import utils as hf_utils
+
+    available = {"flash_attention_2": hf_utils.is_flash_attn_2_available, "flash_attention_3":
+                 hf_utils.is_flash_attn_3_available, "flex_attention": hf_utils.is_torch_flex_attn_available}[name]
+    if name.startswith("flash") and not (available() or hf_utils.is_kernels_available()):
+        raise PlacementError(f"--attn-implementation {name} needs the flash-attn package (and a CUDA GPU), which this "
+                             f"environment lacks (pip install flash-attn on a CUDA machine). {fix}")
+    if name.startswith("flash") and device is not None and not str(device).startswith("cuda"):
+        raise PlacementError(f"--attn-implementation {name} runs on CUDA GPUs only; the model goes to {device}. {fix}")
+    if not available():
+        raise PlacementError(f"--attn-implementation {name} is not available with torch {torch.__version__}. {fix}")
+    return name
 
 
 def apply_rope_override(config, rope_scaling: dict | None = None, max_position: int | None = None) -> list[str]:
@@ -157,8 +236,7 @@ def apply_rope_override(config, rope_scaling: dict | None = None, max_position: 
         text.rope_parameters = {**params, "full_attention": new} if per_type else new
         notes.append(f"rope parameters{' (full_attention layers)' if per_type else ''}: {base} -> {new}")
     if max_position is not None:
-        if int(max_position) < 1:
-            raise PlacementError(f"--max-position must be a positive number of positions; got {max_position}")
+        max_position = check_max_position(max_position)
         notes.append(f"max_position_embeddings: {text.max_position_embeddings} -> {int(max_position)}")
         text.max_position_embeddings = int(max_position)
     return notes
@@ -197,8 +275,8 @@ class Placement:
             raise PlacementError(f"pass either --device ({device}) or --device-map ({device_map}), not both")
         where = None if device_map is not None else resolve_device(device or "cpu", local_rank)
         dtype_name = {v: k for k, v in DTYPES.items()}[resolve_dtype(dtype, where or ("cuda" if torch.cuda.is_available() else "cpu"))]
-        return cls(where, dtype_name, device_map, attn_implementation or "sdpa", parse_rope_scaling(rope_scaling),
-                   None if max_position is None else int(max_position))
+        return cls(where, dtype_name, device_map, check_attn_implementation(attn_implementation, where),
+                   parse_rope_scaling(rope_scaling), None if max_position is None else check_max_position(max_position))
 
     @property
     def torch_dtype(self) -> torch.dtype:

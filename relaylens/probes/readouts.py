@@ -36,7 +36,9 @@ from relaylens.model.prefill import PrefillResult
 from relaylens.geometry.selection import Selection
 
 READOUTS = ("evidence_share", "history_share", "evidence_value_norm", "evidence_weighted_value", "best_gold_rank")
+"""The forward-pass readouts per (layer, query head): the ``metric`` values of ``source == "forward"`` probe rows."""
 REPLAY_READOUTS = ("replay_gold_share", "replay_gold_logit_gap")
+"""The phase-replay readouts (content fixed, each condition's phases re-applied): ``source == "replay"`` rows."""
 
 
 def gold_slots(selection: Selection, evidence_mask: torch.Tensor) -> torch.Tensor:

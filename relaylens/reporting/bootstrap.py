@@ -2,7 +2,10 @@
 
 A *pair* is one (record_id, selector, budget) seen under two conditions (they share one selection). A *cluster*
 is the resampling unit: ``cluster_id`` (a Long-MT-Bench+ conversation, a PersonaMem persona, an InfiniteBench
-book), or the record itself when ``cluster_id`` is missing (LongMemEval). Each resample draws clusters with
+book), or the record itself when ``cluster_id`` is missing (LongMemEval). *Missing* is one rule, here and only
+here (:func:`cluster_ids`, used by every statistic and by the cross-run labels): no ``cluster_id`` column, None /
+NaN, or a string that is empty, blank, ``"None"`` or ``"nan"`` after stripping (what a None becomes in a text
+round trip) -- such rows are their own record's cluster, never one shared cluster. Each resample draws clusters with
 replacement and recomputes the pooled mean over the pairs of the drawn clusters; the interval is the percentile
 interval of those means. Pairs whose value is NaN in either condition (judge failures) are dropped and counted.
 
@@ -22,9 +25,15 @@ from dataclasses import asdict, dataclass
 import numpy as np
 import pandas as pd
 
-__all__ = ["BootstrapResult", "paired_difference", "paired_difference_table", "condition_means", "cluster_bootstrap"]
+__all__ = ["BootstrapResult", "paired_difference", "paired_difference_table", "condition_means", "cluster_bootstrap",
+           "cluster_ids", "missing_cluster", "paired_values", "few_clusters", "MISSING_CLUSTER_IDS", "MIN_CLUSTERS"]
 
 PAIR_COLUMNS = ["record_id", "selector", "budget"]
+MISSING_CLUSTER_IDS = ("", "None", "nan")
+"""``cluster_id`` strings (after stripping) that mean "no cluster": the record is its own cluster."""
+MIN_CLUSTERS = 10
+"""Fewer clusters than this and a percentile interval rests on a handful of distinct resample means (zero width
+with one cluster, a few values with three): tables flag such rows (:func:`few_clusters`)."""
 
 
 @dataclass(frozen=True)
@@ -73,20 +82,53 @@ def cluster_bootstrap(values: np.ndarray, clusters: np.ndarray, n_resamples: int
     return BootstrapResult(float(values.mean()), float(low), float(high), int(n_clusters), int(values.size), level=level)
 
 
-def _clusters(df: pd.DataFrame) -> np.ndarray:
+def missing_cluster(cluster_id: pd.Series) -> pd.Series:
+    """True where a ``cluster_id`` is missing (None, NaN, or empty / ``"None"`` / ``"nan"`` after stripping).
+
+    >>> missing_cluster(pd.Series(["book1", None, "", " None ", "nan", float("nan")])).tolist()
+    [False, True, True, True, True, True]
+    """
+    cid = cluster_id.astype(object)
+    text = cid.map(lambda v: v.strip() if isinstance(v, str) else v)
+    return cid.isna() | text.isin(MISSING_CLUSTER_IDS)
+
+
+def cluster_ids(df: pd.DataFrame) -> np.ndarray:
+    """The resampling unit of every row: its ``cluster_id``, or its ``record_id`` where that is missing (see the
+    module docstring) or where the table has no ``cluster_id`` column.
+
+    >>> cluster_ids(pd.DataFrame({"record_id": ["r1", "r2", "r3"], "cluster_id": ["b", "None", ""]})).tolist()
+    ['b', 'r2', 'r3']
+    """
     if "cluster_id" not in df.columns:
         return df["record_id"].astype(str).to_numpy()
     cid = df["cluster_id"].astype(object)
-    return cid.where(cid.notna(), df["record_id"]).astype(str).to_numpy()
+    return cid.where(~missing_cluster(cid), df["record_id"]).astype(str).to_numpy()
 
 
-def _pairs(scores: pd.DataFrame, metric: str | None, a: str, b: str) -> tuple[pd.DataFrame, int]:
+def few_clusters(n_clusters: int, n: int | None = None) -> str:
+    """The flag of a row whose interval rests on too few clusters (or on no pair at all), else ``""``.
+
+    >>> few_clusters(3), few_clusters(12), few_clusters(0, 0)
+    ('only 3 clusters (fewer than 10): interval unreliable', '', 'no valid pair')
+    """
+    if n == 0 or n_clusters == 0:
+        return "no valid pair"
+    if n_clusters >= MIN_CLUSTERS:
+        return ""
+    return f"only {n_clusters} cluster{'s' if n_clusters != 1 else ''} (fewer than {MIN_CLUSTERS}): interval unreliable"
+
+
+def paired_values(scores: pd.DataFrame, metric: str | None, a: str, b: str) -> tuple[pd.DataFrame, int]:
+    """The valid pairs of ``a`` and ``b`` (neither value NaN) as one row each -- ``record_id, selector, budget,
+    _cluster, a, b`` -- and the number of pairs dropped for a NaN side. Every paired statistic, and the condition
+    means printed beside it, read these rows, so the means reconcile with the paired difference."""
     df = scores if metric is None else scores[scores["metric"] == metric]
     need = set(PAIR_COLUMNS) | {"condition", "value"}
     if not need <= set(df.columns):
         raise ValueError(f"expected a long-format table with columns {sorted(need)} (e.g. scores); missing "
                          f"{sorted(need - set(df.columns))}")
-    df = df.assign(_cluster=_clusters(df))
+    df = df.assign(_cluster=cluster_ids(df))
     have = sorted(df["condition"].unique())
     df = df[df["condition"].isin([a, b])]
     index = PAIR_COLUMNS + ["_cluster", "condition"]
@@ -112,7 +154,7 @@ def paired_difference(scores: pd.DataFrame, metric: str | None = None, a: str = 
     row (a table already filtered to one metric, e.g. a probe readout). Filter selector/budget first, or use
     :func:`paired_difference_table`.
     """
-    pairs, dropped = _pairs(scores, metric, a, b)
+    pairs, dropped = paired_values(scores, metric, a, b)
     diff = (pairs[a] - pairs[b]).to_numpy(dtype=np.float64)
     res = cluster_bootstrap(diff, pairs["_cluster"].to_numpy(), n_resamples, seed, level)
     return BootstrapResult(res.mean, res.low, res.high, res.n_clusters, res.n, dropped, level)
@@ -141,7 +183,7 @@ def condition_means(scores: pd.DataFrame, metric: str, by: tuple[str, ...] = ("s
     for group, g in df.groupby(list(by), sort=True):
         group = group if isinstance(group, tuple) else (group,)
         ok = g["value"].notna().to_numpy()
-        res = cluster_bootstrap(g["value"].to_numpy(dtype=np.float64)[ok], _clusters(g)[ok], n_resamples, seed, level)
+        res = cluster_bootstrap(g["value"].to_numpy(dtype=np.float64)[ok], cluster_ids(g)[ok], n_resamples, seed, level)
         rows.append(dict(zip(by, group)) | {"mean": res.mean, "low": res.low, "high": res.high,
                                             "n_clusters": res.n_clusters, "n": res.n, "n_dropped": int((~ok).sum())})
     return pd.DataFrame(rows, columns=list(by) + ["mean", "low", "high", "n_clusters", "n", "n_dropped"])

@@ -7,8 +7,9 @@ the metric each table reads (torch-free).
   paper's metric when the run has it (judge for LongMemEval / LongMTBench+, choice accuracy for PersonaMem and
   multiple-choice InfiniteBench), otherwise contains + F1 with a note saying so.
 * :func:`paired_settings_table` is the paper's Table 8: per setting (model, dataset, selector, budget) the paired
-  RoPERelay - Original difference with its 95% cluster-bootstrap interval (10,000 resamples), and the sign counts
-  (:func:`settings_count`: "32 of 36 settings improve").
+  RoPERelay - Original difference with its 95% cluster-bootstrap interval (10,000 resamples), the condition means
+  over the same pairs, and the sign counts over the settings with a valid pair (:func:`settings_count`: "32 of 36
+  settings improve"); settings with fewer than 10 clusters are flagged.
 
 Example:
     >>> import pandas as pd
@@ -19,8 +20,8 @@ Example:
     >>> t = paired_settings_table(pd.DataFrame(rows), "judge", n_resamples=200)
     >>> t[["selector", "original", "relay", "delta", "sign"]].values.tolist()
     [['bm25', 0.5, 1.0, 0.5, '+']]
-    >>> settings_count(t)
-    '1 of 1 settings improve (1 positive, 0 negative, 0 zero)'
+    >>> settings_count(t)  # six records: six clusters, flagged
+    '1 of 1 settings improve (1 positive, 0 negative, 0 zero); 1 setting(s) with fewer than 10 clusters (intervals unreliable)'
 """
 
 from __future__ import annotations
@@ -76,8 +77,10 @@ def choose_metrics(scores: pd.DataFrame, requested: str | None = None) -> tuple[
 
 def run_label(manifest: dict) -> dict[str, str]:
     """``{"model", "dataset"}`` labels of a run from its manifest (file names, not full paths)."""
-    model = str((manifest.get("model") or {}).get("spec") or "?").rstrip("/")
-    dataset = (manifest.get("dataset") or {}).get("path") or "?"
+    from relaylens.results.store import manifest_section
+
+    model = str(manifest_section(manifest, "model").get("spec") or "?").rstrip("/")
+    dataset = manifest_section(manifest, "dataset").get("path") or "?"
     return {"model": Path(model).name or model, "dataset": Path(str(dataset)).stem}
 
 
@@ -103,8 +106,10 @@ def load_runs(run_dirs) -> tuple[dict[str, pd.DataFrame], list[dict]]:
         if len(run_dirs) > 1 and "record_id" in df.columns:
             df["record_id"] = df["model"] + "|" + df["dataset"] + "|" + df["record_id"].astype(str)
             if "cluster_id" in df.columns:
+                from relaylens.reporting.bootstrap import missing_cluster
+
                 cid = df["cluster_id"].astype(object)
-                df["cluster_id"] = np.where(cid.isna() | cid.isin(["None", ""]), None,
+                df["cluster_id"] = np.where(missing_cluster(cid), None,
                                             df["model"] + "|" + df["dataset"] + "|" + cid.astype(str))
         tables[name] = df
     return tables, labels
@@ -113,9 +118,12 @@ def load_runs(run_dirs) -> tuple[dict[str, pd.DataFrame], list[dict]]:
 def paired_settings_table(scores: pd.DataFrame, metric: str, treatment: str = "relay", reference: str = "original",
                           n_resamples: int = 10_000, seed: int = 0) -> pd.DataFrame:
     """The paper's Table 8: one row per setting (model, dataset, selector, budget; the label columns present) with
-    the means under both conditions, the paired difference ``delta`` = treatment - reference and its 95%
-    cluster-bootstrap interval, the counts, and ``sign`` (``+``, ``-``, ``0``)."""
-    from relaylens.reporting.bootstrap import paired_difference
+    the means under both conditions over the setting's valid pairs (the rows the difference uses: a pair whose
+    judge failed on one side leaves both means), the paired difference ``delta`` = treatment - reference (so
+    ``delta`` = treatment - reference of the printed means) and its 95% cluster-bootstrap interval, the counts,
+    ``sign`` (``+``, ``-``, ``0``; ``""`` for a setting without a valid pair) and ``flag`` (a setting with fewer than
+    :data:`~relaylens.reporting.bootstrap.MIN_CLUSTERS` clusters, or without a valid pair)."""
+    from relaylens.reporting.bootstrap import cluster_bootstrap, few_clusters, paired_values
 
     by = [c for c in SETTING_COLUMNS if c in scores.columns]
     df = scores[(scores["metric"] == metric) & scores["condition"].isin([treatment, reference])]
@@ -123,19 +131,30 @@ def paired_settings_table(scores: pd.DataFrame, metric: str, treatment: str = "r
     for group, g in df.groupby(by, sort=True):
         if set(g["condition"]) != {treatment, reference}:
             continue
-        res = paired_difference(g, None, treatment, reference, n_resamples=n_resamples, seed=seed)
-        means = g.groupby("condition")["value"].mean()
-        sign = "+" if res.mean > 0 else "-" if res.mean < 0 else "0"
+        pairs, dropped = paired_values(g, None, treatment, reference)
+        diff = (pairs[treatment] - pairs[reference]).to_numpy(dtype=np.float64)  # [pair]
+        res = cluster_bootstrap(diff, pairs["_cluster"].to_numpy(), n_resamples, seed)
+        sign = "" if not res.n else "+" if res.mean > 0 else "-" if res.mean < 0 else "0"
         rows.append(dict(zip(by, group if isinstance(group, tuple) else (group,))) | {
-            "metric": metric, reference: float(means[reference]), treatment: float(means[treatment]),
+            "metric": metric, reference: float(pairs[reference].mean()), treatment: float(pairs[treatment].mean()),
             "delta": res.mean, "delta_low": res.low, "delta_high": res.high, "n_clusters": res.n_clusters,
-            "n": res.n, "n_dropped": res.n_dropped, "sign": sign})
+            "n": res.n, "n_dropped": dropped, "sign": sign, "flag": few_clusters(res.n_clusters, res.n)})
     return pd.DataFrame(rows, columns=by + ["metric", reference, treatment, "delta", "delta_low", "delta_high",
-                                            "n_clusters", "n", "n_dropped", "sign"])
+                                            "n_clusters", "n", "n_dropped", "sign", "flag"])
 
 
 def settings_count(table: pd.DataFrame) -> str:
-    """``"N of M settings improve (P positive, Q negative, Z zero)"`` from :func:`paired_settings_table`."""
-    pos, neg = int((table["sign"] == "+").sum()), int((table["sign"] == "-").sum())
-    zero = int((table["sign"] == "0").sum())
-    return f"{pos} of {len(table)} settings improve ({pos} positive, {neg} negative, {zero} zero)"
+    """``"N of M settings improve (P positive, Q negative, Z zero)"`` from :func:`paired_settings_table`, over the
+    settings with a valid pair (the others are named, not counted), and how many rest on few clusters."""
+    from relaylens.reporting.bootstrap import MIN_CLUSTERS
+
+    counted = table[table["sign"] != ""]
+    pos, neg = int((counted["sign"] == "+").sum()), int((counted["sign"] == "-").sum())
+    zero = int((counted["sign"] == "0").sum())
+    text = f"{pos} of {len(counted)} settings improve ({pos} positive, {neg} negative, {zero} zero)"
+    if len(counted) < len(table):
+        text += f"; {len(table) - len(counted)} setting(s) without a valid pair not counted"
+    few = int((counted["n_clusters"] < MIN_CLUSTERS).sum()) if "n_clusters" in counted else 0
+    if few:
+        text += f"; {few} setting(s) with fewer than {MIN_CLUSTERS} clusters (intervals unreliable)"
+    return text

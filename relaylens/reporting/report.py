@@ -33,16 +33,19 @@ from matplotlib.figure import Figure
 
 from relaylens.reporting import plots
 from relaylens.results.atomic import write_atomic
-from relaylens.reporting.figures import REGISTRY, build, select_figures
+from relaylens.reporting.figures import REGISTRY, build
 from relaylens.reporting.figures.heatmap import HEATMAP_METRIC, evidence_heatmap
 from relaylens.reporting.figures.layer_scope import report_rows
 from relaylens.reporting.figures.paired_settings import table8_lines
-from relaylens.reporting.figures.registry import FigureError, check_not_empty, cross_run_entries, load_run_tables, needs_probes
+from relaylens.reporting.figures.registry import (FigureError, check_not_empty, cross_run_entries, figure_plan,
+                                                  needs_probes)
+from relaylens.reporting.figures.writer import load_run_tables, skipped_tables, status_rows, warn_not_drawn
 from relaylens.reporting.htmlsafe import clean, defang, finalize, interval, json_script, num, records
-from relaylens.results.locks import run_lock
 from relaylens.reporting.retention import retention_lines
 from relaylens.reporting.summaries import (REFERENCE, accuracy_scores, accuracy_table, budget_label, condition_order, layer_table,
                                  metric_list, table_cells)
+from relaylens.results.locks import output_lock
+from relaylens.results.store import manifest_section
 from relaylens.results.tables import get_table
 from relaylens.reporting.token_view import view_html
 from relaylens.results.views import load_views
@@ -66,8 +69,7 @@ def _summary(tables: dict, manifest: dict) -> list[tuple[str, str]]:
     answers, probes = tables["answers"], tables["probes"]
     scores = accuracy_scores(tables)
     keyed = answers if len(answers) else scores
-    model = manifest.get("model") or {}
-    dataset = manifest.get("dataset") or {}
+    model, dataset = manifest_section(manifest, "model"), manifest_section(manifest, "dataset")
     rows = [
         ("analysis", manifest.get("analysis") or "?"),
         ("model", f"{model.get('spec') or '?'}" + (f" (weights {str(model['weights_hash'])[:12]})"
@@ -89,21 +91,17 @@ def _summary(tables: dict, manifest: dict) -> list[tuple[str, str]]:
         rows.append(("probes", f"{int(probes['layer'].max()) + 1} layers x {int(probes['head'].max()) + 1} heads; "
                      + ", ".join(sorted(probes["probe_point"].unique()))))
     rows += _paper_rows(tables)
-    return rows
+    return rows + status_rows(tables)
 
 
 def _paper_rows(tables: dict) -> list[tuple[str, str]]:
-    """The metric (and its note), evidence retention, Table 8's settings count, and the skipped records."""
+    """The metric (and its note), evidence retention and Table 8's settings count."""
     scores = accuracy_scores(tables)
     metrics = metric_list(scores)
     rows = [("metric", ", ".join(metrics) + (f" ({tables['metric_note']})" if tables.get("metric_note") else ""))]
     if len(tables["answers"]):
         rows += [("evidence retention", line) for line in retention_lines(tables["answers"])]
-    rows += table8_lines(scores, metrics)
-    skipped = get_table(tables, "skipped")
-    for rid, g in skipped.groupby("record_id", sort=True):
-        rows.append(("skipped", f"{rid}: {g['reason'].iloc[0]} ({len(g)} unit(s)) - {g['detail'].iloc[0]}"))
-    return rows
+    return rows + table8_lines(scores, metrics)
 
 
 def _condition_table(tables: dict) -> tuple[list[dict], pd.DataFrame | None]:
@@ -223,17 +221,19 @@ def _drilldown(tables: dict) -> list[dict]:
 
 def report_context(tables: dict, manifest: dict, figure_names: list[str] | None = None,
                    views: list[dict] | None = None) -> dict:
-    """Everything the template needs (plain strings, numbers and base64 PNGs).
+    """Everything the template needs (plain strings, numbers and base64 PNGs); each entry of ``SPEC.figures`` the
+    tables cannot support is warned about and listed as not drawn.
 
     ``views``: stored token views (:func:`relaylens.results.views.load_views`) shown in the token-view section.
     """
     check_not_empty(tables)
     everything = tables  # paper tables may read more than the three main tables (Table 2: the skipped records)
-    tables = {**{k: tables[k] for k in ("metrics", "metric_note") if k in tables},
+    tables = {**{k: tables[k] for k in ("metrics", "metric_note", "run_status") if k in tables},
               **{name: get_table(tables, name) for name in ("answers", "scores", "probes", "skipped", "geometry")}}
     probes = tables["probes"]
     condition_rows, condition_table = _condition_table(tables)
-    names = figure_names if figure_names is not None else select_figures(tables, manifest)
+    names, not_drawn = (figure_names, {}) if figure_names is not None else figure_plan(tables, manifest)
+    warn_not_drawn(not_drawn)
     rendered, paper_tables = [], []
     for name in names:
         entry = REGISTRY[name]
@@ -242,6 +242,7 @@ def report_context(tables: dict, manifest: dict, figure_names: list[str] | None 
         elif name not in OWN_SECTIONS:
             head, rows = table_cells(build(name, everything))
             paper_tables.append({"name": name, "title": entry.title, "head": head, "rows": rows})
+    paper_tables += skipped_tables(tables)  # the units that were not run, and why
     grid = bool(manifest.get("runs"))
     has_probes = not grid and needs_probes(tables) is None
     scope_rows, sweep_rows = report_rows(tables)
@@ -253,7 +254,7 @@ def report_context(tables: dict, manifest: dict, figure_names: list[str] | None 
     }
     return {
         "title": f"relaylens report: {manifest.get('analysis') or 'run'}",
-        "summary": _summary(tables, manifest),
+        "summary": _summary(tables, manifest) + [("not drawn", f"{n}: {why}") for n, why in not_drawn.items()],
         "manifest_json": json.dumps(manifest, indent=2, sort_keys=True, default=str),
         "metrics": [m for m in metric_list(accuracy_scores(tables))
                     if condition_table is not None and m in condition_table],
@@ -298,13 +299,12 @@ def write_report(run_dir: str | Path | list, out: str | Path | None = None, view
     sections over records whose gold evidence survived (:func:`relaylens.reporting.figures.registry.prepare_tables`).
     Several run directories (one per model x dataset) render one cross-run report into ``out`` (required)."""
     run_dirs = [Path(run_dir)] if isinstance(run_dir, (str, Path)) else [Path(d) for d in run_dir]
-    if len(run_dirs) > 1:
-        if out is None:
-            raise FigureError("several run directories make one cross-run report; pass --out FILE for it")
+    if len(run_dirs) > 1 and out is None:
+        raise FigureError("several run directories make one cross-run report; pass --out FILE for it")
+    path = Path(out) if out else run_dirs[0] / "report.html"
+    with output_lock(path.parent, run_dirs, "report"):  # one writer per written directory; a read-only run is fine
         tables, manifest = load_run_tables(run_dirs, metric, retained_only)
-        return write_atomic(Path(out), render_report(tables, manifest, cross_run_entries(tables)))
-    with run_lock(run_dirs[0], "report"):  # one writer per run directory
-        tables, manifest = load_run_tables(run_dirs, metric, retained_only)
+        if len(run_dirs) > 1:
+            return write_atomic(path, render_report(tables, manifest, cross_run_entries(tables)))
         views = load_views(run_dirs[0], view_records) if view_records > 0 else []
-        html = render_report(tables, manifest, views=views)
-        return write_atomic(Path(out) if out else run_dirs[0] / "report.html", html)  # a full disk keeps the old one
+        return write_atomic(path, render_report(tables, manifest, views=views))  # a full disk keeps the old one

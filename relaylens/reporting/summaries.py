@@ -19,7 +19,7 @@ import numpy as np
 import pandas as pd
 
 from relaylens.conditions.bands import band_of
-from relaylens.reporting.bootstrap import cluster_bootstrap, condition_means
+from relaylens.reporting.bootstrap import cluster_bootstrap, cluster_ids, condition_means
 from relaylens.errors import RelaylensError
 from relaylens.results.tables import SWEEP_SOURCE, get_table
 
@@ -117,13 +117,6 @@ def accuracy_means(scores: pd.DataFrame, by: Sequence[str], metrics: Sequence[st
     return pd.concat(frames, ignore_index=True)
 
 
-def _cluster_ids(df: pd.DataFrame) -> pd.Series:
-    """The bootstrap unit of each row: ``cluster_id``, or the record when it is missing (as relaylens.reporting.bootstrap)."""
-    cid = df["cluster_id"].astype(object)
-    missing = cid.isna() | cid.isin(["None", ""])
-    return cid.where(~missing, df["record_id"]).astype(str)
-
-
 def paired_deltas(scores: pd.DataFrame, by: Sequence[str], reference: str = REFERENCE,
                   metrics: Sequence[str] | None = None) -> pd.DataFrame:
     """``condition - reference`` per group of ``by`` and metric, paired by (record, selector, budget) and
@@ -137,7 +130,7 @@ def paired_deltas(scores: pd.DataFrame, by: Sequence[str], reference: str = REFE
         df = scores[scores["metric"] == metric]
         if df.empty or reference not in set(df["condition"]):
             continue
-        df = df.assign(_cluster=_cluster_ids(df))
+        df = df.assign(_cluster=cluster_ids(df))  # the one missing-cluster rule of relaylens.reporting.bootstrap
         index = list(dict.fromkeys(by + pair + ["_cluster"]))
         wide = df.set_index(index + ["condition"])["value"].astype(np.float64).unstack("condition")
         groups = wide.groupby(level=by, sort=True) if by else [((), wide)]

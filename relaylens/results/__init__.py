@@ -5,7 +5,8 @@ Owns: :mod:`~relaylens.results.tables` (the long-format schemas of ``answers`` /
 :mod:`~relaylens.results.store` (:class:`RunStore`: units committed atomically, resumed after a kill, consolidated
 into parquet; :func:`build_manifest`), :mod:`~relaylens.results.shards` (record shards and merging them),
 :mod:`~relaylens.results.atomic` (the one atomic writer), :mod:`~relaylens.results.locks` (one writer per run
-directory) and :mod:`~relaylens.results.views` (the token views a run stores).
+directory), :mod:`~relaylens.results.passes` (judge passes: shown once complete) and :mod:`~relaylens.results.views`
+(the token views a run stores).
 
 In: rows from the runner (and from re-judging). Out: a run directory and the tables read back from it.
 
@@ -15,8 +16,8 @@ The former module ``relaylens.results`` is now :mod:`relaylens.results.store`; i
 """
 
 from relaylens.results.store import (FORMAT_VERSION, UNITS, ResultStoreError, RunStore, StoreWriteError, UnitKey,
-                                     build_manifest, file_sha256, load_tables, manifest_diff, prepare_run_dir,
-                                     source_state)
+                                     build_manifest, file_sha256, load_run, load_tables, manifest_diff, manifest_section,
+                                     prepare_run_dir, source_state)
 
 __all__ = ["FORMAT_VERSION", "UNITS", "ResultStoreError", "RunStore", "StoreWriteError", "UnitKey", "build_manifest",
-           "file_sha256", "load_tables", "manifest_diff", "prepare_run_dir", "source_state"]
+           "file_sha256", "load_run", "load_tables", "manifest_diff", "manifest_section", "prepare_run_dir", "source_state"]

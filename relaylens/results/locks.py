@@ -25,12 +25,12 @@ import errno
 import json
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from relaylens.errors import RelaylensError
 
-__all__ = ["LOCK_NAME", "RunLockedError", "run_lock", "lock_holder"]
+__all__ = ["LOCK_NAME", "RunLockedError", "run_lock", "lock_holder", "output_lock"]
 
 LOCK_NAME = ".relaylens.lock"
 
@@ -98,3 +98,15 @@ def run_lock(directory: str | Path, command: str) -> Iterator[Path]:
         with contextlib.suppress(OSError):
             os.unlink(path)
         os.close(fd)  # closing releases the flock
+
+
+def output_lock(out_dir: str | Path, run_dirs: Sequence[str | Path], command: str):
+    """The writer lock for output written into ``out_dir``: the run directory that holds it (a second writer of
+    that run waits its turn), else ``out_dir`` itself (created). A run directory that is only read is never locked,
+    so a read-only run renders into another ``--out``."""
+    out_dir = Path(out_dir).resolve()
+    for run_dir in run_dirs:
+        if out_dir == Path(run_dir).resolve() or Path(run_dir).resolve() in out_dir.parents:
+            return run_lock(run_dir, command)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    return run_lock(out_dir, command)

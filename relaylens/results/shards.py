@@ -1,7 +1,9 @@
 """Sharding a sweep across processes or machines, and merging the shard run directories back into one.
 
 Records are assigned to shards by a hash of their id, so every process computes the same split without talking to
-the others; ``merge_runs`` copies the committed unit files of each shard into one run directory and consolidates it.
+the others; ``merge_runs`` copies the committed unit files (and token views) of each shard into one run directory and
+consolidates it. A merge reads and checks every source first and writes nothing when one is refused; merging again
+into a run directory that was judged since (``relaylens judge``) keeps its judge scores.
 
 Example:
     >>> parse_shard("1/4")
@@ -11,12 +13,15 @@ Example:
 from __future__ import annotations
 
 import hashlib
+import json
 import warnings
 from pathlib import Path
 
 import pandas as pd
 
-from relaylens.results.store import ResultStoreError, RunStore, manifest_diff
+from relaylens.results.passes import pass_metrics, read_passes
+from relaylens.results.store import ResultStoreError, RunStore, UnitKey, manifest_diff, manifest_section
+from relaylens.results.views import view_files, write_view
 
 SHARDS = "shards"
 """The folder of a run directory that holds its shard directories ``I-of-N`` (``--shard auto``, ``relaylens sweep``)."""
@@ -48,17 +53,36 @@ def shard_records(record_ids: list[str], i: int, n: int) -> list[str]:
     return [r for r in record_ids if int(hashlib.sha256(str(r).encode("utf-8")).hexdigest()[:16], 16) % n == i]
 
 
+def _planned_keys(manifest: dict) -> list[UnitKey] | None:
+    """The units a manifest's ``plan`` and spec list, or None when it records no (usable) plan."""
+    plan, spec = manifest.get("plan"), manifest_section(manifest, "config", "spec")
+    if not isinstance(plan, dict) or not isinstance(plan.get("record_ids"), list) \
+            or not isinstance(spec.get("selectors"), list) or not isinstance(spec.get("budgets", []), list):
+        return None
+    try:
+        budgets = [int(b) if float(b) > 1 else float(b) for b in spec.get("budgets", [])]
+        return [UnitKey(str(r), str(sel), b) for r in plan["record_ids"] for sel in spec["selectors"] for b in budgets]
+    except (TypeError, ValueError):
+        return None
+
+
 def expected_units(manifest: dict) -> set[str] | None:
     """Unit file hashes a run (or shard) must hold when complete, from its manifest's ``plan`` and spec; None for
     manifests written before relaylens recorded a plan."""
-    from relaylens.results.store import UnitKey
+    keys = _planned_keys(manifest)
+    return None if keys is None else {k.hash for k in keys}
 
-    plan = manifest.get("plan")
-    spec = (manifest.get("config") or {}).get("spec") or {}
-    if not isinstance(plan, dict) or not isinstance(plan.get("record_ids"), list) or "selectors" not in spec:
-        return None
-    budgets = [int(b) if float(b) > 1 else float(b) for b in spec.get("budgets", [])]
-    return {UnitKey(r, sel, b).hash for r in plan["record_ids"] for sel in spec["selectors"] for b in budgets}
+
+def plan_progress(manifest: dict, unit_hashes) -> tuple[int, int] | None:
+    """``(committed, planned)``: how many of the units the manifest plans are among ``unit_hashes``; None without a
+    plan.
+
+    >>> m = {"plan": {"record_ids": ["q1", "q2"]}, "config": {"spec": {"selectors": ["bm25"], "budgets": [0.1]}}}
+    >>> plan_progress(m, [UnitKey("q1", "bm25", 0.1).hash])
+    (1, 2)
+    """
+    want = expected_units(manifest)
+    return None if not want else (len(want & set(unit_hashes)), len(want))
 
 
 def merge_runs(shard_dirs: list[str | Path], out_dir: str | Path, allow_incomplete: bool = False) -> dict[str, pd.DataFrame]:
@@ -97,9 +121,16 @@ def merge_runs(shard_dirs: list[str | Path], out_dir: str | Path, allow_incomple
     if problems:
         manifest["incomplete"] = problems
     out_dir = Path(out_dir)
+    copies = _units_to_copy(stores, RunStore(out_dir, {}))  # every source checked before anything is written
+    views = _views_to_copy(stores)
     prepare_run_dir(out_dir)
     with run_lock(out_dir, "merge"):
-        return _copy_units(stores, RunStore.create_or_open(out_dir, manifest))
+        out = RunStore.create_or_open(out_dir, manifest)
+        for path in copies:
+            out.copy_unit(path)
+        for view in views:
+            write_view(out_dir, view)
+        return out.consolidate()
 
 
 def _completeness(stores: list[RunStore]) -> list[str]:
@@ -136,27 +167,53 @@ def _completeness(stores: list[RunStore]) -> list[str]:
 
 
 def _unit_keys(manifest: dict, hashes: set[str]) -> list[str]:
-    from relaylens.results.store import UnitKey
-
-    spec = manifest["config"]["spec"]
-    budgets = [int(b) if float(b) > 1 else float(b) for b in spec.get("budgets", [])]
-    return [f"{r}/{sel}@{b:g}" for r in manifest["plan"]["record_ids"] for sel in spec["selectors"] for b in budgets
-            if UnitKey(r, sel, b).hash in hashes]
+    return [f"{k.record_id}/{k.selector}@{k.budget:g}" for k in _planned_keys(manifest) or [] if k.hash in hashes]
 
 
-def _copy_units(stores: list[RunStore], out: RunStore) -> dict[str, pd.DataFrame]:
-    seen: dict[str, Path] = {p.name: p for p in out.unit_paths()}
+def _content(tables: dict[str, dict[str, list]], judged: dict[str, str]) -> str:
+    """A digest of a unit's rows without the score rows of the metrics in ``judged`` (those of judge passes)."""
+    if judged:
+        scores = tables["scores"]
+        keep = [i for i, m in enumerate(scores["metric"]) if m not in judged]
+        tables = {**tables, "scores": {c: [v[i] for i in keep] for c, v in scores.items()}}
+    return hashlib.sha256(json.dumps(tables, sort_keys=True).encode()).hexdigest()
+
+
+def _units_to_copy(stores: list[RunStore], out: RunStore) -> list[Path]:
+    """The unit files of ``stores`` that ``out`` lacks, after every unit's checksum was verified and no two copies of
+    one unit disagree. ``out``'s own copy may add the score rows of its judge passes (``relaylens judge`` after an
+    earlier merge): those are kept. Raises naming both copies; nothing is written."""
+    judged = pass_metrics(read_passes(out.run_dir))
+    seen: dict[str, tuple[Path, str]] = {p.name: (p, _content(out.load_unit(p), judged)) for p in out.unit_paths()}
+    copies = []
     for s in stores:
         for path in s.unit_paths():
-            content = s.load_unit(path)  # validates the checksum before copying
-            if path.name in seen:
-                if out.load_unit(seen[path.name]) != content:
-                    raise ResultStoreError(f"unit {path.name} differs between {seen[path.name]} and {path}: the same "
-                                           "(record, selector, budget) has different results. Fix: drop one shard's copy")
-                continue
-            out.copy_unit(path)
-            seen[path.name] = path
-    return out.consolidate()
+            content = _content(s.load_unit(path), judged)  # validates the checksum
+            if path.name not in seen:
+                seen[path.name] = (path, content)
+                copies.append(path)
+            elif seen[path.name][1] != content:
+                first = seen[path.name][0]
+                if first.parent.parent == out.run_dir:
+                    fix = (f"merge into a new --out to keep both, or delete {first} to take the shard's copy, then "
+                           "merge again")
+                    why = f"{path.parent.parent} was re-run with other results since {out.run_dir} was merged"
+                else:
+                    fix = "merge each unit from one shard only: leave the directory that should not own it out"
+                    why = "two shard directories hold the same unit"
+                raise ResultStoreError(f"unit {path.name} differs between {first} and {path}: {why}; nothing was "
+                                       f"merged. Fix: {fix}")
+    return copies
+
+
+def _views_to_copy(stores: list[RunStore]) -> list[dict]:
+    """The readable token views of the units each shard holds (damaged ones are skipped with a warning)."""
+    views = []
+    for s in stores:
+        units = {p.name.removesuffix(".json.gz") for p in s.unit_paths()}
+        views += [view for _, view in view_files(s.run_dir)
+                  if UnitKey(view["record_id"], view["selector"], view["budget"]).hash in units]
+    return views
 
 
 def merge_run_dir(run_dir: str | Path, allow_incomplete: bool = False) -> list[Path]:

@@ -8,7 +8,9 @@ Layout of a run directory::
       answers.parquet        consolidated tables (columns of relaylens.results.tables), sorted by key
       scores.parquet
       probes.parquet
-      consolidated.json      written last by consolidate(): the unit hashes the parquet files contain
+      consolidated.json      written last by consolidate(): the unit hashes the parquet files contain, and each
+                             file's sha256 and row count
+      judges.json            judge passes (relaylens.results.passes): a pass's scores show once it is complete
 
 **Commit protocol.** A unit's rows (every condition of one shared selection) are serialised into one JSON document
 (column lists, with a sha256 checksum of the content), gzip-compressed (``mtime=0``: identical content gives
@@ -17,7 +19,10 @@ identical bytes), written to ``units/.tmp-<hash>.json.gz-<pid>``, flushed, fsync
 ``.tmp-*`` file, which readers never look at (re-opening deletes it), so a partially written unit is never read;
 the checksum catches files damaged afterwards. Re-running the same command skips units whose file exists
 (:meth:`RunStore.is_done`). The parquet files are derived data, rewritten whole (temp file + rename) by
-:meth:`RunStore.consolidate`; :func:`load_tables` rebuilds from the units when ``consolidated.json`` is stale.
+:meth:`RunStore.consolidate`. Rewriting a unit in place or removing one first removes ``consolidated.json`` (the
+unit keeps its name, so the marker's unit list could not tell); :func:`load_tables` rebuilds from the units when the
+marker is missing or stale, and reads a parquet file only when its sha256 and row count match the marker (a file
+damaged or edited afterwards is rebuilt from the units, or, in a run without units, refused naming the file).
 
 Example:
     >>> import tempfile
@@ -51,21 +56,26 @@ import numpy as np
 import pandas as pd
 
 from relaylens.errors import RelaylensError
-from relaylens.results.atomic import write_atomic
+from relaylens.results.atomic import fsync_dir, write_atomic
+from relaylens.results.passes import hidden_passes, pass_metrics, read_passes
 from relaylens.results.tables import (BOOL, DTYPES, FLOAT, INT, KEY_COLUMNS, OPT_STR, OPTIONAL_TABLES, SORT_COLUMNS, TABLES,
                               coerce_table, get_table, sort_table)
 
 __all__ = ["UnitKey", "RunStore", "ResultStoreError", "StoreWriteError", "build_manifest", "file_sha256",
-           "load_tables", "SORT_COLUMNS", "DTYPES"]
+           "load_tables", "load_run", "manifest_section", "SORT_COLUMNS", "DTYPES"]
 
 FORMAT_VERSION = 1
+"""The run-directory format, recorded in every manifest."""
 UNITS = "units"
+"""The folder of a run directory that holds its committed units (``units/<hash>.json.gz``)."""
+MARKER = "consolidated.json"
 # Paths are recorded but never compared: the same data or model at another path (a relative path, another mount
 # point) is the same run when the content hashes (dataset.sha256, model.*) agree.
 _IGNORED_ON_COMPARE = {"created_at", "merged_from", "forced", "replaced", "dataset.path", "model.spec",
                        "config.run.model", "config.run.data"}
-_OWN_TEMP = re.compile(r"\.tmp-(manifest\.json|consolidated\.json|(" + "|".join(TABLES) + r")\.parquet)-\d+")
+_OWN_TEMP = re.compile(r"\.tmp-(manifest\.json|consolidated\.json|judges\.json|(" + "|".join(TABLES) + r")\.parquet)-\d+")
 _OWN_UNIT_TEMP = re.compile(r"\.tmp-[0-9a-f]{24}\.json\.gz-\d+")
+_OWN_VIEW_TEMP = re.compile(r"\.tmp-[0-9a-f]{24}\.json-\d+|[^/]+\.json\.tmp")  # views/ (and the older temp name)
 _UNIT_NAME = re.compile(r"[0-9a-f]{24}\.json\.gz")
 
 class ResultStoreError(RelaylensError):
@@ -366,8 +376,9 @@ class RunStore:
 
     def _clean_temp(self) -> None:
         """Delete the temp files a killed relaylens writer left (its own names only, regular files only)."""
-        for folder, pattern in ((self.run_dir / UNITS, _OWN_UNIT_TEMP), (self.run_dir, _OWN_TEMP)):
-            for p in folder.glob(".tmp-*"):
+        for folder, pattern in ((self.run_dir / UNITS, _OWN_UNIT_TEMP), (self.run_dir, _OWN_TEMP),
+                                (self.run_dir / "views", _OWN_VIEW_TEMP)):
+            for p in folder.glob("*tmp*"):
                 if pattern.fullmatch(p.name) and p.is_file() and not p.is_symlink():
                     p.unlink(missing_ok=True)
 
@@ -399,11 +410,29 @@ class RunStore:
                                      ("skipped", skipped_rows), ("geometry", geometry_rows))}
         checksum = hashlib.sha256(_dumps({"unit": list(key), "tables": tables})).hexdigest()
         doc = {"unit": list(key), "sha256": checksum, "tables": tables}
+        if replace:
+            self.invalidate()  # rewritten in place: same name, so the marker's unit list would not tell
         _atomic_write(self.unit_path(key), gzip.compress(_dumps(doc), compresslevel=6, mtime=0), self.run_dir, self.writer)
 
     def copy_unit(self, path: Path) -> None:
         """Commit a unit file of another run directory into this one, byte for byte (atomically)."""
+        if (self.run_dir / UNITS / path.name).exists():
+            self.invalidate()
         _atomic_write(self.run_dir / UNITS / path.name, path.read_bytes(), self.run_dir, self.writer)
+
+    def remove_unit(self, key: UnitKey | tuple) -> None:
+        """Delete a committed unit (it runs again on resume)."""
+        self.invalidate()
+        self.unit_path(key).unlink(missing_ok=True)
+
+    def invalidate(self) -> None:
+        """Remove ``consolidated.json`` before a unit is rewritten in place or removed (a new unit changes the
+        marker's unit list; these may not): until :meth:`consolidate` runs again, readers rebuild the tables from the
+        units instead of trusting parquet files that no longer match them."""
+        marker = self.run_dir / MARKER
+        if marker.exists():
+            marker.unlink()
+            fsync_dir(self.run_dir)
 
     def load_unit(self, path: Path) -> dict[str, dict[str, list]]:
         """The raw column lists of one committed unit file, per table (its checksum verified)."""
@@ -430,24 +459,51 @@ class RunStore:
         return {name: _table(name, cols) for name, cols in self.load_unit(path).items()}
 
     def build_tables(self) -> dict[str, pd.DataFrame]:
-        """All committed units as the three sorted tables (in memory; nothing written)."""
+        """All committed units as the sorted tables (in memory; nothing written), without the scores of judge
+        passes that are not complete (:mod:`relaylens.results.passes`)."""
+        return self._build()[0]
+
+    def _build(self) -> tuple[dict[str, pd.DataFrame], dict[str, str]]:
+        """``(tables, {judge pass: why hidden})``."""
+        passes = read_passes(self.run_dir)
+        owner = pass_metrics(passes)
+        covered: dict[str, int] = dict.fromkeys(set(owner.values()), 0)
+        judged_units = 0
         acc: dict[str, dict[str, list]] = {name: {c: [] for c in cols} for name, cols in TABLES.items()}
         for path in self.unit_paths():
-            for name, cols in self.load_unit(path).items():
+            unit = self.load_unit(path)
+            if owner and unit["answers"]["condition"]:
+                judged_units += 1
+                conditions = set(unit["answers"]["condition"])
+                scores = unit["scores"]
+                for name in covered:
+                    mine = {c for c, m in zip(scores["condition"], scores["metric"]) if owner.get(m) == name}
+                    covered[name] += conditions <= mine
+            for name, cols in unit.items():
                 for c, values in cols.items():
                     acc[name][c].extend(values)
-        return {name: _table(name, cols) for name, cols in acc.items()}
+        hidden = hidden_passes(passes, covered, judged_units)
+        tables = {name: _table(name, cols) for name, cols in acc.items()}
+        if hidden:
+            scores = tables["scores"]
+            drop = scores["metric"].map(lambda m: owner.get(m) in hidden)
+            tables["scores"] = scores[~drop].reset_index(drop=True)
+        return tables, hidden
 
     def consolidate(self) -> dict[str, pd.DataFrame]:
-        """Write ``answers/scores/probes.parquet`` (each atomically) then ``consolidated.json``; return the tables."""
+        """Write ``answers/scores/probes/skipped/geometry.parquet`` (each atomically) then ``consolidated.json`` (the
+        units, and each file's sha256 and row count); return the tables."""
         hashes = [p.stem for p in self.unit_paths()]
-        tables = self.build_tables()
+        tables, hidden = self._build()
+        digests = {}
         for name, df in tables.items():
             buf = io.BytesIO()
             df.to_parquet(buf, index=False)
+            digests[name] = hashlib.sha256(buf.getvalue()).hexdigest()
             _atomic_write(self.run_dir / f"{name}.parquet", buf.getvalue(), self.run_dir, self.writer)
-        marker = {"units": hashes, "rows": {n: len(df) for n, df in tables.items()}}
-        _atomic_write(self.run_dir / "consolidated.json", _dumps(marker), self.run_dir, self.writer)
+        marker = {"units": hashes, "rows": {n: len(df) for n, df in tables.items()}, "sha256": digests,
+                  "hidden_passes": hidden}
+        _atomic_write(self.run_dir / MARKER, _dumps(marker), self.run_dir, self.writer)
         return tables
 
 
@@ -509,40 +565,103 @@ def _read_manifest(run_dir: Path) -> dict:
     return manifest
 
 
-def _exported_tables(run_dir: Path) -> dict[str, pd.DataFrame]:
-    """The parquet tables of a run directory that holds no units; a missing optional table reads as empty."""
-    tables = {}
-    for name in TABLES:
-        path = run_dir / f"{name}.parquet"
-        frame = pd.read_parquet(path) if path.exists() else get_table({}, name)  # an empty table of the schema
+class _Mismatch(Exception):
+    """A consolidated parquet file that does not match what ``consolidated.json`` records for it."""
+
+
+def _marker(run_dir: Path) -> dict | None:
+    """``consolidated.json`` (None when absent); raises :class:`_Mismatch` when it is damaged."""
+    path = run_dir / MARKER
+    try:
+        marker = json.loads(path.read_text("utf-8"))
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError, RecursionError) as exc:
+        raise _Mismatch(f"{path} is damaged ({type(exc).__name__})") from None
+    if not isinstance(marker, dict) or not isinstance(marker.get("units"), list) \
+            or not all(isinstance(marker.get(k, {}), dict) for k in ("rows", "sha256", "hidden_passes")):
+        raise _Mismatch(f"{path} is not a consolidation record (expected an object with a 'units' list)")
+    return marker
+
+
+def _parquet(run_dir: Path, name: str, marker: dict | None) -> pd.DataFrame:
+    """One consolidated table, checked against the sha256 and row count ``marker`` records for it (when it does);
+    a missing optional table reads as empty. Raises :class:`_Mismatch` naming the file."""
+    path = run_dir / f"{name}.parquet"
+    recorded = marker or {}
+    if name in OPTIONAL_TABLES and not path.exists():
+        frame = get_table({}, name)  # an empty table of the schema
+    else:
+        data = path.read_bytes()
+        want = recorded.get("sha256", {}).get(name)
+        if want is not None and hashlib.sha256(data).hexdigest() != want:
+            raise _Mismatch(f"{path} does not match the sha256 that consolidated.json records for it")
         try:
-            tables[name] = sort_table(name, coerce_table(name, frame))
-        except KeyError as err:
-            raise RelaylensError(f"{path} lacks column {err} of the {name} table and the run has no units to rebuild "
-                                 "it from. Fix: rerun the analysis into a fresh directory") from err
-    return tables
+            frame = pd.read_parquet(io.BytesIO(data))
+        except Exception as exc:  # noqa: BLE001 - pyarrow raises many types (ArrowInvalid, NotImplementedError, ...)
+            raise _Mismatch(f"{path} cannot be read as parquet ({type(exc).__name__})") from None
+    rows = recorded.get("rows", {}).get(name)
+    if rows is not None and len(frame) != rows:
+        raise _Mismatch(f"{path} holds {len(frame)} rows; consolidated.json records {rows}")
+    try:
+        return sort_table(name, coerce_table(name, frame))
+    except KeyError as err:
+        raise _Mismatch(f"{path} lacks column {err} of the {name} table") from None
 
 
-def load_tables(run_dir: str | Path) -> dict[str, pd.DataFrame]:
-    """The consolidated tables of a run; rebuilt from the committed units (in memory) when the parquet files are
-    missing or older than the units (an interrupted run)."""
+def _hidden(marker: dict | None) -> dict[str, str]:
+    return {str(k): str(v) for k, v in (marker or {}).get("hidden_passes", {}).items()}
+
+
+def _exported_tables(run_dir: Path) -> tuple[dict[str, pd.DataFrame], dict[str, str]]:
+    """The parquet tables of a run directory that holds no units (checked against ``consolidated.json`` when the
+    run has one; a missing optional table reads as empty), and the judge passes they do not show."""
+    try:
+        marker = _marker(run_dir)
+        return {name: _parquet(run_dir, name, marker) for name in TABLES}, _hidden(marker)
+    except (_Mismatch, OSError, ValueError, TypeError) as err:
+        raise ResultStoreError(f"{err}, and the run has no units to rebuild it from (the file was changed or damaged "
+                               "after the run). Fix: restore the run directory from its copy, or rerun the analysis "
+                               "into a fresh directory") from None
+
+
+def load_run(run_dir: str | Path) -> tuple[dict[str, pd.DataFrame], dict[str, str]]:
+    """``(tables, hidden)``: the run's tables (:func:`load_tables`) and ``{judge pass: why its scores are not
+    shown}`` (:mod:`relaylens.results.passes`)."""
+    import warnings
+
     store = RunStore.open(run_dir)
     run_dir = store.run_dir
-    try:
-        marker = json.loads((run_dir / "consolidated.json").read_text("utf-8"))
-    except (OSError, ValueError):
-        marker = None
     units = [p.stem for p in store.unit_paths()]
     required = [name for name in TABLES if name not in OPTIONAL_TABLES]
     if not units and all((run_dir / f"{name}.parquet").exists() for name in required):
         return _exported_tables(run_dir)  # tables without units (an exported or published run, e.g. figures/)
-    if (not isinstance(marker, dict) or marker.get("units") != units
-            or not all((run_dir / f"{name}.parquet").exists() for name in required)):  # stale, or an older layout
-        return store.build_tables()
-    try:  # an optional table a run consolidated before it existed reads as empty
-        return {name: sort_table(name, coerce_table(name, pd.read_parquet(run_dir / f"{name}.parquet")
-                                                    if (run_dir / f"{name}.parquet").exists() else get_table({}, name)))
-                for name in TABLES}
-    except (OSError, ValueError, KeyError, TypeError):  # a parquet file deleted or damaged: the units are the truth
-        return store.build_tables()
+    try:
+        marker = _marker(run_dir)
+        if marker is not None and marker["units"] == units:  # else stale: a running, killed or rejudged run
+            return {name: _parquet(run_dir, name, marker) for name in TABLES}, _hidden(marker)
+    except (_Mismatch, OSError, ValueError, TypeError) as err:  # the units are the truth: rebuilt in memory
+        warnings.warn(f"{err}: the tables were rebuilt from the run's {len(units)} committed units. Fix: re-run the "
+                      "same command (or `relaylens merge`) to rewrite the consolidated tables", stacklevel=2)
+    return store._build()
 
+
+def load_tables(run_dir: str | Path) -> dict[str, pd.DataFrame]:
+    """The consolidated tables of a run; rebuilt from the committed units (in memory) when the parquet files are
+    missing, older than the units (an interrupted run), or do not match the checksums and row counts recorded in
+    ``consolidated.json``."""
+    return load_run(run_dir)[0]
+
+
+def manifest_section(manifest: dict, *path: str) -> dict:
+    """The object at ``path`` in a manifest (``"config", "spec"``: the analysis spec; ``"model"``), or ``{}`` where
+    the manifest records none or records something other than an object (a hand-edited or damaged manifest).
+
+    >>> manifest_section({"config": {"spec": "ordering"}}, "config", "spec")
+    {}
+    >>> manifest_section({"model": {"spec": "x"}}, "model")
+    {'spec': 'x'}
+    """
+    for key in path:
+        manifest = manifest.get(key) if isinstance(manifest, dict) else None
+    return manifest if isinstance(manifest, dict) else {}

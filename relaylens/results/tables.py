@@ -80,7 +80,7 @@ TIMING_COLUMNS = ["elapsed_s", "prefill_s", "selection_s", "batch_rows"]
 ANSWER_COLUMNS = KEY_COLUMNS + [
     "question_type", "is_abstention", "cluster_id", "prompt_mode", "answer", "stop_reason", "hit_limit", "new_tokens",
     "history_length", "max_count", "mean_count", "question_start", "gold_units_total", "gold_units_kept", "references",
-    "elapsed_s", "prefill_s", "selection_s", "batch_rows",
+    "elapsed_s", "prefill_s", "selection_s", "batch_rows", "first_token_eos_prob",
 ]
 SCORE_COLUMNS = KEY_COLUMNS + ["question_type", "is_abstention", "cluster_id", "metric", "value"]
 PROBE_COLUMNS = KEY_COLUMNS + ["probe_point", "source", "layer", "head", "metric", "value"]
@@ -109,7 +109,8 @@ DTYPES: dict[str, str] = {
     "is_abstention": BOOL, "cluster_id": OPT_STR, "prompt_mode": STR, "answer": STR, "stop_reason": STR,
     "hit_limit": BOOL, "new_tokens": INT, "history_length": INT, "max_count": INT, "mean_count": FLOAT,
     "question_start": INT, "gold_units_total": INT, "gold_units_kept": INT, "references": STR,
-    "elapsed_s": FLOAT, "prefill_s": FLOAT, "selection_s": FLOAT, "batch_rows": INT, "metric": STR, "value": FLOAT,
+    "elapsed_s": FLOAT, "prefill_s": FLOAT, "selection_s": FLOAT, "batch_rows": INT, "first_token_eos_prob": FLOAT,
+    "metric": STR, "value": FLOAT,
     "probe_point": STR, "source": STR, "layer": INT, "head": INT, "reason": STR, "detail": STR, "step": INT,
 }
 """Column kinds: ``int`` (int64), ``float`` (float64, None -> NaN), ``bool``, ``str``, ``str?`` (None allowed)."""
@@ -124,9 +125,11 @@ SORT_COLUMNS = {
 """Each table's row identity: the deterministic sort order, and no two rows may share these values."""
 
 
-LATER_COLUMNS: dict[str, object] = {"prefill_s": None, "selection_s": None, "batch_rows": 1}
+LATER_COLUMNS: dict[str, object] = {"prefill_s": None, "selection_s": None, "batch_rows": 1,
+                                     "first_token_eos_prob": None}
 """Columns added after the first schema, with what a table written before them implies: stage times unknown (NaN);
-one row decoded at a time (batched rows came later). :func:`coerce_table` fills them in older tables."""
+one row decoded at a time (batched rows came later); the first-token end-of-answer probability not recorded (NaN).
+:func:`coerce_table` fills them in older tables."""
 
 
 def coerce_table(name: str, df: pd.DataFrame) -> pd.DataFrame:
@@ -198,7 +201,8 @@ def example_tables(records: int = 6, selectors: Sequence[str] = ("bm25", "snapkv
                         history_length=400, max_count=40, mean_count=40.0, question_start=400,
                         gold_units_total=total, gold_units_kept=kept, references=json.dumps(["harp"]),
                         elapsed_s=float(rng.uniform(0.1, 1.0)), prefill_s=float(rng.uniform(1.0, 2.0)),
-                        selection_s=0.05, batch_rows=1))
+                        selection_s=0.05, batch_rows=1,
+                        first_token_eos_prob=0.05 + 0.02 * ci if ok else 0.4 + 0.02 * ci))  # no draw: stream kept
                     for metric in ("contains", "f1", "exact_match"):
                         value = float(ok) if metric != "f1" else float(ok) * float(rng.uniform(0.3, 1.0))
                         scores.append(key | common | dict(condition=cond, metric=metric, value=value))

@@ -21,6 +21,7 @@ Example:
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import json
 import math
@@ -28,18 +29,18 @@ import os
 import time
 import urllib.error
 import urllib.parse
-import urllib.request
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
 from relaylens.errors import RelaylensError
+from relaylens.scoring import transport
 from relaylens.scoring.metrics import record_field, record_references
 
 __all__ = ["TEMPLATE_VERSION", "SYSTEM_PROMPT", "RUBRIC", "MAX_NEW_TOKENS", "build_payload", "user_message",
            "cache_key", "parse_verdict", "Verdict", "JudgeCache", "Judge", "OpenAIBackend", "HFBackend",
-           "JudgeBackendError", "redact_url", "chat_completions_url"]
+           "JudgeBackendError", "redact_url", "chat_completions_url", "DEADLINE_S", "MAX_REPLY_BYTES"]
 
 TEMPLATE_VERSION = "memory_judge_v1"
 SYSTEM_PROMPT = (
@@ -54,6 +55,12 @@ RUBRIC = (
     "requested information is unavailable."
 )
 MAX_NEW_TOKENS = 32
+DEADLINE_S = 120.0
+"""Default wall-clock limit of one judge call, every attempt, read and backoff together (seconds). A reply is not
+streamed: it starts only when the verdict is complete, within the per-read ``timeout`` (60 s), and is a few KB, so
+two minutes cover a slow judge and its retries; a server trickling bytes is cut there."""
+MAX_REPLY_BYTES = 1 << 20
+"""Default cap on the bytes of one judge reply (1 MiB; a 2,048-token verdict list is a few tens of KB)."""
 
 
 class JudgeBackendError(RelaylensError):
@@ -235,6 +242,14 @@ class Judge:
 REASONING_EFFORTS = ("low", "medium", "high")
 
 
+def _check_limits(deadline: float, max_reply_bytes: int) -> tuple[float, int]:
+    if isinstance(deadline, bool) or not isinstance(deadline, (int, float)) or not 0 < deadline < math.inf:
+        raise JudgeBackendError(f"judge deadline must be a positive number of seconds; got {deadline!r}")
+    if isinstance(max_reply_bytes, bool) or not isinstance(max_reply_bytes, int) or max_reply_bytes < 1:
+        raise JudgeBackendError(f"judge max_reply_bytes must be a positive number of bytes; got {max_reply_bytes!r}")
+    return float(deadline), max_reply_bytes
+
+
 def _check_judge_settings(max_tokens: int, reasoning_effort: str | None) -> tuple[int, str | None]:
     if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
         raise JudgeBackendError(f"judge max_tokens must be a positive number of tokens; got {max_tokens!r}")
@@ -248,12 +263,16 @@ class OpenAIBackend:
 
     ``api_key_env`` names an environment variable holding the key (sent as ``Authorization: Bearer``); None sends
     no key (local servers). HTTP 429/5xx, timeouts and connection errors are retried ``retries`` times with
-    exponential backoff; other HTTP errors fail at once.
+    exponential backoff; other HTTP errors fail at once. Bounds (:mod:`relaylens.scoring.transport`): ``timeout``
+    limits each socket read, ``deadline`` (default :data:`DEADLINE_S`) the whole call -- every attempt, read and
+    backoff -- in wall-clock seconds, ``max_reply_bytes`` (default :data:`MAX_REPLY_BYTES`) the reply; redirects
+    are refused, never followed. Replies are returned with the key and the URL's secrets replaced by ``***``.
     """
 
     def __init__(self, base_url: str, model: str, api_key_env: str | None = None, timeout: float = 60.0,
                  retries: int = 3, backoff: float = 1.0, model_id: str | None = None,
-                 max_tokens: int = MAX_NEW_TOKENS, reasoning_effort: str | None = None):
+                 max_tokens: int = MAX_NEW_TOKENS, reasoning_effort: str | None = None,
+                 deadline: float = DEADLINE_S, max_reply_bytes: int = MAX_REPLY_BYTES):
         if not base_url.startswith(("http://", "https://")):
             raise ValueError(f"judge base_url must start with http:// or https://; got {redact_url(base_url)!r}")
         full = urllib.parse.urlsplit(chat_completions_url(base_url))
@@ -261,11 +280,8 @@ class OpenAIBackend:
         # urllib cannot send userinfo inside the URL: it goes into a Basic Authorization header instead
         self.url = urllib.parse.urlunsplit(full._replace(netloc=full.netloc.rpartition("@")[2]))
         self.shown_url = redact_url(urllib.parse.urlunsplit(full))  # what messages, manifests and reports show
-        host = urllib.parse.urlsplit(self.url).hostname or ""
-        # loopback servers (vLLM, llama.cpp, test stubs) are reached directly, never through an http_proxy
-        handlers = [urllib.request.ProxyHandler({})] if host in ("127.0.0.1", "localhost", "::1") else []
-        self._opener = urllib.request.build_opener(*handlers)
         self.model, self.timeout, self.retries, self.backoff = model, timeout, retries, backoff
+        self.deadline, self.max_reply_bytes = _check_limits(deadline, max_reply_bytes)
         self.model_id = model_id or model
         self.max_tokens, self.reasoning_effort = _check_judge_settings(max_tokens, reasoning_effort)
         if (self.max_tokens, self.reasoning_effort) != (MAX_NEW_TOKENS, None):  # never reuse another setting's verdicts
@@ -278,52 +294,74 @@ class OpenAIBackend:
             self.api_key = os.environ.get(api_key_env)
             if not self.api_key:
                 raise JudgeBackendError(f"judge API key variable {api_key_env} is not set. Fix: export {api_key_env}=... "
-                                        "or pass api_key_env=None for an endpoint without authentication")
+                                        "or, for an endpoint without authentication, leave the key out (api_key_env="
+                                        "None; on the command line: no --judge-key-env)")
+        self._basic = None
+        if any(self._userinfo) and not self.api_key:  # urllib cannot send userinfo: a Basic Authorization header
+            self._basic = base64.b64encode(":".join(self._userinfo).encode()).decode()
 
     def complete(self, system: str, user: str) -> str:
+        """The reply's ``choices[0].message.content`` with every secret replaced by ``***`` (an endpoint may echo
+        the key: nothing it sends reaches a cache, a failure list or the terminal unredacted)."""
         request = {"model": self.model, "temperature": 0, "max_tokens": self.max_tokens,
                    "messages": [{"role": "system", "content": system}, {"role": "user", "content": user}]}
         if self.reasoning_effort is not None:
             request["reasoning_effort"] = self.reasoning_effort
-        body = json.dumps(request)
+        body = json.dumps(request).encode("utf-8")
         headers = {"Content-Type": "application/json"}
         if self.api_key:
             headers["Authorization"] = f"Bearer {self.api_key}"
-        elif any(self._userinfo):
-            import base64
-
-            token = base64.b64encode(":".join(self._userinfo).encode()).decode()
-            headers["Authorization"] = f"Basic {token}"
-        last = ""
+        elif self._basic:
+            headers["Authorization"] = f"Basic {self._basic}"
+        deadline_at = time.monotonic() + self.deadline
+        last, tried = "", 0
         for attempt in range(self.retries + 1):
             if attempt:
-                time.sleep(self.backoff * 2 ** (attempt - 1))
-            req = urllib.request.Request(self.url, data=body.encode("utf-8"), headers=headers, method="POST")
+                pause = self.backoff * 2 ** (attempt - 1)
+                if time.monotonic() + pause >= deadline_at:
+                    last += f" (no time left for another attempt within the deadline of {self.deadline:g} s)"
+                    break
+                time.sleep(pause)
+            tried += 1
             try:
-                with self._opener.open(req, timeout=self.timeout) as resp:
-                    data = resp.read()
+                data = transport.post(self.url, body, headers, self.timeout, deadline_at, self.max_reply_bytes)
             except urllib.error.HTTPError as exc:
-                detail = self._redact(exc.read()[:200].decode("utf-8", "replace"))
+                detail = self._redact(getattr(exc, "body", b"").decode("utf-8", "replace"))[:200]
+                if 300 <= exc.code < 400:
+                    where = self._redact(redact_url(exc.headers.get("Location") or "(no Location)"))
+                    raise JudgeBackendError(
+                        f"judge endpoint {self.shown_url} answered HTTP {exc.code}, a redirect to {where}; relaylens "
+                        "never follows a judge's redirects (the request and its key would go to a server the run "
+                        "does not record). Fix: pass the final URL as the judge URL (--judge-url)") from None
                 last = f"HTTP {exc.code} from {self.shown_url}: {detail}"
                 if exc.code == 429 or exc.code >= 500:
                     continue
                 raise JudgeBackendError(f"judge endpoint {last}. Fix: check base_url, model name and API key") from None
+            except transport.ReplyTooLarge as exc:
+                raise JudgeBackendError(f"judge endpoint {self.shown_url} sent a reply over the cap of "
+                                        f"{self.max_reply_bytes} bytes ({exc}). Fix: check the endpoint, or raise "
+                                        "max_reply_bytes") from None
+            except transport.DeadlinePassed:
+                last = f"no complete reply from {self.shown_url} within the deadline of {self.deadline:g} s"
+                break
             except (urllib.error.URLError, TimeoutError, OSError) as exc:
                 last = self._redact(f"{type(exc).__name__} talking to {self.shown_url}: {getattr(exc, 'reason', exc)}")
                 continue
             try:
-                return json.loads(data)["choices"][0]["message"]["content"] or ""
+                content = json.loads(data)["choices"][0]["message"]["content"] or ""
             except (ValueError, KeyError, IndexError, TypeError):
+                shown = self._redact(data.decode("utf-8", "replace"))[:200]
                 raise JudgeBackendError(f"judge endpoint {self.shown_url} did not answer in the chat-completions format "
-                                        f"(choices[0].message.content): {self._redact(repr(data[:200]))}") from None
-        raise JudgeBackendError(f"judge endpoint failed after {self.retries + 1} attempts; last: {last}. Fix: check "
-                                "that the server is up, or raise timeout/retries")
-
+                                        f"(choices[0].message.content): {shown!r}") from None
+            return self._redact(content if isinstance(content, str) else json.dumps(content))  # not text: a failure
+        raise JudgeBackendError(f"judge endpoint failed after {tried} attempt{'s' if tried != 1 else ''}; last: {last}. "
+                                "Fix: check that the server is up, or raise timeout/retries/deadline")
 
     def _redact(self, text: str) -> str:
-        """``text`` with the API key and the URL's secrets (password, query values) replaced by ``***``."""
+        """``text`` with the API key and the URL's secrets (password, its Basic token, query values) replaced by
+        ``***``."""
         parts = urllib.parse.urlsplit(self.url)
-        secrets = [self.api_key or "", self._userinfo[1]]
+        secrets = [self.api_key or "", self._userinfo[1], self._basic or ""]
         secrets += [v for _, v in urllib.parse.parse_qsl(parts.query) if len(v) >= 4]
         for secret in sorted(filter(None, secrets), key=len, reverse=True):
             text = text.replace(secret, "***")

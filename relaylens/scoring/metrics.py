@@ -6,20 +6,28 @@ turns one (record, answer) into the ``metric -> value`` dict that fills the ``sc
 
 Rules (decisions documented here, the dataset rules quoted from ``reference/datasets.md``):
 
-* **Normalisation** (SQuAD): lower case, drop punctuation, drop the articles a/an/the, collapse whitespace.
-* **Numbers** (``numbers=True``, the default except for InfiniteBench En.QA whose official metric is plain SQuAD
-  F1): before SQuAD normalisation thousands separators are dropped (``1,200`` -> ``1200``), trailing zero
-  decimals removed (``3.0`` -> ``3``), and the number words zero..ninety-nine become digits (``three`` -> ``3``,
-  ``twenty-one`` / ``twenty one`` -> ``21``), in both the answer and the references. Hyphenated words other than
-  tens-units (``one-off``) are left alone; hundreds, ordinals and "twice" are *not* converted.
+* **Normalisation** (``numbers=False``: SQuAD v1.1's ``evaluate-v1.1.py``, which InfiniteBench's
+  ``compute_scores.py`` repeats): lower case, drop ASCII punctuation (``string.punctuation``; the typographic
+  apostrophe U+2019 is *not* punctuation there and stays), drop the articles a/an/the, collapse whitespace.
+  InfiniteBench En.QA is scored this way, so its ``f1`` is the official metric.
+* **relaylens normalisation** (``numbers=True``, the default for every other record; relaylens's own rule, not a
+  benchmark's): U+2019 first becomes ``'`` (so it is dropped as punctuation), thousands separators are dropped
+  (``1,200`` -> ``1200``), trailing zero decimals removed (``3.0`` -> ``3``), and the number words zero..ninety-nine
+  become digits (``three`` -> ``3``, ``twenty-one`` / ``twenty one`` -> ``21``), in both the answer and the
+  references; then the SQuAD steps. Hyphenated words other than tens-units (``one-off``) are left alone; hundreds,
+  ordinals and "twice" are *not* converted.
+* **F1** is SQuAD's token F1 in both normalisations: no shared token scores 0, so an answer and a reference that
+  both normalise to nothing score 0 (``"A"`` vs ``"a"``), as in SQuAD v1.1 and InfiniteBench; exact match of two
+  empty strings is 1, as there.
 * **contains**: the normalised reference occurs as a whole-token run inside the normalised answer ("cat" is not
-  contained in "category"). For InfiniteBench En.Dia it is the official rule (the label is one of the answer's
-  upper-cased words).
+  contained in "category"). For InfiniteBench En.Dia it is the official rule (the label, as given, is one of the
+  answer's upper-cased words).
 * **choice_accuracy** (records with ``options``): PersonaMem -- letters ``(x)`` after the last ``<final_answer>``,
   else bare ``x`` words; correct iff the extracted set is exactly ``{correct}``; retried on the full response
   (case-insensitive, a documented leniency: models write ``(C)``). InfiniteBench En.MC -- the official
-  ``compute_scores.py`` order: first character A-D, exact option text, text after "answer is:"/"answer:"/
-  "answer is"/"option is", first standalone A-D word (case-sensitive, as upstream).
+  ``compute_scores.py`` rule, step for step: first character A-D, exact option text, text after "answer is:"/
+  "answer:"/"answer is"/"option is", else the first word that is a piece of "ABCD" decides (case-sensitive; a word
+  such as "CD" or "AB" ends the scan unmatched, as upstream).
 * **abstention**: 1.0 when the answer says the information is unavailable (:func:`is_abstention`), for every
   record (on answerable records it measures false abstention). An abstention record (LongMemEval ``_abs``) is
   correct iff the answer abstains: its ``exact_match``, ``f1`` and ``contains`` equal its ``abstention`` value.
@@ -65,13 +73,17 @@ _PUNCT = set(string.punctuation)
 
 
 def normalize_answer(text: Any, numbers: bool = False) -> str:
-    """SQuAD normalisation; ``numbers=True`` first canonicalises numbers (see the module docstring).
+    """SQuAD v1.1 normalisation; ``numbers=True`` is relaylens's normalisation, which first folds U+2019 into ``'``
+    and canonicalises numbers (see the module docstring).
 
     >>> normalize_answer("The  Cat, a dog!"), normalize_answer("Twelve (12.0) items", numbers=True)
     ('cat dog', '12 12 items')
+    >>> normalize_answer("Don\u2019t"), normalize_answer("Don\u2019t", numbers=True)
+    ('don\u2019t', 'dont')
     """
-    s = str(text).lower().replace("\u2019", "'")
+    s = str(text).lower()
     if numbers:
+        s = s.replace("\u2019", "'")
         s = _THOUSANDS_RE.sub("", s)
         s = _ZERO_DECIMALS_RE.sub("", s)
         s = _TENS_RE.sub(lambda m: str(int(_WORD_TO_DIGIT[m.group(1)]) + int(_WORD_TO_DIGIT.get(m.group(2), 0))), s)
@@ -101,21 +113,18 @@ def exact_match(answer: str, references: Sequence[str] | str, numbers: bool = Tr
 
 
 def _token_f1(pred: list[str], gold: list[str]) -> float:
-    common = Counter(pred) & Counter(gold)
-    same = sum(common.values())
-    if not pred or not gold:
-        return float(pred == gold)
-    if same == 0:
+    same = sum((Counter(pred) & Counter(gold)).values())
+    if same == 0:  # SQuAD v1.1 / InfiniteBench: no shared token is 0, also when both sides are empty
         return 0.0
     precision, recall = same / len(pred), same / len(gold)
     return 2 * precision * recall / (precision + recall)
 
 
 def f1(answer: str, references: Sequence[str] | str, numbers: bool = True) -> float:
-    """SQuAD token F1, max over references (empty vs empty counts 1.0, empty vs non-empty 0.0).
+    """SQuAD token F1, max over references (no shared token, empty sides included, scores 0.0 as in SQuAD v1.1).
 
-    >>> round(f1("Biscuit the Vizsla", ["Biscuit"]), 3)
-    0.667
+    >>> round(f1("Biscuit the Vizsla", ["Biscuit"]), 3), f1("A", ["a"])
+    (0.667, 0.0)
     """
     pred = normalize_answer(answer, numbers).split()
     return max(_token_f1(pred, normalize_answer(r, numbers).split()) for r in _refs(references))
@@ -186,10 +195,12 @@ def personamem_choice_correct(answer: str, correct: str) -> bool:
 
 
 def infinitebench_choice_correct(answer: str, option_text: str, letter: str) -> bool:
-    """InfiniteBench En.MC (``longbook_choice_eng``), the order of upstream ``compute_scores.py``.
+    """InfiniteBench En.MC (``longbook_choice_eng``), the rule of upstream ``compute_scores.py`` step for step.
 
     >>> infinitebench_choice_correct("B. The dog", "The dog", "B"), infinitebench_choice_correct("So the answer is: B", "x", "B")
     (True, True)
+    >>> infinitebench_choice_correct("The CD was in the drawer, so B", "x", "B")  # "CD" is a piece of "ABCD": scan ends
+    False
     """
     label = [option_text, letter.upper()]
     pred = answer.strip()
@@ -201,29 +212,31 @@ def infinitebench_choice_correct(answer: str, option_text: str, letter: str) -> 
         return True
     for ch in ["\n", '"', "'", ".", ",", "?", "!", "{", "}"]:
         pred = pred.replace(ch, " ")
-    pred = " ".join(pred.split())
+    while "  " in pred:  # only runs of spaces collapse (tabs stay), as upstream
+        pred = pred.replace("  ", " ")
     for prefix in ["answer is:", "answer:", "answer is", "option is"]:
         idx = pred.find(prefix)
         if idx == -1:
             continue
-        after = pred[idx + len(prefix) + 1:]
-        return bool(after) and any(after.startswith(s) for s in label)
+        start = idx + len(prefix) + 1  # upstream skips one character after the prefix
+        return start <= len(pred) and any(pred[start:].startswith(s) for s in label)
     for word in pred.split():
-        if word in {"A", "B", "C", "D"}:
+        if word in "ABCD":  # upstream's substring test: "A".."D", but also "AB", "BC", "CD", "ABC", ... stop here
             return word in label
     return False
 
 
 def infinitebench_dialogue_correct(answer: str, label: str) -> bool:
-    """InfiniteBench En.Dia (``longdialogue_qa_eng``): the label is one of the answer's upper-cased words after
-    ``\\n : " ' . , ? ! { }`` become spaces (a multi-word label never matches, as upstream).
+    """InfiniteBench En.Dia (``longdialogue_qa_eng``): the label, as given (upstream labels are upper case), is one of
+    the answer's upper-cased words after ``\\n : " ' . , ? ! { }`` become spaces (a multi-word or lower-case label
+    never matches, as upstream).
 
-    >>> infinitebench_dialogue_correct("It was john, I think.", "JOHN")
-    True
+    >>> infinitebench_dialogue_correct("It was john, I think.", "JOHN"), infinitebench_dialogue_correct("john", "John")
+    (True, False)
     """
     for ch in ["\n", ":", '"', "'", ".", ",", "?", "!", "{", "}"]:
         answer = answer.replace(ch, " ")
-    return label.upper() in [w.upper() for w in answer.split()]
+    return label in [w.upper() for w in answer.split()]
 
 
 def record_field(record: Any, name: str, default: Any = None) -> Any:

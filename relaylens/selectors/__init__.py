@@ -7,8 +7,9 @@ AdaKV, ChunkKV, CaM, Scissorhands) or its captured column sums (H2O, see :func:`
 specification is ``reference/selectors.md``.
 
 Owns: one file per selector (``bm25.py``, ``snapkv.py``, ...; the shared scoring in ``base.py``), the
-:data:`REGISTRY` and :func:`make_selector`, and :mod:`~relaylens.selectors.protection` (instruction and template
-states kept outside the budget). In: a :class:`~relaylens.model.prefill.PrefillResult`, the rendered prompt and a
+:data:`REGISTRY` and :func:`make_selector`, :mod:`~relaylens.selectors.protection` (instruction and template
+states kept outside the budget), and :mod:`~relaylens.selectors.kvpress_adapter` (every kvpress scorer press as the
+selector ``kvpress:<PressName>``). In: a :class:`~relaylens.model.prefill.PrefillResult`, the rendered prompt and a
 budget. Out: a sorted :class:`~relaylens.geometry.selection.Selection` (per-state scores, replacement values for
 merging selectors).
 
@@ -38,6 +39,7 @@ from relaylens.selectors.chunkkv import ChunkKV
 from relaylens.selectors.finch import Finch
 from relaylens.selectors.full import FullKV
 from relaylens.selectors.h2o import H2O
+from relaylens.selectors.kvpress_adapter import KvPress, PressError, is_press_selector
 from relaylens.selectors.pyramidkv import PyramidKV
 from relaylens.selectors.random_selector import RandomSelector
 from relaylens.selectors.scissorhands import Scissorhands
@@ -58,14 +60,33 @@ REGISTRY: dict[str, type[Selector]] = {
     "random": RandomSelector,
     "full": FullKV,
 }
+"""Every selector by name (``make_selector(name)``, ``--selector NAME``): one class per file of this package."""
+
+
+def is_selector_name(name: str) -> bool:
+    """True for a registered selector name or a ``kvpress:<PressName>`` selector (checked when built)."""
+    return name in REGISTRY or is_press_selector(name)
+
+
+def selector_class(name: str) -> type[Selector]:
+    """The class a selector name builds (:class:`KvPress` for ``kvpress:<PressName>``)."""
+    if is_press_selector(name):
+        return KvPress
+    key = name.strip().lower()
+    if key not in REGISTRY:
+        raise RelaylensError(f"unknown selector {name!r}; choose one of {sorted(REGISTRY)} or kvpress:<PressName>")
+    return REGISTRY[key]
 
 
 def make_selector(name: str, **kwargs) -> Selector:
     """Build a registered selector by name with hyperparameter overrides, e.g. ``make_selector("adakv",
-    floor_alpha=0.5)``."""
+    floor_alpha=0.5)``, or a kvpress press, ``make_selector("kvpress:SnapKVPress", window_size=64)``
+    (:mod:`~relaylens.selectors.kvpress_adapter`)."""
+    if is_press_selector(name):
+        return KvPress.create(name, **kwargs)
     key = name.strip().lower()
     if key not in REGISTRY:
-        raise RelaylensError(f"unknown selector {name!r}; choose one of {sorted(REGISTRY)}")
+        raise RelaylensError(f"unknown selector {name!r}; choose one of {sorted(REGISTRY)} or kvpress:<PressName>")
     cls = REGISTRY[key]
     fields = {f.name for f in dataclasses.fields(cls)}
     unknown = sorted(set(kwargs) - fields)
@@ -77,6 +98,10 @@ def make_selector(name: str, **kwargs) -> Selector:
 __all__ = [
     "REGISTRY",
     "make_selector",
+    "is_selector_name",
+    "selector_class",
+    "KvPress",
+    "PressError",
     "Budget",
     "Selector",
     "WindowScore",

@@ -72,9 +72,9 @@ class AdaKV(WindowSelector):
     name: ClassVar[str] = "adakv"
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         if not 0.0 <= self.floor_alpha <= 1.0:
             raise RelaylensError(f"AdaKV floor_alpha must lie in [0, 1]; got {self.floor_alpha!r}")
-        super().__post_init__()
 
     def select(self, prefill: PrefillResult, prompt=None, budget: Budget | float | int | str = 0.10) -> Selection:
         length = prefill.history_length

@@ -16,7 +16,11 @@ Example:
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import math
+import types
+import typing
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -123,6 +127,9 @@ class Selector:
     needs_column_sums: ClassVar[bool] = False
     needs_prompt: ClassVar[bool] = False
 
+    def __post_init__(self) -> None:
+        check_hyperparameters(self)  # subclasses call this first, before their range checks
+
     def prepare(self, model, prefill: PrefillResult, prompt=None, factors=None) -> Selector:
         """The selector to use on this record: itself, or a copy carrying what :meth:`select` needs beyond the
         prefill and the prompt (FINCH: its question pass over the full cache). The runner calls it once per record
@@ -138,6 +145,67 @@ class Selector:
         the selector's own ranking picks the source states; a selector that never keeps a protected state returns
         ``source_budget``."""
         return source_budget + protected
+
+
+_PLAIN = (bool, int, float, str)
+_EXPECTED = {bool: "True or False", int: "a whole number", float: "a finite number", str: "text"}
+
+
+@functools.cache
+def _field_types(cls: type) -> dict[str, tuple[type, ...]]:
+    """Per hyperparameter of a selector class, the plain types its annotation allows (``NoneType`` included for
+    ``X | None``); fields of other types (captured data) are left out."""
+    hints = typing.get_type_hints(cls)
+    out = {}
+    for f in dataclasses.fields(cls):
+        hint = hints.get(f.name)
+        allowed = typing.get_args(hint) if isinstance(hint, types.UnionType) or typing.get_origin(hint) is typing.Union \
+            else (hint,)
+        if all(t in _PLAIN or t is type(None) for t in allowed):
+            out[f.name] = tuple(allowed)
+    return out
+
+
+def check_hyperparameters(selector: Selector) -> None:
+    """Refuse a hyperparameter of the wrong type, before anything runs: ``bool`` fields take True/False, ``int``
+    fields whole numbers (not bools, not ``1.5``), ``float`` fields finite numbers, ``str`` fields text; ``X | None``
+    also takes None. Ranges are each selector's own ``__post_init__``.
+
+    >>> from relaylens.selectors.random_selector import RandomSelector
+    >>> RandomSelector(seed=1.5)
+    Traceback (most recent call last):
+    ...
+    relaylens.errors.RelaylensError: selector 'random': seed=1.5 must be a whole number (a float arrived). Fix: e.g. random:seed=0
+    """
+    for name, allowed in _field_types(type(selector)).items():
+        value = getattr(selector, name)
+        if value is None and type(None) in allowed:
+            continue
+        fits = any(_fits(value, kind) for kind in allowed if kind is not type(None))
+        if not fits:
+            default = next(f.default for f in dataclasses.fields(selector) if f.name == name)
+            expected = " or ".join(_EXPECTED[k] if k is not type(None) else "None" for k in allowed)
+            arrived = type(value).__name__
+            raise RelaylensError(f"selector {selector.name!r}: {name}={value!r} must be {expected} "
+                                 f"({'an' if arrived[0] in 'aeiou' else 'a'} {arrived} arrived). Fix: e.g. "
+                                 f"{selector.name}:{name}={default}")
+
+
+def _fits(value, kind: type) -> bool:
+    if kind is bool:
+        return isinstance(value, bool)
+    if isinstance(value, bool):
+        return False
+    if kind is float:
+        return isinstance(value, (int, float)) and math.isfinite(value)
+    return isinstance(value, kind)
+
+
+def check_seed(selector: Selector, seed) -> None:
+    """A generator seed: a whole number in ``0 .. 2**63 - 1`` (what ``torch.Generator.manual_seed`` takes as given)."""
+    if not 0 <= seed < 2**63:
+        raise RelaylensError(f"selector {selector.name!r}: seed={seed!r} must lie in 0..2**63-1. Fix: e.g. "
+                             f"{selector.name}:seed=0")
 
 
 def check_choice(name: str, value, choices) -> None:
@@ -337,6 +405,7 @@ class WindowSelector(Selector):
     needs_window_queries: ClassVar[bool] = True
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         WindowScore(self.window, self.kernel_size, self.pooling, self.gqa_reduction, self.pool_per_query_head)
 
     @property

@@ -98,6 +98,10 @@ class BM25(Selector):
     needs_prompt: ClassVar[bool] = True
 
     def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.k1 < 0 or not 0.0 <= self.b <= 1.0:
+            raise RelaylensError(f"selector 'bm25': k1 must be >= 0 and b in [0, 1]; got k1={self.k1!r}, b={self.b!r}. "
+                                 "Fix: e.g. bm25:k1=1.5,b=0.75")
         if self.granularity not in GRANULARITIES:
             raise RelaylensError(f"BM25 granularity must be one of {GRANULARITIES}; got {self.granularity!r}")
         if self.indexed_text not in INDEXED_TEXTS:

@@ -15,7 +15,7 @@ import torch
 from relaylens.errors import RelaylensError
 from relaylens.model.prefill import PrefillResult
 from relaylens.geometry.selection import Selection
-from relaylens.selectors.base import Budget, WindowSelector, reduce_gqa, resolve_budget, selection_with_window, top_positions
+from relaylens.selectors.base import Budget, WindowSelector, check_seed, reduce_gqa, resolve_budget, selection_with_window, top_positions
 from relaylens.selectors.h2o import column_sums_of
 
 ATTENTION_SOURCES = ("window", "column_sums")
@@ -96,13 +96,14 @@ class CaM(WindowSelector):
     name: ClassVar[str] = "cam"
 
     def __post_init__(self) -> None:
+        super().__post_init__()
+        check_seed(self, self.seed)
         if isinstance(self.merge_size, bool) or not isinstance(self.merge_size, int) or self.merge_size < 1:
             raise RelaylensError(f"CaM merge_size must be a positive int; got {self.merge_size!r}")
         if self.merge_limit is not None and (not isinstance(self.merge_limit, int) or self.merge_limit < 0):
             raise RelaylensError(f"CaM merge_limit must be a non-negative int or None; got {self.merge_limit!r}")
         if self.attention not in ATTENTION_SOURCES:
             raise RelaylensError(f"CaM attention must be one of {ATTENTION_SOURCES}; got {self.attention!r}")
-        super().__post_init__()
 
     def merge_attention(self, prefill: PrefillResult, layer: int) -> torch.Tensor:
         """``A`` over all positions, ``[kv_head, L]`` float32."""

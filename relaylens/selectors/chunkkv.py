@@ -75,11 +75,11 @@ class ChunkKV(WindowSelector):
     name: ClassVar[str] = "chunkkv"
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         for field_name in ("chunk_size", "reuse_layers"):
             value = getattr(self, field_name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise RelaylensError(f"ChunkKV {field_name} must be a positive int; got {value!r}")
-        super().__post_init__()
 
     def select(self, prefill: PrefillResult, prompt=None, budget: Budget | float | int | str = 0.10) -> Selection:
         length, w = prefill.history_length, self.window

@@ -134,6 +134,7 @@ class Finch(Selector):
     coordinates: ClassVar[str] = FINCH_COORDINATES
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         if self.chunk_size is not None and (isinstance(self.chunk_size, bool) or not isinstance(self.chunk_size, int)
                                             or self.chunk_size < 1):
             raise RelaylensError(f"FINCH chunk_size must be a positive int or None; got {self.chunk_size!r}")

@@ -82,6 +82,7 @@ class H2O(Selector):
     needs_column_sums: ClassVar[bool] = True
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         if not 0.0 <= self.recent_ratio <= 1.0:
             raise RelaylensError(f"H2O recent_ratio must lie in [0, 1]; got {self.recent_ratio!r}")
         if self.recent_size is not None and (not isinstance(self.recent_size, int) or self.recent_size < 0):

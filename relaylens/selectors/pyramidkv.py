@@ -80,9 +80,9 @@ class PyramidKV(WindowSelector):
     name: ClassVar[str] = "pyramidkv"
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         if not self.beta >= 1.0:
             raise RelaylensError(f"PyramidKV beta must be >= 1 (min = B/beta <= max = 2B - min); got {self.beta!r}")
-        super().__post_init__()
 
     def schedule(self, history_length: int, num_layers: int, budget: Budget | float | int | str) -> torch.Tensor:
         """Total kept states per layer (window included), ``[layer]`` long, summing to ``N * K``."""

@@ -9,7 +9,7 @@ import torch
 
 from relaylens.model.prefill import PrefillResult
 from relaylens.geometry.selection import Selection
-from relaylens.selectors.base import Budget, Selector, resolve_budget, top_positions
+from relaylens.selectors.base import Budget, Selector, check_seed, resolve_budget, top_positions
 from relaylens.selectors.streaming import uniform_selection
 
 
@@ -36,6 +36,10 @@ class RandomSelector(Selector):
     shared: bool = False
 
     name: ClassVar[str] = "random"
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check_seed(self, self.seed)
 
     def select(self, prefill: PrefillResult, prompt=None, budget: Budget | float | int | str = 0.10) -> Selection:
         length = prefill.history_length

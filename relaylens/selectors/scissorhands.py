@@ -100,6 +100,7 @@ class Scissorhands(Selector):
     needs_window_queries: ClassVar[bool] = True
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         if isinstance(self.history_window, bool) or not isinstance(self.history_window, int) or self.history_window < 1:
             raise RelaylensError(f"Scissorhands history_window must be a positive int; got {self.history_window!r}")
         if isinstance(self.recent, bool) or not isinstance(self.recent, int) or self.recent < 0:

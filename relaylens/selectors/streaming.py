@@ -38,6 +38,7 @@ class StreamingLLM(Selector):
     name: ClassVar[str] = "streaming"
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         if isinstance(self.n_sink, bool) or not isinstance(self.n_sink, int) or self.n_sink < 0:
             raise RelaylensError(f"StreamingLLM n_sink must be a non-negative int; got {self.n_sink!r}")
 

@@ -11,7 +11,7 @@ from support.browser import (  # tests/ helpers
     not_blank,
     run_chromium,
 )
-from support.report_shared import MANIFEST, html, tables, views  # noqa: F401 - shared with the browser tier
+from support.report_shared import LAYERS, MANIFEST, html, tables, views  # noqa: F401 - shared with the browser tier
 
 pytestmark = pytest.mark.browser
 

@@ -12,7 +12,7 @@ pytestmark = pytest.mark.browser
 # ------------------------------------------------------------------------------------------- headless Chromium
 
 
-def _page(tmp_path, views) -> "Path":
+def _page(tmp_path, views):
     page = tmp_path / "view.html"
     page.write_text(f"<!doctype html><html><head><meta charset='utf-8'></head><body>{view_html(views)}</body></html>",
                     encoding="utf-8")

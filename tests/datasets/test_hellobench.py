@@ -110,3 +110,69 @@ def test_bad_weights_file_is_a_named_error(tmp_path):
     (tmp_path / WEIGHTS_FILE).write_text("{not json")
     with pytest.raises(RecordError, match=WEIGHTS_FILE):
         load_records(_write(tmp_path, _item()), format="hellobench")
+
+
+# --- HelloBench's own wording and weights (github.com/Quehry/HelloBench, named in relaylens/data/helloeval_summarization.json)
+
+def test_real_helloeval_checklists_keep_the_length_item_out_of_coverage():
+    """Every category's item 1 ("Is the summary sufficiently long and complete? ... long enough to cover the key
+    information ...") asks about length: ``other``, never coverage; item 2 is factuality, item 3 coverage."""
+    from relaylens.datasets.hellobench import HELLOEVAL, checklist_aspect
+
+    assert sorted(HELLOEVAL["checklists"]) == sorted(CATEGORIES)
+    for category, items in HELLOEVAL["checklists"].items():
+        assert items[1].startswith("Is the summary sufficiently long and complete?") and "cover the key" in items[1]
+        aspects = [checklist_aspect(text) for text in items]
+        assert aspects[1] == "other", category
+        assert aspects.count("factuality") == 1 and aspects[2] == "factuality", (category, aspects)
+        assert aspects.count("coverage") == 1 and aspects[3] == "coverage", (category, aspects)
+
+
+@pytest.mark.parametrize("question, aspect", [
+    ("Is the summary long enough to cover the key points?", "other"),
+    ("Is the summary too short to cover everything important?", "other"),
+    ("Is the summary of an appropriate length for the report?", "other"),
+    ("Is the summary sufficiently lengthy? It should cover all sections.", "other"),
+    ("Does the summary cover the long dialogue's key topics?", "coverage"),
+    ("Is the summary accurate? It should also cover the figures.", "factuality"),
+    ("Does the summary cover the main points? Check that it is accurate.", "coverage"),
+])
+def test_aspect_is_decided_by_the_question_and_length_is_other(question, aspect):
+    from relaylens.datasets.hellobench import checklist_aspect
+
+    assert checklist_aspect(question) == aspect
+
+
+def test_helloeval_weights_are_the_default_and_match_their_checklists():
+    from relaylens.datasets.hellobench import HELLOEVAL
+
+    assert "Quehry/HelloBench" in HELLOEVAL["source"]["repository"] and "WEIGHT_DICT" in HELLOEVAL["source"]["weights"]
+    for category, weights in HELLOEVAL["weights"].items():
+        assert len(weights) == len(HELLOEVAL["checklists"][category]) and sum(weights) == pytest.approx(100.0)
+    assert HELLOEVAL["weights"]["news"][:2] == [5.746318852823619, 18.828108458188307]
+
+
+def test_item_without_checklist_or_weights_gets_the_published_ones(tmp_path):
+    from relaylens.datasets.hellobench import HELLOEVAL
+    from relaylens.scoring.checklist import checklist_metrics
+
+    (record,) = load_records(_write(tmp_path, _item(category="report", checklists=None, num_checklist=None)))
+    checklist = record.meta["checklist"]
+    assert [c["text"] for c in checklist] == HELLOEVAL["checklists"]["report"]
+    assert [c["weight"] for c in checklist] == HELLOEVAL["weights"]["report"]
+    assert record.meta["weights_from"] == "helloeval" and record.meta["checklist_from"] == "helloeval"
+    scores = [1.0, 0.0, 1.0, 0.5, 1.0, 1.0]
+    metrics = checklist_metrics(scores, checklist)
+    weights = HELLOEVAL["weights"]["report"]
+    assert metrics["quality"] == pytest.approx(sum(w * s for w, s in zip(weights, scores)) / 100.0)
+    assert metrics["coverage"] == 0.5 and metrics["factuality"] == 1.0, "the length item is not averaged into coverage"
+
+
+def test_own_checklist_of_the_published_length_takes_the_published_weights(tmp_path):
+    from relaylens.datasets.hellobench import HELLOEVAL
+
+    own = ["Is it clear?", "Is it long enough?", "Is it accurate?", "Does it cover the key facts?", "Requirements?",
+           "Flawless?"]
+    (record,) = load_records(_write(tmp_path, _item(category="blogs", checklists=own, num_checklist=None)))
+    assert [c["weight"] for c in record.meta["checklist"]] == HELLOEVAL["weights"]["blogs"]
+    assert record.meta["weights_from"] == "helloeval" and record.meta["checklist_from"] == "item"

@@ -125,3 +125,39 @@ def test_retention_counts_units_not_conditions():
     assert (table.loc["bm25", "records"], table.loc["bm25", "retained"]) == (2, 1)  # c has no gold: not counted
     assert (table.loc["snapkv", "records"], table.loc["snapkv", "retained"]) == (1, 0)  # partial: not retained
     assert retained_keys(answers) == {("a", "bm25", 0.1)}
+
+
+class Killed(BaseException):
+    """Stands for SIGKILL: nothing in relaylens catches it."""
+
+
+def test_a_killed_judge_pass_is_not_published_until_resumed(finished_run):
+    """`relaylens judge` killed after rewriting some units: the next consolidation (a resumed run, a merge) must not
+    show judge_NAME over those units only; judges.json names the pass as interrupted; re-running it completes it."""
+    from relaylens.reporting.report import write_report
+    from relaylens.results.store import RunStore
+
+    class Dies(Stub):
+        def complete(self, system, user):
+            if self.calls == 3:
+                raise Killed
+            return super().complete(system, user)
+
+    answers = load_tables(finished_run)["answers"]
+    with pytest.raises(Killed):
+        rejudge_run(finished_run, Dies({}, "stub-k"), "stub_k")
+    RunStore.open(finished_run).consolidate()  # what a resumed run or a merge does next
+    assert not load_tables(finished_run)["scores"].metric.str.startswith("judge_stub_k").any()
+    from relaylens.results.store import load_run
+
+    tables, hidden = load_run(finished_run)
+    assert "stub_k" in hidden and "interrupted" in hidden["stub_k"] and "relaylens judge" in hidden["stub_k"]
+    assert json.loads((finished_run / "judges.json").read_text())["stub_k"]["status"] == "incomplete"
+    with pytest.warns(UserWarning, match="judge pass stub_k was interrupted"):
+        html = write_report(finished_run, out=finished_run / "killed.html").read_text()
+    assert "judge pass stub_k was interrupted" in html
+    stub = Stub({}, "stub-k")
+    rejudge_run(finished_run, stub, "stub_k")  # the same command again: resumes from the cached verdicts
+    assert stub.calls <= len(answers) - 2, "the two verdicts given before the kill are cached"
+    tables, hidden = load_run(finished_run)
+    assert (tables["scores"].metric == "judge_stub_k").sum() == len(answers) and "stub_k" not in hidden

@@ -201,3 +201,182 @@ def test_sweep_shard_errors_are_named_per_shard_and_nothing_is_merged(workspace)
     assert not (out / "manifest.json").exists()
     for i in range(2):  # one attempt each: an error of relaylens itself is not retried
         assert len(attempts_path(out, i, 2).read_text().splitlines()) == 1
+
+
+# ------------------------------------------------------------------ issue 28 items 6 and 18: where Ray listens, reaching it
+
+# Starts the sweep's local Ray instance, runs one task (so a worker exists), then lists every listening socket (TCP) and
+# bound UDP socket of this process and its descendants, read from /proc: {"sockets": [[pid, command, address]], ...}.
+LOCAL_SOCKETS = r"""
+import json, os, socket, struct
+from relaylens.experiments.ray_connect import import_ray, start_ray
+from relaylens.experiments.sweep import SweepOptions
+
+def descendants(root):
+    parents = {}
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            stat = open(f"/proc/{pid}/stat").read()
+        except OSError:
+            continue
+        parents[int(pid)] = int(stat.rsplit(")", 1)[1].split()[1])
+    tree, grew = {root}, True
+    while grew:
+        grew = False
+        for pid, parent in parents.items():
+            if parent in tree and pid not in tree:
+                tree.add(pid); grew = True
+    return tree
+
+def listening():
+    found = {}
+    for name, state in (("tcp", "0A"), ("tcp6", "0A"), ("udp", "07"), ("udp6", "07")):
+        for line in open(f"/proc/net/{name}").read().splitlines()[1:]:
+            fields = line.split()
+            if fields[3] != state:
+                continue
+            hexip, port = fields[1].split(":")
+            raw = bytes.fromhex(hexip)
+            if len(raw) == 4:
+                ip = socket.inet_ntop(socket.AF_INET, raw[::-1])
+            else:
+                ip = socket.inet_ntop(socket.AF_INET6, b"".join(raw[i:i + 4][::-1] for i in range(0, 16, 4)))
+            found[fields[9]] = f"{ip}:{int(port, 16)}"
+    return found
+
+ray = import_ray()
+start_ray(ray, SweepOptions(shards=1))
+try:
+    assert ray.get(ray.remote(lambda: 1).remote()) == 1
+    bound, out = listening(), []
+    for pid in sorted(descendants(os.getpid())):
+        try:
+            command = open(f"/proc/{pid}/cmdline").read().replace("\0", " ")[:160]
+            links = [os.readlink(f"/proc/{pid}/fd/{fd}") for fd in os.listdir(f"/proc/{pid}/fd")]
+        except OSError:
+            continue
+        out += [[pid, command, bound[l[8:-1]]] for l in links if l.startswith("socket:[") and l[8:-1] in bound]
+    print(json.dumps({"sockets": out, "node": ray.util.get_node_ip_address()}))
+finally:
+    ray.shutdown()
+"""
+
+
+def _is_loopback(address: str) -> bool:
+    import ipaddress
+
+    host = address.rsplit(":", 1)[0]
+    ip = ipaddress.ip_address(host)
+    return ip.is_loopback or (ip.version == 6 and ip.ipv4_mapped is not None and ip.ipv4_mapped.is_loopback)
+
+
+def test_local_sweep_ray_listens_on_loopback_only_without_a_dashboard():
+    """A local sweep's Ray (GCS, raylet, agents, workers, the driver's own server) listens on 127.0.0.1 only: it used
+    to bind the GCS and every gRPC server to all interfaces, reachable from the network."""
+    _ray_available()
+    result = subprocess.run([sys.executable, "-c", LOCAL_SOCKETS], capture_output=True, text=True, timeout=500,
+                            env=CLI_ENV)
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = json.loads(result.stdout.strip().splitlines()[-1])
+    sockets = report["sockets"]
+    assert any("gcs_server" in command for _, command, _ in sockets), sockets  # the servers were found
+    exposed = [s for s in sockets if not _is_loopback(s[2])]
+    assert not exposed, f"sockets of the local Ray instance listen beyond loopback: {exposed}"
+    assert report["node"] == "127.0.0.1"
+    assert not any("dashboard/dashboard.py" in command for _, command, _ in sockets), "a dashboard was started"
+
+
+def test_sweep_with_nothing_at_the_ray_address_fails_within_seconds(workspace):
+    """`--ray-address 127.0.0.1:1` (nothing listening) hung for over ten minutes; now one line, in seconds."""
+    _ray_available()
+    started = time.monotonic()
+    result = _cli(_args(workspace, "sweep", workspace[0] / "unreachable", "--shards", "2", "--ray-address",
+                        "127.0.0.1:1", "--no-report"), hide_ray=False, check=False, timeout=240)
+    assert result.returncode == 2, result.stderr[-3000:]
+    error = next(line for line in result.stderr.splitlines() if line.startswith("error:"))
+    assert "cannot reach Ray at 127.0.0.1:1" in error and "Fix" in error and "Traceback" not in result.stderr
+    assert time.monotonic() - started < 200  # importing Ray on a loaded machine takes most of it
+
+
+NOT_RAY = r"""
+import json, socket, sys, time
+from relaylens.experiments.ray_connect import import_ray, start_ray
+from relaylens.experiments.sweep import SweepError, SweepOptions
+
+ray = import_ray()
+server = socket.socket()
+server.bind(("127.0.0.1", 0))
+server.listen()  # accepts connections but never answers as Ray (and Ray itself dials the node's address, not 127.0.0.1)
+started = time.monotonic()
+try:
+    start_ray(ray, SweepOptions(shards=1, ray_address=f"127.0.0.1:{server.getsockname()[1]}", connect_timeout_s=5))
+    print(json.dumps({"connected": True}))
+except SweepError as err:
+    print(json.dumps({"error": str(err), "seconds": time.monotonic() - started}))
+"""
+
+
+def test_a_ray_address_where_no_ray_answers_gives_up_after_the_connect_timeout():
+    _ray_available()
+    result = subprocess.run([sys.executable, "-c", NOT_RAY], capture_output=True, text=True, timeout=300, env=CLI_ENV)
+    assert result.returncode == 0, result.stderr[-3000:]  # and the process exits: the abandoned join does not hang it
+    outcome = json.loads(result.stdout.strip().splitlines()[-1])
+    assert "no Ray cluster answered within 5 s" in outcome["error"] and "Fix" in outcome["error"]
+    assert outcome["seconds"] < 30
+
+
+@pytest.mark.parametrize("address", ["127.0.0.1", "head:port", "ray://", "10.0.0.1:70000"])
+def test_a_malformed_ray_address_is_refused_before_ray_starts(address):
+    from relaylens.experiments.sweep import SweepError, SweepOptions
+
+    with pytest.raises(SweepError, match=rf"--ray-address '{address}' is not a Ray address.*Fix"):
+        SweepOptions(shards=1, ray_address=address)
+
+
+class _FakeRay:
+    """Records how the sweep calls ``ray.init`` and answers with ``node`` as the node's address."""
+
+    def __init__(self, node: str):
+        import types
+
+        self.calls, self.shutdowns, self.node = [], 0, node
+        self.util = types.SimpleNamespace(get_node_ip_address=lambda: self.node)
+
+    def is_initialized(self):
+        return False
+
+    def init(self, **kwargs):
+        from relaylens.experiments.ray_connect import LOOPBACK_ONLY
+
+        self.calls.append({**kwargs, "loopback_env": os.environ.get(LOOPBACK_ONLY)})
+
+    def shutdown(self):
+        self.shutdowns += 1
+
+    def cluster_resources(self):
+        return {"CPU": 2.0}
+
+
+@pytest.mark.parametrize("dashboard", [False, True])
+def test_local_ray_starts_in_single_machine_mode_with_the_dashboard_only_when_asked(dashboard, monkeypatch):
+    from relaylens.experiments.ray_connect import LOOPBACK_ONLY, start_ray
+    from relaylens.experiments.sweep import SweepOptions
+
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    monkeypatch.delenv(LOOPBACK_ONLY, raising=False)
+    ray = _FakeRay("127.0.0.1")
+    assert start_ray(ray, SweepOptions(shards=1, dashboard=dashboard)) is True
+    (call,) = ray.calls
+    assert call["loopback_env"] == "0" and call["include_dashboard"] is dashboard and call["dashboard_host"] == "127.0.0.1"
+    assert os.environ.get(LOOPBACK_ONLY) is None  # restored once Ray has started
+
+
+def test_a_local_ray_bound_beyond_loopback_is_shut_down_and_refused(monkeypatch):
+    from relaylens.experiments.ray_connect import start_ray
+    from relaylens.experiments.sweep import SweepError, SweepOptions
+
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    ray = _FakeRay("192.0.2.2")
+    with pytest.raises(SweepError, match=r"bound to 192\.0\.2\.2, not to the loopback address.*Fix"):
+        start_ray(ray, SweepOptions(shards=1))
+    assert ray.shutdowns == 1

@@ -9,12 +9,11 @@ import re
 
 import pandas as pd
 import pytest
-from support.report_shared import MANIFEST, html, tables, views  # noqa: F401 - shared with the browser tier
+from support.report_shared import HEADS, LAYERS, MANIFEST, html, tables, views  # noqa: F401 - shared with the browser tier
 
 from relaylens.reporting import figures, report, summaries
 from relaylens.results.tables import example_tables
 
-LAYERS, HEADS = 4, 2
 
 
 @pytest.fixture(autouse=True)

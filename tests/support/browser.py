@@ -23,11 +23,12 @@ def chromium() -> str:
     pytest.skip(reason)
 
 
-def run_chromium(binary: str, page: Path, tmp: Path, *mode: str, fragment: str = "") -> subprocess.CompletedProcess:
+def run_chromium(binary: str, page: Path, tmp: Path, *mode: str, fragment: str = "",
+                 query: str = "") -> subprocess.CompletedProcess:
     args = [binary, "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
             "--disable-component-update", "--no-first-run", "--disable-extensions", "--mute-audio",
             f"--user-data-dir={tmp / 'profile'}", "--enable-logging=stderr", "--v=0", "--window-size=1200,2000",
-            *mode, page.resolve().as_uri() + (f"#{fragment}" if fragment else "")]
+            *mode, page.resolve().as_uri() + (f"?{query}" if query else "") + (f"#{fragment}" if fragment else "")]
     return subprocess.run(args, capture_output=True, text=True, timeout=90)
 
 

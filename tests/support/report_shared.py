@@ -7,10 +7,11 @@ import pytest
 from relaylens.reporting import report
 from relaylens.results.tables import example_tables
 
-LAYERS, HEADS = 4, 2  # the fabricated run's shape (the same in test_report.py)
+LAYERS, HEADS = 4, 2  # the constructed tables' and views' layers and heads (test_report.py and its browser tier)
 MANIFEST = {"analysis": "evidence_reading", "config": {"spec": {"figures": ["figure6"]}},
             "model": {"spec": "https://example.org/tiny-model", "weights_hash": "ab" * 32},
             "dataset": {"path": "/data/lme.json", "sha256": "cd" * 32}, "created_at": "2026-01-01T00:00:00+00:00"}
+
 
 
 @pytest.fixture(scope="module")

@@ -30,7 +30,8 @@ def unit_rows(record_id: str, selector: str = "bm25", budget: float = 0.1, clust
                                         stop_reason="eos", hit_limit=False, new_tokens=3 + j, history_length=100,
                                         max_count=10, mean_count=9.5, question_start=100 if cond == "original" else 10,
                                         gold_units_total=2, gold_units_kept=1, references='["x"]', elapsed_s=0.01,
-                                        prefill_s=0.1, selection_s=0.01, batch_rows=1))
+                                        prefill_s=0.1, selection_s=0.01, batch_rows=1,
+                                        first_token_eos_prob=0.05))
         scores.append(key | rec | dict(condition=cond, metric="f1", value=0.5 * j + bump))
         scores.append(key | rec | dict(condition=cond, metric="judge", value=math.nan))
         for layer in (1, 0):

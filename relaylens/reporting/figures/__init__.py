@@ -7,11 +7,12 @@ choice accuracy), else ``contains`` with ``f1`` alongside (``--metric`` chooses;
 are 95% paired cluster-bootstrap intervals (:mod:`relaylens.reporting.bootstrap`, through :mod:`relaylens.reporting.summaries`).
 
 One file per figure, named after its analysis; :mod:`relaylens.reporting.figures.registry` holds the registry
-(:data:`REGISTRY`, by name; ``SPEC.figures`` of each analysis names its entries) and the run-directory writer.
+(:data:`REGISTRY`, by name; ``SPEC.figures`` of each analysis names its entries), :mod:`~relaylens.reporting.figures.writer`
+the run-directory writer.
 
-====================== ====== ====================== =========================================================================
+====================== ====== ====================== =============================================================================
 name                   kind   file                   what
-====================== ====== ====================== =========================================================================
+====================== ====== ====================== =============================================================================
 table1                 table  main_table             accuracy per selector and condition, paired difference vs original
 table2                 table  infinitebench          InfiniteBench per task: official metric, original vs relay, paired delta
 table6                 table  question_types         accuracy per question type
@@ -22,6 +23,7 @@ table11                table  summarization          the same checklist scores p
 cross_judge            table  cross_judge            gain under each judge, agreement and Cohen's kappa
 layer_bands            table  evidence_reading       evidence reading by early / middle / late band (deltas vs original)
 table3                 table  overhead               complete-request time per condition and overhead over original
+answering              table  answering              empty answers, first-token end-of-answer probability, accuracy over non-empty
 figure3                figure budget_curves          accuracy vs budget, one panel per selector, original vs relay
 figure4                figure coordinate_ablation    per-condition means and paired differences vs original, band deltas
 figure5                figure ordering               source / score / reverse / RandomMean and the seed spread
@@ -32,23 +34,24 @@ layer_scope            figure layer_scope            relay per band / layer type
 learned_geometry       figure learned_geometry       learned b, s, alpha per layer vs relay; train/test curves; learned vs relay
 learned_table          table  learned_geometry       learned vs relay and original on the test records, paired intervals
 positional_sensitivity figure positional_sensitivity d log p / d b and d / d s per layer x kv head, per condition
-====================== ====== ====================== =========================================================================
+====================== ====== ====================== =============================================================================
 
 Example:
     >>> sorted(REGISTRY)  # doctest: +NORMALIZE_WHITESPACE
-    ['alignment', 'cross_judge', 'figure3', 'figure4', 'figure5', 'figure6', 'figure6_attribution',
-     'layer_bands', 'layer_scope', 'learned_geometry', 'learned_table', 'positional_sensitivity', 'table1', 'table10',
-     'table11', 'table2', 'table3', 'table6', 'table7', 'table8']
+    ['alignment', 'answering', 'cross_judge', 'figure3', 'figure4', 'figure5', 'figure6', 'figure6_attribution',
+     'layer_bands', 'layer_scope', 'learned_geometry', 'learned_table', 'positional_sensitivity', 'table1',
+     'table10', 'table11', 'table2', 'table3', 'table6', 'table7', 'table8']
 """
 
 from __future__ import annotations
 
 from relaylens.reporting.figures import (  # noqa: F401 - importing a figure file registers its entries
-    alignment, budget_curves, coordinate_ablation, cross_judge, evidence_attribution, evidence_reading, finch_comparison,
-    infinitebench, layer_scope, learned_geometry, main_table, ordering, overhead, paired_settings, positional_sensitivity,
-    question_types, summarization)
+    alignment, answering, budget_curves, coordinate_ablation, cross_judge, evidence_attribution, evidence_reading,
+    finch_comparison, infinitebench, layer_scope, learned_geometry, main_table, ordering, overhead, paired_settings,
+    positional_sensitivity, question_types, summarization)
 from relaylens.reporting.figures.registry import (COMPANIONS, ORDER, REGISTRY, FigureEntry, FigureError, build, names,
-                                        select_figures, supported, write_entry, write_figures)
+                                        select_figures, supported)
+from relaylens.reporting.figures.writer import write_entry, write_figures
 REGISTRY.update({name: REGISTRY.pop(name) for name in names()})  # iteration order = drawing order (ORDER first)
 
 __all__ = ["REGISTRY", "ORDER", "COMPANIONS", "FigureEntry", "FigureError", "build", "names", "select_figures",

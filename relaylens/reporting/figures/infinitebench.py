@@ -2,16 +2,17 @@
 RoPERelay coordinates, with the paired difference.
 
 Built from the run's tables only. Rows: one per (task, selector, budget); columns: the task's metric, ``n`` paired
-records, ``original`` / ``relay`` means with 95% cluster-bootstrap intervals (``_low`` / ``_high``), ``delta =
-relay - original`` paired by record with its interval, and ``skipped`` (records of the task the length filter
-skipped, when the run has a ``skipped`` table).
+records, ``original`` / ``relay`` means with 95% cluster-bootstrap intervals (``_low`` / ``_high``) over those same
+valid pairs (so ``delta = relay - original`` of the printed means even when some rows failed), ``delta`` paired
+by record with its interval, ``skipped`` (records of the task the length filter skipped, when the run has a
+``skipped`` table) and ``flag`` (fewer than 10 clusters, or no valid pair: the intervals are unreliable).
 """
 
 from __future__ import annotations
 
 import pandas as pd
 
-from relaylens.reporting.bootstrap import condition_means, paired_difference
+from relaylens.reporting.bootstrap import PAIR_COLUMNS, condition_means, few_clusters, paired_difference, paired_values
 from relaylens.reporting.figures.registry import register
 from relaylens.results.tables import get_table
 
@@ -21,7 +22,7 @@ En.Dia counts an answer right when the label is one of its words (``contains`` f
 accuracy, En.QA the SQuAD token F1 without number normalisation."""
 TASK_LABELS = {"longdialogue_qa_eng": "En.Dia", "longbook_choice_eng": "En.MC", "longbook_qa_eng": "En.QA"}
 COLUMNS = ["task", "label", "metric", "selector", "budget", "n", "original", "original_low", "original_high", "relay",
-           "relay_low", "relay_high", "delta", "delta_low", "delta_high", "skipped"]
+           "relay_low", "relay_high", "delta", "delta_low", "delta_high", "skipped", "flag"]
 
 
 def _skipped(tables: dict, task: str) -> int:
@@ -51,10 +52,14 @@ def table2(tables: dict, reference: str = "original", condition: str = "relay") 
         for (selector, budget), g in df.groupby(["selector", "budget"], sort=True):
             if not {reference, condition} <= set(g["condition"]):
                 continue
-            means = condition_means(g, metric, by=("condition",)).set_index("condition")
             diff = paired_difference(g, metric, a=condition, b=reference)
+            pairs, _ = paired_values(g, metric, condition, reference)  # the means over the pairs the delta uses
+            valid = g.merge(pairs[PAIR_COLUMNS], on=PAIR_COLUMNS, how="inner")
+            means = condition_means(valid, metric, by=("condition",)).set_index("condition")
+            means = means.reindex([reference, condition])  # no valid pair: NaN means
             row = {"task": task, "label": TASK_LABELS[task], "metric": metric, "selector": selector,
-                   "budget": budget, "n": diff.n, "skipped": _skipped(tables, task)}
+                   "budget": budget, "n": diff.n, "skipped": _skipped(tables, task),
+                   "flag": few_clusters(diff.n_clusters, diff.n)}
             for name in (reference, condition):
                 row |= {name: means.at[name, "mean"], f"{name}_low": means.at[name, "low"],
                         f"{name}_high": means.at[name, "high"]}

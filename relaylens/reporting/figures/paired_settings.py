@@ -1,7 +1,9 @@
 """Table 8, the paper's (``analyses/main_table.py`` grid): per setting (model, dataset, selector, budget) the paired
-RoPERelay - Original difference of the run's metric with its 95% cluster-bootstrap interval (10,000 resamples), and
-how many settings improve ("N of M settings improve"). Several run directories (``relaylens figures RUN...``) make
-the model x dataset grid."""
+RoPERelay - Original difference of the run's metric with its 95% cluster-bootstrap interval (10,000 resamples), the
+two means over the same valid pairs (they reconcile with the difference when a judge failed on some rows), and how
+many settings improve ("N of M settings improve", over the settings with a valid pair). A setting with fewer than
+10 clusters is flagged (``flag``; its interval takes few distinct values). Several run directories
+(``relaylens figures RUN...``) make the model x dataset grid."""
 
 from __future__ import annotations
 
@@ -32,7 +34,7 @@ def table8_lines(scores: pd.DataFrame, metrics) -> list[tuple[str, str]]:
         t8 = paired_settings_table(scores, metric)
         if len(t8):
             deltas = ", ".join(f"{_setting(r)} {r.delta:+.3f} [{r.delta_low:+.3f}, {r.delta_high:+.3f}]"
-                               for r in t8.itertuples())
+                               + (f" - {r.flag}" if r.flag else "") for r in t8.itertuples())
             lines.append((f"Table 8 ({metric})", f"{settings_count(t8)}: {deltas}"))
     return lines
 

@@ -1,5 +1,5 @@
 """The figure registry: every paper figure and table as ``build(tables) -> Figure | DataFrame``, what each needs,
-which ones a run draws, and writing them into a run directory.
+and which ones a run draws (writing them into a run directory: :mod:`relaylens.reporting.figures.writer`).
 
 One file per figure, named after the analysis it draws (``figures/ordering.py`` draws what ``analyses/ordering.py``
 runs); each registers its entries with :func:`register`. A new figure is one new file plus one import line in
@@ -14,8 +14,8 @@ Example:
 
 from __future__ import annotations
 
-import json
 import re
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Sequence
@@ -23,14 +23,13 @@ from typing import Callable, Sequence
 import pandas as pd
 from matplotlib.figure import Figure
 
-from relaylens.results.atomic import write_atomic
 from relaylens.reporting import plots
 from relaylens.errors import RelaylensError
-from relaylens.reporting.summaries import REFERENCE, accuracy_scores, table_markdown
+from relaylens.reporting.summaries import REFERENCE, accuracy_scores
 from relaylens.results.tables import get_table
 
 __all__ = ["REGISTRY", "ORDER", "COMPANIONS", "FigureEntry", "FigureError", "register", "names", "supported",
-           "build", "check_not_empty", "select_figures", "write_entry", "write_figures", "load_run_tables",
+           "build", "check_not_empty", "select_figures", "figure_plan", "footer_lines", "prepare_tables",
            "cross_run_entries", "needs_scores",
            "needs_answers", "needs_other_conditions", "needs_budgets", "needs_ordering", "needs_rank_sync",
            "needs_probes"]
@@ -40,7 +39,8 @@ ORDER = ("table1", "table2", "table6", "table7", "table8", "table10", "table11",
 """The order in which entries are drawn and listed (entries not named here follow, in registration order)."""
 CROSS_RUN = ("table1", "table8", "cross_judge")
 """Entries built across several run directories (one per model x dataset)."""
-COMPANIONS = {"figure6": ("layer_bands", "figure6_attribution"), "table1": ("table8", "cross_judge")}
+COMPANIONS = {"figure6": ("layer_bands", "figure6_attribution"), "table1": ("table8", "cross_judge", "answering"),
+              "figure4": ("answering",)}
 """Entries drawn together with an entry named in ``SPEC.figures`` (Figure 6's numbers are the layer-band table and
 its attribution companion is drawn when the probes table has attribution readouts; Table 1's paired differences per
 setting are Table 8; a second judge adds the cross-judge table)."""
@@ -141,8 +141,9 @@ def supported(tables: dict, name: str) -> str | None:
 
 
 def check_not_empty(tables: dict) -> None:
-    """Raise :class:`FigureError` when every result table is empty."""
-    if not any(len(get_table(tables, n)) for n in ("answers", "scores", "probes")):
+    """Raise :class:`FigureError` when every result table is empty (a run whose units were all skipped is not
+    empty: its ``skipped`` table says why)."""
+    if not any(len(get_table(tables, n)) for n in ("answers", "scores", "probes", "skipped")):
         raise FigureError("the run's result tables are empty (no committed units). Fix: run or resume the analysis "
                           "(`relaylens run ANALYSIS --out RUN_DIR`) before drawing figures")
 
@@ -171,6 +172,9 @@ def footer_lines(tables: dict) -> list[str]:
     from relaylens.reporting.retention import retention_lines
 
     lines = [tables["metric_note"]] if tables.get("metric_note") else []
+    progress = (tables.get("run_status") or {}).get("planned")
+    if progress and progress[0] < progress[1]:
+        lines.append(f"incomplete run: {progress[0]} of {progress[1]} planned units")
     answers = get_table(tables, "answers")
     if len(answers):
         retained = retention_lines(answers)
@@ -194,18 +198,29 @@ def prepare_tables(tables: dict, metric: str | None = None, retained_only: bool 
     return out
 
 
-# ------------------------------------------------------------------------------------------------ run drawing
+# ------------------------------------------------------------------------------------------------ choosing
 
 def _spec_figures(manifest: dict) -> list[str] | None:
-    spec = (manifest.get("config") or {}).get("spec") or {}
-    listed = spec.get("figures")
+    """``SPEC.figures`` as the manifest records it; a malformed spec is warned about and ignored."""
+    config = manifest.get("config")
+    spec = config.get("spec") if isinstance(config, dict) else None
+    listed = spec.get("figures") if isinstance(spec, dict) else None
+    if spec is not None and not isinstance(spec, dict) or listed and (
+            not isinstance(listed, (list, tuple)) or not all(isinstance(n, str) for n in listed)):
+        what = (f"config.spec should be an object (the analysis spec), got {type(spec).__name__}"
+                if not isinstance(spec, dict) else f"config.spec.figures should be a list of names, got {listed!r}")
+        warnings.warn(f"the manifest's {what}: the figures are chosen from the tables alone. Fix: restore "
+                      "manifest.json, or pass --only NAMES", stacklevel=3)
+        return None
     return list(listed) if listed else None
 
 
-def select_figures(tables: dict, manifest: dict | None = None, only: str | Sequence[str] | None = None,
-                   all_supported: bool = False) -> list[str]:
-    """The entries to draw: ``only`` (a name, comma-separated names or a list); else the analysis's ``SPEC.figures`` (from the manifest) with companions;
-    else (or with ``all_supported``) every entry the tables support."""
+def figure_plan(tables: dict, manifest: dict | None = None, only: str | Sequence[str] | None = None,
+                all_supported: bool = False) -> tuple[list[str], dict[str, str]]:
+    """``(entries to draw, {entry of SPEC.figures not drawn: why, and how to get it})``: ``only`` (a name,
+    comma-separated names or a list); else the analysis's ``SPEC.figures`` (from the manifest) with companions; else
+    (or with ``all_supported``, or when none of ``SPEC.figures`` can be built) every entry the tables support. Each
+    entry's ``needs`` says why it cannot be built and how to get it."""
     check_not_empty(tables)
     if only:
         chosen = [n.strip() for n in only.split(",") if n.strip()] if isinstance(only, str) else list(only)
@@ -213,86 +228,29 @@ def select_figures(tables: dict, manifest: dict | None = None, only: str | Seque
             reason = supported(tables, name)
             if reason:
                 raise FigureError(f"cannot build {name}: {reason}")
-        return chosen
+        return chosen, {}
     spec = None if all_supported else _spec_figures(manifest or {})
+    not_drawn = {}
     if spec:
         chosen = []
         for name in spec:
             chosen += [name] + list(COMPANIONS.get(name, ()))
+        for name in dict.fromkeys(spec):
+            reason = supported(tables, name) if name in REGISTRY else "not a registered figure or table"
+            if reason:
+                not_drawn[name] = reason
         chosen = [n for n in dict.fromkeys(chosen) if n in REGISTRY and supported(tables, n) is None]
         if chosen:
-            return chosen
-    return [n for n in names() if supported(tables, n) is None]
+            return chosen, not_drawn
+    return [n for n in names() if supported(tables, n) is None], not_drawn
 
 
-def load_run_tables(run_dirs: Sequence[str | Path], metric: str | None = None,
-                    retained_only: bool = False) -> tuple[dict, dict]:
-    """``(tables, manifest)`` ready to draw (:func:`prepare_tables`): one run's tables and manifest, or several runs
-    (one per model x dataset) as one grid (:func:`relaylens.reporting.crossrun.load_runs`) with the manifest
-    ``{"analysis": "cross-run", "runs": [{"model", "dataset", "run_dir"}, ...]}``."""
-    from relaylens.reporting.crossrun import load_runs
-    from relaylens.results.store import RunStore, load_tables
-
-    if len(run_dirs) == 1:
-        manifest = RunStore.open(run_dirs[0]).manifest
-        return prepare_tables(load_tables(run_dirs[0]), metric, retained_only), manifest
-    grid, labels = load_runs(run_dirs)
-    return prepare_tables(grid, metric, retained_only), {"analysis": "cross-run", "runs": labels}
+def select_figures(tables: dict, manifest: dict | None = None, only: str | Sequence[str] | None = None,
+                   all_supported: bool = False) -> list[str]:
+    """The entries to draw (:func:`figure_plan`)."""
+    return figure_plan(tables, manifest, only, all_supported)[0]
 
 
 def cross_run_entries(tables: dict) -> list[str]:
     """The cross-run entries (:data:`CROSS_RUN`) the grid's tables support."""
     return [n for n in CROSS_RUN if supported(tables, n) is None]
-
-
-def write_entry(name: str, tables: dict, out_dir: str | Path, formats: Sequence[str] = plots.FORMATS) -> list[Path]:
-    """Build one entry and write it: figures as ``name.<fmt>``, tables as ``name.csv`` and ``name.md``."""
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    result = build(name, tables)
-    if isinstance(result, pd.DataFrame):
-        csv, md = out_dir / f"{name}.csv", out_dir / f"{name}.md"
-        write_atomic(csv, result.to_csv(index=False, float_format="%.6g", lineterminator="\n"))
-        notes = [result.attrs["note"]] if result.attrs.get("note") else []
-        notes += footer_lines(tables)
-        write_atomic(md, f"**{REGISTRY[name].title}**\n\n" + table_markdown(result)
-                     + "".join(f"\n{line}\n" for line in notes))
-        return [csv, md]
-    return plots.save_figure(result, out_dir / name, formats)
-
-
-def write_figures(run_dir: str | Path, only: str | Sequence[str] | None = None,
-                  formats: Sequence[str] = plots.FORMATS, all_supported: bool = False,
-                  progress: Callable[[str], None] | None = None, metric: str | None = None,
-                  retained_only: bool = False, out: str | Path | None = None) -> list[Path]:
-    """Draw the run's figures/tables into ``RUN_DIR/figures/`` (see :func:`select_figures`); returns the files.
-
-    ``metric`` is a ``--metric`` name (default: the paper's metric when the run has it); ``retained_only`` restricts
-    probe figures to records whose gold evidence survived (:func:`prepare_tables`). Several run directories (one
-    per model x dataset) build the cross-run tables (:data:`CROSS_RUN`) into ``out``."""
-    for fmt in formats:
-        if fmt not in plots.FORMATS:
-            raise FigureError(f"unknown figure format {fmt!r}; choose from {', '.join(plots.FORMATS)}")
-    run_dirs = [Path(run_dir)] if isinstance(run_dir, (str, Path)) else [Path(d) for d in run_dir]
-    if len(run_dirs) > 1 and out is None:
-        raise FigureError("several run directories make cross-run tables; pass --out DIR for them")
-    tables, manifest = load_run_tables(run_dirs, metric, retained_only)
-    out_dir = Path(out) if out else run_dirs[0] / "figures"
-    if len(run_dirs) == 1:
-        chosen = select_figures(tables, manifest, only, all_supported)
-    else:
-        chosen = select_figures(tables, manifest, only or cross_run_entries(tables))
-    from contextlib import nullcontext
-
-    from relaylens.results.locks import run_lock
-
-    paths = []
-    with run_lock(run_dirs[0], "figures") if len(run_dirs) == 1 else nullcontext():  # one writer per run directory
-        for name in chosen:
-            if progress:
-                progress(name)
-            paths += write_entry(name, tables, out_dir, formats)
-        index = {"analysis": manifest.get("analysis"), "entries": chosen,
-                 "files": [p.name for p in paths]}
-        write_atomic(out_dir / "index.json", json.dumps(index, indent=2, sort_keys=True) + "\n")
-    return paths

@@ -41,7 +41,9 @@ def needs_checklist(tables: dict) -> str | None:
     """Why Tables 10-11 cannot be built (no checklist-judged summaries), or None."""
     scores = get_table(tables, "scores")
     if not (scores["metric"] == FAILED + judge_suffix(tables)).any():
-        return "no checklist judge scores (run the summarization analysis with --judge-model/--judge-url, or stub)"
+        return ("no checklist judge scores (the run was not judged). Fix: run the summarization analysis with "
+                "--judge-model (with --judge-url, or --judge-model stub), or judge the finished run: `relaylens judge "
+                "RUN_DIR --judge-model MODEL --max-tokens 2048`, then draw with --metric quality_NAME")
     return None
 
 
