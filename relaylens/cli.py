@@ -290,6 +290,20 @@ def _spec_and_config(p: dict):
     return spec, config
 
 
+def _learn_options(module, options: dict):
+    """The analysis's ``OPTIONS`` with the learned-geometry flags applied (None for analyses without its own runner;
+    those flags are refused there)."""
+    given = {name: options.get(name) for name in LEARN_OPTIONS if options.get(name) is not None}
+    if getattr(module, "RUN", None) is None:
+        if given:
+            flags = ", ".join("--" + name.replace("_", "-") for name in given)
+            _fail(f"{flags} apply to learned_geometry only; analysis {module.SPEC.name} has no such option")
+        return None
+    if "answer_tokens" in given:
+        given["max_answer_tokens"] = given.pop("answer_tokens")
+    return _guard(module.OPTIONS.replace, **given)
+
+
 def _print_summary(run_dir) -> None:
     """The accuracy table, evidence retention and skipped records of a finished run (stdout)."""
     from relaylens.experiments.summary import run_summary
@@ -303,6 +317,8 @@ def _print_summary(run_dir) -> None:
 
 _MODEL, _DATA, _SELECT, _DECODE, _JUDGE, _OUTPUT = ("Model and placement", "Data", "Selection and conditions", "Decoding",
                                                     "Judge", "Output and scale")
+_LEARN = "Learned geometry (learned_geometry only)"
+LEARN_OPTIONS = ("steps", "learning_rate", "sharing", "batch_records", "eval_every", "train_fraction", "answer_tokens")
 
 
 def _option(name: str, annotation, *decls: str, panel: str, **kw) -> inspect.Parameter:
@@ -358,6 +374,16 @@ RUN_OPTIONS = [
             panel=_OUTPUT),
     _option("view_records", int, "--view-records", default=3, min=0, help="store the token view (per-token attention "
             "of the final question token) for the first N records with probes", panel=_OUTPUT),
+    _option("steps", int, "--steps", help="Adam steps (default 40)", panel=_LEARN),
+    _option("learning_rate", float, "--learning-rate", help="Adam step size on log b, log s and alpha (default 0.05)",
+            panel=_LEARN),
+    _option("sharing", str, "--sharing", help="parameters shared: global, layer (default) or head", panel=_LEARN),
+    _option("batch_records", int, "--batch-records", help="train records per step (default 8; 0: all)", panel=_LEARN),
+    _option("eval_every", int, "--eval-every", help="steps between test log-likelihoods (default 10)", panel=_LEARN),
+    _option("train_fraction", float, "--train-fraction", help="share of the records (whole clusters) that train "
+            "(default 0.5; the split is seeded by --seed)", panel=_LEARN),
+    _option("answer_tokens", int, "--answer-tokens", help="reference-answer tokens teacher-forced per record (default "
+            "16)", panel=_LEARN),
 ]
 
 
@@ -375,9 +401,15 @@ def run(analysis: str = typer.Argument(..., help="analysis name (analyses/NAME.p
         **options) -> None:
     """Run (or resume) an analysis; every condition of a record shares one prefill and one selection."""
     from relaylens.experiments.runner import run_analysis
+    from relaylens.experiments.specs import load_analysis
 
     spec, config = _spec_and_config({"analysis": analysis, **options})
-    run_dir = _guard(run_analysis, spec, config)
+    module = _guard(load_analysis, analysis)
+    learn = _learn_options(module, options)
+    if learn is not None:
+        run_dir = _guard(module.RUN, spec, config, learn)
+    else:
+        run_dir = _guard(run_analysis, spec, config)
     _print_summary(run_dir)
     console.print(f"[green]run directory[/] {run_dir}")
     shard = options["shard"]
@@ -408,8 +440,14 @@ def sweep(
 
     Takes every option of `relaylens run`. RUN_DIR (--out) must be on storage every Ray worker sees; each shard writes
     RUN_DIR/shards/I-of-N. Needs the ray extra: pip install 'relaylens[ray]'."""
+    from relaylens.experiments.specs import load_analysis
     from relaylens.experiments.sweep import SweepOptions, run_sweep
 
+    module = _guard(load_analysis, analysis)
+    if getattr(module, "RUN", None) is not None:
+        _fail(f"{analysis} trains one model-wide result on all its records and does not run in shards. Fix: relaylens "
+              f"run {analysis}")
+    _learn_options(module, options)  # refuses the learned-geometry flags
     spec, config = _spec_and_config({"analysis": analysis, **options})
     sweep_options = _guard(SweepOptions, shards=shards, gpus_per_shard=gpus_per_shard, cpus_per_shard=cpus_per_shard,
                            ray_address=ray_address, max_retries=max_retries, dashboard=ray_dashboard)

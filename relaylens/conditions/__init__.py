@@ -4,7 +4,9 @@ middle / late layer bands.
 
 Owns: :mod:`~relaylens.conditions.catalogue` (the conditions as small frozen dataclasses and
 :func:`parse_condition`), :mod:`~relaylens.conditions.scoped` (:class:`Scoped` and :func:`get_condition`, the parser
-of every spec, scoped or not), :mod:`~relaylens.conditions.bands` (layer bands, shared by scopes, probes and figures).
+of every spec, scoped or not), :mod:`~relaylens.conditions.family` (the geometry family: ``b, s, alpha`` per layer and
+kv head at real-valued positions, :class:`Geometry`, ``learned:RUN_DIR``), :mod:`~relaylens.conditions.bands` (layer
+bands, shared by scopes, probes and figures).
 
 In: a :class:`~relaylens.geometry.selection.Selection` (kept source positions per layer and kv head) and the history
 length. Out: :class:`Coordinates` (``key_positions`` ``[layer, kv_head, slot]`` and ``question_start``); the axis
@@ -24,10 +26,12 @@ from relaylens.conditions.catalogue import (CONDITIONS, CommonShift, Compaction,
                                             KeyOnly, Original, QueryOnly, RandomOrder, RankSync, Relay,
                                             ReverseOrder, ScoreOrder, check_coordinates, make_coordinates,
                                             parse_condition)
+from relaylens.conditions.family import Geometry, Learned, family_coordinates, family_point
 from relaylens.conditions.scoped import (ALL_LAYER_TYPES, Scoped, expand_conditions, format_layers, get_condition,
                                          model_layer_types, parse_scoped)
 
 __all__ = ["ALL_LAYER_TYPES", "BANDS", "CONDITIONS", "CommonShift", "Compaction", "Condition", "Coordinates",
-           "HalfGap", "KeyOnly", "Original", "QueryOnly", "RandomOrder", "RankSync", "Relay", "ReverseOrder",
-           "ScoreOrder", "Scoped", "band_of", "bands", "check_coordinates", "expand_conditions", "format_layers",
-           "get_condition", "make_coordinates", "model_layer_types", "parse_condition", "parse_scoped"]
+           "Geometry", "HalfGap", "KeyOnly", "Learned", "Original", "QueryOnly", "RandomOrder", "RankSync", "Relay",
+           "ReverseOrder", "ScoreOrder", "Scoped", "band_of", "bands", "check_coordinates", "expand_conditions",
+           "family_coordinates", "family_point", "format_layers", "get_condition", "make_coordinates",
+           "model_layer_types", "parse_condition", "parse_scoped"]

@@ -7,6 +7,11 @@ Every condition maps one :class:`~relaylens.geometry.selection.Selection` (kept 
 * ``question_start``: the position of the first question token. Question tokens take ``question_start + j``;
   generation continues consecutively after the last question token.
 
+Real-valued coordinates: a condition may place keys (and the question) at floating-point positions
+(``key_positions`` float64, e.g. the geometry family of :mod:`relaylens.conditions.family`); relocation and the
+question pass then use the real-valued phases of :mod:`relaylens.geometry.real`. Every condition of this table is
+integer-valued and takes the integer path unchanged.
+
 Values, selection and counts are never changed; only the phases keys carry move.
 
 | name | key positions | question starts at |
@@ -48,17 +53,31 @@ if TYPE_CHECKING:  # importing the catalogue imports no torch; coordinates are c
 
 @dataclass(frozen=True)
 class Coordinates:
-    """Target coordinates of one condition on one selection."""
+    """Target coordinates of one condition on one selection.
+
+    ``key_positions`` is long for integer conditions, float64 for real-valued ones (it may then carry autograd:
+    gradients w.r.t. positions); ``question_start`` an int, a float, or a 0-d float64 tensor (autograd).
+    """
 
     condition: str
-    key_positions: torch.Tensor  # [layer, kv_head, slot] long, -1 in padded slots
-    question_start: int
+    key_positions: torch.Tensor  # [layer, kv_head, slot] long (or float64), -1 in padded slots
+    question_start: int | float | torch.Tensor
 
-    def question_positions(self, num_question_tokens: int) -> torch.Tensor:
-        """``[Q]`` positions of the question tokens."""
+    @property
+    def real(self) -> bool:
+        """Whether any position is real-valued (floating point)."""
         import torch
 
-        return torch.arange(self.question_start, self.question_start + num_question_tokens)
+        return self.key_positions.is_floating_point() or not isinstance(self.question_start, int) \
+            and (isinstance(self.question_start, torch.Tensor) or not float(self.question_start).is_integer())
+
+    def question_positions(self, num_question_tokens: int) -> torch.Tensor:
+        """``[Q]`` positions of the question tokens (long; float64 for a real-valued question start)."""
+        import torch
+
+        if isinstance(self.question_start, int):
+            return torch.arange(self.question_start, self.question_start + num_question_tokens)
+        return self.question_start + torch.arange(num_question_tokens, dtype=torch.float64)
 
 
 def _slot_index(sel: Selection) -> torch.Tensor:
@@ -73,22 +92,55 @@ def _compact(sel: Selection) -> torch.Tensor:
     return sel.max_count - counts + _slot_index(sel)
 
 
-def make_coordinates(name: str, sel: Selection, key_positions: torch.Tensor, question_start: int) -> Coordinates:
+def make_coordinates(name: str, sel: Selection, key_positions: torch.Tensor, question_start, *,
+                     at_question: bool = False) -> Coordinates:
     """:class:`Coordinates` named ``name``: ``key_positions`` ``[layer, kv_head, slot]`` where the selection is valid,
-    ``-1`` in its padded slots; checked by :func:`check_coordinates`."""
+    ``-1`` in its padded slots; checked by :func:`check_coordinates` (``at_question``: see there). Floating-point
+    positions stay real-valued (float64, autograd kept); a question start with an integer value becomes an int."""
     import torch
 
     from relaylens.geometry.selection import PAD_POSITION
 
-    check_coordinates(name, key_positions, sel.valid, question_start)
-    key_positions = torch.where(sel.valid, key_positions.long(), torch.full_like(key_positions, PAD_POSITION, dtype=torch.long))
-    return Coordinates(name, key_positions, int(question_start))
+    check_coordinates(name, key_positions, sel.valid, question_start, at_question=at_question)
+    if not _real_coordinates(key_positions, question_start):  # the integer path, as every catalogue condition takes
+        key_positions = torch.where(sel.valid, key_positions.long(), torch.full_like(key_positions, PAD_POSITION, dtype=torch.long))
+        return Coordinates(name, key_positions, int(question_start))
+    if key_positions.is_floating_point():
+        key_positions = torch.where(sel.valid, key_positions.double(), torch.full_like(key_positions, PAD_POSITION, dtype=torch.float64))
+    else:
+        key_positions = torch.where(sel.valid, key_positions.long(), torch.full_like(key_positions, PAD_POSITION, dtype=torch.long))
+    if not isinstance(question_start, torch.Tensor) and float(question_start).is_integer():
+        question_start = int(question_start)
+    return Coordinates(name, key_positions, question_start)
 
 
-def check_coordinates(name: str, key_positions: torch.Tensor, valid: torch.Tensor, question_start) -> None:
+def _real_coordinates(key_positions: torch.Tensor, question_start) -> bool:
+    """Whether coordinates are real-valued: floating-point key positions, a floating-point tensor question start, or
+    a question start that is a float with a fraction (an integer-valued float is a whole position)."""
+    import torch
+
+    if key_positions.is_floating_point():
+        return True
+    if isinstance(question_start, bool):
+        return False
+    if isinstance(question_start, torch.Tensor):
+        return question_start.is_floating_point()
+    return isinstance(question_start, float) and not question_start.is_integer()
+
+
+def check_coordinates(name: str, key_positions: torch.Tensor, valid: torch.Tensor, question_start, *,
+                      at_question: bool = False) -> None:
     """Refuse coordinates no model can read as intended: every kept key and the question start obey the position
     rule (:func:`relaylens.geometry.positions.check_positions`: integers in ``0 .. 2**24 - 1``), and the question
     starts after every kept key (a question at or before a kept key would read history from its own future).
+
+    Real-valued coordinates (floating-point key positions or question start, :func:`_real_coordinates`) are checked
+    by the same rule without being made integers (:func:`_check_real_coordinates`): finite, ``>= 0``, at most
+    ``2**24 - 1``, and the question start past every kept key.
+
+    ``at_question``: a kept key may also sit *at* the question start (query-key distance 0, the distance of the first
+    question token to itself), never after it. Only the ``move=`` clause of a scoped condition asks for it: its
+    finite shifts move a head's nearest key from distance 1 to 0 (:func:`relaylens.probes.sensitivity.finite_shift_slopes`).
 
     >>> import torch
     >>> check_coordinates("query_only(-5)", torch.tensor([[[2, 9]]]), torch.ones(1, 1, 2, dtype=torch.bool), 5)
@@ -101,6 +153,9 @@ def check_coordinates(name: str, key_positions: torch.Tensor, valid: torch.Tenso
     from relaylens.errors import PositionError
     from relaylens.geometry.positions import check_positions
 
+    if _real_coordinates(key_positions, question_start):
+        _check_real_coordinates(name, key_positions, valid, question_start, at_question)
+        return
     axes = ("layer", "kv_head", "slot")
     kept = torch.where(valid, key_positions, torch.zeros((), dtype=key_positions.dtype))  # padded slots hold no key
     keys, _ = check_positions(kept, f"condition {name}: key positions", axes=axes)
@@ -109,11 +164,65 @@ def check_coordinates(name: str, key_positions: torch.Tensor, valid: torch.Tenso
         raise PositionError(f"condition {name}: the question start must be a whole position; got {question_start!r}")
     check_positions([int(question_start)], f"condition {name}: question positions")
     last = int(keys.max()) if keys.numel() else -1
-    if int(question_start) <= last:
+    if int(question_start) < last or int(question_start) == last and not at_question:
         where = ", ".join(f"{a} {i}" for a, i in zip(axes, torch.nonzero(keys == last)[0].tolist()))
         raise PositionError(f"condition {name}: the question starts at position {int(question_start)}, but {where} "
                             f"keeps a key at position {last}; the question must start after every kept key. Fix: start the "
                             "question after the last kept key (query_only and common_shift take a shift >= 0)")
+
+
+def _check_real_coordinates(name: str, key_positions: torch.Tensor, valid: torch.Tensor, question_start,
+                            at_question: bool = False) -> None:
+    """:func:`check_coordinates` for real-valued coordinates: every kept key and the question start are finite, in
+    ``0 .. 2**24 - 1`` (:data:`~relaylens.model.hf.POSITION_LIMIT`; the model's own range is checked when its rotary
+    moves them, :meth:`~relaylens.geometry.rotary.RotaryFactors.check_real_positions`), and the question starts after
+    every kept key. Reads values only (``detach``): autograd is untouched."""
+    import torch
+
+    from relaylens.errors import NonFiniteError, PositionError
+    from relaylens.geometry.positions import POSITION_LIMIT
+
+    axes = ("layer", "kv_head", "slot")
+    keys = key_positions.detach().to(torch.float64)  # [layer, kv_head, slot]
+    kept = torch.where(valid, keys, torch.zeros((), dtype=torch.float64))  # padded slots hold no key
+
+    def where(bad: torch.Tensor) -> str:  # "layer 0, kv_head 1, slot 5": the first True of bad
+        return ", ".join(f"{a} {i}" for a, i in zip(axes, torch.nonzero(bad)[0].tolist())) if bad.dim() == 3 else ""
+
+    def at(bad: torch.Tensor) -> str:
+        return f" (at {where(bad)})" if bad.dim() == 3 else ""
+
+    if not bool(torch.isfinite(kept).all()):
+        raise NonFiniteError(f"condition {name}: key positions contain NaN or inf{at(~torch.isfinite(kept))}; a kept key "
+                             "needs a finite position. Fix: check the geometry's parameters (a learned geometry that "
+                             "diverged: lower the learning rate)")
+    if kept.numel() and float(kept.min()) < 0:
+        raise PositionError(f"condition {name}: key positions contain a negative position ({float(kept.min()):g})"
+                            f"{at(kept < 0)}; positions start at 0. Fix: give positions >= 0")
+    if kept.numel() and float(kept.max()) > POSITION_LIMIT - 1:
+        raise PositionError(f"condition {name}: key positions reach position {float(kept.max()):g}"
+                            f"{at(kept > POSITION_LIMIT - 1)}, past 2**24 - 1: the rotary embedding computes phases from "
+                            "float32 positions, which cannot tell positions apart from there on. Fix: use a smaller "
+                            "shift or a shorter history, or a model with a longer context")
+    if isinstance(question_start, bool):
+        raise PositionError(f"condition {name}: the question start must be a position; got {question_start!r}")
+    start = question_start.detach() if isinstance(question_start, torch.Tensor) else question_start
+    try:
+        start = float(start)
+    except (TypeError, ValueError, RuntimeError):  # not a number, or a tensor of more than one value
+        raise PositionError(f"condition {name}: the question start must be one position; got {question_start!r}") from None
+    if not math.isfinite(start):
+        raise NonFiniteError(f"condition {name}: the question start is {start}; it needs a finite position")
+    if start < 0 or start > POSITION_LIMIT - 1:
+        raise PositionError(f"condition {name}: the question starts at position {start:g}, outside 0 .. 2**24 - 1 (the "
+                            "positions the rotary embedding's float32 positions tell apart). Fix: start the question "
+                            "at a position >= 0 and below 2**24")
+    masked = torch.where(valid, keys, torch.full_like(keys, -math.inf))
+    last = float(masked.max()) if bool(valid.any()) else -math.inf
+    if start < last or start == last and not at_question:
+        raise PositionError(f"condition {name}: the question starts at position {start:g}, but {where(masked == last) or 'a head'} "
+                            f"keeps a key at position {last:g}; the question must start after every kept key. Fix: "
+                            "start the question after the last kept key")
 
 
 class Condition:

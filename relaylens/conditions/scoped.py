@@ -14,6 +14,12 @@ Spec syntax::
   or ``*``: the family "one scope per layer type", expanded by :func:`expand_conditions` (nothing when the model
   has a single layer type);
 * ``heads=`` ``layer.kv_head`` pairs (``3.0,3.1``): physical kv heads, so every query head of the group follows;
+* ``move=`` an integer: inside the scope the scoped condition's keys move that many positions towards the question
+  (negative: away from it); ``relay@heads=3.0@move=1@base=relay`` is relay with kv head 0 of layer 3 one position
+  closer (the finite shifts that check :mod:`relaylens.probes.sensitivity`). When a key would land below 0, every
+  position shifts up by the same amount (distances unchanged). A move may bring a key to the question start itself
+  (distance 0; relay's and original's nearest key is at distance 1), never past it
+  (:func:`~relaylens.conditions.catalogue.check_coordinates` with ``at_question``);
 * ``base=`` the condition of everything outside the scope (default ``original``); it is written last in labels.
 
 Several scope clauses intersect (``relay@band=late@layer_type=full_attention``). The label is the canonical spec
@@ -56,6 +62,7 @@ from typing import TYPE_CHECKING
 
 from relaylens.conditions.bands import BANDS, bands
 from relaylens.conditions.catalogue import Condition, Coordinates, Original, make_coordinates, parse_condition
+from relaylens.conditions.family import Learned, parse_family
 from relaylens.errors import RelaylensError
 
 if TYPE_CHECKING:  # importing scoped conditions imports no torch; masks are built on torch selections
@@ -65,7 +72,7 @@ if TYPE_CHECKING:  # importing scoped conditions imports no torch; masks are bui
 
 ALL_LAYER_TYPES = "*"
 """``relay@layer_type=*``: one scoped condition per layer type of the model (Gemma-3's sliding and full layers)."""
-_CLAUSES = ("layers", "band", "layer_type", "heads", "base")
+_CLAUSES = ("layers", "band", "layer_type", "heads", "move", "base")
 
 
 @dataclass(frozen=True)
@@ -78,6 +85,7 @@ class Scoped(Condition):
         band: ``early`` / ``middle`` / ``late`` (thirds of the selection's layers).
         layer_type: a layer type (needs the model's ``layer_types``: :meth:`bind`), or ``*`` (a family).
         heads: ``(layer, kv_head)`` pairs.
+        move: positions the scoped condition's keys move towards the question inside the scope (0: none).
         base: the condition outside the scope.
         layer_types: per layer, the model's layer types (filled by :meth:`bind`; not part of the label).
 
@@ -91,6 +99,7 @@ class Scoped(Condition):
     band: str | None = None
     layer_type: str | None = None
     heads: tuple[tuple[int, int], ...] | None = None
+    move: int = 0
     base: Condition = field(default_factory=Original)
     layer_types: tuple[str, ...] | None = field(default=None, compare=False, repr=False)
     name = "scoped"
@@ -116,14 +125,17 @@ class Scoped(Condition):
             parts.append(f"layer_type={self.layer_type}")
         if self.heads is not None:
             parts.append("heads=" + (",".join(f"{l}.{h}" for l, h in sorted(set(self.heads))) or "none"))
+        if self.move:
+            parts.append(f"move={int(self.move):+d}")
         if self.base.label != "original":
             parts.append(f"base={self.base.label}")
         return "@".join(parts)
 
     @property
     def shift(self) -> int:
-        """The largest position shift past the history of the two parts (the anchor never exceeds it)."""
-        return max(int(getattr(self.inner, "shift", 0)), int(getattr(self.base, "shift", 0)))
+        """The largest position shift past the history of the two parts (the anchor never exceeds it by more than
+        a negative ``move``)."""
+        return max(int(getattr(self.inner, "shift", 0)), int(getattr(self.base, "shift", 0))) + max(0, -int(self.move))
 
     def bind(self, model_or_config) -> Scoped:
         """A copy that knows the model's layer types (needed by ``layer_type=`` scopes)."""
@@ -175,9 +187,14 @@ class Scoped(Condition):
         inner, base = self.inner.coordinates(sel), self.base.coordinates(sel)
         used = ([inner.question_start] if bool(mask.any()) else []) + ([base.question_start] if bool((~mask).any()) else [])
         anchor = max(used)  # S
-        keys = torch.where(mask, anchor - inner.question_start + inner.key_positions,
+        keys = torch.where(mask, anchor - inner.question_start + inner.key_positions + int(self.move),
                            anchor - base.question_start + base.key_positions)  # [layer, kv_head, slot]
-        return make_coordinates(self.label, sel, keys, anchor)
+        low = keys[sel.valid].min()
+        if bool(low < 0):  # a negative move pushed a key below 0: shift everything up (distances unchanged)
+            keys, anchor = keys - low, anchor - low
+        # a move towards the question may bring a head's nearest key to the question start itself (distance 0: the
+        # finite shifts of the sensitivity readout at b = 1), never past it
+        return make_coordinates(self.label, sel, keys, anchor, at_question=int(self.move) > 0)
 
 
 def _layer_mask(layers, num_layers: int, label: str) -> torch.Tensor:
@@ -258,10 +275,17 @@ def get_condition(spec: str | Condition, model=None) -> Condition:
     """
     if isinstance(spec, Condition) or "@" in str(spec):
         condition = spec if isinstance(spec, Condition) else parse_scoped(str(spec))
-        if model is not None and isinstance(condition, Scoped):
-            condition = condition.bind(model)
-        return condition
-    return parse_condition(spec)
+    else:
+        condition = parse_one(spec)
+    if model is not None and isinstance(condition, (Scoped, Learned)):
+        condition = condition.bind(model)
+    return condition
+
+
+def parse_one(spec: str) -> Condition:
+    """One unscoped condition: the catalogue's (:func:`~relaylens.conditions.catalogue.parse_condition`) or the
+    family's (``geometry(...)``, ``learned:RUN_DIR``: :func:`~relaylens.conditions.family.parse_family`)."""
+    return parse_family(spec) or parse_condition(spec)
 
 
 def parse_scoped(spec: str) -> Scoped:
@@ -269,7 +293,7 @@ def parse_scoped(spec: str) -> Scoped:
     inner_spec, *clauses = [part.strip() for part in str(spec).split("@")]
     if not clauses or not all(clauses):
         raise RelaylensError(f"condition {spec!r}: expected CONDITION@CLAUSE, e.g. relay@layers=0-9")
-    fields: dict = {"inner": parse_condition(inner_spec)}
+    fields: dict = {"inner": parse_one(inner_spec)}
     for clause in clauses:
         key, sep, raw = (s.strip() for s in clause.partition("="))
         if not sep or key not in _CLAUSES:
@@ -279,10 +303,14 @@ def parse_scoped(spec: str) -> Scoped:
             raise RelaylensError(f"condition {spec!r}: clause {key}= given twice")
         if key == "layers":
             fields[key] = _parse_layers(raw, spec)
+        elif key == "move":
+            if not re.match(r"^[-+]?\d+$", raw):
+                raise RelaylensError(f"condition {spec!r}: move={raw!r} is not a whole number of positions like 1 or -1")
+            fields[key] = int(raw)
         elif key == "heads":
             fields[key] = _parse_heads(raw, spec)
         elif key == "base":
-            fields[key] = parse_condition(raw)
+            fields[key] = parse_one(raw)
         elif key == "band" and raw not in BANDS:
             raise RelaylensError(f"condition {spec!r}: band must be one of {', '.join(BANDS)}; got {raw!r}")
         else:

@@ -6,7 +6,8 @@ Owns: :mod:`~relaylens.experiments.specs` (:class:`ExperimentSpec`, the analyses
 selectors x budgets x conditions, paired and resumable), :mod:`~relaylens.experiments.launch` (which shard this
 process runs under torchrun / accelerate / SLURM), :mod:`~relaylens.experiments.sweep` (shards as Ray tasks),
 :mod:`~relaylens.experiments.ray_connect` (a loopback-only local Ray, or a cluster joined within a bounded time) and
-:mod:`~relaylens.experiments.demo`.
+:mod:`~relaylens.experiments.demo`; :mod:`~relaylens.experiments.learned` and :mod:`~relaylens.experiments.learned_run`
+(``learned_geometry``: fit the geometry family on train records, evaluate it on test records).
 
 In: an analysis name, a model, a dataset and run options. Out: a run directory (:mod:`relaylens.results`) with
 figures and a report (:mod:`relaylens.reporting`).

@@ -52,7 +52,7 @@ def answer_tokens(tokenizer, record: Record, mode: str) -> list[int]:
     return [int(i) for i in ids]
 
 
-def _selector_objects(spec: ExperimentSpec, seed: int) -> dict:
+def selector_objects(spec: ExperimentSpec, seed: int) -> dict:
     import dataclasses
 
     from relaylens.selectors import make_selector, selector_class
@@ -221,6 +221,9 @@ def _unit_tables(model, tokenizer, record, prompt, prefill, prefill_s, unit: Uni
         replay = replay_conditions(reference, prefill, selection, evidence, expand_conditions(spec.replay_conditions, model),
                                    int(prompt.question_ids.numel()), factors)
         probe_frames.append(replay.assign(source="replay"))
+    if spec.sensitivity:
+        sensitivity = sensitivity_frames(model, tokenizer, record, prompt, prefill, selection, spec, config, factors)
+        probe_frames.extend(frame.assign(source="forward") for frame in sensitivity)
     if spec.sweep == "layers":
         sweep_scores, sweep_probes = layer_sweep(model, prefill, selection, prompt.question_ids, evidence if do_probes else None,
                                                  first_answer_token(tokenizer, record, spec.prompt_mode), factors,
@@ -238,6 +241,24 @@ def _unit_tables(model, tokenizer, record, prompt, prefill, prefill_s, unit: Uni
     return answers, scores, probes, view
 
 
+def sensitivity_frames(model, tokenizer, record, prompt, prefill, selection, spec: ExperimentSpec, config: RunConfig,
+                       factors, conditions=None) -> list[pd.DataFrame]:
+    """The positional sensitivity readout (:mod:`relaylens.probes.sensitivity`) of every condition of ``spec`` (or
+    ``conditions``) on one unit, as probe frames with a ``condition`` column; none for records without an answer."""
+    from relaylens.conditions.scoped import expand_conditions
+    from relaylens.probes.sensitivity import positional_sensitivity
+
+    target = first_answer_token(tokenizer, record, spec.prompt_mode)
+    if target is None:
+        return []
+    frames = []
+    for condition in conditions or expand_conditions(spec.conditions, model):
+        frame = positional_sensitivity(model, prefill, selection, condition, prompt.question_ids, target, factors,
+                                       config.window_mode)
+        frames.append(frame.assign(condition=condition.label, probe_point="question_final"))
+    return frames
+
+
 def run_analysis(spec: ExperimentSpec, config: RunConfig, progress: bool = True, model_and_tokenizer=None) -> Path:
     """Run (or resume) ``spec`` under ``config``; returns the run directory with consolidated tables.
 
@@ -251,6 +272,7 @@ def run_analysis(spec: ExperimentSpec, config: RunConfig, progress: bool = True,
     from relaylens.model.loading import load_model, model_files_fingerprint, model_fingerprint
     from relaylens.datasets import load_records
     from relaylens.experiments.launch import detect_shard, shard_dir
+    from relaylens.experiments.learned import check_learned_conditions
     from relaylens.results.store import RunStore, build_manifest, prepare_run_dir
     from relaylens.results.shards import parse_shard, shard_records
 
@@ -284,6 +306,7 @@ def run_analysis(spec: ExperimentSpec, config: RunConfig, progress: bool = True,
                                           "rope": rope_summary(model)},
                               config.model, model_fingerprint(model), data_path, shard,
                               model_info=model_files_fingerprint(model, tokenizer), plan=plan)
+    check_learned_conditions(spec, manifest, plan["record_ids"])  # learned:RUN_DIR of this model, selector, records
     prepare_run_dir(out)
     with run_lock(out, "run"):
         judge = make_judge(config, out)  # a bad judge setting fails before the manifest is written
@@ -299,9 +322,9 @@ def _run_units(model, tokenizer, factors, records, spec: ExperimentSpec, config:
     from relaylens.results.store import UnitKey
     from relaylens.results.views import write_view
 
-    selectors = _selector_objects(spec, config.seed)
+    selectors = selector_objects(spec, config.seed)
     units = spec.units([r.record_id for r in records])
-    bar = _progress(progress)
+    bar = progress_bar(progress)
     per_record = len(spec.selectors) * len(spec.budgets)
     with bar as live:
         task = live.add_task(f"{spec.name}", total=len(units), stage="loading") if live else None
@@ -312,32 +335,32 @@ def _run_units(model, tokenizer, factors, records, spec: ExperimentSpec, config:
             pending = [(k.selector, k.budget) for k in keys if not store.is_done(k)]
             redo = _missing_views(store, keys) if order < config.view_records else []  # committed, view lost
             if not pending and not redo:
-                _advance(live, task, per_record, record.record_id, "done earlier")
+                advance_bar(live, task, per_record, record.record_id, "done earlier")
                 continue
             with _naming_record(record.record_id):  # an error of this record names it
-                _advance(live, task, per_record - len(pending), record.record_id, "prefill")
+                advance_bar(live, task, per_record - len(pending), record.record_id, "prefill")
                 prompt = render_prompt(record, tokenizer, mode=spec.prompt_mode)
                 reason = history_problem(prompt, spec, config, factors)
                 if reason is not None and not pending:
                     continue  # only views to write again, and the record no longer fits (--force with other settings)
                 if reason is not None:
                     for name, budget in pending:
-                        _skip(store, record.record_id, name, budget, prompt.history_length, *reason)
-                    _advance(live, task, len(pending), record.record_id, f"skipped ({reason[0]})")
+                        skip_unit(store, record.record_id, name, budget, prompt.history_length, *reason)
+                    advance_bar(live, task, len(pending), record.record_id, f"skipped ({reason[0]})")
                     continue
                 started = time.perf_counter()
-                prefill = _prefill(model, prompt, config, selectors.values())
+                prefill = prefill_record(model, prompt, config, selectors.values())
                 prepared = {name: selectors[name].prepare(model, prefill, prompt, factors)  # FINCH: its question pass
                             for name in dict.fromkeys(name for name, _ in pending + redo)}
                 prefill_s = time.perf_counter() - started
-                _advance(live, task, 0, record.record_id, f"selecting {len(pending)} units")
+                advance_bar(live, task, 0, record.record_id, f"selecting {len(pending)} units")
                 units, too_short = select_units(prefill, prompt, pending + redo, prepared, spec.protect_instructions)
                 too_short = [t for t in too_short if t[:2] not in redo]
                 for name, budget, err in too_short:
-                    _skip(store, record.record_id, name, budget, prompt.history_length, "too_short",
-                          f"record {record.record_id}: {name} @ {budget:g}: {err}")
-                    _advance(live, task, 1, record.record_id, "skipped (too_short)")
-                _advance(live, task, 0, record.record_id, f"decoding {len(units) * len(spec.conditions)} rows")
+                    skip_unit(store, record.record_id, name, budget, prompt.history_length, "too_short",
+                              f"record {record.record_id}: {name} @ {budget:g}: {err}")
+                    advance_bar(live, task, 1, record.record_id, "skipped (too_short)")
+                advance_bar(live, task, 0, record.record_id, f"decoding {len(units) * len(spec.conditions)} rows")
                 for unit, answers, scores, probes, view in process_record(
                         model, tokenizer, factors, record, prompt, prefill, prefill_s, units, spec, config, judge,
                         views=order < config.view_records):
@@ -347,7 +370,7 @@ def _run_units(model, tokenizer, factors, records, spec: ExperimentSpec, config:
                     if view is not None:  # after the commit: a failed unit leaves no view behind (reliability suite)
                         write_view(store.run_dir, view | {"order": order})
                     if not again:
-                        _advance(live, task, 1, record.record_id, "committed")
+                        advance_bar(live, task, 1, record.record_id, "committed")
 
 
 @contextmanager
@@ -361,7 +384,7 @@ def _naming_record(record_id: str):
         raise type(err)(f"record {record_id}: {err}") from err
 
 
-def _prefill(model, prompt, config: RunConfig, selectors):
+def prefill_record(model, prompt, config: RunConfig, selectors):
     from relaylens.model.prefill import prefill_history
 
     needs_columns = any(getattr(s, "needs_column_sums", False) for s in selectors)
@@ -394,7 +417,7 @@ def history_problem(prompt, spec: ExperimentSpec, config: RunConfig, factors) ->
     return None
 
 
-def _skip(store, record_id: str, selector: str, budget: float, history_length: int, reason: str, detail: str) -> None:
+def skip_unit(store, record_id: str, selector: str, budget: float, history_length: int, reason: str, detail: str) -> None:
     from relaylens.results.store import UnitKey
 
     row = {"record_id": record_id, "selector": selector, "budget": float(budget), "reason": reason,
@@ -425,7 +448,7 @@ def _missing_views(store, keys) -> list[tuple[str, float]]:
     return missing
 
 
-def _progress(enabled: bool):
+def progress_bar(enabled: bool):
     if not enabled or _jupyter_without_widgets():
         return nullcontext(None)  # in Jupyter without ipywidgets rich would warn once per refresh: no bar instead
     from relaylens.progress import progress_view
@@ -446,6 +469,6 @@ def _jupyter_without_widgets() -> bool:
     return False
 
 
-def _advance(live, task, steps: int, record_id: str, stage: str) -> None:
+def advance_bar(live, task, steps: int, record_id: str, stage: str) -> None:
     if live is not None:  # a record id is dataset text: shown, never interpreted by the terminal
         live.update(task, advance=steps, stage=f"{shown(record_id)}: {stage}")

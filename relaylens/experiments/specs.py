@@ -59,6 +59,9 @@ class ExperimentSpec:
         protect_instructions: keep every history token outside the source units (task instruction, chat-template
             head, separators) and apply the budget to the source tokens only (:mod:`relaylens.selectors.protection`; the
             paper's summarization rule). Off by default for the memory tasks.
+        sensitivity: also record the positional sensitivity readout (:mod:`relaylens.probes.sensitivity`: the
+            gradient of the first answer token's log-probability w.r.t. each (layer, kv head)'s distance ``b`` and gap
+            scale ``s``; one backward pass per record and condition) in the probes table.
         sweep: ``"layers"`` adds the per-layer causal sweep (:mod:`relaylens.probes.layer_sweep`: relay in each layer
             alone and in layers ``0..l``, one question pass each, about ``2 x layers`` passes per record); ``""``
             (the default) runs none.
@@ -85,6 +88,7 @@ class ExperimentSpec:
     data: str = "sample"
     sweep: str = ""
     protect_instructions: bool = False
+    sensitivity: bool = False
     preset: str = ""
 
     def __post_init__(self) -> None:
@@ -156,6 +160,8 @@ class ExperimentSpec:
             del out["sweep"]
         if not out["protect_instructions"]:  # likewise for runs without protected spans
             del out["protect_instructions"]
+        if not out["sensitivity"]:  # and without the positional sensitivity readout
+            del out["sensitivity"]
         if not out["preset"]:  # and for runs without a preset
             del out["preset"]
         return out

@@ -5,7 +5,8 @@ Owns: :mod:`~relaylens.generation.attention` (the ``relaylens`` attention functi
 causal new tokens, windows measured on condition coordinates; selected only inside a ``with`` block),
 :mod:`~relaylens.generation.cache` (kept states gathered per layer, keys relocated to one condition, padded),
 :mod:`~relaylens.generation.rows` (batched rows: every (selection, condition) of a record decoded together over one
-prefill) and :mod:`~relaylens.generation.single` (one condition at a time, and the differentiable path).
+prefill), :mod:`~relaylens.generation.single` (one condition at a time, the differentiable path, the teacher-forced
+answer log-likelihood) and :mod:`~relaylens.generation.positions` (real-valued positions of new tokens).
 
 In: a :class:`~relaylens.model.prefill.PrefillResult`, a :class:`~relaylens.geometry.selection.Selection`, a
 condition and the question token ids. Out: :class:`~relaylens.generation.rows.GenerationResult` (answer tokens,

@@ -50,13 +50,37 @@ class RelocatedCache:
     inputs: list[tuple[torch.Tensor, torch.Tensor]] | None = None  # grad=True: per layer (keys, values) [kv_head, slot, D]
 
 
+def keep_selected(prefill: PrefillResult, selection: Selection) -> PrefillResult:
+    """A compacted copy of ``prefill`` holding only ``selection``'s kept keys and values (``[kv_head, slot,
+    head_dim]`` per layer, padding slots read slot 0), for keeping many records in memory (``learned_geometry``).
+
+    It serves this selection only (:attr:`PrefillResult.kept`): caches built from it equal those built from the
+    whole prefill. Window queries and column sums are dropped (selection is done)."""
+    import dataclasses
+
+    _check_selection(prefill, selection)
+    keys, values = [], []
+    for layer in range(prefill.num_layers):
+        index = selection.positions[layer].clamp_min(0)[..., None].expand(-1, -1, prefill.keys[layer].shape[-1])
+        index = index.to(prefill.keys[layer].device)
+        keys.append(prefill.keys[layer].gather(1, index))  # [kv_head, slot, head_dim]
+        values.append(prefill.values[layer].gather(1, index))
+    return dataclasses.replace(prefill, keys=keys, values=values, window_queries=None, column_sums=None, kept=selection)
+
+
 def _check_selection(prefill: PrefillResult, selection: Selection) -> None:
+    kept = prefill.kept
+    if kept is not None and kept is not selection and not (
+            kept.positions.shape == selection.positions.shape and torch.equal(kept.positions, selection.positions)
+            and torch.equal(kept.valid, selection.valid)):
+        raise ShapeError("this prefill was compacted to the kept states of another selection (keep_selected); build "
+                         "caches for that selection only, or compact the whole prefill for this one")
     if selection.num_layers != prefill.num_layers or selection.num_kv_heads != prefill.num_kv_heads:
         raise ShapeError(
             f"selection is [{selection.num_layers} layers, {selection.num_kv_heads} kv heads] but the cache has "
             f"[{prefill.num_layers}, {prefill.num_kv_heads}]; select on the same model's prefill"
         )
-    if selection.history_length != prefill.history_length:
+    if kept is None and selection.history_length != prefill.history_length:
         raise ShapeError(
             f"selection indexes a history of {selection.history_length} tokens, the prefill has {prefill.history_length}"
         )
@@ -81,8 +105,12 @@ def build_cache(
 
     ``grad=True`` keeps autograd on: the graph reaches back to ``prefill`` keys/values that require grad, and
     otherwise the relocated keys and kept values become leaves that require grad (``RelocatedCache.inputs``).
+
+    Real-valued coordinates (float64 ``key_positions``, e.g. :mod:`relaylens.conditions.family`) relocate through
+    :func:`relaylens.geometry.real.relocate_real`; when they require grad, the relocated keys carry the graph back to
+    them (every head is relocated; keys and values become no leaves unless ``grad``).
     """
-    with torch.set_grad_enabled(grad):
+    with torch.set_grad_enabled(grad or _tracked(condition)):
         layers = _relocate_layers(prefill, selection, condition, factors, window_mode, grad)
     data = [(keys[None], values[None]) for keys, values in layers.data]  # [1, kv_head, slot, head_dim]
     return RelocatedCache(cache_from_tensors(data), layers.state, layers.coordinates, layers.widths,
@@ -96,14 +124,16 @@ def _gather_layer(prefill, selection, coords, layer: int):
     width = int(valid.sum(-1).max())
     valid = valid[:, :width]
     source = selection.positions[layer, :, :width].clamp_min(0)  # [kv_head, slot]
-    target = torch.where(valid, coords.key_positions[layer, :, :width], source)
-    keys = prefill.keys[layer]  # [kv_head, L, head_dim]
-    index = source[..., None].expand(-1, -1, keys.shape[-1]).to(keys.device)
-    kept_keys = keys.gather(1, index)  # [kv_head, slot, head_dim]
+    target = torch.where(valid, coords.key_positions[layer, :, :width], source)  # float64 for real-valued coordinates
+    keys = prefill.keys[layer]  # [kv_head, L, head_dim] (a compacted prefill: [kv_head, slot, head_dim])
+    if prefill.kept is not None:
+        kept_keys, kept_values = keys[:, :width], prefill.values[layer][:, :width]
+    else:
+        index = source[..., None].expand(-1, -1, keys.shape[-1]).to(keys.device)
+        kept_keys = keys.gather(1, index)  # [kv_head, slot, head_dim]
+        kept_values = prefill.values[layer].gather(1, index)
     if selection.values is not None:
         kept_values = selection.values[layer, :, :width].to(prefill.values[layer])
-    else:
-        kept_values = prefill.values[layer].gather(1, index)
     return valid, source, target, kept_keys, kept_values
 
 
@@ -148,11 +178,13 @@ def _relocate_layers(prefill, selection, condition, factors, window_mode: str, g
     leaves that require grad."""
     _check_selection(prefill, selection)
     coords = coordinates_of(condition, selection)
+    tracked = coords.key_positions.requires_grad  # gradients w.r.t. positions: relocate every head
     state = AttentionState(window_mode=window_mode, head_inputs={} if grad else None)
     data, widths = [], []
     for layer in range(prefill.num_layers):
         valid, source, target, kept_keys, kept_values = _gather_layer(prefill, selection, coords, layer)
-        moving = torch.ones(valid.shape[0], dtype=torch.bool) if grad else (target != source).any(-1)  # [kv_head]
+        everything = grad or tracked
+        moving = torch.ones(valid.shape[0], dtype=torch.bool) if everything else (target != source).any(-1)  # [kv_head]
         pad = (~valid)[..., None].to(kept_keys.device)
         if bool(moving.any()):
             moved = kept_keys.clone() if not bool(moving.all()) else None
@@ -178,10 +210,16 @@ def _relocate_layers(prefill, selection, condition, factors, window_mode: str, g
             moved, kept_values = (t if t.requires_grad else t.detach().requires_grad_() for t in (moved, kept_values))
         data.append((moved, kept_values))  # [kv_head, slot, head_dim]
         state.valid[layer] = valid
+        target = target.detach()  # positions in the attention state serve windows only
         state.key_positions[layer] = torch.where(valid, target, torch.full_like(target, -(10**9)))
         state.source_positions[layer] = torch.where(valid, source, torch.full_like(source, -(10**9)))
         widths.append(valid.shape[-1])
     return RelocatedLayers(data, state, coords, widths)
+
+
+def _tracked(condition) -> bool:
+    """Whether ready-made coordinates carry autograd in their key positions."""
+    return isinstance(condition, Coordinates) and condition.key_positions.requires_grad
 
 
 def _check_finite(tensor: torch.Tensor, layer: int, what: str) -> None:

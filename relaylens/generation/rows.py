@@ -49,6 +49,7 @@ from relaylens.errors import ShapeError
 from relaylens.geometry.rotary import RotaryFactors
 from relaylens.model.prefill import PrefillResult
 from relaylens.generation.cache import RelocatedLayers, relocate_selection
+from relaylens.generation.positions import new_token_phases, position_ids
 from relaylens.geometry.selection import Selection
 from relaylens.model.hf import cache_from_tensors
 
@@ -95,6 +96,7 @@ class RowBatch:
     cache: object  # a transformers DynamicCache (built by relaylens.model.hf.cache_from_tensors)
     state: AttentionState  # per layer [row, kv_head, slot]; new_positions [row, T]
     layers: list[RelocatedLayers]  # per row: its own unpadded state and coordinates
+    factors: RotaryFactors | None = None  # the model's factors: phases of real-valued new-token positions
 
 
 def stack_rows(built: list[RelocatedLayers], window_mode: str = "condition") -> RowBatch:
@@ -122,7 +124,8 @@ def stack_rows(built: list[RelocatedLayers], window_mode: str = "condition") -> 
 
 def forward_rows(model, batch: RowBatch, ids: torch.Tensor, positions: torch.Tensor, source_positions: torch.Tensor,
                  keep_logits: int = 1) -> torch.Tensor:
-    """Feed ``ids`` ``[row, T]`` at ``positions`` ``[row, T]``; float32 logits ``[row, keep_logits or T, vocab]``."""
+    """Feed ``ids`` ``[row, T]`` at ``positions`` ``[row, T]`` (long, or float64 for real-valued positions:
+    :mod:`relaylens.generation.positions`); float32 logits ``[row, keep_logits or T, vocab]``."""
     state = batch.state
     state.new_positions = torch.cat((state.new_positions, positions), dim=-1)
     state.new_source_positions = torch.cat((state.new_source_positions, source_positions), dim=-1)
@@ -130,9 +133,10 @@ def forward_rows(model, batch: RowBatch, ids: torch.Tensor, positions: torch.Ten
         own.new_positions = state.new_positions[row]
         own.new_source_positions = state.new_source_positions[row]
     device = model.device
-    with torch.no_grad(), attention_context(model, state):
-        out = model(input_ids=ids.to(device), position_ids=positions.to(device), cache=batch.cache, use_cache=True,
-                    logits_to_keep=keep_logits)
+    factors = batch.factors if batch.factors is not None or not positions.is_floating_point() else RotaryFactors.from_model(model)
+    with torch.no_grad(), attention_context(model, state), new_token_phases(model, factors, positions):
+        out = model(input_ids=ids.to(device), position_ids=position_ids(positions).to(device), cache=batch.cache,
+                    use_cache=True, logits_to_keep=keep_logits)
     return out.logits.float()
 
 
@@ -188,17 +192,18 @@ def run_rows(
     built = []
     for row in rows:
         layers = relocate_selection(prefill, row.selection, row.condition, factors, window_mode)
-        last = layers.coordinates.question_start + length - 1 + max(max_new_tokens, 0)
+        last = _start_tensor(layers.coordinates.question_start) + length - 1 + max(max_new_tokens, 0)
         label = str(layers.coordinates.condition)
         fix = ("Fix: use a smaller shift, a shorter history or fewer --max-new-tokens, or a model with a longer context"
                if "shift" in label else "Fix: use shorter records or fewer --max-new-tokens, or a model with a longer "
                "context (this condition has no shift to reduce)")
-        factors.check_positions(torch.tensor([last]), f"condition {label}: question/generation positions", fix=fix)
+        factors.check_any_positions(last, f"condition {label}: question/generation positions", fix=fix)
         built.append(layers)
-    starts = torch.tensor([layers.coordinates.question_start for layers in built])  # [row]
+    starts = torch.cat([_start_tensor(layers.coordinates.question_start) for layers in built])  # [row]
     positions = starts[:, None] + torch.arange(length)  # [row, Q]
     source = (torch.arange(length) + prefill.history_length).expand(count, -1)  # [row, Q]
     batch = stack_rows(built, window_mode)
+    batch.factors = factors
     del built
     state = batch.state
     state.row_states = [layers.state for layers in batch.layers]
@@ -229,6 +234,13 @@ def run_rows(
             text = tokenizer.decode(ids, skip_special_tokens=True)
             result.text = text.strip().split("\n")[0].strip() if stop_at_newline else text.strip()
     return results
+
+
+def _start_tensor(question_start) -> torch.Tensor:
+    """``[1]`` position tensor of a question start: long for an int, float64 for a real one (detached)."""
+    if isinstance(question_start, torch.Tensor):
+        return question_start.detach().to(torch.float64).reshape(1)
+    return torch.tensor([question_start], dtype=torch.long if isinstance(question_start, int) else torch.float64)
 
 
 def default_eos_ids(model, tokenizer=None) -> set[int]:
@@ -269,7 +281,7 @@ def decode_steps(model, batch: RowBatch, results: list[GenerationResult], curren
                     result.token_ids, skip_special_tokens=True).lstrip("\n"):
                 result.stop_reason = "newline"
             elif step < max_new_tokens - 1:
-                result.positions.append(int(next_position[b]))
+                result.positions.append(next_position[b].item())  # int (float for real-valued positions)
                 keep.append(b)
         if not keep:
             return

@@ -24,7 +24,9 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+from collections.abc import Iterator
 
 import torch
 
@@ -35,6 +37,7 @@ from relaylens.geometry.rotary import RotaryFactors
 from relaylens.model.hf import attention_constants, cache_from_tensors, cache_tensors
 from relaylens.model.prefill import PrefillResult
 from relaylens.generation.cache import RelocatedCache, build_cache
+from relaylens.generation.positions import new_token_phases, position_ids
 from relaylens.generation.rows import GenerationResult, Row, run_rows
 from relaylens.geometry.selection import Selection
 
@@ -55,18 +58,23 @@ def prefill_from_cache(history_ids: torch.Tensor, cache, model) -> PrefillResult
 
 
 def _forward(model, ids: torch.Tensor, positions: torch.Tensor, relocated: RelocatedCache, source_positions: torch.Tensor,
-             grad: bool = False):
+             grad: bool = False, factors: RotaryFactors | None = None, keep_logits: int | torch.Tensor = 0):
+    """Feed ``ids`` ``[T]`` at ``positions`` ``[T]`` (long, or float64 possibly carrying autograd) over the relocated
+    cache; logits ``[T or keep_logits, vocab]`` (``keep_logits``: a count of last tokens, or their indices)."""
     state = relocated.state
-    state.new_positions = torch.cat((state.new_positions, positions))
+    state.new_positions = torch.cat((state.new_positions, positions.detach()))
     base = state.new_source_positions if state.new_source_positions is not None else torch.zeros(0, dtype=torch.long)
     state.new_source_positions = torch.cat((base, source_positions))
     device = model.device
-    with torch.set_grad_enabled(grad), attention_context(model, state):
+    if positions.is_floating_point() and factors is None:
+        factors = RotaryFactors.from_model(model)
+    with torch.set_grad_enabled(grad), attention_context(model, state), new_token_phases(model, factors, positions[None]):
         out = model(
             input_ids=ids[None].to(device),
-            position_ids=positions[None].to(device),
+            position_ids=position_ids(positions)[None].to(device),
             cache=relocated.cache,
             use_cache=True,
+            logits_to_keep=keep_logits,
         )
     logits = out.logits[0]  # [T, vocab]
     return logits if grad and logits.dtype == torch.float64 else logits.float()
@@ -135,17 +143,18 @@ def run_condition(
     fix = ("Fix: use a smaller shift, a shorter history or fewer --max-new-tokens, or a model with a longer context"
            if "shift" in label else "Fix: use shorter records or fewer --max-new-tokens, or a model with a longer context "
            "(this condition has no shift to reduce)")
-    factors.check_positions(positions[-1:] + max(max_new_tokens, 0), f"condition {label}: question/generation positions",
-                            fix=fix)
+    factors.check_any_positions(positions[-1:].detach() + max(max_new_tokens, 0),
+                                f"condition {label}: question/generation positions", fix=fix)
     source = torch.arange(question_ids.numel()) + prefill.history_length
     relocated.state.observers = list(observers or [])
-    logits = _forward(model, question_ids, positions, relocated, source, grad)  # [Q, vocab]
+    logits = _forward(model, question_ids, positions, relocated, source, grad, factors)  # [Q, vocab]
     relocated.state.observers = []
     teacher_logits = None
     if teacher_token is not None:
         forked = _fork(relocated)
         forked.state.observers = list(teacher_observers or [])
-        teacher_logits = _forward(model, torch.tensor([int(teacher_token)]), positions[-1:] + 1, forked, source[-1:] + 1, grad)[-1]
+        teacher_logits = _forward(model, torch.tensor([int(teacher_token)]), positions[-1:] + 1, forked, source[-1:] + 1, grad,
+                                  factors)[-1]
         del forked
     result = GenerationResult(coords.condition, coords.question_start, positions, logits[-1].detach().clone(),
                               question_logits=logits if keep_question_logits or grad else None,
@@ -158,3 +167,57 @@ def run_condition(
         result.token_ids, result.positions = decoded.token_ids, decoded.positions
         result.stop_reason, result.text = decoded.stop_reason, decoded.text
     return result
+
+
+@contextlib.contextmanager
+def frozen_weights(model) -> Iterator[None]:
+    """Inside, no model parameter requires grad (a backward pass w.r.t. positions or caches computes no weight
+    gradients); each parameter's flag is restored on exit."""
+    flags = [(p, p.requires_grad) for p in model.parameters()]
+    try:
+        for p, _ in flags:
+            p.requires_grad_(False)
+        yield
+    finally:
+        for p, flag in flags:
+            p.requires_grad_(flag)
+
+
+def answer_log_probs(
+    model,
+    prefill: PrefillResult,
+    selection: Selection,
+    condition: str | Condition | Coordinates,
+    question_ids: torch.Tensor,
+    answer_ids: torch.Tensor,
+    factors: RotaryFactors | None = None,
+    window_mode: str = "condition",
+) -> torch.Tensor:
+    """``[A]`` log-probabilities of the answer tokens, teacher-forced right after the question under a condition.
+
+    One forward pass feeds the question and every answer token but the last (at ``question_start + j``); the logits
+    of the final question token score ``answer_ids[0]``, those of ``answer_ids[j]`` score ``answer_ids[j + 1]``. When
+    the condition's coordinates carry autograd (real-valued positions of :mod:`relaylens.conditions.family` built from
+    parameters that require grad) the result does too: ``log_probs.sum().backward()`` reaches the parameters (wrap
+    it in :func:`frozen_weights` to skip weight gradients). Float32 (float64 for a float64 model).
+    """
+    factors = factors or RotaryFactors.from_model(model)
+    question_ids = torch.as_tensor(question_ids, dtype=torch.long).reshape(-1)
+    answer_ids = torch.as_tensor(answer_ids, dtype=torch.long).reshape(-1)
+    if question_ids.numel() == 0 or answer_ids.numel() == 0:
+        raise ShapeError("answer_log_probs needs question tokens and at least one answer token")
+    relocated = build_cache(prefill, selection, condition, factors, window_mode)
+    coords = relocated.coordinates
+    ids = torch.cat((question_ids, answer_ids[:-1]))  # [Q + A - 1]
+    positions = coords.question_positions(ids.numel())
+    factors.check_any_positions(positions[-1:].detach(), f"condition {coords.condition}: question/answer positions",
+                                fix="Fix: use shorter records or answers, or a model with a longer context")
+    source = torch.arange(ids.numel()) + prefill.history_length
+    tracked = coords.key_positions.requires_grad or positions.requires_grad
+    # the scored rows by index: transformers gathers them into a contiguous tensor, so the unembedding is one matrix
+    # product (a count would slice a strided view, and matmul would copy the whole [vocab, hidden] weight for it)
+    rows = torch.arange(ids.numel() - answer_ids.numel(), ids.numel(), device=model.device)
+    logits = _forward(model, ids, positions, relocated, source, grad=tracked, factors=factors, keep_logits=rows)  # [A, vocab]
+    logits = logits[-answer_ids.numel():]
+    log_probs = torch.log_softmax(logits if logits.dtype == torch.float64 else logits.float(), dim=-1)
+    return log_probs.gather(-1, answer_ids[:, None].to(log_probs.device))[:, 0]

@@ -2,12 +2,13 @@
 
 Owns: :mod:`~relaylens.geometry.selection` (:class:`Selection`: kept source positions per layer and kv head),
 :mod:`~relaylens.geometry.rotary` (:class:`RotaryFactors`, the model's own rotary factors; rotation maths;
-:func:`relocate_keys`), :mod:`~relaylens.geometry.fused` (the dispatcher of the fused CPU relocation kernel: tables,
+:func:`relocate_keys`), :mod:`~relaylens.geometry.real` (relocation to real-valued positions, differentiable in them), :mod:`~relaylens.geometry.fused` (the dispatcher of the fused CPU relocation kernel: tables,
 threads, fallbacks) and :mod:`~relaylens.geometry.numba_source` (the kernel's numba source, imported only when numba
 is installed).
 
 In: keys ``[..., n, head_dim]`` with source and target positions; a loaded model (for its rotary factors).
-Out: relocated keys (``K' = R(target) R(source)^-1 K``, float32 arithmetic, cast back to the cache dtype).
+Out: relocated keys (``K' = R(target) R(source)^-1 K``, float32 arithmetic, cast back to the cache dtype). Positions
+are integers, or real values (floating point: :mod:`~relaylens.geometry.real`).
 
 May import: :mod:`relaylens.errors`, :mod:`relaylens.model` (rotary factors are read through
 :mod:`relaylens.model.hf`). Never generation, probes or anything above them.

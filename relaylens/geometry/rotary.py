@@ -31,8 +31,9 @@ from torch import nn
 
 from relaylens.geometry import fused as kernels
 from relaylens.geometry.positions import POSITION_LIMIT, check_positions
-from relaylens.errors import NonFiniteError, RopeError, ShapeError
-from relaylens.model.hf import call_rotary, detect_layout, find_rotary_embedding, nope_layers
+from relaylens.geometry.real import is_real, relocate_real
+from relaylens.errors import NonFiniteError, PositionError, RopeError, ShapeError
+from relaylens.model.hf import call_rotary, detect_layout, find_rotary_embedding, nope_layers, rotary_frequencies
 
 STATIC_ROPE_TYPES = ("default", "linear", "yarn", "llama3")
 """Rope types whose frequencies do not depend on the sequence length: relocation is exact for them."""
@@ -168,6 +169,57 @@ class RotaryFactors:
             self._tables[key] = cached
         return cached
 
+    def frequencies(self, layer: int | None = None) -> torch.Tensor:
+        """Inverse frequencies ``[plane]`` float64 of the layer's rotary: the phase advance per position of every
+        plane (zeros in NoPE layers). Read from the model's own buffer (:func:`relaylens.model.hf.rotary_frequencies`)
+        and checked against the model's phase at position 1."""
+        layer_type = self._layer_type(layer)
+        key = ("frequencies", layer_type)
+        cached = self._tables.get(key)
+        if cached is None:
+            cos, sin = self.tables(2, layer)  # [P, plane]
+            if layer_type == NOPE:
+                cached = torch.zeros(cos.shape[-1], dtype=torch.float64, device=cos.device)
+            else:
+                cached = rotary_frequencies(self.rotary_emb, layer_type).double().to(cos.device)  # [plane]
+                at_one = torch.atan2(sin[1].double(), cos[1].double())  # the model's phase at position 1
+                if cached.shape != at_one.shape or float((cached - at_one).abs().max()) > 1e-5:
+                    raise RopeError(f"the rotary module's inverse frequencies {tuple(cached.shape)} do not reproduce "
+                                    "its phases at position 1; real-valued positions need them. Fix: use integer "
+                                    "positions with this model")
+            self._tables[key] = cached
+        return cached
+
+    def real_plane_factors(self, positions: torch.Tensor, layer: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Per-plane ``(c, s)`` float64 ``[*positions.shape, plane]`` at real-valued ``positions`` (differentiable in them).
+
+        With ``n`` the nearest integer (``floor(p + 0.5)``) and ``f = p - n`` (in ``[-1/2, 1/2)``), the phase is the
+        model's own table entry at ``n`` (amplitude included, exactly what :meth:`plane_factors` gives) rotated by
+        ``omega f`` (:meth:`frequencies`), in float64: at integer positions it *is* the table entry, and
+        ``d(c + is)/dp = i omega (c + is)``. Positions are checked by the caller (:meth:`check_real_positions`).
+        """
+        positions = positions.to(torch.float64)
+        nearest = torch.floor(positions.detach() + 0.5)  # [*]
+        size = int(nearest.max()) + 1 if positions.numel() else 1
+        cos_table, sin_table = self.tables(max(size, 1), layer)  # [P, plane] float32
+        index = nearest.reshape(-1).long().to(cos_table.device)
+        shape = (*positions.shape, cos_table.shape[-1])
+        c0 = cos_table[index].double().reshape(shape)
+        s0 = sin_table[index].double().reshape(shape)
+        angle = (positions - nearest).to(c0.device)[..., None] * self.frequencies(layer)  # [*, plane]
+        rot_c, rot_s = torch.cos(angle), torch.sin(angle)
+        return c0 * rot_c - s0 * rot_s, c0 * rot_s + s0 * rot_c
+
+    def rotary_layer(self, layer_type: str | None) -> int | None:
+        """A layer index whose rotary is the one the model calls with ``layer_type`` (None for single-rotary models
+        without NoPE layers): how real-valued phases of new tokens pick their factors."""
+        if not self.per_layer:
+            return None
+        for index, kind in enumerate(self.layer_types):
+            if kind == layer_type and index not in self.nope_layers:
+                return index
+        raise RopeError(f"no rotary layer of type {layer_type!r}; the model's layer types are {sorted(set(map(str, self.layer_types)))}")
+
     def phase_tables(self, size: int, layer: int | None = None) -> tuple[torch.Tensor, ...]:
         """``(c, s, c / a^2, -s / a^2)`` float32 ``[P >= size, plane]``: phases and exact inverse phases per position."""
         cos, sin = self.tables(size, layer)  # [P, plane]
@@ -242,6 +294,38 @@ class RotaryFactors:
         (:meth:`check_positions_of`); ``fix`` replaces the default advice. Returns the largest position (-1 if none)."""
         return self.check_positions_of(positions, what, fix)[1]
 
+    def check_real_positions(self, positions: torch.Tensor, what: str, fix: str | None = None) -> float:
+        """:meth:`check_positions` for real-valued positions: finite, ``>= 0`` and at most ``position_limit - 1``
+        (:attr:`position_limit`: ``max_position_embeddings``, never past ``2**24``). Returns the largest position
+        (-1.0 when there is none)."""
+        if positions.numel() == 0:
+            return -1.0
+        values = positions.detach().double()
+        if not bool(torch.isfinite(values).all()):
+            raise NonFiniteError(f"{what} contain NaN or inf; a key or token needs a finite position. Fix: check the "
+                                 "geometry's parameters (a learned geometry that diverged: lower the learning rate)")
+        low, high = (float(v) for v in torch.aminmax(values))
+        if low < 0:
+            raise PositionError(f"{what} contain a negative position ({low:g}); positions start at 0. "
+                                f"Fix: {fix or 'give positions >= 0'}")
+        limit = self.position_limit
+        if high > limit - 1:
+            if limit == POSITION_LIMIT:
+                why = ("past 2**24 - 1: the rotary embedding computes phases from float32 positions, which cannot tell "
+                       "positions apart from there on")
+            else:
+                why = f"past what this model's rotary supports (max_position_embeddings={limit})"
+            advice = fix or "use a smaller shift or a model with a longer context"
+            raise PositionError(f"{what} reach position {high:g}, {why}. "
+                                f"{advice if advice.startswith('Fix:') else 'Fix: ' + advice}")
+        return high
+
+    def check_any_positions(self, positions: torch.Tensor, what: str, fix: str | None = None) -> float:
+        """:meth:`check_positions` for integer positions, :meth:`check_real_positions` for floating-point ones."""
+        if is_real(positions):
+            return self.check_real_positions(positions, what, fix)
+        return self.check_positions(positions, what, fix)
+
 
 def _check_phases(cos: torch.Tensor, sin: torch.Tensor, layer_type: str | None) -> None:
     """Refuse a rotary embedding whose phases at positions 1 and 2 (``[1, 2, rotary_dim]``) are not finite, or equal
@@ -269,7 +353,8 @@ def relocate_keys(
         keys: ``[..., n, head_dim]`` keys as the model cached them (any dtype; any leading shape, e.g.
             ``[batch, kv_head, n, head_dim]``).
         source_positions: ``[..., n]`` integer positions the keys carry now (broadcastable to ``keys.shape[:-1]``).
-        target_positions: ``[..., n]`` integer positions they should carry.
+        target_positions: ``[..., n]`` positions they should carry: integers, or real values (floating point; see
+            below).
         factors: :class:`RotaryFactors` of the model that produced the keys.
         layer: the layer index, required when the model's rotary differs per layer (Gemma-3).
 
@@ -283,9 +368,20 @@ def relocate_keys(
     keys) the pass runs under ``torch.no_grad()`` as one relative rotation per slot, multiply-adds written in place
     into reused scratch buffers (``relaylens bench geometry`` compares it with a float32 copy).
 
+    Real-valued positions: when either position tensor is floating point, the phases come from
+    :meth:`RotaryFactors.real_plane_factors` (float64; the model's table entry at the nearest integer rotated by the
+    fraction) and the map runs through :func:`relaylens.geometry.real.relocate_real`, differentiable in the keys and
+    in the positions whenever they require grad. At integer positions it equals the integer path within float32
+    rounding (``tests/geometry/test_real_positions.py``). Integer positions never take that path.
+
     Raises:
         NonFiniteError: the keys hold NaN/inf, or the result would overflow the keys' dtype (never propagated).
     """
+    if is_real(source_positions) or is_real(target_positions):
+        tracked = keys.requires_grad or any(isinstance(p, torch.Tensor) and p.requires_grad
+                                            for p in (source_positions, target_positions))
+        with torch.set_grad_enabled(torch.is_grad_enabled() and tracked):
+            return relocate_real(keys, source_positions, target_positions, factors, layer)
     if (torch.is_grad_enabled() and keys.requires_grad) or keys.dtype == torch.float64:
         with torch.set_grad_enabled(torch.is_grad_enabled() and keys.requires_grad):
             return _relocate(keys, source_positions, target_positions, factors, layer)  # differentiable (and float64)

@@ -4,7 +4,9 @@
   :func:`attention_constants` (scaling, query heads per kv head);
 * rotary lookup and layout: :data:`POSITION_LIMIT`, :func:`find_rotary_embedding`, :func:`call_rotary`, :func:`rotary_function` (the modeling
   module's own ``apply_rotary_pos_emb``), :func:`detect_layout` (split-half vs interleaved ``rotate_half``),
-  :func:`nope_layers` (layers that apply no rotary);
+  :func:`nope_layers` (layers that apply no rotary), :func:`rotary_frequencies` (the inverse-frequency buffer),
+  :func:`rotary_override` (a ``with`` block in which the rotary module's ``(cos, sin)`` are replaced: real-valued
+  positions of new tokens);
 * query/key rebuild recipes: :data:`QUERY_RECIPES`, :func:`rebuild_query_key` (post-rotary q/k of one attention
   module from its inputs, exactly as its forward computes them);
 * the attention-kernel switch: :func:`attention_kernel` (a ``with`` block, restored on exit);
@@ -40,8 +42,9 @@ from torch import nn
 from relaylens.errors import RopeError
 
 __all__ = ["POSITION_LIMIT", "decoder_layers", "attention_module", "attention_constants", "find_rotary_embedding", "call_rotary",
-           "rotary_function", "detect_layout", "nope_layers", "QUERY_RECIPES", "rebuild_query_key", "attention_kernel",
-           "layer_attention", "attention_modules", "rope_summary", "output_projection", "cache_tensors", "new_cache", "cache_from_tensors", "cached_keys", "cached_values", "cache_lengths", "pre_rotary_keys",
+           "rotary_function", "detect_layout", "nope_layers", "rotary_frequencies", "rotary_override", "QUERY_RECIPES",
+           "rebuild_query_key", "attention_kernel", "layer_attention", "attention_modules", "rope_summary", "output_projection",
+           "cache_tensors", "new_cache", "cache_from_tensors", "cached_keys", "cached_values", "cache_lengths", "pre_rotary_keys",
            "hook_cache", "attached_rotary", "preserved_attention_functions"]
 
 
@@ -128,6 +131,49 @@ def call_rotary(rotary: nn.Module, position_ids: torch.Tensor, layer_type: str |
         else:
             cos, sin = rotary(dummy, position_ids, layer_type)
     return cos.float(), sin.float()
+
+
+def rotary_frequencies(rotary: nn.Module, layer_type: str | None) -> torch.Tensor:
+    """The inverse frequencies ``[rotary_dim // 2]`` (float32, as stored) the rotary module multiplies positions by.
+
+    Read from the module's own buffer: ``inv_freq`` (one rotary), ``{layer_type}_inv_freq`` (Gemma-3's per-type
+    rotary). For YaRN, ``llama3`` and linear scaling the buffer holds the scaled frequencies the model uses.
+    """
+    name = "inv_freq" if layer_type is None else f"{layer_type}_inv_freq"
+    buffer = getattr(rotary, name, None)
+    if buffer is None and layer_type is not None:
+        buffer = getattr(rotary, "inv_freq", None)
+    if not isinstance(buffer, torch.Tensor):
+        raise RopeError(f"{type(rotary).__name__} has no {name} buffer; relaylens reads the model's own inverse "
+                        "frequencies for real-valued positions. Fix: use integer positions with this model")
+    return buffer.detach().float()
+
+
+@contextlib.contextmanager
+def rotary_override(model: nn.Module, phases: Callable[[str | None], tuple[torch.Tensor, torch.Tensor]]) -> Iterator[None]:
+    """``with rotary_override(model, phases):`` every call of the model's rotary embedding returns ``phases(layer_type)``
+    (``(cos, sin)`` ``[B, n, rotary_dim]`` in any float dtype, possibly carrying autograd) instead of its own output,
+    cast to the dtype and device the module returns. The hook is removed on exit, also on errors."""
+    rotary = find_rotary_embedding(model)
+    busy = []  # ``phases`` may call the rotary itself (to build its tables): those calls keep the module's output
+
+    def hook(module, args, kwargs, output):
+        if busy:
+            return None
+        layer_type = kwargs.get("layer_type", args[2] if len(args) > 2 else None)
+        busy.append(True)
+        try:
+            cos, sin = phases(layer_type)
+        finally:
+            busy.clear()
+        like = output[0]
+        return cos.to(device=like.device, dtype=like.dtype), sin.to(device=like.device, dtype=like.dtype)
+
+    handle = rotary.register_forward_hook(hook, with_kwargs=True)
+    try:
+        yield
+    finally:
+        handle.remove()
 
 
 def nope_layers(model: nn.Module) -> frozenset[int]:

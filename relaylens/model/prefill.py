@@ -31,6 +31,9 @@ class PrefillResult:
         num_key_value_groups: query heads per kv head.
         column_sums: per layer ``[q_head, L]`` float32 causal attention column sums of every history query (H2O,
             CaM), captured in the same pass with ``prefill_history(..., column_sums=True)``; None when not captured.
+        kept: None for a whole prefill. A compacted prefill (:func:`relaylens.generation.cache.keep_selected`) holds
+            only the kept states of one selection, slot-aligned (``keys``/``values`` per layer
+            ``[kv_head, slot, head_dim]``), and ``kept`` is that selection: it serves that selection only.
     """
 
     history_ids: torch.Tensor  # [L]
@@ -41,6 +44,7 @@ class PrefillResult:
     scaling: float
     num_key_value_groups: int
     column_sums: list[torch.Tensor] | None = None  # per layer [q_head, L] float32
+    kept: object | None = None  # the Selection a compacted prefill holds (keys/values [kv_head, slot, head_dim])
 
     @property
     def history_length(self) -> int:

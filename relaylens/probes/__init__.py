@@ -3,8 +3,10 @@
 Owns: :mod:`~relaylens.probes.readouts` (evidence attention share, evidence value norm, phase replay, the
 teacher-forced first answer token; :class:`FinalTokenRecorder`, an attention observer), :mod:`~relaylens.probes.
 transformer_lens` (the same readouts from TransformerLens hooks), :mod:`~relaylens.probes.attribution` (gradient x
-input and direct logit attribution of the answer to the evidence), :mod:`~relaylens.probes.layer_sweep` (one layer
-relocated at a time) and :mod:`~relaylens.probes.token_view` (the token view's capture).
+input and direct logit attribution of the answer to the evidence), :mod:`~relaylens.probes.sensitivity` (positional
+sensitivity: the gradient of the first answer token's log-probability w.r.t. each (layer, kv head)'s distance ``b``
+and gap scale ``s``), :mod:`~relaylens.probes.layer_sweep` (one layer relocated at a time) and
+:mod:`~relaylens.probes.token_view` (the token view's capture).
 
 In: a prefill, a selection, conditions, the question ids and an ``evidence_mask``. Out: long-format rows of the
 ``probes`` table (:mod:`relaylens.results.tables`). Axes: :mod:`relaylens.geometry`.

@@ -117,6 +117,10 @@ class ReplayContent:
 def replay_content(recorder: FinalTokenRecorder, reference_position: int, prefill: PrefillResult, selection: Selection,
                    factors: RotaryFactors) -> ReplayContent:
     """Strip the phases: the query at ``reference_position`` and the cached keys at their source positions."""
+    if prefill.kept is not None:
+        raise RelaylensError("phase replay reads the cached keys at their source positions from the whole prefill; this "
+                             "one was compacted to one selection's kept states (keep_selected). Fix: pass the whole "
+                             "prefill")
     queries, keys = {}, {}
     for layer, query in recorder.queries.items():
         layer_arg = layer if factors.per_layer else None

@@ -71,6 +71,7 @@ _PALETTE = {
     "original": "#4d4d4d", "relay": "#1f77b4", "half_gap": "#ff7f0e", "key_only": "#2ca02c",
     "query_only": "#d62728", "common_shift": "#9467bd", "rank_sync": "#8c564b", "score_order": "#e377c2",
     "reverse_order": "#17becf", "random_order": "#bcbd22", "RandomMean": "#bcbd22", "compaction": "#7f7f7f",
+    "learned": "#e6550d", "geometry": "#fdae6b",
 }
 BAND_COLORS = {"early": "#f2f2f2", "middle": "#e3ebf5", "late": "#f2f2f2"}
 BAND_SHADES = {"early": "#9ecae1", "middle": "#4292c6", "late": "#08519c"}

@@ -229,7 +229,7 @@ def report_context(tables: dict, manifest: dict, figure_names: list[str] | None 
     check_not_empty(tables)
     everything = tables  # paper tables may read more than the three main tables (Table 2: the skipped records)
     tables = {**{k: tables[k] for k in ("metrics", "metric_note", "run_status") if k in tables},
-              **{name: get_table(tables, name) for name in ("answers", "scores", "probes", "skipped")}}
+              **{name: get_table(tables, name) for name in ("answers", "scores", "probes", "skipped", "geometry")}}
     probes = tables["probes"]
     condition_rows, condition_table = _condition_table(tables)
     names, not_drawn = (figure_names, {}) if figure_names is not None else figure_plan(tables, manifest)

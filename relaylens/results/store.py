@@ -394,11 +394,12 @@ class RunStore:
         return sorted((self.run_dir / UNITS).glob("[0-9a-f]*.json.gz"))
 
     def write_unit(self, key: UnitKey | tuple, answers_rows: Any, scores_rows: Any, probes_rows: Any,
-                   replace: bool = False, skipped_rows: Any = ()) -> None:
+                   replace: bool = False, skipped_rows: Any = (), geometry_rows: Any = ()) -> None:
         """Commit all rows of one unit atomically. Rows are lists of dicts (or DataFrames) with the columns of
         :mod:`relaylens.results.tables`; their key columns must match ``key``; no two rows may share an identity
         (:data:`SORT_COLUMNS`). Float NaN / None are stored as null and read back as NaN. A unit that was not run
-        commits one ``skipped_rows`` row (and no other rows): resuming does not retry it."""
+        commits one ``skipped_rows`` row (and no other rows): resuming does not retry it. ``geometry_rows``: the
+        training unit of ``learned_geometry`` (rewritten with ``replace=True`` after every step)."""
         key = UnitKey(*key).normalised()
         where = f"unit {tuple(key)}"
         if self.is_done(key) and not replace:
@@ -406,7 +407,7 @@ class RunStore:
                                    "(is_done). Fix: pass replace=True to overwrite it deliberately")
         tables = {name: _columns(name, rows, key, where)
                   for name, rows in (("answers", answers_rows), ("scores", scores_rows), ("probes", probes_rows),
-                                     ("skipped", skipped_rows))}
+                                     ("skipped", skipped_rows), ("geometry", geometry_rows))}
         checksum = hashlib.sha256(_dumps({"unit": list(key), "tables": tables})).hexdigest()
         doc = {"unit": list(key), "sha256": checksum, "tables": tables}
         if replace:
@@ -490,8 +491,8 @@ class RunStore:
         return tables, hidden
 
     def consolidate(self) -> dict[str, pd.DataFrame]:
-        """Write ``answers/scores/probes/skipped.parquet`` (each atomically) then ``consolidated.json`` (the units,
-        and each file's sha256 and row count); return the tables."""
+        """Write ``answers/scores/probes/skipped/geometry.parquet`` (each atomically) then ``consolidated.json`` (the
+        units, and each file's sha256 and row count); return the tables."""
         hashes = [p.stem for p in self.unit_paths()]
         tables, hidden = self._build()
         digests = {}

@@ -36,7 +36,8 @@ condition, probe_point, source, layer, head, metric, value``; ``probe_point`` is
 ``sweep`` (the per-layer causal sweep of ``--sweep layers``: ``evidence_share`` of the conditions ``original``,
 ``relay@layers=l`` and ``relay@layers=0-l``; their ``first_answer_logprob`` scores sit in ``scores``, and they have
 no ``answers`` rows).
-With ``attribution`` (the ``evidence_reading`` analysis) the forward readouts add ``evidence_grad_x_input``,
+With ``sensitivity`` the forward readouts add ``positional_sensitivity_b`` and ``positional_sensitivity_s`` at
+``question_final`` (their ``head`` column holds the **kv head**). With ``attribution`` (the ``evidence_reading`` analysis) the forward readouts add ``evidence_grad_x_input``,
 ``history_grad_x_input``, ``evidence_grad_x_input_share``, ``evidence_logit_contribution`` and
 ``history_logit_contribution`` (:mod:`relaylens.probes.attribution`).
 
@@ -45,6 +46,14 @@ reason, history_length, detail``; ``reason`` is ``too_long`` (history over ``--m
 range), ``too_short`` (history or budget smaller than a selector's observation window, or a budget that keeps no
 state); ``detail`` is the full one-line explanation. A skipped unit is committed like any other, so a resumed run
 does not retry it silently (``--retry-skipped`` does, on purpose).
+
+``geometry`` (optional; written by ``learned_geometry``) — one row per (training step, layer, head, metric):
+columns ``record_id, selector, budget, step, layer, head, metric, value``; ``record_id`` is ``training`` (the run's
+one training unit, rewritten after every step); metrics ``train_loglik`` (mean teacher-forced answer log-likelihood
+per token over the step's train records, at the parameters before the update), ``test_loglik`` and
+``train_all_loglik`` (all test / train records, at evaluation steps), ``step_s`` (seconds of the step), the family's
+parameters ``b``, ``s``, ``alpha`` after ``step`` updates (``layer``/``head`` ``-1`` where shared; ``head`` is a kv
+head), and at the last step only Adam's moments ``adam_m:<parameter>``, ``adam_v:<parameter>`` (for resuming).
 
 Column kinds are in :data:`DTYPES`, each table's row identity (and sort order) in :data:`SORT_COLUMNS`;
 :func:`example_tables` fabricates small seeded tables of this schema for examples and tests.
@@ -76,13 +85,23 @@ ANSWER_COLUMNS = KEY_COLUMNS + [
 SCORE_COLUMNS = KEY_COLUMNS + ["question_type", "is_abstention", "cluster_id", "metric", "value"]
 PROBE_COLUMNS = KEY_COLUMNS + ["probe_point", "source", "layer", "head", "metric", "value"]
 SKIPPED_COLUMNS = ["record_id", "selector", "budget", "reason", "history_length", "detail"]
-TABLES = {"answers": ANSWER_COLUMNS, "scores": SCORE_COLUMNS, "probes": PROBE_COLUMNS, "skipped": SKIPPED_COLUMNS}
-OPTIONAL_TABLES = ("skipped",)
+GEOMETRY_COLUMNS = ["record_id", "selector", "budget", "step", "layer", "head", "metric", "value"]
+TABLES = {"answers": ANSWER_COLUMNS, "scores": SCORE_COLUMNS, "probes": PROBE_COLUMNS, "skipped": SKIPPED_COLUMNS,
+          "geometry": GEOMETRY_COLUMNS}
+OPTIONAL_TABLES = ("skipped", "geometry")
 """Tables that unit files written before they existed may lack (read as empty)."""
 SWEEP_SOURCE = "sweep"
 """``source`` of the probe rows of the per-layer causal sweep (kept out of per-layer tables of the main conditions)."""
 FIRST_ANSWER_LOGPROB = "first_answer_logprob"
 """Score metric: log-probability the final question token gives the first reference-answer token (sweep rows)."""
+ANSWER_LOGLIK = "answer_loglik"
+"""Score metric: mean per-token log-likelihood of the reference answer, teacher-forced after the question
+(``learned_geometry``'s evaluation rows)."""
+SENSITIVITY_METRICS = ("positional_sensitivity_b", "positional_sensitivity_s")
+"""Probe metrics of the positional sensitivity readout (:mod:`relaylens.probes.sensitivity`); their ``head`` is a
+kv head."""
+TRAINING_UNIT = "training"
+"""``record_id`` of the geometry table's rows: the one training unit of a ``learned_geometry`` run."""
 
 INT, FLOAT, BOOL, STR, OPT_STR = "int", "float", "bool", "str", "str?"
 DTYPES: dict[str, str] = {
@@ -92,7 +111,7 @@ DTYPES: dict[str, str] = {
     "question_start": INT, "gold_units_total": INT, "gold_units_kept": INT, "references": STR,
     "elapsed_s": FLOAT, "prefill_s": FLOAT, "selection_s": FLOAT, "batch_rows": INT, "first_token_eos_prob": FLOAT,
     "metric": STR, "value": FLOAT,
-    "probe_point": STR, "source": STR, "layer": INT, "head": INT, "reason": STR, "detail": STR,
+    "probe_point": STR, "source": STR, "layer": INT, "head": INT, "reason": STR, "detail": STR, "step": INT,
 }
 """Column kinds: ``int`` (int64), ``float`` (float64, None -> NaN), ``bool``, ``str``, ``str?`` (None allowed)."""
 
@@ -101,6 +120,7 @@ SORT_COLUMNS = {
     "scores": KEY_COLUMNS + ["metric"],
     "probes": KEY_COLUMNS + ["probe_point", "source", "layer", "head", "metric"],
     "skipped": ["record_id", "selector", "budget"],
+    "geometry": ["record_id", "selector", "budget", "step", "layer", "head", "metric"],
 }
 """Each table's row identity: the deterministic sort order, and no two rows may share these values."""
 

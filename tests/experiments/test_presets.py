@@ -53,6 +53,11 @@ PAPER = {
     # not an experiment of the paper (issue 17): its decoding and gold unit on the layer scopes
     "layer_scope": {"selectors": ("bm25",), "budgets": (0.10,), "conditions_include": ("original", "relay", "key_only"),
                     "probes": True, "teacher_forcing": True, **MEMORY_DECODING, **SESSION_GOLD},
+    # not an experiment of the paper (issue 31): BM25 10%, original vs relay vs learned (96 records from --data)
+    "learned_geometry": {"selectors": ("bm25",), "budgets": (0.10,), "conditions": ("original", "relay"),
+                         "sensitivity": True, "prompt_mode": "auto", "granularity": "session"},
+    "positional_sensitivity": {"selectors": ("bm25",), "budgets": (0.10,),
+                               "conditions": ("original", "relay", "key_only"), "sensitivity": True, **MEMORY_DECODING},
 }
 
 

@@ -403,8 +403,12 @@ IN_PROCESS = [
         ["source positions", "negative position (-4)"]),
     ("geometry-position-past-rotary", lambda e, t: _relocate(e, _keys(), torch.arange(5), torch.arange(5) + 131070),
         ["target positions", "131074", "max_position_embeddings=131072"]),
-    ("geometry-float-positions", lambda e, t: _relocate(e, _keys(), torch.arange(5.0), torch.arange(5)),
-        ["integer positions", "float32"]),
+    # floating-point positions are real-valued positions (tests/geometry/test_real_positions.py): refused when not
+    # finite; other non-integer dtypes are refused as before
+    ("geometry-bool-positions", lambda e, t: _relocate(e, _keys(), torch.ones(5, dtype=torch.bool), torch.arange(5)),
+        ["integer positions", "torch.bool"]),
+    ("geometry-nan-float-positions", lambda e, t: _relocate(e, _keys(), torch.tensor([0.0, 1.0, float("nan"), 3.0, 4.0]),
+                                                             torch.arange(5)), ["source positions", "NaN or inf", "Fix"]),
     ("geometry-head-dim-mismatch", lambda e, t: _relocate(e, torch.randn(2, 5, 8), torch.arange(5), torch.arange(5)),
         ["head_dim 8", "16"]),
     ("geometry-positions-do-not-broadcast", lambda e, t: _relocate(e, _keys(), torch.arange(4), torch.arange(4)),

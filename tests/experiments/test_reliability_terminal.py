@@ -152,7 +152,7 @@ def test_progress_stage_is_plain_text():
 
     from rich.console import Console
 
-    from relaylens.experiments.runner import _advance
+    from relaylens.experiments.runner import advance_bar
     from relaylens.progress import progress_view
 
     sink = io.StringIO()
@@ -160,7 +160,7 @@ def test_progress_stage_is_plain_text():
     with view:
         task = view.add_task("demo", total=2, stage="")
         for rid in HOSTILE_IDS:
-            _advance(view, task, 1, rid, "committed")
+            advance_bar(view, task, 1, rid, "committed")
     text = sink.getvalue()
     assert_clean(text)
     assert "[link=http://x]y[/link]" in text

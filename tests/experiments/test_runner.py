@@ -65,7 +65,7 @@ def reference_run(workspace):
 def test_run_writes_three_tables_and_prints_accuracy(reference_run):
     out, result = reference_run
     tables = load_tables(out)
-    assert set(tables) == {"answers", "scores", "probes", "skipped"}
+    assert set(tables) == {"answers", "scores", "probes", "skipped", "geometry"}
     assert tables["skipped"].empty  # every record of the file fits
     answers = tables["answers"]
     assert len(answers) == 6 * 5  # records x conditions (one selector, one budget)

@@ -220,7 +220,8 @@ def llama_factors():
     [
         (torch.tensor([0, -1, 2]), torch.tensor([0, 1, 2]), PositionError, "negative"),
         (torch.tensor([0, 1, 2]), torch.tensor([0, 1, 200_000]), PositionError, "max_position_embeddings"),
-        (torch.tensor([0.0, 1.0, 2.0]), torch.tensor([0, 1, 2]), PositionError, "integer"),
+        # floating-point positions are real-valued positions (tests/geometry/test_real_positions.py); other dtypes are refused
+        (torch.tensor([True, False, True]), torch.tensor([0, 1, 2]), PositionError, "integer"),
         (torch.tensor([0, 1]), torch.tensor([0, 1]), ShapeError, "broadcast"),
     ],
 )

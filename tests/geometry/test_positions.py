@@ -57,7 +57,10 @@ def test_phase_replay_reads_every_integer_width_as_positions(factors, dtype):
 @pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize(("source", "target", "message"), [
     (torch.tensor([0, 1, 2], dtype=torch.bool), torch.tensor([0, 1, 2]), "must be integer positions"),
-    (torch.tensor([0.0, 1.0, 2.0]), torch.tensor([0, 1, 2]), "must be integer positions"),
+    # floating-point positions are real-valued positions (tests/geometry/test_real_positions.py): the same rule holds
+    # for them on every path (no negative position); other non-integer dtypes are refused
+    (torch.tensor([0, 1, 2], dtype=torch.complex64), torch.tensor([0, 1, 2]), "must be integer positions"),
+    (torch.tensor([0.0, -1.0, 2.0]), torch.tensor([0, 1, 2]), "negative position"),
     (torch.tensor([0, 1, 2], dtype=torch.int8) - 3, torch.tensor([0, 1, 2]), "negative position"),
     (torch.tensor([0, 1, 2]), torch.tensor([0, 1, 2**63 - 1], dtype=torch.int64), "max_position_embeddings=131072"),
     (torch.tensor([0, 1, 2]), torch.tensor([0, 1, 2**64 - 1], dtype=torch.uint64), "2\\*\\*63 or more"),

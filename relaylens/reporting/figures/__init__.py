@@ -10,7 +10,6 @@ One file per figure, named after its analysis; :mod:`relaylens.reporting.figures
 (:data:`REGISTRY`, by name; ``SPEC.figures`` of each analysis names its entries), :mod:`~relaylens.reporting.figures.writer`
 the run-directory writer.
 
-==================== ====== ==================== =========================================================================
 name                 kind   file                 what
 ==================== ====== ==================== =========================================================================
 table1               table  main_table           accuracy per selector and condition, paired difference vs original
@@ -34,19 +33,48 @@ layer_scope          figure layer_scope          relay per band / layer type vs 
 history_length       figure history_length       relay - original accuracy and evidence share vs history length (runs)
 history_length_table table history_length       the same numbers with win:loss counts
 ==================== ====== ==================== =========================================================================
+=======
+====================== ====== ====================== =============================================================================
+name                   kind   file                   what
+====================== ====== ====================== =============================================================================
+table1                 table  main_table             accuracy per selector and condition, paired difference vs original
+table2                 table  infinitebench          InfiniteBench per task: official metric, original vs relay, paired delta
+table6                 table  question_types         accuracy per question type
+table7                 table  finch_comparison       FINCH (own coordinates) vs selectors + relay, paired differences to FINCH
+table8                 table  paired_settings        paired RoPERelay - original difference per setting, sign counts
+table10                table  summarization          HelloEval quality / factuality / coverage, length, EOS rate per setting
+table11                table  summarization          the same checklist scores per source category
+cross_judge            table  cross_judge            gain under each judge, agreement and Cohen's kappa
+layer_bands            table  evidence_reading       evidence reading by early / middle / late band (deltas vs original)
+table3                 table  overhead               complete-request time per condition and overhead over original
+answering              table  answering              empty answers, first-token end-of-answer probability, accuracy over non-empty
+figure3                figure budget_curves          accuracy vs budget, one panel per selector, original vs relay
+figure4                figure coordinate_ablation    per-condition means and paired differences vs original, band deltas
+figure5                figure ordering               source / score / reverse / RandomMean and the seed spread
+figure6                figure evidence_reading       evidence reading per layer + the compaction(alpha) curve
+figure6_attribution    figure evidence_attribution   Figure 6's companion: attribution of the answer to the evidence
+alignment              figure alignment              relay (right-aligned) vs rank_sync (left-aligned)
+layer_scope            figure layer_scope            relay per band / layer type vs original; per-layer causal sweep curves
+learned_geometry       figure learned_geometry       learned b, s, alpha per layer vs relay; train/test curves; learned vs relay
+learned_table          table  learned_geometry       learned vs relay and original on the test records, paired intervals
+positional_sensitivity figure positional_sensitivity d log p / d b and d / d s per layer x kv head, per condition
+history_length         figure history_length         relay - original accuracy and evidence share vs history length (runs)
+history_length_table   table  history_length         the same numbers with win:loss counts
+====================== ====== ====================== =============================================================================
 
 Example:
     >>> sorted(REGISTRY)  # doctest: +NORMALIZE_WHITESPACE
     ['alignment', 'answering', 'cross_judge', 'figure3', 'figure4', 'figure5', 'figure6', 'figure6_attribution',
-     'history_length', 'history_length_table', 'layer_bands', 'layer_scope', 'table1', 'table10', 'table11',
-     'table2', 'table3', 'table6', 'table7', 'table8']
+     'history_length', 'history_length_table', 'layer_bands', 'layer_scope', 'learned_geometry', 'learned_table',
+     'positional_sensitivity', 'table1', 'table10', 'table11', 'table2', 'table3', 'table6', 'table7', 'table8']
 """
 
 from __future__ import annotations
 
 from relaylens.reporting.figures import (  # noqa: F401 - importing a figure file registers its entries
-    alignment, answering, budget_curves, coordinate_ablation, cross_judge, evidence_attribution, evidence_reading, finch_comparison,
-    history_length, infinitebench, layer_scope, main_table, ordering, overhead, paired_settings, question_types, summarization)
+    alignment, answering, budget_curves, coordinate_ablation, cross_judge, evidence_attribution, evidence_reading,
+    finch_comparison, history_length, infinitebench, layer_scope, learned_geometry, main_table, ordering, overhead,
+    paired_settings, positional_sensitivity, question_types, summarization)
 from relaylens.reporting.figures.registry import (COMPANIONS, ORDER, REGISTRY, FigureEntry, FigureError, build, names,
                                         select_figures, supported)
 from relaylens.reporting.figures.writer import write_entry, write_figures

@@ -1,0 +1,208 @@
+"""The ``learned_geometry`` run: records, split, preparation, training and evaluation in one resumable run
+directory (the steps are described in :mod:`relaylens.experiments.learned`).
+
+Run directory: the usual manifest, units and tables (:mod:`relaylens.results.store`), plus the ``geometry`` table
+(one training unit, ``record_id`` ``training``) and ``learned_geometry.json``. Re-running the same command resumes:
+training continues at its last committed step, evaluation skips committed test records, and records are prepared
+again only when something still needs them (a prefill per record is the run's largest cost besides training).
+
+Example (the CLI: ``relaylens run learned_geometry --limit 16 --steps 20 --out runs/learned``; from Python):
+    >>> from relaylens.experiments.specs import load_analysis
+    >>> from relaylens.experiments.config import RunConfig
+    >>> module = load_analysis("learned_geometry")
+    >>> run_learned_geometry(module.SPEC, RunConfig(limit=16, out="runs/learned"), module.OPTIONS)  # doctest: +SKIP
+    PosixPath('runs/learned')
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+import torch
+
+from relaylens.errors import RelaylensError, shown
+from relaylens.experiments.config import RunConfig, check_config
+from relaylens.experiments.learned import LearnOptions, Prepared, learned_file, split_records, train
+from relaylens.experiments.specs import ExperimentSpec
+from relaylens.results.tables import ANSWER_LOGLIK, TRAINING_UNIT
+
+
+def run_learned_geometry(spec: ExperimentSpec, config: RunConfig, options: LearnOptions | None = None,
+                         progress: bool = True, model_and_tokenizer=None) -> Path:
+    """Run (or resume) ``learned_geometry``; returns the run directory (tables consolidated, the learned file written)."""
+    from relaylens.datasets import SAMPLE, load_records, resolve_data
+    from relaylens.geometry.rotary import RotaryFactors
+    from relaylens.model.hf import rope_summary
+    from relaylens.model.loading import load_model, model_files_fingerprint, model_fingerprint
+    from relaylens.results.locks import run_lock
+    from relaylens.results.store import RunStore, UnitKey, build_manifest, prepare_run_dir
+    from relaylens.experiments.judges import make_judge
+
+    options = options or LearnOptions()
+    check_config(config)
+    if config.shard:
+        raise RelaylensError("learned_geometry trains one geometry on all its train records; it does not run in shards. "
+                             "Fix: drop --shard (and use relaylens run, not sweep)")
+    if len(spec.selectors) != 1 or len(spec.budgets) != 1:
+        raise RelaylensError(f"learned_geometry learns one geometry for one selector and one budget; got selectors "
+                             f"{list(spec.selectors)} and budgets {list(spec.budgets)}. Fix: pass one --selector and "
+                             "one --budget")
+    data_path = resolve_data(spec.data if config.data == SAMPLE else config.data)
+    records = load_records(data_path, format=config.data_format)
+    limit = config.limit if config.limit is not None else spec.limit
+    records = records[:limit] if limit else records
+    train_records, test_records = split_records(records, config.seed, options.train_fraction)
+    out = Path(config.out or f"runs/{spec.name}")
+    model, tokenizer = model_and_tokenizer or load_model(config.model, **config.placement().load_kwargs())
+    if spec.prompt_mode == "auto":
+        spec = spec.replace(prompt_mode="chat" if getattr(tokenizer, "chat_template", None) else "completion")
+    factors = RotaryFactors.from_model(model)
+    run = vars(config) | {"out": None, "force": None, "shard": None, "retry_skipped": None, "batch_rows": None,
+                          "view_records": None, "judge_url": None}
+    plan = {"record_ids": [r.record_id for r in test_records], "units": len(test_records),
+            "train_ids": [r.record_id for r in train_records]}
+    manifest = build_manifest(spec.name, {"spec": spec.to_dict(), "run": run, "learn": asdict(options),
+                                          "rope": rope_summary(model)},
+                              config.model, model_fingerprint(model), data_path, None,
+                              model_info=model_files_fingerprint(model, tokenizer), plan=plan)
+    prepare_run_dir(out)
+    with run_lock(out, "run"):
+        judge = make_judge(config, out)
+        store = RunStore.create_or_open(out, manifest, force=config.force)
+        selector, budget = spec.selectors[0], float(spec.budgets[0])
+        key = {"record_id": TRAINING_UNIT, "selector": selector, "budget": budget}
+        training_key = UnitKey(TRAINING_UNIT, selector, budget)
+        rows = _training_rows(store, training_key)
+        finished = any(r["metric"] == "b" and r["step"] == options.steps for r in rows) and (out / "learned_geometry.json").exists()
+        pending_test = [r for r in test_records if not store.is_done(UnitKey(r.record_id, selector, budget))]
+        wanted = pending_test if finished else train_records + test_records
+        with _bar(progress) as bar:
+            prepared = _prepare(model, tokenizer, factors, wanted, spec, config, store, options, bar)
+            train_items = [prepared[r.record_id] for r in train_records if r.record_id in prepared
+                           and prepared[r.record_id].answer_ids.numel()]
+            test_items = [prepared[r.record_id] for r in test_records if r.record_id in prepared
+                          and prepared[r.record_id].answer_ids.numel()]
+            if not finished:
+                if not train_items or not test_items:
+                    raise RelaylensError(f"learned_geometry: {len(train_items)} train and {len(test_items)} test records "
+                                         "have a reference answer and fit the model; it needs at least one of each. Fix: "
+                                         "pass more records (--limit) or other data")
+
+                def commit(new_rows):
+                    store.write_unit(training_key, [], [], [], replace=store.is_done(training_key), geometry_rows=new_rows)
+
+                task = bar.add_task("train", total=options.steps, stage="") if bar else None
+
+                def tick(step, text):
+                    if bar:
+                        bar.update(task, completed=step, stage=text)
+
+                values = train(model, factors, train_items, test_items, options, config.seed, key, rows,
+                               config.window_mode, commit, tick)
+                if bar:
+                    bar.update(task, completed=options.steps, stage="trained")
+                selection = train_items[0].unit.selection
+                learned_file(out, values, options, manifest, spec, [r.record_id for r in train_records],
+                             [r.record_id for r in test_records], config.seed, selection.num_layers,
+                             selection.num_kv_heads)
+            _evaluate(model, tokenizer, factors, [prepared[r.record_id] for r in pending_test if r.record_id in prepared],
+                      spec, config, store, judge, out, bar)
+        store.consolidate()
+    return out
+
+
+def _bar(progress: bool):
+    from contextlib import nullcontext
+
+    from relaylens.experiments.runner import progress_bar
+
+    return progress_bar(progress) if progress else nullcontext(None)
+
+
+def _training_rows(store, key) -> list[dict]:
+    """The geometry rows of the committed training unit (empty before the first step)."""
+    if not store.is_done(key):
+        return []
+    columns = store.load_unit(store.unit_path(key))["geometry"]
+    return [dict(zip(columns, values)) for values in zip(*columns.values())]
+
+
+def _prepare(model, tokenizer, factors, records, spec, config, store, options: LearnOptions, bar) -> dict[str, Prepared]:
+    """Prefill and select each record once and keep only its kept states; records that cannot run are committed as
+    skipped units (``too_long`` / ``too_short``) and left out."""
+    from relaylens.datasets.prompting import render_prompt
+    from relaylens.experiments.runner import (answer_tokens, history_problem, prefill_record, select_units,
+                                              selector_objects, skip_unit)
+    from relaylens.generation.cache import keep_selected
+    from relaylens.results.store import UnitKey
+
+    selectors = selector_objects(spec, config.seed)
+    name, budget = spec.selectors[0], float(spec.budgets[0])
+    task = bar.add_task("prepare", total=len(records), stage="") if bar else None
+    out = {}
+    for record in records:
+        if bar:
+            bar.update(task, stage=f"{shown(record.record_id)}: prefill")
+        prompt = render_prompt(record, tokenizer, mode=spec.prompt_mode)
+        reason = history_problem(prompt, spec, config, factors)
+        started = time.perf_counter()
+        units, too_short = [], []
+        if reason is None:
+            prefill = prefill_record(model, prompt, config, selectors.values())
+            ready = {name: selectors[name].prepare(model, prefill, prompt, factors)}
+            prefill_s = time.perf_counter() - started
+            units, too_short = select_units(prefill, prompt, [(name, budget)], ready, spec.protect_instructions)
+            if too_short:
+                reason = ("too_short", f"record {record.record_id}: {name} @ {budget:g}: {too_short[0][2]}")
+        if reason is not None:
+            if not store.is_done(UnitKey(record.record_id, name, budget)):
+                skip_unit(store, record.record_id, name, budget, prompt.history_length, *reason)
+        else:
+            answer = answer_tokens(tokenizer, record, spec.prompt_mode)[: options.max_answer_tokens]
+            out[record.record_id] = Prepared(record, prompt, keep_selected(prefill, units[0].selection), units[0],
+                                             prefill_s, torch.tensor(answer, dtype=torch.long))
+            del prefill
+        if bar:
+            bar.update(task, advance=1, stage=f"{shown(record.record_id)}: ready")
+    return out
+
+
+def _evaluate(model, tokenizer, factors, items: list[Prepared], spec, config, store, judge, out: Path, bar) -> None:
+    """Every pending test record under original, relay and the learned map: the runner's answers, scores and probes
+    (and sensitivity) plus ``answer_loglik`` scores, committed per record."""
+    from relaylens.conditions.family import Learned
+    from relaylens.conditions.scoped import expand_conditions
+    from relaylens.experiments.runner import process_record
+    from relaylens.generation.cache import coordinates_of
+    from relaylens.generation.single import answer_log_probs
+    from relaylens.results.store import UnitKey
+
+    learned = Learned.from_run_dir(out, display="learned")
+    eval_spec = spec.replace(conditions=("original", "relay", learned))
+    conditions = expand_conditions(eval_spec.conditions, model)
+    task = bar.add_task("evaluate", total=len(items), stage="") if bar else None
+    for item in items:
+        record = item.record
+        if bar:
+            bar.update(task, stage=f"{shown(record.record_id)}: decoding")
+        for unit, answers, scores, probes, _ in process_record(model, tokenizer, factors, record, item.prompt, item.prefill,
+                                                               item.prefill_s, [item.unit], eval_spec, config, judge):
+            meta = {"record_id": record.record_id, "selector": unit.selector, "budget": float(unit.budget),
+                    "question_type": record.question_type, "is_abstention": bool(record.is_abstention),
+                    "cluster_id": record.cluster_id or record.record_id}
+            for condition in conditions:  # how far from the question the condition puts the kept keys
+                coords = coordinates_of(condition, unit.selection)
+                distance = (float(coords.question_start) - coords.key_positions.double())[unit.selection.valid]
+                scores.append(meta | {"condition": condition.label, "metric": "mean_key_distance",
+                                      "value": float(distance.mean())})
+            if item.answer_ids.numel():
+                with torch.no_grad():
+                    for condition in conditions:
+                        value = answer_log_probs(model, item.prefill, unit.selection, condition, item.prompt.question_ids,
+                                                 item.answer_ids, factors, config.window_mode).mean()
+                        scores.append(meta | {"condition": condition.label, "metric": ANSWER_LOGLIK, "value": float(value)})
+            store.write_unit(UnitKey(record.record_id, unit.selector, unit.budget), answers, scores, probes)
+        if bar:
+            bar.update(task, advance=1, stage=f"{shown(record.record_id)}: committed")
