@@ -139,6 +139,10 @@ def test_cli_check_catches_an_option_the_app_does_not_have(commands, tmp_path):
     assert any("relaylens model pul" in p and "no such command" in p for p in problems), problems
     assert not codescan.check_cli_line("relaylens run ANALYSIS [--model SPEC] [--limit N] --preset paper", commands)
     assert not codescan.check_cli_line("relaylens bench all  # --comment is fine", commands)
+    # an install line names the package (and its extras), not the command; a command after it is still checked
+    assert not codescan.check_cli_line("pip install 'relaylens[kvpress]'   # extras", commands)
+    assert not codescan.check_cli_line(".venv/bin/pip install -e '.[dev]'", commands)
+    assert codescan.check_cli_line("pip3 list && relaylens modle pull", commands)
 
 
 # -------------------------------------------------------------------------------------------------- named paths

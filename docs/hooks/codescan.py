@@ -120,11 +120,14 @@ def option_names(command) -> set[str]:
 
 
 OPTION = re.compile(r"(?<![\w-])(--?[a-zA-Z][\w-]*)")
+INSTALL = re.compile(r"\s*(?:\S*/)?(?:pip3?|uv pip|python3? -m pip)\s+install\b")
 
 
 def check_cli_line(line: str, commands: dict[str, object]) -> list[str]:
     """Problems with one command line that calls ``relaylens`` (``[]`` usage brackets, placeholders and ``...``
     allowed): an unknown command, or an option the command does not have. Lines without ``relaylens`` pass."""
+    if INSTALL.match(line):  # `pip install 'relaylens[kvpress]'` names the package, not the command
+        return []
     tokens = _tokens(line)
     if "relaylens" not in tokens and not any(t.endswith("relaylens.cli") for t in tokens):
         return []
