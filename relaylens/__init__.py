@@ -46,8 +46,6 @@ Example:
 from __future__ import annotations
 
 import importlib
-import importlib.abc
-import importlib.util
 import sys
 import types
 import warnings
@@ -173,12 +171,16 @@ def _caller_stacklevel() -> int:
     return level
 
 
-class _MovedModules(importlib.abc.MetaPathFinder, importlib.abc.Loader):
-    """Imports an old module path as its new home (the same module object), warning once per path."""
+class _MovedModules:
+    """Imports an old module path as its new home (the same module object), warning once per path: a meta-path finder
+    and loader by protocol (``find_spec`` / ``create_module`` / ``exec_module``; subclassing ``importlib.abc`` would
+    import ``importlib.resources``, ``pathlib`` and ``tempfile`` with every ``import relaylens``)."""
 
     def find_spec(self, fullname, path=None, target=None):
         if moved_home(fullname) is None:
             return None
+        import importlib.util  # only an old path gets here
+
         return importlib.util.spec_from_loader(fullname, self)
 
     def create_module(self, spec):
