@@ -404,6 +404,15 @@ def test_tests_mirror_the_package_folders():
     assert folders - stages == {"acceptance", "browser"}, folders - stages  # the tiers by cost
 
 
+def test_test_file_names_are_unique_across_folders():
+    """Test folders are not packages (pytest's default import mode), so two test files with one name in two folders
+    stop the whole suite with 'import file mismatch' when they are collected together."""
+    seen: dict[str, list[str]] = {}
+    for path in (ROOT / "tests").rglob("test_*.py"):
+        seen.setdefault(path.name, []).append(str(path.relative_to(ROOT)))
+    assert not {n: p for n, p in seen.items() if len(p) > 1}, {n: p for n, p in seen.items() if len(p) > 1}
+
+
 def test_nothing_imports_a_top_level_analyses_package():
     """relaylens reaches the analyses only as relaylens.analyses (issue 14: a foreign ``analyses`` must never load)."""
     offenders = [f"{path.name}:{line}" for path in MODULES.values() for module, _, line in _imports(path)
