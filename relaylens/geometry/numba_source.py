@@ -207,8 +207,7 @@ def compile_kernel(split_half: bool, planes: int, bfloat16: bool = False) -> Ker
     split_half, planes = bool(split_half), int(planes)
     rotary_dim = 2 * planes
     zero = np.float32(0.0)
-    if bfloat16:
-        return _compile_bfloat16(split_half, planes)
+    key_at = _uint16_at if bfloat16 else _float32_at  # keys and output: bfloat16 bit patterns or float32
 
     @numba.njit(cache=True, nogil=True, boundscheck=False)
     def rows(keys, source, target, forward, inverse, out, start, stop):  # pragma: no cover
@@ -219,47 +218,12 @@ def compile_kernel(split_half: bool, planes: int, bfloat16: bool = False) -> Ker
     def team(params_at):  # pragma: no cover
         params = numba.carray(params_at, PARAMS)
         slots, head_dim, table_rows, block = params[6], params[7], params[8], params[9]
-        keys = numba.carray(_float32_at(params[0]), slots * head_dim)
+        keys = numba.carray(key_at(params[0]), slots * head_dim)
         source = numba.carray(_int64_at(params[1]), slots)
         target = numba.carray(_int64_at(params[2]), slots)
         forward = numba.carray(_float32_at(params[3]), table_rows * rotary_dim)
         inverse = numba.carray(_float32_at(params[4]), table_rows * rotary_dim)
-        out = numba.carray(_float32_at(params[5]), slots * head_dim)
-        state = numba.carray(_int64_at(params[10]), 3)  # [next row to claim, non-finite output, rows outside]
-        while True:
-            start = _fetch_add(state, 0, block)
-            if start >= slots:
-                break
-            poison, outside = _relocate_range(keys, source, target, forward, inverse, out, head_dim, table_rows, start,
-                                              min(start + block, slots), planes, split_half)
-            if poison != zero:
-                state[1] = 1  # read after the team's closing barrier
-            if outside:
-                _fetch_add(state, 2, outside)
-
-    return Kernel(rows, team)
-
-
-def _compile_bfloat16(split_half: bool, planes: int) -> Kernel:
-    """:func:`compile_kernel` for bfloat16 keys: the same row loop on ``uint16`` bit patterns."""
-    rotary_dim = 2 * planes
-    zero = np.float32(0.0)
-
-    @numba.njit(cache=True, nogil=True, boundscheck=False)
-    def rows(keys, source, target, forward, inverse, out, start, stop):  # pragma: no cover
-        return _relocate_range(keys.ravel(), source, target, forward.ravel(), inverse.ravel(), out.ravel(),
-                               keys.shape[1], forward.shape[0], start, stop, planes, split_half)
-
-    @numba.cfunc(types.void(types.CPointer(types.int64)), cache=True, nopython=True, boundscheck=False)
-    def team(params_at):  # pragma: no cover
-        params = numba.carray(params_at, PARAMS)
-        slots, head_dim, table_rows, block = params[6], params[7], params[8], params[9]
-        keys = numba.carray(_uint16_at(params[0]), slots * head_dim)
-        source = numba.carray(_int64_at(params[1]), slots)
-        target = numba.carray(_int64_at(params[2]), slots)
-        forward = numba.carray(_float32_at(params[3]), table_rows * rotary_dim)
-        inverse = numba.carray(_float32_at(params[4]), table_rows * rotary_dim)
-        out = numba.carray(_uint16_at(params[5]), slots * head_dim)
+        out = numba.carray(key_at(params[5]), slots * head_dim)
         state = numba.carray(_int64_at(params[10]), 3)  # [next row to claim, non-finite output, rows outside]
         while True:
             start = _fetch_add(state, 0, block)
