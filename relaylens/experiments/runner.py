@@ -112,9 +112,16 @@ def select_units(prefill, prompt, pending: list[tuple[str, float]], selectors: d
     ``selectors``: selector name -> the object whose ``select`` runs (prepared for this record). ``protect``: keep
     the instruction and template states outside the budget (:func:`relaylens.selectors.protection.select_protected`).
     Returns the units and ``(selector, budget, error)`` for budgets the record's history is too short for.
+    ``kvpress:`` units share their history passes (:func:`relaylens.selectors.kvpress_pass.share_press_passes`);
+    each one's ``selection_s`` carries an equal share of the shared passes' time.
     """
+    from relaylens.selectors.kvpress_pass import share_press_passes
     from relaylens.selectors.protection import select_protected
 
+    shared_s, served = 0.0, set()
+    if not protect:  # every kvpress unit of the record scored in one history pass per kernel
+        _, shared_s, served = share_press_passes(selectors, prefill, pending)
+    share = shared_s / max(1, sum(name in served for name, _ in pending))
     units, too_short = [], []
     for name, budget in pending:
         started = time.perf_counter()
@@ -124,7 +131,8 @@ def select_units(prefill, prompt, pending: list[tuple[str, float]], selectors: d
         except (BudgetError, TooShortError) as err:  # the budget or the history is too small for the selector
             too_short.append((name, budget, err))
             continue
-        units.append(UnitWork(name, budget, selection, time.perf_counter() - started))
+        spent = time.perf_counter() - started + (share if name in served else 0.0)
+        units.append(UnitWork(name, budget, selection, spent))
     return units, too_short
 
 

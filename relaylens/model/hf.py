@@ -45,7 +45,7 @@ __all__ = ["POSITION_LIMIT", "decoder_layers", "attention_module", "attention_co
            "rotary_function", "detect_layout", "nope_layers", "rotary_frequencies", "rotary_override", "QUERY_RECIPES",
            "rebuild_query_key", "attention_kernel", "layer_attention", "attention_modules", "rope_summary", "output_projection",
            "cache_tensors", "new_cache", "cache_from_tensors", "cached_keys", "cached_values", "cache_lengths", "pre_rotary_keys",
-           "hook_cache", "attached_rotary", "preserved_attention_functions"]
+           "hook_cache", "attached_rotary", "exposed_head_dim", "preserved_attention_functions"]
 
 
 # ------------------------------------------------------------------------------------------------- layer access
@@ -406,6 +406,27 @@ def attached_rotary(model) -> Iterator[None]:
     finally:
         for attn in added:
             del attn.rotary_emb
+
+
+@contextlib.contextmanager
+def exposed_head_dim(model) -> Iterator[None]:
+    """Give each attention module's config a ``head_dim`` inside the block where it has none (Qwen2's config derives
+    it in the module): kvpress presses such as CriticalKVPress read ``module.config.head_dim``, which Llama and Gemma
+    configs carry. Removed on exit where relaylens added it."""
+    added = []
+    try:
+        for attn in attention_modules(model):
+            config = getattr(attn, "config", None)
+            head_dim = getattr(attn, "head_dim", None)
+            if config is None or head_dim is None or any(c is config for c in added):
+                continue
+            if getattr(config, "head_dim", None) is None:
+                config.head_dim = int(head_dim)
+                added.append(config)
+        yield
+    finally:
+        for config in added:
+            del config.head_dim
 
 
 @contextlib.contextmanager

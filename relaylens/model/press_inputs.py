@@ -7,7 +7,8 @@ weights ``output[1]`` (only the eager kernel returns them), and hands the press 
 :func:`press_layer_pass` runs the same single forward of the history at positions ``0..L-1`` and calls a function
 with exactly those arguments after every attention layer. The keyword arguments carry what kvpress's hooks read and
 newer transformers no longer pass: ``past_key_values`` (now ``cache``) and ``cache_position`` (``0..L-1`` of the
-prefill). During the pass every attention module has ``rotary_emb`` (kvpress sets it before a press runs).
+prefill). During the pass every attention module has ``rotary_emb`` (kvpress sets it before a press runs) and its
+config a ``head_dim`` (Qwen2's config has none; CriticalKVPress reads it).
 
 Axes: ``layer``, ``kv_head``, ``q_head``, ``pos`` (:mod:`relaylens.geometry`); ``B`` batch (always 1 here).
 
@@ -27,7 +28,7 @@ import torch
 
 from relaylens.errors import ShapeError
 from relaylens.model.hf import (attached_rotary, attention_kernel, attention_modules, cached_keys, cached_values,
-                                hook_cache, new_cache)
+                                exposed_head_dim, hook_cache, new_cache)
 
 #: ``fn(layer, module, hidden_states, keys, values, attentions, kwargs) -> result``: hidden states ``[1, L, hidden]``
 #: (the attention module's input), keys and values ``[1, kv_head, L, head_dim]`` as cached, attentions
@@ -75,7 +76,8 @@ def press_layer_pass(model, history_ids: torch.Tensor, fn: LayerFunction,
 
     handles = [m.register_forward_hook(make_hook(i), with_kwargs=True) for i, m in enumerate(modules)]
     try:
-        with attention_kernel(model, attn_implementation), attached_rotary(model), torch.inference_mode():
+        with attention_kernel(model, attn_implementation), attached_rotary(model), exposed_head_dim(model), \
+                torch.inference_mode():
             model(input_ids=ids.to(device), position_ids=torch.arange(length, device=device)[None], cache=new_cache(),
                   use_cache=True, logits_to_keep=1)
     finally:

@@ -48,6 +48,7 @@ from relaylens.errors import BudgetError, RelaylensError, TooShortError
 from relaylens.geometry.selection import Selection
 from relaylens.model.prefill import PrefillResult
 from relaylens.selectors.base import Budget, Selector
+from relaylens.selectors.kvpress_pass import PressError, PressScorer, memo_key, score_presses
 
 PREFIX = "kvpress:"
 #: the kvpress release the catalogue below and the equality test cover
@@ -110,11 +111,6 @@ REFUSED = {
                   "schedule); not adapted",
     "BlockPress": "compresses block by block over a growing cache (its own prefill schedule); not adapted",
 }
-
-
-class PressError(RelaylensError):
-    """A kvpress press that cannot run as a selector: unknown name, wrong arguments, refused press, kvpress not
-    installed, or scores of the wrong shape / non-finite values. The message names the press and the fix."""
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -337,55 +333,23 @@ class KvPress(Selector):
         if self.model is None:
             raise PressError(f"{self.label} has no model to run the press with; select with the copy returned by "
                              "prepare(model, prefill, prompt) (the runner does this)")
-        key = (ratio, kept, tuple(prefill.history_ids.tolist()))
-        if key not in self.memo:
-            self.memo.clear()  # one budget's pass kept at a time
-            self.memo[key] = self._run(prefill, ratio, kept)
+        key = memo_key(prefill, ratio, kept)
+        if key not in self.memo:  # the runner fills it for every press of a record in one pass (score_presses)
+            score_presses([(self, ratio, kept)], prefill)
         positions, scores = self.memo[key]  # per layer [kv_head, n_l] long (sorted), float32
         counts = [int(p.shape[1]) for p in positions]
         info["budget"] = counts[0] if len(set(counts)) == 1 else counts
         return Selection.from_lists([list(p) for p in positions], length, scores=[list(s) for s in scores], info=info)
 
-    def _run(self, prefill: PrefillResult, ratio: float, kept: int):
-        from relaylens.model.press_inputs import press_layer_pass
-
+    def scorer(self, prefill: PrefillResult, ratio: float, kept: int) -> PressScorer:
+        """This press at ``compression_ratio = ratio`` ready to score the layers of ``prefill``'s history."""
         press = self.build(ratio)
-        length, heads = prefill.history_length, prefill.num_kv_heads
+        length = prefill.history_length
         for attr in ("window_size", "n_sink", "num_sinks"):
             value = getattr(press, attr, None)
             if isinstance(value, int) and not isinstance(value, bool) and length <= value:
                 raise TooShortError(f"{self.label} needs a history longer than its {attr}={value}; got L={length}. "
                                     f"Fix: lower {attr} (e.g. {self.label}:{attr}=...) or use longer histories")
         press.post_init_from_model(self.model)
-        layer_budget = getattr(press, "get_layer_budget", None)
+        return PressScorer(self, press, prefill, ratio, kept, eager=self.press in NEEDS_ATTENTIONS)
 
-        def score(layer, module, hidden_states, keys, values, attentions, kwargs):
-            try:
-                scores = press.score(module, hidden_states, keys, values, attentions, kwargs)  # [1, kv_head, L]
-            except (AssertionError, ValueError, RuntimeError, NotImplementedError, KeyError) as err:
-                raise PressError(f"{self.label} failed to score layer {layer} of a {length}-token history: "
-                                 f"{type(err).__name__}: {err}") from err
-            if not isinstance(scores, torch.Tensor) or tuple(scores.shape) != (1, heads, length):
-                shape = tuple(scores.shape) if isinstance(scores, torch.Tensor) else type(scores).__name__
-                raise PressError(f"{self.label} returned scores of shape {shape} at layer {layer}; expected "
-                                 f"(1, {heads}, {length}) = (batch, kv_head, history). The press's score() is "
-                                 "not a per-state scorer on this model: fix the press or pick another")
-            bad = ~torch.isfinite(scores)
-            if bool(bad.any()):
-                raise PressError(f"{self.label} returned {int(bad.sum())} non-finite scores (NaN or inf) at layer "
-                                 f"{layer}; a selection needs finite scores. Check the press's arguments "
-                                 f"{dict(self.options)} and the model's dtype")
-            n = layer_budget(module, length) if layer_budget is not None else kept
-            if not 0 <= n <= length:
-                raise BudgetError(f"{self.label} asks layer {layer} to keep {n} of {length} states")
-            top = scores.topk(n, dim=-1).indices[0]  # [kv_head, n], kvpress's own top-k (ties included)
-            top = top.sort(dim=-1).values
-            return top.cpu(), scores[0].gather(-1, top).float().cpu()
-
-        implementation = "eager" if self.press in NEEDS_ATTENTIONS else "sdpa"
-        device = next(self.model.parameters()).device
-        with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
-            if self.seed is not None:
-                torch.manual_seed(self.seed)
-            results = press_layer_pass(self.model, prefill.history_ids, score, attn_implementation=implementation)
-        return [r[0] for r in results], [r[1] for r in results]

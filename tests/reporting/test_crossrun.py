@@ -64,6 +64,29 @@ def test_table8_paired_differences_and_sign_counts():
                                             "with fewer than 10 clusters")
 
 
+def test_relay_gain_draws_table8_sorted_by_difference():
+    """The per-setting figure (e.g. one row per kvpress press): one point per setting at its paired difference,
+    sorted, with Table 8's interval and both means in the label."""
+    from relaylens.reporting.figures import build
+
+    scores = pd.concat([_scores({"contains": [(0, 1), (0, 1), (1, 1), (0, 0)]}, selector="kvpress:TOVAPress"),
+                        _scores({"contains": [(1, 0), (1, 1), (1, 1), (1, 1)]}, selector="kvpress:KnormPress"),
+                        _scores({"contains": [(1, 1), (0, 0)]}, selector="h2o")])
+    fig = build("relay_gain", {"scores": scores, "metrics": ("contains",)})
+    ax = fig.axes[0]
+    labels = [t.get_text() for t in ax.get_yticklabels()]
+    assert labels == ["kvpress:KnormPress @ 10%  (1.00 -> 0.75)", "h2o @ 10%  (0.50 -> 0.50)",
+                      "kvpress:TOVAPress @ 10%  (0.25 -> 0.75)"]
+    points = ax.lines[0].get_xdata()  # the markers of the errorbar container, bottom to top
+    assert np.allclose(points, [-0.25, 0.0, 0.5])
+    table = paired_settings_table(scores, "contains").set_index("selector")
+    segments = ax.collections[0].get_segments()  # one horizontal interval per setting, bottom to top
+    for segment, name in zip(segments, ["kvpress:KnormPress", "h2o", "kvpress:TOVAPress"]):
+        assert segment[:, 0].min() == pytest.approx(table.loc[name, "delta_low"])
+        assert segment[:, 0].max() == pytest.approx(table.loc[name, "delta_high"])
+    assert "1 of 3 settings improve" in ax.get_title()
+
+
 def _run_dir(path, model, dataset, scores):
     path.parent.mkdir(parents=True, exist_ok=True)
     data = path.parent / f"{dataset}.json"

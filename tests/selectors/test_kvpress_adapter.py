@@ -213,3 +213,70 @@ def test_main_table_runs_over_presses_end_to_end(kvpress, tmp_path):
     assert set(answers.selector) == {"kvpress:KnormPress", "kvpress:SnapKVPress", "kvpress:ObservedAttentionPress"}
     assert set(answers.condition) == {"original", "relay"} and len(answers) == 2 * 3 * 2
     assert "kvpress:SnapKVPress" in done.stdout
+
+
+SHARED = [("kvpress:KnormPress", {}), ("kvpress:SnapKVPress", {"window_size": 8}), ("kvpress:TOVAPress", {}),
+          ("kvpress:LeverageScorePress", {"seed": 3}), ("kvpress:RandomPress", {"seed": 5}),
+          ("kvpress:PyramidKVPress", {"window_size": 2, "beta": 2}), ("kvpress:ObservedAttentionPress", {}),
+          ("kvpress:StreamingLLMPress", {"n_sink": 500})]  # the last one is too short for a 120-token history
+
+
+def test_one_shared_pass_keeps_what_separate_passes_keep(kvpress, record):
+    """Every press and budget of a record scored together: two history forwards (sdpa, and eager for the press that
+    reads attention weights) instead of one per (press, budget), with bit-identical selections, seeded streams
+    included; a press that cannot run on the record is left to its own select, which raises."""
+    from relaylens.experiments.runner import select_units
+    from relaylens.selectors.kvpress_pass import share_press_passes
+
+    model, prefill = record
+    budgets = [0.25, 0.5]
+    units = [(name, b) for name, _ in SHARED for b in budgets]
+
+    def prepared():
+        return {name: make_selector(name, **options).prepare(model, prefill) for name, options in SHARED}
+
+    forwards = []
+    handle = model.register_forward_pre_hook(lambda *args: forwards.append(1))
+    try:
+        alone = {}
+        for name, b in units:
+            try:
+                alone[name, b] = prepared()[name].select(prefill, None, b)
+            except TooShortError:
+                alone[name, b] = None
+        separate = len(forwards)
+        forwards.clear()
+        together = prepared()
+        passes, seconds, served = share_press_passes(together, prefill, units)
+        shared = len(forwards)
+        selections = {(name, b): together[name].select(prefill, None, b) for name, b in units if alone[name, b]}
+        assert len(forwards) == shared  # every select was served by the shared passes
+    finally:
+        handle.remove()
+    assert separate == 2 * (len(SHARED) - 1) and (passes, shared) == (2, 2) and seconds > 0
+    assert served == {name for name, _ in SHARED[:-1]}
+    for (name, b), selection in selections.items():
+        assert torch.equal(selection.positions, alone[name, b].positions), (name, b)
+        assert torch.equal(selection.valid, alone[name, b].valid), (name, b)
+        assert torch.equal(selection.scores, alone[name, b].scores), (name, b)
+    work, too_short = select_units(prefill, None, units, prepared())  # the runner's path: same selections
+    assert [(w.selector, w.budget) for w in work] == list(selections)
+    assert [(n, b) for n, b, _ in too_short] == [(SHARED[-1][0], b) for b in budgets]
+    for unit in work:
+        assert torch.equal(unit.selection.positions, selections[unit.selector, unit.budget].positions)
+
+
+def test_presses_reading_config_head_dim_run_on_qwen2(kvpress):
+    """Qwen2's config has no ``head_dim`` (the module derives it) and CriticalKVPress reads
+    ``module.config.head_dim``: the pass exposes it and takes it away again."""
+    from relaylens.model.prefill import prefill_history
+    from relaylens.testing import tiny_model
+
+    model = tiny_model("qwen2")
+    assert getattr(model.config, "head_dim", None) is None
+    prefill = prefill_history(model, torch.randint(3, 300, (96,), generator=torch.Generator().manual_seed(2)),
+                              window_size=8)
+    press = make_selector("kvpress:CriticalKVPress", press="SnapKVPress", **{"press.window_size": 8})
+    selection = press.prepare(model, prefill).select(prefill, None, 0.25)
+    assert selection.counts.unique().tolist() == [24]
+    assert getattr(model.config, "head_dim", None) is None

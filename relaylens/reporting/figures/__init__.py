@@ -18,6 +18,7 @@ table2                 table  infinitebench          InfiniteBench per task: off
 table6                 table  question_types         accuracy per question type
 table7                 table  finch_comparison       FINCH (own coordinates) vs selectors + relay, paired differences to FINCH
 table8                 table  paired_settings        paired RoPERelay - original difference per setting, sign counts
+relay_gain             figure paired_settings        Table 8 drawn: relay - original per setting (e.g. per press), sorted
 table10                table  summarization          HelloEval quality / factuality / coverage, length, EOS rate per setting
 table11                table  summarization          the same checklist scores per source category
 cross_judge            table  cross_judge            gain under each judge, agreement and Cohen's kappa
@@ -42,7 +43,7 @@ Example:
     >>> sorted(REGISTRY)  # doctest: +NORMALIZE_WHITESPACE
     ['alignment', 'answering', 'cross_judge', 'figure3', 'figure4', 'figure5', 'figure6', 'figure6_attribution',
      'history_length', 'history_length_table', 'layer_bands', 'layer_scope', 'learned_geometry', 'learned_table',
-     'positional_sensitivity', 'table1', 'table10', 'table11', 'table2', 'table3', 'table6', 'table7', 'table8']
+     'positional_sensitivity', 'relay_gain', 'table1', 'table10', 'table11', 'table2', 'table3', 'table6', 'table7', 'table8']
 """
 
 from __future__ import annotations
