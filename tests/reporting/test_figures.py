@@ -236,3 +236,16 @@ def test_committed_runs_redraw(run, tmp_path):
         assert (tmp_path / name).stat().st_size > 0, name
         if name.endswith((".csv", ".md")):
             assert (tmp_path / name).read_bytes() == (committed / name).read_bytes(), name
+
+
+def test_long_footer_lines_wrap_to_the_figure():
+    """Sixteen selectors' retention notes (a kvpress sweep) wrap at FOOTER_WIDTH instead of widening the figure."""
+    from relaylens.reporting.figures.registry import FOOTER_WIDTH, footer_lines
+
+    many = tuple(f"kvpress:Press{i:02d}" for i in range(16))
+    t = example_tables(records=2, selectors=many, budgets=(0.1,), conditions=("original", "relay"))
+    assert max(len(line) for line in footer_lines(t)) > FOOTER_WIDTH  # the table notes keep one line per caveat
+    fig = figures.build("relay_gain", t)
+    lines = fig._supxlabel.get_text().split("\n")
+    assert max(len(line) for line in lines) <= FOOTER_WIDTH
+    assert all(f"kvpress:Press{i:02d} @ 0.1" in " ".join(lines) for i in range(16))

@@ -15,6 +15,7 @@ Example:
 from __future__ import annotations
 
 import re
+import textwrap
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -44,6 +45,10 @@ COMPANIONS = {"figure6": ("layer_bands", "figure6_attribution"), "table1": ("tab
 """Entries drawn together with an entry named in ``SPEC.figures`` (Figure 6's numbers are the layer-band table and
 its attribution companion is drawn when the probes table has attribution readouts; Table 1's paired differences per
 setting are Table 8, drawn as ``relay_gain``; a second judge adds the cross-judge table)."""
+
+
+FOOTER_WIDTH = 160
+"""Characters per line of a figure's footer (longer lines, such as the per-selector retention line, wrap)."""
 
 
 class FigureError(RelaylensError):
@@ -157,6 +162,8 @@ def build(name: str, tables: dict) -> Figure | pd.DataFrame:
     with plots.style():
         result = REGISTRY[name].build(tables)
         footer = footer_lines(tables)
+        # many selectors (a kvpress sweep) make long lines: wrapped, so the footer stays as wide as the figure
+        footer = [part for line in footer for part in textwrap.wrap(line, FOOTER_WIDTH, break_long_words=False)]
         if isinstance(result, Figure) and footer:
             label = getattr(result, "_supxlabel", None)  # the figure's footnote, extended with the run's caveats
             if label is not None:
