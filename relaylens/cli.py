@@ -495,6 +495,8 @@ def judge_command(
     deadline: float = typer.Option(DEADLINE_S, "--deadline", help="wall-clock seconds one judge call may take, "
                                    "retries included (a server trickling bytes is cut there)"),
     max_reply_bytes: int = typer.Option(MAX_REPLY_BYTES, "--max-reply-bytes", help="largest judge reply read"),
+    dtype: str = typer.Option(None, "--dtype", help="a local judge's dtype: float32 (default), bfloat16 "
+                              "(faster on CPUs with AMX), float16 or auto; not for --judge-url"),
 ) -> None:
     """Re-score a finished run's answers with another judge (generations untouched; adds judge_NAME scores)."""
     from relaylens.errors import shown
@@ -504,13 +506,16 @@ def judge_command(
     name = _guard(judge_name, judge_model) if name is None else name
     _guard(check_judge_name, name)
     _check_key_env(judge_url, judge_key_env)
+    if judge_url and dtype:
+        _fail(f"--dtype {dtype!r} sets a local judge's weights; a judge at --judge-url runs in its server's own "
+              "dtype. Fix: drop --dtype, or drop --judge-url to judge with a local model")
     if judge_url:
         backend = _guard(OpenAIBackend, judge_url, judge_model, api_key_env=judge_key_env, max_tokens=max_tokens,
                          reasoning_effort=reasoning_effort, deadline=deadline, max_reply_bytes=max_reply_bytes)
     else:
         from relaylens.model.loading import load_model
 
-        model, tokenizer = _guard(load_model, judge_model)
+        model, tokenizer = _guard(load_model, judge_model, dtype=dtype or "float32")
         backend = _guard(HFBackend, model, tokenizer, model_id=judge_model, max_tokens=max_tokens,
                          reasoning_effort=reasoning_effort)
     with console.status(f"judging the answers of {_safe(run_dir)} as judge {name} ..."):
