@@ -418,9 +418,7 @@ def exposed_head_dim(model) -> Iterator[None]:
         for attn in attention_modules(model):
             config = getattr(attn, "config", None)
             head_dim = getattr(attn, "head_dim", None)
-            if config is None or head_dim is None or any(c is config for c in added):
-                continue
-            if getattr(config, "head_dim", None) is None:
+            if config is not None and head_dim is not None and getattr(config, "head_dim", None) is None:
                 config.head_dim = int(head_dim)
                 added.append(config)
         yield

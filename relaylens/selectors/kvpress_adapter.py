@@ -44,7 +44,7 @@ from typing import ClassVar
 
 import torch
 
-from relaylens.errors import BudgetError, RelaylensError, TooShortError
+from relaylens.errors import TooShortError
 from relaylens.geometry.selection import Selection
 from relaylens.model.prefill import PrefillResult
 from relaylens.selectors.base import Budget, Selector
@@ -334,7 +334,7 @@ class KvPress(Selector):
             raise PressError(f"{self.label} has no model to run the press with; select with the copy returned by "
                              "prepare(model, prefill, prompt) (the runner does this)")
         key = memo_key(prefill, ratio, kept)
-        if key not in self.memo:  # the runner fills it for every press of a record in one pass (score_presses)
+        if key not in self.memo:  # the runner fills it for every press of a record at once (share_press_passes)
             score_presses([(self, ratio, kept)], prefill)
         positions, scores = self.memo[key]  # per layer [kv_head, n_l] long (sorted), float32
         counts = [int(p.shape[1]) for p in positions]

@@ -136,10 +136,11 @@ def run_scorers(scorers: Iterable[PressScorer], prefill: PrefillResult) -> int:
         with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
             start = _rng_state(device)
             for scorer in group:  # every press's own stream: its seed, else the stream at the pass's start
+                scorer.rng = start
                 if scorer.selector.seed is not None:
                     torch.manual_seed(scorer.selector.seed)
-                scorer.rng = _rng_state(device) if scorer.selector.seed is not None else start
-                _set_rng_state(start, device)
+                    scorer.rng = _rng_state(device)
+                    _set_rng_state(start, device)
 
             def score_all(layer, module, hidden_states, keys, values, attentions, kwargs):
                 for scorer in group:

@@ -59,7 +59,7 @@ def relay_gain(tables: dict) -> Figure:
     metrics = list(parts)
     rows = max(len(t) for t in parts.values())
     fig = Figure(figsize=(4.2 * len(metrics) + 1.6, 0.9 + 0.28 * rows), layout="constrained")
-    axes = fig.subplots(1, len(metrics), squeeze=False, sharey=False)[0]
+    axes = fig.subplots(1, len(metrics), squeeze=False)[0]
     for ax, metric in zip(axes, metrics):
         table = parts[metric].assign(label=lambda t: [_setting(r) for r in t.itertuples()])
         table = table.sort_values(["delta", "label"], ascending=[True, False]).reset_index(drop=True)

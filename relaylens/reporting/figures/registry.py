@@ -161,9 +161,9 @@ def build(name: str, tables: dict) -> Figure | pd.DataFrame:
         raise FigureError(f"cannot build {name}: {reason}")
     with plots.style():
         result = REGISTRY[name].build(tables)
-        footer = footer_lines(tables)
         # many selectors (a kvpress sweep) make long lines: wrapped, so the footer stays as wide as the figure
-        footer = [part for line in footer for part in textwrap.wrap(line, FOOTER_WIDTH, break_long_words=False)]
+        footer = [part for line in footer_lines(tables)
+                  for part in textwrap.wrap(line, FOOTER_WIDTH, break_long_words=False)]
         if isinstance(result, Figure) and footer:
             label = getattr(result, "_supxlabel", None)  # the figure's footnote, extended with the run's caveats
             if label is not None:
