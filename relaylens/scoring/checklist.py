@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from relaylens.errors import RelaylensError
+from relaylens.scoring.judge import strip_code_fence
 
 __all__ = ["TEMPLATE_VERSION", "CHECKLIST_MAX_TOKENS", "CHECKLIST_METRICS", "METRICS", "ChecklistReplyError", "build_payload",
            "user_message", "parse_reply", "checklist_metrics", "ChecklistVerdict", "ChecklistJudge",
@@ -91,18 +92,13 @@ def cache_key(payload: dict, model_id: str, settings: dict | None = None) -> str
     return hashlib.sha256(blob.encode("utf-8")).hexdigest()
 
 
-_FENCE = re.compile(r"^```[a-zA-Z]*\s*\n?(.*?)\n?```$", re.S)
-
-
 def parse_reply(text: str, count: int) -> list[float]:
     """Item scores in checklist order from a reply, or :class:`ChecklistReplyError` saying what is wrong.
 
     A reply is valid when it is (optionally inside one code fence) a JSON list of ``count`` objects with an integer
     ``checklist_id`` covering ``0..count-1`` once each and an ``evaluation_score`` (a number or numeric string) in
     [0, 1]."""
-    body = (text or "").strip()
-    fenced = _FENCE.match(body)
-    body = fenced.group(1).strip() if fenced else body
+    body = strip_code_fence(text)
     try:
         obj = json.loads(body)
     except ValueError:

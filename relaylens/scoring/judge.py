@@ -2,7 +2,8 @@
 
 The judge sees only ``{"question", "references", "candidate", "question_type", "question_date"}`` -- never the
 selector, budget or condition (:func:`build_payload` has no way to receive them). A verdict is valid only when the
-reply parses as a JSON object with a boolean ``"correct"``; anything else is a *judge failure*: ``judge`` is NaN
+reply parses as a JSON object with a boolean ``"correct"`` (optionally inside one markdown code fence, as small
+chat models tend to write it); anything else is a *judge failure*: ``judge`` is NaN
 and ``judge_failed`` is 1 in the scores table, never counted as correct.
 
 Verdicts are cached on disk (JSON lines, one object per call) under ``sha256(template version + payload + judge
@@ -26,6 +27,7 @@ import hashlib
 import json
 import math
 import os
+import re
 import time
 import urllib.error
 import urllib.parse
@@ -39,7 +41,7 @@ from relaylens.scoring import transport
 from relaylens.scoring.metrics import record_field, record_references
 
 __all__ = ["TEMPLATE_VERSION", "SYSTEM_PROMPT", "RUBRIC", "MAX_NEW_TOKENS", "build_payload", "user_message",
-           "cache_key", "parse_verdict", "Verdict", "JudgeCache", "Judge", "OpenAIBackend", "HFBackend",
+           "cache_key", "strip_code_fence", "parse_verdict", "Verdict", "JudgeCache", "Judge", "OpenAIBackend", "HFBackend",
            "JudgeBackendError", "redact_url", "chat_completions_url", "DEADLINE_S", "MAX_REPLY_BYTES"]
 
 TEMPLATE_VERSION = "memory_judge_v1"
@@ -117,16 +119,34 @@ def chat_completions_url(base_url: str) -> str:
                                     parts.query, parts.fragment))
 
 
-def parse_verdict(text: str) -> bool | None:
-    """``True``/``False`` from a reply that is a JSON object with a boolean ``"correct"``; ``None`` otherwise
-    (surrounding whitespace allowed; prose, code fences, ``"true"`` strings or truncated JSON are failures).
+_FENCE = re.compile(r"^```[a-zA-Z]*[ \t]*\n?(.*?)\n?[ \t]*```$", re.S)
 
-    >>> parse_verdict(' {"correct": false}\\n'), parse_verdict('{"correct": "true"}'), parse_verdict('{"correct": tr')
-    (False, None, None)
+
+def strip_code_fence(text: str) -> str:
+    """The body of a reply wrapped in exactly one markdown code fence (```` ```json ... ``` ````), else the reply
+    itself; surrounding whitespace is removed either way.
+
+    >>> strip_code_fence('```json\\n{"correct": true}\\n```'), strip_code_fence(' {"a": 1} ')
+    ('{"correct": true}', '{"a": 1}')
+    """
+    body = (text or "").strip()
+    fenced = _FENCE.match(body)
+    return fenced.group(1).strip() if fenced else body
+
+
+def parse_verdict(text: str) -> bool | None:
+    """``True``/``False`` from a reply that is a JSON object with a boolean ``"correct"``, bare or inside one code
+    fence; ``None`` otherwise (prose, text around the fence, two fences, ``"true"`` strings or truncated JSON are
+    failures).
+
+    >>> parse_verdict(' {"correct": false}\\n'), parse_verdict('```json\\n{"correct": true}\\n```')
+    (False, True)
+    >>> parse_verdict('{"correct": "true"}'), parse_verdict('{"correct": tr'), parse_verdict('Sure: {"correct": true}')
+    (None, None, None)
     """
     try:
-        obj = json.loads(text.strip())
-    except (ValueError, AttributeError):
+        obj = json.loads(strip_code_fence(text))
+    except (ValueError, AttributeError, TypeError):
         return None
     if isinstance(obj, dict) and isinstance(obj.get("correct"), bool):
         return obj["correct"]

@@ -56,6 +56,9 @@ PAPER = {
     # not an experiment of the paper (issue 31): BM25 10%, original vs relay vs learned (96 records from --data)
     "learned_geometry": {"selectors": ("bm25",), "budgets": (0.10,), "conditions": ("original", "relay"),
                          "sensitivity": True, "prompt_mode": "auto", "granularity": "session"},
+    # not an experiment of the paper (issue 30): one run per history length, BM25 and SnapKV at 10%
+    "history_length": {"selectors": ("bm25", "snapkv"), "budgets": (0.10,), "conditions": ("original", "relay"),
+                       "probes": True, **MEMORY_DECODING, **SESSION_GOLD},
     "positional_sensitivity": {"selectors": ("bm25",), "budgets": (0.10,),
                                "conditions": ("original", "relay", "key_only"), "sensitivity": True, **MEMORY_DECODING},
 }

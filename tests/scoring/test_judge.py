@@ -101,7 +101,10 @@ def test_template_is_verbatim():
 @pytest.mark.parametrize("text, expected", [
     ('{"correct": true}', True), ('{"correct": false}', False), (' \n{"correct":true}\n', True),
     ('{"correct": true, "why": "x"}', True), ('{"correct": "true"}', None), ('{"correct": 1}', None),
-    ("true", None), ("Yes", None), ('```json\n{"correct": true}\n```', None), ('{"correct": tr', None),
+    ("true", None), ("Yes", None), ('```json\n{"correct": true}\n```', True), ('```\n{"correct": false}```', False),
+    ('```json\n{\n  "correct": false\n}\n```', False), ('Verdict: ```json\n{"correct": true}\n```', None),
+    ('```json\n{"correct": true}\n``` done', None), ('```json\n{"correct": true}\n```\n```json\n{"correct": false}\n```', None),
+    ('```json\n{"correct": "true"}\n```', None), ('```json\n{"correct": true}', None), ('{"correct": tr', None),
     ('{"correct": true} extra', None), ("", None), ('[{"correct": true}]', None),
 ])
 def test_parse_verdict(text, expected):
@@ -125,7 +128,7 @@ def test_request_is_blinded_greedy_and_formatted(stub):
         assert leak not in json.dumps(body)
 
 
-@pytest.mark.parametrize("reply", ["Yes, correct.", '```json\n{"correct": true}\n```', '{"correct": "yes"}', ""])
+@pytest.mark.parametrize("reply", ["Yes, correct.", 'Sure: ```json\n{"correct": true}\n```', '{"correct": "yes"}', ""])
 def test_malformed_verdict_is_a_failure_never_correct(stub, reply):
     stub.script = [(200, reply, 0.0)]
     j = Judge(backend(stub))
