@@ -406,27 +406,24 @@ def _work(spec, records) -> str:
     return f"{records} records x {per_record} = {records * per_record:,} rows{tokens}"
 
 
-def run_section(folder: str, src_uri: str, warn: Warn) -> str:
-    """A committed run of ``figures/``: what produced it (from its manifest), its figures and its tables."""
-    run = ROOT / folder
-    if not (run / "manifest.json").is_file():
-        warn(f"{src_uri}: relaylens:run {folder}: no manifest.json there")
-        return ""
-    manifest = json.loads((run / "manifest.json").read_text(encoding="utf-8"))
-    index = json.loads((run / "index.json").read_text(encoding="utf-8")) if (run / "index.json").is_file() else {}
+def _run_facts(manifest: dict) -> list[tuple[str, str]]:
+    """What produced a run, from its manifest: (label, markdown value) pairs."""
     config = manifest.get("config", {})
     spec, runcfg = config.get("spec", {}), config.get("run", {})
-    up = "../" * src_uri.count("/")
-    facts = [("analysis", f"`{manifest.get('analysis')}`"), ("model", f"`{manifest.get('model', {}).get('spec')}`"),
-             ("data", f"`{runcfg.get('data')}` ({runcfg.get('limit') or spec.get('limit') or 'all'} records)"),
-             ("selectors x budgets", f"{', '.join(spec.get('selectors', []))} x "
-                                     f"{', '.join(str(b) for b in spec.get('budgets', []))}"),
-             ("conditions", ", ".join(f"`{c}`" for c in spec.get("conditions", []))),
-             ("prompt mode", f"`{spec.get('prompt_mode')}`"),
-             ("produced", f"{manifest.get('created_at', '?')[:10]}, commit `{(manifest.get('git_commit') or '?')[:10]}`, "
-                          f"torch {manifest.get('versions', {}).get('torch')}, transformers "
-                          f"{manifest.get('versions', {}).get('transformers')}")]
-    lines = [f"| run folder | `{folder}/` |", "|---|---|", *[f"| {k} | {v} |" for k, v in facts], ""]
+    return [("analysis", f"`{manifest.get('analysis')}`"), ("model", f"`{manifest.get('model', {}).get('spec')}`"),
+            ("data", f"`{runcfg.get('data')}` ({runcfg.get('limit') or spec.get('limit') or 'all'} records)"),
+            ("selectors x budgets", f"{', '.join(spec.get('selectors', []))} x "
+                                    f"{', '.join(str(b) for b in spec.get('budgets', []))}"),
+            ("conditions", ", ".join(f"`{c}`" for c in spec.get("conditions", []))),
+            ("prompt mode", f"`{spec.get('prompt_mode')}`"),
+            ("produced", f"{manifest.get('created_at', '?')[:10]}, commit `{(manifest.get('git_commit') or '?')[:10]}`, "
+                         f"torch {manifest.get('versions', {}).get('torch')}, transformers "
+                         f"{manifest.get('versions', {}).get('transformers')}")]
+
+
+def _drawn_files(run: Path, folder: str, index: dict, up: str) -> list[str]:
+    """The figures (inline), tables (collapsed) and file links of a figures folder, from its ``index.json``."""
+    lines = []
     for name in index.get("files", []):
         if name.endswith(".png"):
             lines += [f"![{name} of {folder}]({up}{folder}/{name})", ""]
@@ -439,4 +436,30 @@ def run_section(folder: str, src_uri: str, warn: Warn) -> str:
     if (run / "report.html").is_file():
         files.insert(0, f"[the HTML report]({up}{folder}/report.html)")
     lines.append("Files: " + ", ".join(files) + f"; tables and manifest in `{folder}/` of the repository.")
-    return "\n".join(lines)
+    return lines
+
+
+def run_section(folder: str, src_uri: str, warn: Warn) -> str:
+    """A committed run of ``figures/``: what produced it (from its manifest), its figures and its tables.
+
+    A folder without a manifest whose ``index.json`` says ``cross-run`` (``relaylens figures RUN ... --out DIR``
+    with the runs committed in its subfolders) gets one row of facts per subfolder run, then its cross-run
+    figures and tables."""
+    run = ROOT / folder
+    index = json.loads((run / "index.json").read_text(encoding="utf-8")) if (run / "index.json").is_file() else {}
+    up = "../" * src_uri.count("/")
+    if not (run / "manifest.json").is_file():
+        subruns = sorted(p for p in run.iterdir() if (p / "manifest.json").is_file()) if run.is_dir() else []
+        if index.get("analysis") != "cross-run" or not subruns:
+            warn(f"{src_uri}: relaylens:run {folder}: no manifest.json there (nor a cross-run index.json with runs "
+                 "in subfolders)")
+            return ""
+        rows = [(p.name, dict(_run_facts(json.loads((p / "manifest.json").read_text(encoding="utf-8")))))
+                for p in subruns]
+        keys = [k for k, _ in _run_facts({})]
+        lines = ["| run folder | " + " | ".join(keys) + " |", "|---" * (len(keys) + 1) + "|",
+                 *[f"| `{folder}/{name}/` | " + " | ".join(facts[k] for k in keys) + " |" for name, facts in rows], ""]
+        return "\n".join(lines + _drawn_files(run, folder, index, up))
+    manifest = json.loads((run / "manifest.json").read_text(encoding="utf-8"))
+    lines = [f"| run folder | `{folder}/` |", "|---|---|", *[f"| {k} | {v} |" for k, v in _run_facts(manifest)], ""]
+    return "\n".join(lines + _drawn_files(run, folder, index, up))

@@ -119,7 +119,7 @@ def chat_completions_url(base_url: str) -> str:
                                     parts.query, parts.fragment))
 
 
-_FENCE = re.compile(r"^```[a-zA-Z]*[ \t]*\n?(.*?)\n?[ \t]*```$", re.S)
+_FENCE = re.compile(r"^```[a-zA-Z]*[ \t]*\n?(.*?)\n?[ \t]*```$", re.DOTALL)
 
 
 def strip_code_fence(text: str) -> str:

@@ -78,11 +78,11 @@ def test_selection_follows_the_spec_then_the_tables(tables):
     manifest = {"config": {"spec": {"figures": ["figure6"]}}}
     assert figures.select_figures(tables, manifest) == ["figure6", "layer_bands"]
     # no spec: all supported (the example tables have no InfiniteBench records, no FINCH, no attribution readouts
-    # and one judge: not Tables 2 and 7, the attribution companion or the cross-judge table; no checklist judging:
+    # and no judge: not Tables 2 and 7, the attribution companion, the cross-judge or the judge-agreement table; no checklist judging:
     # not Tables 10-11; no geometry table or sensitivity readouts: not the learned-geometry entries; one history
     # length: not the history-length curve)
     assert figures.select_figures(tables, {}) == [n for n in figures.names()
-                                                  if n not in ("table2", "table7", "figure6_attribution", "cross_judge",
+                                                  if n not in ("table2", "table7", "figure6_attribution", "cross_judge", "judge_agreement",
                                                                "table10", "table11", "learned_geometry", "learned_table",
                                                                "positional_sensitivity", "history_length",
                                                                "history_length_table")]

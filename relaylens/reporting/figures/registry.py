@@ -40,11 +40,13 @@ ORDER = ("table1", "table2", "table6", "table7", "table8", "table10", "table11",
 """The order in which entries are drawn and listed (entries not named here follow, in registration order)."""
 CROSS_RUN = ("table1", "table8", "relay_gain", "cross_judge", "history_length", "history_length_table")
 """Entries built across several run directories (one per model x dataset)."""
-COMPANIONS = {"figure6": ("layer_bands", "figure6_attribution"), "table1": ("table8", "relay_gain", "cross_judge", "answering"),
-              "figure4": ("answering",)}
+COMPANIONS = {"figure6": ("layer_bands", "figure6_attribution"),
+              "table1": ("table8", "relay_gain", "cross_judge", "answering", "judge_agreement"),
+              "figure4": ("answering", "judge_agreement")}
 """Entries drawn together with an entry named in ``SPEC.figures`` (Figure 6's numbers are the layer-band table and
 its attribution companion is drawn when the probes table has attribution readouts; Table 1's paired differences per
-setting are Table 8, drawn as ``relay_gain``; a second judge adds the cross-judge table)."""
+setting are Table 8, drawn as ``relay_gain``; a second judge adds the cross-judge table; any judge adds its agreement
+with ``contains``)."""
 
 
 FOOTER_WIDTH = 160
