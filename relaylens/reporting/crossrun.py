@@ -43,6 +43,7 @@ FALLBACK = ("contains", "f1")
 FALLBACK_NOTE = ("no judge verdicts or multiple-choice answers in this run: contains and F1 shown (the paper's metric "
                  "is the judge or choice accuracy)")
 SETTING_COLUMNS = ["model", "dataset", "selector", "budget"]
+COMPRESSION_SUFFIXES = (".gz", ".bz2", ".xz", ".zst")
 
 
 def _has(scores: pd.DataFrame, metric: str) -> bool:
@@ -76,12 +77,16 @@ def choose_metrics(scores: pd.DataFrame, requested: str | None = None) -> tuple[
 
 
 def run_label(manifest: dict) -> dict[str, str]:
-    """``{"model", "dataset"}`` labels of a run from its manifest (file names, not full paths)."""
+    """``{"model", "dataset"}`` labels of a run from its manifest (file names, not full paths; a dataset loses its
+    format and compression suffixes: ``data/lme_qwen_2048.json.gz`` is ``lme_qwen_2048``)."""
     from relaylens.results.store import manifest_section
 
     model = str(manifest_section(manifest, "model").get("spec") or "?").rstrip("/")
     dataset = manifest_section(manifest, "dataset").get("path") or "?"
-    return {"model": Path(model).name or model, "dataset": Path(str(dataset)).stem}
+    name = Path(str(dataset)).name
+    for compression in COMPRESSION_SUFFIXES:
+        name = name.removesuffix(compression)
+    return {"model": Path(model).name or model, "dataset": Path(name).stem or name}
 
 
 def load_runs(run_dirs) -> tuple[dict[str, pd.DataFrame], list[dict]]:

@@ -109,3 +109,14 @@ def test_load_runs_labels_models_and_datasets_and_keeps_pairs_apart(tmp_path):
     assert tables["scores"].record_id.nunique() == 4, "record r0 of two runs are two records"
     with pytest.raises(RelaylensError, match="same model and dataset"):
         load_runs([a, a])
+
+
+@pytest.mark.parametrize(("path", "label"), [
+    ("data/lme_qwen_2048.json.gz", "lme_qwen_2048"), ("/abs/longmemeval_s.json", "longmemeval_s"),
+    ("sets/persona.jsonl.zst", "persona"), ("runs/x.parquet", "x"), ("sample", "sample"), (None, "?"),
+])
+def test_run_labels_drop_format_and_compression_suffixes(path, label):
+    from relaylens.reporting.crossrun import run_label
+
+    manifest = {"model": {"spec": "models/qwen2.5-coder-0.5b-instruct/"}, "dataset": {"path": path}}
+    assert run_label(manifest) == {"model": "qwen2.5-coder-0.5b-instruct", "dataset": label}

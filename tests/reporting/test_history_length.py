@@ -50,11 +50,11 @@ def test_paired_differences_and_win_loss_counts_match_hand_computed_ones():
     assert acc.loc[4096, "delta"] == pytest.approx(1 / 6) and (acc.loc[4096, "wins"], acc.loc[4096, "losses"]) == (2, 1)
     assert acc.loc[8192, "delta"] == pytest.approx(4 / 6) and acc.loc[8192, "n"] == 6
     assert (acc["delta_low"] <= acc["delta"]).all() and (acc["delta"] <= acc["delta_high"]).all()
-    share = table[table.quantity == "evidence_share"].set_index("history_tokens")
+    share = table[table.quantity == "evidence_share_pp"].set_index("history_tokens")  # percentage points
     layers = tables["probes"]["layer"].nunique()  # relay puts the share on layer 0 only: the per-record mean divides
     for length, value in {2048: 0.1, 4096: 0.2, 8192: 0.4}.items():
-        assert share.loc[length, "delta"] == pytest.approx(value / layers)
-        assert share.loc[length, "wins"] == 6 and share.loc[length, "delta_low"] == pytest.approx(value / layers)
+        assert share.loc[length, "delta"] == pytest.approx(100 * value / layers)
+        assert share.loc[length, "wins"] == 6 and share.loc[length, "delta_low"] == pytest.approx(100 * value / layers)
 
 
 def test_the_figure_draws_one_point_per_length_and_quantity():

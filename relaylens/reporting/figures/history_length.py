@@ -5,8 +5,8 @@ The paper argues that wider gaps between the kept states give compaction more ro
 (``relaylens figures RUN_2K RUN_4K RUN_8K --out DIR``) this measures it. A run's history length is the median
 ``history_length`` of its answers (tokens). Each point is the paired difference with its 95% cluster-bootstrap
 interval (:func:`relaylens.reporting.summaries.paired_deltas`); the table adds the win:loss counts (records where
-relay beats original, and the reverse). The evidence share is the forward readout at the final question token
-averaged over layers and query heads per record (records whose gold evidence was dropped read 0 under both
+relay beats original, and the reverse). The evidence share (``evidence_share_pp``, in percentage points) is the
+forward readout at the final question token averaged over layers and query heads per record (records whose gold evidence was dropped read 0 under both
 conditions; ``--retained-only`` leaves them out).
 
 Example:
@@ -22,7 +22,7 @@ Example:
     >>> tables = {n: pd.concat([p[n] for p in parts], ignore_index=True) for n in parts[0]}
     >>> table = history_length_table(tables)
     >>> table[table["quantity"] == "contains"]["history_tokens"].tolist(), sorted(table["quantity"].unique())
-    ([2048, 4096], ['contains', 'evidence_share', 'f1'])
+    ([2048, 4096], ['contains', 'evidence_share_pp', 'f1'])
 """
 
 from __future__ import annotations
@@ -39,7 +39,8 @@ from relaylens.results.tables import get_table
 
 TREATMENT = "relay"
 REFERENCE = "original"
-EVIDENCE = "evidence_share"
+EVIDENCE = "evidence_share_pp"
+"""The evidence share quantity: percentage points (100 x the attention share), as the results pages quote it."""
 
 
 def _labels(frame: pd.DataFrame) -> list[str]:
@@ -70,7 +71,7 @@ def needs_history_lengths(tables: dict) -> str | None:
 
 
 def _record_rows(tables: dict) -> pd.DataFrame:
-    """Long per-record rows of the compared quantities: the accuracy metric(s) and ``evidence_share``."""
+    """Long per-record rows of the compared quantities: the accuracy metric(s) and ``evidence_share_pp`` (percentage points)."""
     scores = accuracy_scores(tables)
     labels = _labels(scores)
     key = labels + ["record_id", "selector", "budget", "condition", "cluster_id"]
@@ -78,7 +79,7 @@ def _record_rows(tables: dict) -> pd.DataFrame:
     share = forward_evidence_share(get_table(tables, "probes"))
     if len(share):
         keep = get_table(tables, "answers")[key].drop_duplicates()  # cluster ids live in answers / scores
-        means = (share.groupby([c for c in key if c != "cluster_id"], sort=True)["value"].mean().reset_index()
+        means = (share.groupby([c for c in key if c != "cluster_id"], sort=True)["value"].mean().mul(100.0).reset_index()
                  .merge(keep, on=[c for c in key if c != "cluster_id"], how="left"))
         parts.append(means.assign(metric=EVIDENCE)[key + ["metric", "value"]])
     return pd.concat(parts, ignore_index=True)
@@ -149,7 +150,7 @@ def history_length(tables: dict) -> Figure:
         ax.set_xticks(ticks, [f"{t:,}" for t in ticks])
         ax.minorticks_off()
         ax.set_xlabel("history tokens (median)")
-        ax.set_title(plots.metric_label(quantity) if quantity != EVIDENCE else "evidence share (final question token)",
+        ax.set_title(plots.metric_label(quantity) if quantity != EVIDENCE else "evidence share, pp (final question token)",
                      fontsize=9)
         ax.set_ylabel("relay - original")
     handles, labels = axes[0].get_legend_handles_labels()
