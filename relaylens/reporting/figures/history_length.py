@@ -71,7 +71,8 @@ def needs_history_lengths(tables: dict) -> str | None:
 
 
 def _record_rows(tables: dict) -> pd.DataFrame:
-    """Long per-record rows of the compared quantities: the accuracy metric(s) and ``evidence_share_pp`` (percentage points)."""
+    """Long per-record rows of the compared quantities: the accuracy metric(s) and ``evidence_share_pp``
+    (percentage points)."""
     scores = accuracy_scores(tables)
     labels = _labels(scores)
     key = labels + ["record_id", "selector", "budget", "condition", "cluster_id"]
