@@ -541,8 +541,9 @@ def figures_command(
     formats: str = typer.Option("png,pdf,svg", "--format", help="comma-separated figure formats: png, pdf, svg"),
     all_supported: bool = typer.Option(False, "--all", help="draw every figure the tables support, not only the "
                                        "analysis's SPEC.figures"),
-    metric: str = typer.Option(None, help="judge, choice, contains, f1, em or judge_NAME (default: the paper's metric "
-                               "when the run has it, else contains and f1)"),
+    metric: str = typer.Option(None, help="judge, choice, contains, f1, em or judge_NAME, or several "
+                               "comma-separated, e.g. contains,f1 (default: the paper's metric when the run has it, "
+                               "else contains and f1)"),
     retained_only: bool = typer.Option(False, "--retained-only", help="probe figures over records whose gold evidence "
                                        "survived the selection only"),
     out: Path = typer.Option(None, help="output directory (default RUN_DIR/figures; required with several runs)"),
@@ -569,8 +570,9 @@ def report_command(
     run_dirs: list[Path] = typer.Argument(..., help="run directory (the --out of `relaylens run`); several (one per "
                                           "model x dataset) make one cross-run report into --out"),
     out: Path = typer.Option(None, help="output HTML file (default RUN_DIR/report.html; required with several runs)"),
-    metric: str = typer.Option(None, help="judge, choice, contains, f1, em or judge_NAME (default: the paper's metric "
-                               "when the run has it, else contains and f1)"),
+    metric: str = typer.Option(None, help="judge, choice, contains, f1, em or judge_NAME, or several "
+                               "comma-separated, e.g. contains,f1 (default: the paper's metric when the run has it, "
+                               "else contains and f1)"),
     retained_only: bool = typer.Option(False, "--retained-only", help="probe sections over records whose gold "
                                        "evidence survived the selection only"),
     view_records: int = typer.Option(3, "--view-records", min=0, help="token view: show the first N records the run "

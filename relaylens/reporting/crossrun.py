@@ -53,14 +53,25 @@ def _has(scores: pd.DataFrame, metric: str) -> bool:
 
 def choose_metrics(scores: pd.DataFrame, requested: str | None = None) -> tuple[tuple[str, ...], str]:
     """``(metrics, note)``: the scores metrics the tables and figures report, and a note when they are not the
-    paper's. ``requested`` is a ``--metric`` name (or a raw metric such as ``judge_gpt_oss_20b``)."""
+    paper's. ``requested`` is a ``--metric`` name (or a raw metric such as ``judge_gpt_oss_20b``), or several
+    comma-separated (``contains,f1``: the first is the accuracy of single-metric tables).
+
+    >>> frame = pd.DataFrame({"metric": ["contains", "f1", "judge_small"], "value": [1.0, 0.5, 0.0]})
+    >>> choose_metrics(frame), choose_metrics(frame, "contains,f1")
+    ((('judge_small',), ''), (('contains', 'f1'), ''))
+    """
     if requested:
-        metric = METRIC_NAMES.get(requested, requested)
-        if not _has(scores, metric):
-            present = sorted(m for m in scores["metric"].unique() if not m.endswith("_failed")) if len(scores) else []
-            raise RelaylensError(f"--metric {requested}: the run has no {metric!r} scores; present: {present}. "
-                                 f"Fix: choose one of those, or judge the run first (`relaylens judge RUN_DIR`)")
-        return (metric,), ""
+        names = [n.strip() for n in str(requested).split(",") if n.strip()]
+        metrics = tuple(dict.fromkeys(METRIC_NAMES.get(n, n) for n in names))
+        present = sorted(m for m in scores["metric"].unique() if not m.endswith("_failed")) if len(scores) else []
+        for metric, name in zip(metrics, names):
+            if not _has(scores, metric):
+                raise RelaylensError(f"--metric {name}: the run has no {metric!r} scores; present: {present}. "
+                                     f"Fix: choose one of those, or judge the run first (`relaylens judge RUN_DIR`)")
+        if not metrics:
+            raise RelaylensError(f"--metric {requested!r} names no metric. Fix: pass one of {present} (or several, "
+                                 "comma-separated: contains,f1)")
+        return metrics, ""
     if len(scores) == 0:
         return FALLBACK, ""
     if _has(scores, "quality") and not _has(scores, "judge"):  # checklist-judged summaries (Tables 10-11)

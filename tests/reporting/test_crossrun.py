@@ -36,6 +36,8 @@ def _scores(metric_values: dict[str, list[tuple[float, float]]], selector="bm25"
     (["contains", "f1", "judge_gpt_oss"], None, ("judge_gpt_oss",), False),
     (["contains", "f1", "judge"], "f1", ("f1",), False),
     (["contains", "exact_match"], "em", ("exact_match",), False),
+    (["contains", "f1", "judge_small"], "contains,f1", ("contains", "f1"), False),
+    (["contains", "f1", "judge_small"], " f1 , contains ,f1", ("f1", "contains"), False),
 ])
 def test_metric_choice(metrics, requested, expected, noted):
     scores = _scores({m: [(0.0, 1.0)] for m in metrics})
@@ -47,6 +49,10 @@ def test_requesting_a_missing_metric_is_one_clear_error():
     scores = _scores({"contains": [(0.0, 1.0)], "judge": [(np.nan, np.nan)]})  # only failed verdicts
     with pytest.raises(RelaylensError, match="no 'judge' scores"):
         choose_metrics(scores, "judge")
+    with pytest.raises(RelaylensError, match="--metric f1: the run has no 'f1' scores"):
+        choose_metrics(scores, "contains,f1")
+    with pytest.raises(RelaylensError, match="names no metric"):
+        choose_metrics(scores, " , ")
 
 
 def test_table8_paired_differences_and_sign_counts():
