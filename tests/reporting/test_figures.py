@@ -219,8 +219,13 @@ def test_attribution_companion_of_figure6(tables):
     assert "figure6_attribution" not in figures.select_figures(tables, manifest)
 
 
-@pytest.mark.parametrize("run", ["evidence_reading", "coordinate_ablation", "ordering", "layer_scope_gemma3"])
-def test_committed_runs_redraw(run, tmp_path):
+@pytest.mark.parametrize(("run", "metric"), [
+    ("evidence_reading", None), ("coordinate_ablation", None), ("ordering", None), ("layer_scope_gemma3", None),
+    ("coordinate_ablation_qwen0.5b", "contains,f1"),  # judged by a 1.5B judge; drawn on contains and F1
+    ("main_table_presses_qwen0.5b", None), ("learned_geometry_qwen0.5b", None), ("history_length_qwen0.5b/2k", None),
+    ("history_length_qwen0.5b", None),  # the cross-run folder: drawn from its three runs
+])
+def test_committed_runs_redraw(run, metric, tmp_path):
     """The runs committed under figures/ (tables only, no units) redraw with the current code: the same files, and
     the text outputs byte for byte (images are redrawn; the committed ones were drawn by the same command)."""
     import json
@@ -229,7 +234,8 @@ def test_committed_runs_redraw(run, tmp_path):
     from relaylens.reporting.figures import write_figures
 
     committed = Path(__file__).resolve().parents[2] / "figures" / run
-    write_figures(committed, out=tmp_path)
+    runs = sorted(p for p in committed.iterdir() if (p / "manifest.json").is_file())
+    write_figures(committed if (committed / "manifest.json").is_file() else runs, out=tmp_path, metric=metric)
     index = json.loads((committed / "index.json").read_text())
     assert json.loads((tmp_path / "index.json").read_text()) == index
     for name in index["files"]:

@@ -29,6 +29,7 @@ answering              table  answering              empty answers, first-token 
 figure3                figure budget_curves          accuracy vs budget, one panel per selector, original vs relay
 figure4                figure coordinate_ablation    per-condition means and paired differences vs original, band deltas
 figure5                figure ordering               source / score / reverse / RandomMean and the seed spread
+ordering_table         table  ordering               Figure 5's numbers: means, paired differences vs original and vs relay
 figure6                figure evidence_reading       evidence reading per layer + the compaction(alpha) curve
 figure6_attribution    figure evidence_attribution   Figure 6's companion: attribution of the answer to the evidence
 alignment              figure alignment              relay (right-aligned) vs rank_sync (left-aligned)
@@ -44,7 +45,7 @@ Example:
     >>> sorted(REGISTRY)  # doctest: +NORMALIZE_WHITESPACE
     ['alignment', 'answering', 'cross_judge', 'figure3', 'figure4', 'figure5', 'figure6', 'figure6_attribution',
      'history_length', 'history_length_table', 'judge_agreement', 'layer_bands', 'layer_scope', 'learned_geometry', 'learned_table',
-     'positional_sensitivity', 'relay_gain', 'table1', 'table10', 'table11', 'table2', 'table3', 'table6', 'table7', 'table8']
+     'ordering_table', 'positional_sensitivity', 'relay_gain', 'table1', 'table10', 'table11', 'table2', 'table3', 'table6', 'table7', 'table8']
 """
 
 from __future__ import annotations

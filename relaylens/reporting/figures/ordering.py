@@ -55,3 +55,54 @@ def figure5(tables: dict) -> Figure:
     fig.supxlabel(f"{plots.units_note(scores)}; RandomMean over {n_seeds} seed{'s' if n_seeds != 1 else ''}; "
                   "error bars: 95% cluster bootstrap", fontsize=7, color="#555555")
     return fig
+
+
+EVIDENCE = "evidence_share_pp"
+"""Figure 5's evidence quantity in the table: the final question token's evidence share in percentage points,
+averaged over layers and query heads per record."""
+
+
+def _ordering_rows(tables: dict) -> pd.DataFrame:
+    """Per-record rows of the accuracy metric(s) and :data:`EVIDENCE`, random orders folded into ``RandomMean``."""
+    scores = with_random_mean(accuracy_scores(tables))
+    key = ["record_id", "selector", "budget", "condition"]
+    parts = [scores[key + ["cluster_id", "metric", "value"]]]
+    share = forward_evidence_share(get_table(tables, "probes"))
+    if len(share):
+        per_record = share.groupby(key, sort=True)["value"].mean().mul(100.0).reset_index()
+        per_record = with_random_mean(per_record.assign(metric=EVIDENCE))
+        clusters = scores[["record_id", "cluster_id"]].drop_duplicates("record_id")
+        parts.append(per_record.merge(clusters, on="record_id", how="left")[key + ["cluster_id", "metric", "value"]])
+    rows = pd.concat(parts, ignore_index=True)
+    return rows[~rows["condition"].str.match(r"random_order\(.*\)$")]
+
+
+def ordering_table(tables: dict) -> pd.DataFrame:
+    """One row per (quantity, condition: original, relay, score / reverse order, ``RandomMean``): the mean with its
+    interval, and the paired differences vs ``original`` and vs ``relay`` (source order) with theirs; 95% cluster
+    bootstrap. The numbers of Figure 5 (paper: RandomMean +7.5 pp over Original, RoPERelay +7.0 pp more)."""
+    rows = _ordering_rows(tables)
+    quantities = metric_list(rows[rows["metric"] != EVIDENCE]) + ([EVIDENCE] if (rows["metric"] == EVIDENCE).any()
+                                                                  else [])
+    means = accuracy_means(rows, ["condition"], metrics=quantities)
+    out = (means.rename(columns={"metric": "quantity", "low": "mean_low", "high": "mean_high"})
+           [["quantity", "condition", "n", "mean", "mean_low", "mean_high"]])
+    for reference in (REFERENCE, "relay"):
+        if reference not in set(rows["condition"]):
+            continue
+        d = paired_deltas(rows, [], reference=reference, metrics=quantities)
+        d = d[d["condition"] != reference].rename(columns={"metric": "quantity", "mean": f"vs_{reference}",
+                                                           "low": f"vs_{reference}_low", "high": f"vs_{reference}_high"})
+        out = out.merge(d[["quantity", "condition", f"vs_{reference}", f"vs_{reference}_low", f"vs_{reference}_high"]],
+                        on=["quantity", "condition"], how="left")
+    order = {c: i for i, c in enumerate(condition_order([c for c in out["condition"].unique() if c != "RandomMean"])
+                                        + ["RandomMean"])}
+    rank = {q: i for i, q in enumerate(quantities)}
+    out = out.assign(_q=out["quantity"].map(rank), _c=out["condition"].map(order)).sort_values(["_q", "_c"])
+    return out.drop(columns=["_q", "_c"]).reset_index(drop=True)
+
+
+@register("ordering_table", "table", "Figure 5's numbers: per condition (RandomMean over seeds) the mean and the "
+          "paired differences vs original and vs relay, accuracy and evidence share (pp)", needs_ordering)
+def ordering_numbers(tables: dict) -> pd.DataFrame:
+    return ordering_table(tables)
