@@ -223,7 +223,7 @@ def test_attribution_companion_of_figure6(tables):
     ("evidence_reading", None), ("coordinate_ablation", None), ("ordering", None), ("layer_scope_gemma3", None),
     ("coordinate_ablation_qwen0.5b", "contains,f1"),  # judged by a 1.5B judge; drawn on contains and F1
     ("main_table_presses_qwen0.5b", None), ("learned_geometry_qwen0.5b", None), ("ordering_qwen0.5b", None),
-    ("history_length_qwen0.5b/2k", None),
+    ("history_length_qwen0.5b/2k", None), ("coordinate_ablation_qwen1.5b", None),
     ("history_length_qwen0.5b", None),  # the cross-run folder: drawn from its three runs
 ])
 def test_committed_runs_redraw(run, metric, tmp_path):
