@@ -20,6 +20,9 @@ from relaylens.results.tables import TABLES, example_tables
 ROOT = Path(__file__).resolve().parents[2]
 PAPER_ENTRIES = {"table1", "table3", "table6", "table8", "layer_bands", "figure3", "figure4", "figure5", "figure6",
                  "alignment"}
+PUBLISHED_RESAMPLES = summaries.N_RESAMPLES  # what `relaylens figures` uses; the fixture below speeds other tests up
+
+
 @pytest.fixture(autouse=True)
 def fast_bootstrap(monkeypatch):
     monkeypatch.setattr(summaries, "N_RESAMPLES", 300)
@@ -226,13 +229,16 @@ def test_attribution_companion_of_figure6(tables):
     ("history_length_qwen0.5b/2k", None), ("coordinate_ablation_qwen1.5b", None),
     ("history_length_qwen0.5b", None),  # the cross-run folder: drawn from its three runs
 ])
-def test_committed_runs_redraw(run, metric, tmp_path):
+def test_committed_runs_redraw(run, metric, tmp_path, monkeypatch):
     """The runs committed under figures/ (tables only, no units) redraw with the current code: the same files, and
-    the text outputs byte for byte (images are redrawn; the committed ones were drawn by the same command)."""
+    the text outputs byte for byte (images are redrawn; the committed ones were drawn by the same command, with the
+    published number of bootstrap resamples)."""
     import json
     from pathlib import Path
 
     from relaylens.reporting.figures import write_figures
+
+    monkeypatch.setattr(summaries, "N_RESAMPLES", PUBLISHED_RESAMPLES)
 
     committed = Path(__file__).resolve().parents[2] / "figures" / run
     runs = sorted(p for p in committed.iterdir() if (p / "manifest.json").is_file())
