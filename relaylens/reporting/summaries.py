@@ -108,6 +108,30 @@ def forward_evidence_share(probes: pd.DataFrame) -> pd.DataFrame:
                   & (probes["probe_point"] == "question_final")]
 
 
+EVIDENCE_PP = "evidence_share_pp"
+"""The per-record evidence quantity of the paired tables: percentage points, as the results pages quote it."""
+
+
+def record_evidence_share_pp(tables: dict, labels: Sequence[str] = ()) -> pd.DataFrame:
+    """Long per-record rows (``labels``, ``record_id, selector, budget, condition, cluster_id``, ``metric`` =
+    :data:`EVIDENCE_PP`, ``value``): the final question token's forward evidence share averaged over layers and
+    query heads, times 100; cluster ids from the answers table. Empty without probes."""
+    key = list(labels) + ["record_id", "selector", "budget", "condition"]
+    share = forward_evidence_share(get_table(tables, "probes"))
+    if not len(share):
+        return pd.DataFrame(columns=key + ["cluster_id", "metric", "value"])
+    clusters = get_table(tables, "answers")[key + ["cluster_id"]].drop_duplicates()
+    means = share.groupby(key, sort=True)["value"].mean().mul(100.0).reset_index().merge(clusters, on=key, how="left")
+    return means.assign(metric=EVIDENCE_PP)[key + ["cluster_id", "metric", "value"]]
+
+
+def quantity_list(rows: pd.DataFrame) -> list[str]:
+    """The accuracy metrics of long rows in reporting order (:func:`metric_list`), then :data:`EVIDENCE_PP` when
+    the rows have it."""
+    evidence = rows["metric"] == EVIDENCE_PP
+    return metric_list(rows[~evidence]) + ([EVIDENCE_PP] if evidence.any() else [])
+
+
 def accuracy_means(scores: pd.DataFrame, by: Sequence[str], metrics: Sequence[str] | None = None) -> pd.DataFrame:
     """Per-group means with cluster-bootstrap intervals, long over ``metric``."""
     frames = [condition_means(scores, m, by=tuple(by), n_resamples=N_RESAMPLES).assign(metric=m)

@@ -6,8 +6,8 @@ The paper argues that wider gaps between the kept states give compaction more ro
 ``history_length`` of its answers (tokens). Each point is the paired difference with its 95% cluster-bootstrap
 interval (:func:`relaylens.reporting.summaries.paired_deltas`); the table adds the win:loss counts (records where
 relay beats original, and the reverse). The evidence share (``evidence_share_pp``, in percentage points) is the
-forward readout at the final question token averaged over layers and query heads per record (records whose gold evidence was dropped read 0 under both
-conditions; ``--retained-only`` leaves them out).
+forward readout at the final question token averaged over layers and query heads per record (records whose gold
+evidence was dropped read 0 under both conditions; ``--retained-only`` leaves them out).
 
 Example:
     >>> import pandas as pd
@@ -34,13 +34,12 @@ from matplotlib.figure import Figure
 
 from relaylens.reporting import plots
 from relaylens.reporting.figures.registry import needs_relay_pairs, register
-from relaylens.reporting.summaries import accuracy_scores, forward_evidence_share, metric_list, paired_deltas
+from relaylens.reporting.summaries import (EVIDENCE_PP, accuracy_scores, paired_deltas, quantity_list,
+                                           record_evidence_share_pp)
 from relaylens.results.tables import get_table
 
 TREATMENT = "relay"
 REFERENCE = "original"
-EVIDENCE = "evidence_share_pp"
-"""The evidence share quantity: percentage points (100 x the attention share), as the results pages quote it."""
 
 
 def _labels(frame: pd.DataFrame) -> list[str]:
@@ -76,13 +75,8 @@ def _record_rows(tables: dict) -> pd.DataFrame:
     scores = accuracy_scores(tables)
     labels = _labels(scores)
     key = labels + ["record_id", "selector", "budget", "condition", "cluster_id"]
-    parts = [scores[key + ["metric", "value"]]]
-    share = forward_evidence_share(get_table(tables, "probes"))
-    if len(share):
-        keep = get_table(tables, "answers")[key].drop_duplicates()  # cluster ids live in answers / scores
-        means = (share.groupby([c for c in key if c != "cluster_id"], sort=True)["value"].mean().mul(100.0).reset_index()
-                 .merge(keep, on=[c for c in key if c != "cluster_id"], how="left"))
-        parts.append(means.assign(metric=EVIDENCE)[key + ["metric", "value"]])
+    evidence = record_evidence_share_pp(tables, labels)
+    parts = [scores[key + ["metric", "value"]]] + ([evidence] if len(evidence) else [])
     return pd.concat(parts, ignore_index=True)
 
 
@@ -93,8 +87,7 @@ def history_length_table(tables: dict) -> pd.DataFrame:
     labels = _labels(rows)
     by = labels + ["selector", "budget"]
     rows = rows[rows["condition"].isin([REFERENCE, TREATMENT])]
-    quantities = metric_list(rows[rows["metric"] != EVIDENCE]) + ([EVIDENCE] if (rows["metric"] == EVIDENCE).any()
-                                                                   else [])
+    quantities = quantity_list(rows)
     deltas = paired_deltas(rows, by=by, reference=REFERENCE, metrics=quantities)
     deltas = deltas[deltas["condition"] == TREATMENT]
     wide = rows.pivot_table(index=by + ["record_id", "metric"], columns="condition", values="value",
@@ -151,8 +144,8 @@ def history_length(tables: dict) -> Figure:
         ax.set_xticks(ticks, [f"{t:,}" for t in ticks])
         ax.minorticks_off()
         ax.set_xlabel("history tokens (median)")
-        ax.set_title(plots.metric_label(quantity) if quantity != EVIDENCE else "evidence share, pp (final question token)",
-                     fontsize=9)
+        title = "evidence share, pp (final question token)" if quantity == EVIDENCE_PP else plots.metric_label(quantity)
+        ax.set_title(title, fontsize=9)
         ax.set_ylabel("relay - original")
     handles, labels = axes[0].get_legend_handles_labels()
     fig.legend(handles, labels, loc="outside upper center", ncols=max(1, min(len(labels), 4)), fontsize=7)

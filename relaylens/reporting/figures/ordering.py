@@ -10,7 +10,8 @@ from matplotlib.figure import Figure
 from relaylens.reporting import plots
 from relaylens.reporting.figures.registry import needs_ordering, register
 from relaylens.reporting.summaries import (REFERENCE, accuracy_means, accuracy_scores, condition_order,
-                                 forward_evidence_share, paired_deltas, with_random_mean, metric_list)
+                                 forward_evidence_share, paired_deltas, quantity_list, record_evidence_share_pp,
+                                 with_random_mean, metric_list)
 from relaylens.results.tables import get_table
 
 
@@ -57,23 +58,13 @@ def figure5(tables: dict) -> Figure:
     return fig
 
 
-EVIDENCE = "evidence_share_pp"
-"""Figure 5's evidence quantity in the table: the final question token's evidence share in percentage points,
-averaged over layers and query heads per record."""
-
-
 def _ordering_rows(tables: dict) -> pd.DataFrame:
-    """Per-record rows of the accuracy metric(s) and :data:`EVIDENCE`, random orders folded into ``RandomMean``."""
+    """Per-record rows of the accuracy metric(s) and ``evidence_share_pp``, random orders folded into
+    ``RandomMean``."""
     scores = with_random_mean(accuracy_scores(tables))
-    key = ["record_id", "selector", "budget", "condition"]
-    parts = [scores[key + ["cluster_id", "metric", "value"]]]
-    share = forward_evidence_share(get_table(tables, "probes"))
-    if len(share):
-        per_record = share.groupby(key, sort=True)["value"].mean().mul(100.0).reset_index()
-        per_record = with_random_mean(per_record.assign(metric=EVIDENCE))
-        clusters = scores[["record_id", "cluster_id"]].drop_duplicates("record_id")
-        parts.append(per_record.merge(clusters, on="record_id", how="left")[key + ["cluster_id", "metric", "value"]])
-    rows = pd.concat(parts, ignore_index=True)
+    evidence = record_evidence_share_pp(tables)
+    parts = [scores[["record_id", "selector", "budget", "condition", "cluster_id", "metric", "value"]]]
+    rows = pd.concat(parts + ([with_random_mean(evidence)] if len(evidence) else []), ignore_index=True)
     return rows[~rows["condition"].str.match(r"random_order\(.*\)$")]
 
 
@@ -82,8 +73,7 @@ def ordering_table(tables: dict) -> pd.DataFrame:
     interval, and the paired differences vs ``original`` and vs ``relay`` (source order) with theirs; 95% cluster
     bootstrap. The numbers of Figure 5 (paper: RandomMean +7.5 pp over Original, RoPERelay +7.0 pp more)."""
     rows = _ordering_rows(tables)
-    quantities = metric_list(rows[rows["metric"] != EVIDENCE]) + ([EVIDENCE] if (rows["metric"] == EVIDENCE).any()
-                                                                  else [])
+    quantities = quantity_list(rows)
     means = accuracy_means(rows, ["condition"], metrics=quantities)
     out = (means.rename(columns={"metric": "quantity", "low": "mean_low", "high": "mean_high"})
            [["quantity", "condition", "n", "mean", "mean_low", "mean_high"]])
@@ -91,8 +81,9 @@ def ordering_table(tables: dict) -> pd.DataFrame:
         if reference not in set(rows["condition"]):
             continue
         d = paired_deltas(rows, [], reference=reference, metrics=quantities)
-        d = d[d["condition"] != reference].rename(columns={"metric": "quantity", "mean": f"vs_{reference}",
-                                                           "low": f"vs_{reference}_low", "high": f"vs_{reference}_high"})
+        names = {"metric": "quantity", "mean": f"vs_{reference}", "low": f"vs_{reference}_low",
+                 "high": f"vs_{reference}_high"}
+        d = d[d["condition"] != reference].rename(columns=names)
         out = out.merge(d[["quantity", "condition", f"vs_{reference}", f"vs_{reference}_low", f"vs_{reference}_high"]],
                         on=["quantity", "condition"], how="left")
     order = {c: i for i, c in enumerate(condition_order([c for c in out["condition"].unique() if c != "RandomMean"])
