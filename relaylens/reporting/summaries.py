@@ -172,6 +172,33 @@ def paired_deltas(scores: pd.DataFrame, by: Sequence[str], reference: str = REFE
     return pd.DataFrame(rows, columns=by + ["condition", "metric", "mean", "low", "high", "n"])
 
 
+def win_loss(scores: pd.DataFrame, by: Sequence[str], reference: str = REFERENCE) -> pd.DataFrame:
+    """Per group of ``by``, condition (not ``reference``) and metric: ``wins`` / ``losses`` (pairs where the
+    condition is above / below ``reference``) among ``n`` complete pairs, paired by (record, selector, budget) as
+    in :func:`paired_deltas`.
+
+    >>> rows = pd.DataFrame({"record_id": ["a", "a", "b", "b", "c", "c"], "selector": "bm25", "budget": 0.1,
+    ...                      "condition": ["original", "relay"] * 3, "metric": "contains",
+    ...                      "value": [0.0, 1.0, 1.0, 1.0, 1.0, 0.0]})
+    >>> win_loss(rows, []).to_dict("records")
+    [{'condition': 'relay', 'metric': 'contains', 'wins': 1, 'losses': 1, 'n': 3}]
+    """
+    by = list(by)
+    index = list(dict.fromkeys(by + ["metric", "record_id", "selector", "budget"]))
+    wide = scores.groupby(index + ["condition"], sort=True)["value"].first().astype(np.float64).unstack("condition")
+    columns = by + ["condition", "metric", "wins", "losses", "n"]
+    if reference not in wide.columns:
+        return pd.DataFrame(columns=columns)
+    frames = []
+    for cond in condition_order(c for c in wide.columns if c != reference):
+        diff = (wide[cond] - wide[reference]).dropna().rename("diff").reset_index()
+        counts = diff.groupby(by + ["metric"], sort=True)["diff"].agg(
+            wins=lambda d: int((d > 0).sum()), losses=lambda d: int((d < 0).sum()), n="size").reset_index()
+        frames.append(counts.assign(condition=cond))
+    out = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=columns)
+    return out[columns].astype({"wins": int, "losses": int, "n": int})
+
+
 def with_random_mean(scores: pd.DataFrame) -> pd.DataFrame:
     """``scores`` plus ``RandomMean`` rows: per (record, selector, budget, metric) the mean over ``random_order(*)``."""
     rnd = scores[scores["condition"].str.match(r"random_order\(.*\)$")]

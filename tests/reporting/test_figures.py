@@ -79,7 +79,7 @@ def test_unsupported_and_empty_are_clear(tables):
 
 def test_selection_follows_the_spec_then_the_tables(tables):
     manifest = {"config": {"spec": {"figures": ["figure6"]}}}
-    assert figures.select_figures(tables, manifest) == ["figure6", "layer_bands"]
+    assert figures.select_figures(tables, manifest) == ["figure6", "layer_bands", "evidence_bands"]
     # no spec: all supported (the example tables have no InfiniteBench records, no FINCH, no attribution readouts
     # and no judge: not Tables 2 and 7, the attribution companion, the cross-judge or the judge-agreement table; no checklist judging:
     # not Tables 10-11; no geometry table or sensitivity readouts: not the learned-geometry entries; one history
@@ -193,7 +193,8 @@ def test_figures_command_follows_the_spec_and_fails_clearly(tmp_path, write_run)
     run = write_run(tmp_path / "run", example_tables(records=2, layers=3, budgets=(0.1,)))
     result = CliRunner().invoke(app, ["figures", str(run), "--format", "png"])
     assert result.exit_code == 0, result.output
-    assert sorted(p.name for p in (run / "figures").iterdir()) == ["figure6.png", "index.json", "layer_bands.csv",
+    assert sorted(p.name for p in (run / "figures").iterdir()) == ["evidence_bands.csv", "evidence_bands.md",
+                                                                  "figure6.png", "index.json", "layer_bands.csv",
                                                                   "layer_bands.md"]
     bad = CliRunner().invoke(app, ["figures", str(run), "--only", "figure3"])
     assert bad.exit_code == 2 and "single budget" in bad.output
@@ -228,6 +229,7 @@ def test_attribution_companion_of_figure6(tables):
     ("main_table_presses_qwen0.5b", None), ("learned_geometry_qwen0.5b", None), ("ordering_qwen0.5b", None),
     ("history_length_qwen0.5b/2k", None), ("coordinate_ablation_qwen1.5b", None),
     ("history_length_qwen0.5b", None),  # the cross-run folder: drawn from its three runs
+    ("main_table_qwen0.5b", None), ("evidence_reading_qwen0.5b", None),
 ])
 def test_committed_runs_redraw(run, metric, tmp_path, monkeypatch):
     """The runs committed under figures/ (tables only, no units) redraw with the current code: the same files, and

@@ -24,6 +24,7 @@ table11                table  summarization          the same checklist scores p
 cross_judge            table  cross_judge            gain under each judge, agreement and Cohen's kappa
 judge_agreement        table  judge_agreement        each judge vs contains per condition: accuracies, agreement, kappa, 2x2
 layer_bands            table  evidence_reading       evidence reading by early / middle / late band (deltas vs original)
+evidence_bands         table  evidence_bands         Figure 6 per band: paired share differences vs original, intervals, win:loss
 table3                 table  overhead               complete-request time per condition and overhead over original
 answering              table  answering              empty answers, first-token end-of-answer probability, accuracy over non-empty
 figure3                figure budget_curves          accuracy vs budget, one panel per selector, original vs relay
@@ -43,16 +44,16 @@ history_length_table   table  history_length         the same numbers with win:l
 
 Example:
     >>> sorted(REGISTRY)  # doctest: +NORMALIZE_WHITESPACE
-    ['alignment', 'answering', 'cross_judge', 'figure3', 'figure4', 'figure5', 'figure6', 'figure6_attribution',
-     'history_length', 'history_length_table', 'judge_agreement', 'layer_bands', 'layer_scope', 'learned_geometry', 'learned_table',
+    ['alignment', 'answering', 'cross_judge', 'evidence_bands', 'figure3', 'figure4', 'figure5', 'figure6',
+     'figure6_attribution', 'history_length', 'history_length_table', 'judge_agreement', 'layer_bands', 'layer_scope', 'learned_geometry', 'learned_table',
      'ordering_table', 'positional_sensitivity', 'relay_gain', 'table1', 'table10', 'table11', 'table2', 'table3', 'table6', 'table7', 'table8']
 """
 
 from __future__ import annotations
 
 from relaylens.reporting.figures import (  # noqa: F401 - importing a figure file registers its entries
-    alignment, answering, budget_curves, coordinate_ablation, cross_judge, evidence_attribution, evidence_reading,
-    finch_comparison, history_length, infinitebench, judge_agreement, layer_scope, learned_geometry, main_table, ordering, overhead,
+    alignment, answering, budget_curves, coordinate_ablation, cross_judge, evidence_attribution, evidence_bands,
+    evidence_reading, finch_comparison, history_length, infinitebench, judge_agreement, layer_scope, learned_geometry, main_table, ordering, overhead,
     paired_settings, positional_sensitivity, question_types, summarization)
 from relaylens.reporting.figures.registry import (COMPANIONS, ORDER, REGISTRY, FigureEntry, FigureError, build, names,
                                         select_figures, supported)

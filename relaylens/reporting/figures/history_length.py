@@ -35,7 +35,7 @@ from matplotlib.figure import Figure
 from relaylens.reporting import plots
 from relaylens.reporting.figures.registry import needs_relay_pairs, register
 from relaylens.reporting.summaries import (EVIDENCE_PP, accuracy_scores, paired_deltas, quantity_list,
-                                           record_evidence_share_pp)
+                                           record_evidence_share_pp, win_loss)
 from relaylens.results.tables import get_table
 
 TREATMENT = "relay"
@@ -90,11 +90,8 @@ def history_length_table(tables: dict) -> pd.DataFrame:
     quantities = quantity_list(rows)
     deltas = paired_deltas(rows, by=by, reference=REFERENCE, metrics=quantities)
     deltas = deltas[deltas["condition"] == TREATMENT]
-    wide = rows.pivot_table(index=by + ["record_id", "metric"], columns="condition", values="value",
-                            aggfunc="first", dropna=False)
-    diff = (wide[TREATMENT] - wide[REFERENCE]).dropna().rename("diff").reset_index()
-    counts = diff.groupby(by + ["metric"], sort=True)["diff"].agg(
-        wins=lambda d: int((d > 0).sum()), losses=lambda d: int((d < 0).sum()), n="size").reset_index()
+    counts = win_loss(rows, by, reference=REFERENCE)
+    counts = counts[counts["condition"] == TREATMENT].drop(columns="condition")
     out = (deltas.rename(columns={"mean": "delta", "low": "delta_low", "high": "delta_high"})
            [by + ["metric", "delta", "delta_low", "delta_high"]]
            .merge(counts, on=by + ["metric"], how="left").rename(columns={"metric": "quantity"}))

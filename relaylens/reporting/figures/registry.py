@@ -35,16 +35,17 @@ __all__ = ["REGISTRY", "ORDER", "COMPANIONS", "FigureEntry", "FigureError", "reg
            "needs_answers", "needs_other_conditions", "needs_budgets", "needs_ordering", "needs_rank_sync",
            "needs_probes"]
 
-ORDER = ("table1", "table2", "table6", "table7", "table8", "table10", "table11", "cross_judge", "layer_bands", "table3", "figure3", "figure4",
+ORDER = ("table1", "table2", "table6", "table7", "table8", "table10", "table11", "cross_judge", "layer_bands", "evidence_bands", "table3", "figure3", "figure4",
          "figure5", "figure6", "figure6_attribution", "alignment")
 """The order in which entries are drawn and listed (entries not named here follow, in registration order)."""
 CROSS_RUN = ("table1", "table8", "relay_gain", "cross_judge", "history_length", "history_length_table")
 """Entries built across several run directories (one per model x dataset)."""
-COMPANIONS = {"figure6": ("layer_bands", "figure6_attribution"),
+COMPANIONS = {"figure6": ("layer_bands", "evidence_bands", "figure6_attribution"),
               "table1": ("table8", "relay_gain", "cross_judge", "answering", "judge_agreement"),
               "figure4": ("answering", "judge_agreement"), "figure5": ("ordering_table",)}
-"""Entries drawn together with an entry named in ``SPEC.figures`` (Figure 6's numbers are the layer-band table and
-its attribution companion is drawn when the probes table has attribution readouts; Table 1's paired differences per
+"""Entries drawn together with an entry named in ``SPEC.figures`` (Figure 6's numbers are the layer-band table, its
+per-record paired intervals the evidence-band table, and its attribution companion is drawn when the probes table has
+attribution readouts; Table 1's paired differences per
 setting are Table 8, drawn as ``relay_gain``; a second judge adds the cross-judge table; any judge adds its agreement
 with ``contains``; Figure 5's numbers are the ordering table)."""
 
