@@ -80,6 +80,8 @@ def test_unsupported_and_empty_are_clear(tables):
 def test_selection_follows_the_spec_then_the_tables(tables):
     manifest = {"config": {"spec": {"figures": ["figure6"]}}}
     assert figures.select_figures(tables, manifest) == ["figure6", "layer_bands", "evidence_bands"]
+    figure3 = {"config": {"spec": {"figures": ["figure3"]}}}  # its paired numbers per selector x budget: Table 8
+    assert figures.select_figures(tables, figure3) == ["figure3", "table8", "answering"]
     # no spec: all supported (the example tables have no InfiniteBench records, no FINCH, no attribution readouts
     # and no judge: not Tables 2 and 7, the attribution companion, the cross-judge or the judge-agreement table; no checklist judging:
     # not Tables 10-11; no geometry table or sensitivity readouts: not the learned-geometry entries; one history
@@ -229,7 +231,7 @@ def test_attribution_companion_of_figure6(tables):
     ("main_table_presses_qwen0.5b", None), ("learned_geometry_qwen0.5b", None), ("ordering_qwen0.5b", None),
     ("history_length_qwen0.5b/2k", None), ("coordinate_ablation_qwen1.5b", None),
     ("history_length_qwen0.5b", None),  # the cross-run folder: drawn from its three runs
-    ("main_table_qwen0.5b", None), ("evidence_reading_qwen0.5b", None),
+    ("main_table_qwen0.5b", None), ("evidence_reading_qwen0.5b", None), ("budget_curves_qwen0.5b", None),
 ])
 def test_committed_runs_redraw(run, metric, tmp_path, monkeypatch):
     """The runs committed under figures/ (tables only, no units) redraw with the current code: the same files, and

@@ -42,12 +42,14 @@ CROSS_RUN = ("table1", "table8", "relay_gain", "cross_judge", "history_length", 
 """Entries built across several run directories (one per model x dataset)."""
 COMPANIONS = {"figure6": ("layer_bands", "evidence_bands", "figure6_attribution"),
               "table1": ("table8", "relay_gain", "cross_judge", "answering", "judge_agreement"),
-              "figure4": ("answering", "judge_agreement"), "figure5": ("ordering_table",)}
+              "figure3": ("table8", "answering"), "figure4": ("answering", "judge_agreement"),
+              "figure5": ("ordering_table",)}
 """Entries drawn together with an entry named in ``SPEC.figures`` (Figure 6's numbers are the layer-band table, its
 per-record paired intervals the evidence-band table, and its attribution companion is drawn when the probes table has
 attribution readouts; Table 1's paired differences per
 setting are Table 8, drawn as ``relay_gain``; a second judge adds the cross-judge table; any judge adds its agreement
-with ``contains``; Figure 5's numbers are the ordering table)."""
+with ``contains``; Figure 3's paired differences per selector and budget are Table 8, with the answering table beside
+them; Figure 5's numbers are the ordering table)."""
 
 
 FOOTER_WIDTH = 160
