@@ -26,6 +26,8 @@ _QWEN = ("--model qwen2.5-coder-0.5b-instruct --dtype bfloat16 --data data/lme_q
 QWEN_RUNS = (
     ("figures/coordinate_ablation_qwen0.5b", "Figure 4 on Qwen2.5-0.5B, n = 100",
      f"relaylens run coordinate_ablation {_QWEN} --limit 100"),
+    ("figures/evidence_reading_qwen0.5b", "Figure 6 (evidence reading) on Qwen2.5-0.5B, n = 100",
+     f"relaylens run evidence_reading {_QWEN} --limit 100"),
     ("figures/ordering_qwen0.5b", "Figure 5 (slot ordering) on Qwen2.5-0.5B, n = 48",
      f"relaylens run ordering {_QWEN} --limit 48"),
     ("figures/learned_geometry_qwen0.5b", "learned geometry on Qwen2.5-0.5B, 48 + 48 records",
