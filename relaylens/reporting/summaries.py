@@ -112,16 +112,19 @@ EVIDENCE_PP = "evidence_share_pp"
 """The per-record evidence quantity of the paired tables: percentage points, as the results pages quote it."""
 
 
-def record_evidence_share_pp(tables: dict, labels: Sequence[str] = ()) -> pd.DataFrame:
+def record_evidence_share_pp(tables: dict, labels: Sequence[str] = (), source: str = "forward") -> pd.DataFrame:
     """Long per-record rows (``labels``, ``record_id, selector, budget, condition, cluster_id``, ``metric`` =
-    :data:`EVIDENCE_PP`, ``value``): the final question token's forward evidence share averaged over layers and
-    query heads, times 100; cluster ids from the answers table. Empty without probes."""
-    key = list(labels) + ["record_id", "selector", "budget", "condition"]
-    share = forward_evidence_share(get_table(tables, "probes"))
+    :data:`EVIDENCE_PP`, ``value``): the final question token's evidence share averaged over layers and query heads,
+    times 100, from ``source`` (``forward``, or the layer sweep's :data:`SWEEP_SOURCE`); cluster ids from the scores
+    table per (``labels``, record, selector, budget), so sweep conditions without answers get theirs. Empty without."""
+    unit, probes = list(labels) + ["record_id", "selector", "budget"], get_table(tables, "probes")
+    key = unit + ["condition"]
+    share = probes[(probes["source"] == source) & (probes["metric"] == "evidence_share")
+                   & (probes["probe_point"] == "question_final")]
     if not len(share):
         return pd.DataFrame(columns=key + ["cluster_id", "metric", "value"])
-    clusters = get_table(tables, "answers")[key + ["cluster_id"]].drop_duplicates()
-    means = share.groupby(key, sort=True)["value"].mean().mul(100.0).reset_index().merge(clusters, on=key, how="left")
+    clusters = get_table(tables, "scores")[unit + ["cluster_id"]].drop_duplicates(unit)
+    means = share.groupby(key, sort=True)["value"].mean().mul(100.0).reset_index().merge(clusters, on=unit, how="left")
     return means.assign(metric=EVIDENCE_PP)[key + ["cluster_id", "metric", "value"]]
 
 

@@ -35,11 +35,11 @@ BAND_ORDER = ("early", "middle", "late")
 def record_band_shares(tables: dict) -> pd.DataFrame:
     """Per (record, selector, budget, probe_point, source, band, condition) the share in pp; ``metric`` is
     ``<source>:<metric>`` and ``cluster_id`` comes from the answers table."""
-    probes = get_table(tables, "probes")
-    keep = pd.Series(False, index=probes.index)
+    every = get_table(tables, "probes")
+    keep = pd.Series(False, index=every.index)
     for source, metric in QUANTITIES:
-        keep |= (probes["source"] == source) & (probes["metric"] == metric)
-    probes = probes[keep]
+        keep |= (every["source"] == source) & (every["metric"] == metric)
+    probes = every[keep]
     present = set(probes["condition"])
     conditions = [c for c in FIGURE6_CONDITIONS if c in present] or [
         c for c in condition_order(present) if not c.startswith("compaction(")]
@@ -47,7 +47,7 @@ def record_band_shares(tables: dict) -> pd.DataFrame:
     key = ["record_id", "selector", "budget", "condition", "probe_point", "source", "metric"]
     if probes.empty:
         return pd.DataFrame(columns=key + ["band", "cluster_id", "value"])
-    num_layers = int(get_table(tables, "probes")["layer"].max()) + 1
+    num_layers = int(every["layer"].max()) + 1
     per_layer = probes.groupby(key + ["layer"], sort=True)["value"].mean().reset_index()
     per_layer["band"] = per_layer["layer"].map(band_of(num_layers))
     rows = per_layer.groupby(key + ["band"], sort=True)["value"].mean().mul(100.0).reset_index()

@@ -16,7 +16,7 @@ from matplotlib.figure import Figure
 
 from relaylens.reporting import plots
 from relaylens.reporting.figures.registry import needs_other_conditions, register
-from relaylens.reporting.summaries import REFERENCE, accuracy_scores, forward_evidence_share, paired_deltas
+from relaylens.reporting.summaries import REFERENCE, accuracy_scores, paired_deltas, record_evidence_share_pp
 from relaylens.results.tables import FIRST_ANSWER_LOGPROB as LOGPROB_METRIC
 from relaylens.results.tables import SWEEP_SOURCE, get_table
 
@@ -60,20 +60,10 @@ def scope_color(condition: str) -> str:
 
 
 def per_record_evidence(tables: dict, source: str = "forward") -> pd.DataFrame:
-    """One ``evidence_share`` value per (record, selector, budget, condition): the mean over layers and query heads
-    at the final question token, in the long score format (``cluster_id`` from the scores table)."""
-    probes = get_table(tables, "probes")
-    if source == "forward":
-        share = forward_evidence_share(probes)
-    else:
-        share = probes[(probes["source"] == source) & (probes["metric"] == "evidence_share")
-                       & (probes["probe_point"] == "question_final")]
-    keys = ["record_id", "selector", "budget", "condition"]
-    if share.empty:
-        return pd.DataFrame(columns=keys + ["cluster_id", "metric", "value"])
-    means = share.groupby(keys)["value"].mean().mul(100.0).reset_index()  # percentage points
-    clusters = get_table(tables, "scores")[["record_id", "cluster_id"]].drop_duplicates("record_id")
-    return means.merge(clusters, on="record_id", how="left").assign(metric="evidence_share")
+    """One ``evidence_share`` value (pp) per (record, selector, budget, condition): the mean over layers and query
+    heads at the final question token, in the long score format
+    (:func:`relaylens.reporting.summaries.record_evidence_share_pp` under this figure's metric name)."""
+    return record_evidence_share_pp(tables, source=source).assign(metric="evidence_share")
 
 
 def sweep_curves(tables: dict) -> pd.DataFrame:
