@@ -10,9 +10,10 @@ Sessions are sorted by date string (stable; records without dates keep file orde
 session without a date omits its ``Session Date:`` line and a record without ``question_date`` omits
 ``Current Date:``. Multiple-choice options follow the question, one per line.
 
-* ``history_format="nl"`` (default): ``body`` is ``"\\n\\n{role}: {content}"`` per turn (``"document"`` turns print
-  the content alone). We default to ``nl`` rather than upstream's recommended ``json``: small models read plain
-  speaker lines better, JSON escaping inflates token counts, and a turn's tokens are then exactly its own text.
+* ``history_format="nl"`` (default): ``body`` is ``"\\n\\n{role}: {content.strip()}"`` per turn, the content stripped
+  as upstream's ``nl`` format does (``"document"`` turns print the stripped content alone). We default to ``nl``
+  rather than upstream's recommended ``json``: small models read plain speaker lines better, JSON escaping
+  inflates token counts, and a turn's tokens are then exactly its own text.
 * ``history_format="json"``: ``body`` is ``"\\n" + json.dumps([{"role", "content"}...])`` as upstream.
 * ``mode="chat"``: the whole text is one user message inside the model's chat template (with the generation
   prompt); the question part is the question block + template tail + generation prompt. Greedy decoding stops at
@@ -104,7 +105,8 @@ def layout_prompt(record: Record, mode: str = "chat", history_format: str = "nl"
         if history_format == "nl":
             for j, turn in enumerate(session.turns):
                 put("\n\n")
-                t_start = put(turn.content if turn.role not in CHAT_ROLES else f"{turn.role}: {turn.content}")
+                content = turn.content.strip()  # upstream's nl format strips each turn's content
+                t_start = put(content if turn.role not in CHAT_ROLES else f"{turn.role}: {content}")
                 turns.append((session, j, t_start, pos))
         else:
             put("\n[")
@@ -185,6 +187,7 @@ def render_prompt(record: Record, tokenizer, mode: str = "chat", history_format:
         sessions=tuple(session_spans),
         turns=tuple(turn_spans),
         mode=mode,
+        text_start=min(bisect_right(ends, offset), split),
     )
 
 

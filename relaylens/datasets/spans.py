@@ -56,6 +56,8 @@ class RenderedPrompt:
         sessions: session spans in prompt order.
         turns: turn spans in prompt order.
         mode: ``"chat"`` or ``"completion"``.
+        text_start: the first history token of the prompt text itself; the tokens before it are the chat
+            template's head (system turn, user header) or a BOS token.
     """
 
     record_id: str
@@ -67,6 +69,7 @@ class RenderedPrompt:
     sessions: tuple[Span, ...]
     turns: tuple[Span, ...]
     mode: str = "chat"
+    text_start: int = 0
 
     @property
     def history_length(self) -> int:
@@ -89,6 +92,44 @@ class RenderedPrompt:
         for span in self.sessions:
             mask[span.start : span.end] = False
         return mask
+
+    def framing_parts(self) -> dict[str, torch.Tensor]:
+        """``[L]`` bool masks of the history's framing, by part (what the ``framing`` analysis keeps cell by cell):
+
+        * ``template``: the chat template's head before the prompt text (system turn, user header; BOS in completion
+          mode; nothing when neither exists);
+        * ``instruction``: the prompt text before the first session (task instruction and ``History Chats:``);
+        * ``separators``: the other tokens outside every session (newlines between and after sessions);
+        * ``headers``: tokens inside a session but outside its turns (``### Session i:``, ``Session Date: ...``,
+          ``Session Content:``).
+
+        ``template | instruction | separators`` is :meth:`protected_mask`; a record whose prompt cannot be split this
+        way (no session, or a session that starts inside the template) raises :class:`~relaylens.errors.RecordError`.
+        """
+        import torch
+
+        from relaylens.errors import RecordError
+
+        length = self.history_length
+        if not self.sessions:
+            raise RecordError(f"record {self.record_id!r}: the prompt has no session span, so its framing cannot be "
+                              "told from its history. Fix: give the record at least one session with a turn")
+        first = min(span.start for span in self.sessions)
+        if not 0 <= self.text_start <= first:
+            raise RecordError(f"record {self.record_id!r}: its first session starts at token {first}, inside the chat "
+                              f"template's head (which ends at token {self.text_start}); the template interleaves with "
+                              "the history. Fix: a chat template that keeps the user message whole, or --prompt-mode "
+                              "completion")
+        outside = self.protected_mask()
+        parts = {name: torch.zeros(length, dtype=torch.bool) for name in ("template", "instruction", "headers")}
+        parts["template"][: self.text_start] = True
+        parts["instruction"][self.text_start : first] = True
+        parts["separators"] = outside & ~parts["template"] & ~parts["instruction"]
+        in_turn = torch.zeros(length, dtype=torch.bool)
+        for span in self.turns:
+            in_turn[span.start : span.end] = True
+        parts["headers"] = ~outside & ~in_turn
+        return parts
 
     def evidence_mask(self, granularity: str = "turn") -> torch.Tensor:
         """``[L]`` bool: history tokens inside gold evidence units at the given granularity."""

@@ -30,7 +30,7 @@ from relaylens.errors import BudgetError, RelaylensError, TooShortError, shown
 from relaylens.datasets import SAMPLE, resolve_data
 from relaylens.experiments.config import RunConfig, check_config
 from relaylens.experiments.judges import make_judge
-from relaylens.experiments.specs import ExperimentSpec
+from relaylens.experiments.specs import ExperimentSpec, split_unit_selector
 from relaylens.datasets.records import Record
 from relaylens.generation.rows import default_eos_ids
 
@@ -116,18 +116,26 @@ def select_units(prefill, prompt, pending: list[tuple[str, float]], selectors: d
     each one's ``selection_s`` carries an equal share of the shared passes' time.
     """
     from relaylens.selectors.kvpress_pass import share_press_passes
-    from relaylens.selectors.protection import select_protected
+    from relaylens.selectors.protection import framing_mask, select_protected
 
     shared_s, served = 0.0, set()
-    if not protect:  # every kvpress unit of the record scored in one history pass per kernel
+    cells = any(split_unit_selector(name)[1] is not None for name, _ in pending)
+    if not protect and not cells:  # every kvpress unit of the record scored in one history pass per kernel
         _, shared_s, served = share_press_passes(selectors, prefill, pending)
     share = shared_s / max(1, sum(name in served for name, _ in pending))
     units, too_short = [], []
     for name, budget in pending:
         started = time.perf_counter()
+        base, cell = split_unit_selector(name)
         try:
-            selection = (select_protected(selectors[name], prefill, prompt, budget) if protect
-                         else selectors[name].select(prefill, prompt, budget))
+            if cell is not None:  # the framing analysis: the cell's kept set on top of the sessions' budget
+                sessions = prompt.history_length - int(prompt.protected_mask().sum())
+                selection = select_protected(selectors[base], prefill, prompt, budget, framing_mask(prompt, cell),
+                                             source_length=sessions)
+            elif protect:
+                selection = select_protected(selectors[base], prefill, prompt, budget)
+            else:
+                selection = selectors[base].select(prefill, prompt, budget)
         except (BudgetError, TooShortError) as err:  # the budget or the history is too small for the selector
             too_short.append((name, budget, err))
             continue
@@ -333,11 +341,12 @@ def _run_units(model, tokenizer, factors, records, spec: ExperimentSpec, config:
     selectors = selector_objects(spec, config.seed)
     units = spec.units([r.record_id for r in records])
     bar = progress_bar(progress)
-    per_record = len(spec.selectors) * len(spec.budgets)
+    labels = spec.unit_selectors()
+    per_record = len(labels) * len(spec.budgets)
     with bar as live:
         task = live.add_task(f"{spec.name}", total=len(units), stage="loading") if live else None
         for order, record in enumerate(records):
-            keys = [UnitKey(record.record_id, name, b) for name in spec.selectors for b in spec.budgets]
+            keys = [UnitKey(record.record_id, name, b) for name in labels for b in spec.budgets]
             if config.retry_skipped:
                 _forget_skipped(store, keys)
             pending = [(k.selector, k.budget) for k in keys if not store.is_done(k)]
@@ -358,8 +367,9 @@ def _run_units(model, tokenizer, factors, records, spec: ExperimentSpec, config:
                     continue
                 started = time.perf_counter()
                 prefill = prefill_record(model, prompt, config, selectors.values())
+                bases = dict.fromkeys(split_unit_selector(name)[0] for name, _ in pending + redo)
                 prepared = {name: selectors[name].prepare(model, prefill, prompt, factors)  # FINCH: its question pass
-                            for name in dict.fromkeys(name for name, _ in pending + redo)}
+                            for name in bases}
                 prefill_s = time.perf_counter() - started
                 advance_bar(live, task, 0, record.record_id, f"selecting {len(pending)} units")
                 units, too_short = select_units(prefill, prompt, pending + redo, prepared, spec.protect_instructions)

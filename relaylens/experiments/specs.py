@@ -19,6 +19,8 @@ from dataclasses import dataclass, field
 from relaylens.conditions.scoped import get_condition
 from relaylens.errors import RelaylensError
 
+KEEP_MARK = "@keep="
+"""Separates a selector from its framing cell in a unit's ``selector`` label (:meth:`ExperimentSpec.unit_selectors`)."""
 PROMPT_MODES = ("chat", "completion", "auto")
 """How a record becomes a prompt (``ExperimentSpec.prompt_mode``, ``--prompt-mode``): the chat template, plain
 completion text, or ``auto`` (chat where the tokenizer has a template)."""
@@ -43,9 +45,10 @@ class ExperimentSpec:
         teacher_forcing: also probe the teacher-forced first answer token.
         attribution: also attribute the answer to the evidence (gradient x input, direct logit attribution; needs
             ``probes`` and ``teacher_forcing``): the question pass runs with autograd, see :mod:`relaylens.probes.attribution`.
-        max_new_tokens: greedy decoding limit (short answers: room for a restated question).
-        prompt_mode: ``"completion"``, ``"chat"`` or ``"auto"`` (chat where the tokenizer has a chat template;
-            the runner records the mode it chose).
+        max_new_tokens: greedy decoding limit; 512 by default, the paper's (memory QA decodes until EOS, and the
+            ``answering`` table reports how often the limit cut an answer).
+        prompt_mode: ``"completion"``, ``"chat"`` or ``"auto"`` (the default: chat where the tokenizer has a chat
+            template; the runner records the mode it chose).
         stop: when decoding stops besides ``max_new_tokens``: ``"eos"`` (the model's end token), ``"newline"``
             (also at the first newline), ``"none"`` (fixed length, for timing) or ``"auto"`` (newline in completion
             mode, EOS in chat mode).
@@ -58,7 +61,12 @@ class ExperimentSpec:
             summarization format).
         protect_instructions: keep every history token outside the source units (task instruction, chat-template
             head, separators) and apply the budget to the source tokens only (:mod:`relaylens.selectors.protection`; the
-            paper's summarization rule). Off by default for the memory tasks.
+            paper's rule: the retention ratio is of the input history tokens; instructions and templates are kept
+            and counted separately). On by default (the paper's regime); ``False`` (``--no-protect-instructions``) is
+            the *framing evicted* ablation, named so in the manifest (``regime.framing``).
+        framing_cells: the ``framing`` analysis's factor: each selector runs once per cell of
+            :data:`relaylens.selectors.protection.FRAMING_CELLS` (what is kept on top of the same source budget),
+            labelled ``SELECTOR@keep=CELL`` in the tables; empty (the default) runs each selector once.
         sensitivity: also record the positional sensitivity readout (:mod:`relaylens.probes.sensitivity`: the
             gradient of the first answer token's log-probability w.r.t. each (layer, kv head)'s distance ``b`` and gap
             scale ``s``; one backward pass per record and condition) in the probes table.
@@ -77,8 +85,8 @@ class ExperimentSpec:
     probes: bool = False
     teacher_forcing: bool = False
     attribution: bool = False
-    max_new_tokens: int = 32
-    prompt_mode: str = "completion"
+    max_new_tokens: int = 512
+    prompt_mode: str = "auto"
     stop: str = "auto"
     granularity: str = "turn"
     selector_options: dict = field(default_factory=dict)
@@ -87,9 +95,10 @@ class ExperimentSpec:
     description: str = ""
     data: str = "sample"
     sweep: str = ""
-    protect_instructions: bool = False
+    protect_instructions: bool = True
     sensitivity: bool = False
     preset: str = ""
+    framing_cells: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         from relaylens.selectors import REGISTRY, is_selector_name
@@ -133,6 +142,12 @@ class ExperimentSpec:
             raise RelaylensError(f"max_new_tokens must be >= 0; got {self.max_new_tokens}")
         if self.sweep not in ("", "layers"):
             raise RelaylensError(f"sweep must be 'layers' or empty (none); got {self.sweep!r}")
+        from relaylens.selectors.protection import FRAMING_CELLS
+
+        unknown = [c for c in self.framing_cells if c not in FRAMING_CELLS]
+        if unknown or len(set(self.framing_cells)) != len(self.framing_cells):
+            raise RelaylensError(f"analysis {self.name!r}: framing cells must be distinct names of {FRAMING_CELLS}; "
+                                 f"got {list(self.framing_cells)}. Fix: name each cell once")
 
     def stops_at_newline(self, prompt_mode: str) -> bool:
         """Whether decoding stops at the first newline under ``prompt_mode`` (the resolved one): ``newline`` always,
@@ -147,8 +162,29 @@ class ExperimentSpec:
         return max((int(getattr(get_condition(c), "shift", 0)) for c in self.conditions), default=0)
 
     def units(self, record_ids: list[str]) -> list[tuple[str, str, float]]:
-        """Units of work ``(record_id, selector, budget)``; each shares one selection across conditions."""
-        return [(rid, sel, budget) for rid in record_ids for sel in self.selectors for budget in self.budgets]
+        """Units of work ``(record_id, selector, budget)``; each shares one selection across conditions (the
+        selector is a :meth:`unit_selectors` label)."""
+        return [(rid, sel, budget) for rid in record_ids for sel in self.unit_selectors() for budget in self.budgets]
+
+    def unit_selectors(self) -> list[str]:
+        """The ``selector`` labels of the units: the selector names, or ``NAME@keep=CELL`` per framing cell.
+
+        >>> ExperimentSpec("f", ("bm25",), (0.1,), ("original",), framing_cells=("none", "sink4")).unit_selectors()
+        ['bm25@keep=none', 'bm25@keep=sink4']
+        """
+        if not self.framing_cells:
+            return list(self.selectors)
+        return [f"{name}{KEEP_MARK}{cell}" for name in self.selectors for cell in self.framing_cells]
+
+    @property
+    def regime(self) -> dict:
+        """How this spec departs from the paper's regime, in words (recorded in the manifest):
+        ``framing`` (``protected``: instruction and template kept outside the budget; ``evicted (ablation)``:
+        inside it; ``per cell``: the ``framing`` analysis) and ``answers`` (the decoding limit and stop rule)."""
+        framing = ("per cell (framing analysis)" if self.framing_cells else
+                   "protected (kept outside the budget)" if self.protect_instructions else
+                   "evicted (ablation: framing inside the budget)")
+        return {"framing": framing, "answers": f"up to {self.max_new_tokens} new tokens, stop {self.stop}"}
 
     def replace(self, **changes) -> ExperimentSpec:
         """A copy with fields changed (``None`` values are ignored), validated again."""
@@ -164,6 +200,9 @@ class ExperimentSpec:
             del out["sensitivity"]
         if not out["preset"]:  # and for runs without a preset
             del out["preset"]
+        if not out["framing_cells"]:  # and outside the framing analysis
+            del out["framing_cells"]
+        out["regime"] = self.regime
         return out
 
 
@@ -211,6 +250,16 @@ def _value(text: str):
         except ValueError:
             pass
     return text.strip()
+
+
+def split_unit_selector(label: str) -> tuple[str, str | None]:
+    """``(selector, framing cell or None)`` of a unit's selector label.
+
+    >>> split_unit_selector("bm25@keep=sink4"), split_unit_selector("snapkv")
+    (('bm25', 'sink4'), ('snapkv', None))
+    """
+    name, mark, cell = label.partition(KEEP_MARK)
+    return (name, cell) if mark else (label, None)
 
 
 def parse_selector_arg(text: str) -> tuple[str, dict]:

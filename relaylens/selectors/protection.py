@@ -23,6 +23,10 @@ asked for ``K_src`` directly, untrimmed. Merged values (CaM) follow their states
 not keep carries its own value. Protected states are ordinary retained states for the coordinate conditions
 (RoPERelay compacts them with the rest).
 
+The ``framing`` analysis asks which part of the framing matters: :func:`framing_mask` builds the kept set of each
+cell of :data:`FRAMING_CELLS`, and every cell gets the same source budget (``source_length``: the tokens inside the
+sessions), so cells differ only in what is kept on top of it.
+
 Example:
     >>> import torch
     >>> from relaylens.selectors import make_selector
@@ -43,7 +47,18 @@ from relaylens.errors import ShapeError
 from relaylens.geometry.selection import Selection
 from relaylens.selectors.base import Budget, top_positions
 
-__all__ = ["select_protected", "source_budget"]
+__all__ = ["select_protected", "source_budget", "framing_mask", "FRAMING_CELLS"]
+
+FRAMING_CELLS = ("none", "sink1", "sink4", "instruction", "template", "headers", "framing", "all")
+"""What a ``framing`` cell keeps on top of the budget (parts: :meth:`RenderedPrompt.framing_parts`):
+
+* ``none``: nothing (the framing competes for the budget: the *framing evicted* regime at the same source budget);
+* ``sink1`` / ``sink4``: the first 1 / 4 history tokens only (the attention sink);
+* ``instruction``: the task instruction (and ``History Chats:``); ``template``: the chat template's head;
+* ``headers``: the session headers and dates;
+* ``framing``: everything outside the sessions (instruction, template, separators): the default protected set;
+* ``all``: ``framing`` and the session headers.
+"""
 
 
 def source_budget(budget, source_length: int) -> int:
@@ -55,7 +70,34 @@ def source_budget(budget, source_length: int) -> int:
     return Budget.coerce(budget).tokens(source_length)
 
 
-def select_protected(selector, prefill, prompt, budget, protected: torch.Tensor | None = None) -> Selection:
+def framing_mask(prompt, cell: str) -> torch.Tensor:
+    """``[L]`` bool: the history tokens framing ``cell`` (:data:`FRAMING_CELLS`) keeps on top of the budget.
+
+    >>> from relaylens.datasets import bundled_sample_path, load_records
+    >>> from relaylens.datasets.prompting import render_prompt
+    >>> from relaylens.testing import tiny_tokenizer
+    >>> p = render_prompt(load_records(bundled_sample_path())[0], tiny_tokenizer(), mode="completion")
+    >>> [int(framing_mask(p, c).sum()) for c in ("none", "sink4")], bool((framing_mask(p, "framing") == p.protected_mask()).all())
+    ([0, 4], True)
+    """
+    length = prompt.history_length
+    if cell not in FRAMING_CELLS:
+        raise ShapeError(f"framing cell {cell!r} is not one of {FRAMING_CELLS}")
+    mask = torch.zeros(length, dtype=torch.bool)
+    if cell in ("sink1", "sink4"):
+        mask[: int(cell[-1])] = True
+        return mask
+    if cell == "none":
+        return mask
+    parts = prompt.framing_parts()
+    if cell in ("instruction", "template", "headers"):
+        return parts[cell]
+    framing = parts["template"] | parts["instruction"] | parts["separators"]
+    return framing | parts["headers"] if cell == "all" else framing
+
+
+def select_protected(selector, prefill, prompt, budget, protected: torch.Tensor | None = None,
+                     source_length: int | None = None) -> Selection:
     """``selector``'s selection with the protected states kept and the budget applied to the source tokens.
 
     Args:
@@ -64,6 +106,8 @@ def select_protected(selector, prefill, prompt, budget, protected: torch.Tensor 
         prompt: the rendered prompt (its :meth:`protected_mask` is used when ``protected`` is None).
         budget: ratio or states, as for :meth:`Selector.select`, applied to the source tokens.
         protected: ``[L]`` bool, True at protected history positions (default: ``prompt.protected_mask()``).
+        source_length: the token count the budget ratio applies to (default: the unprotected tokens, ``L - P``);
+            the ``framing`` analysis fixes it to the session tokens so that every cell has the same source budget.
     """
     length = prefill.history_length
     if protected is None:
@@ -74,13 +118,15 @@ def select_protected(selector, prefill, prompt, budget, protected: torch.Tensor 
     if protected.shape != (length,):
         raise ShapeError(f"protected mask has shape {tuple(protected.shape)}; the history has {length} tokens")
     n_protected = int(protected.sum())
-    if n_protected == 0:
+    if n_protected == 0 and source_length is None:
         return selector.select(prefill, prompt, budget)
-    n_source = length - n_protected
-    if n_source <= 0:
+    n_source = length - n_protected if source_length is None else int(source_length)
+    if n_source <= 0 or n_protected >= length:
         raise ShapeError(f"record {getattr(prompt, 'record_id', '?')}: every one of the {length} history tokens is "
                          "protected; there is no source text to select from")
     k_source = source_budget(budget, n_source)
+    if n_protected == 0:
+        return selector.select(prefill, prompt, Budget(states=k_source))
     request = min(length, selector.protected_request(k_source, n_protected))
     raw = selector.select(prefill, prompt, Budget(states=request))
     extra = max(request - k_source, 0)  # states asked for beyond the source budget, given back to the protected ones

@@ -59,6 +59,10 @@ PAPER = {
     # not an experiment of the paper (issue 30): one run per history length, BM25 and SnapKV at 10%
     "history_length": {"selectors": ("bm25", "snapkv"), "budgets": (0.10,), "conditions": ("original", "relay"),
                        "probes": True, **MEMORY_DECODING, **SESSION_GOLD},
+    # not an experiment of the paper (issue 39): which part of the framing matters, BM25 10%, original vs relay
+    "framing": {"selectors": ("bm25",), "budgets": (0.10,), "conditions": ("original", "relay"),
+                "framing_cells": ("none", "sink1", "sink4", "instruction", "template", "headers", "framing", "all"),
+                **MEMORY_DECODING},
     "positional_sensitivity": {"selectors": ("bm25",), "budgets": (0.10,),
                                "conditions": ("original", "relay", "key_only"), "sensitivity": True, **MEMORY_DECODING},
 }

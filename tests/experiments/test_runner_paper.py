@@ -98,7 +98,9 @@ def test_a_budget_too_small_for_a_record_is_skipped_not_fatal(workspace, tmp_pat
     from relaylens.testing import tiny_model, tiny_tokenizer
 
     _, _, data = workspace
-    spec = load_analysis("main_table").SPEC.replace(selectors=("snapkv", "bm25"), budgets=(0.01,), max_new_tokens=2)
+    # the framing evicted: the budget is a ratio of the whole history, too small for SnapKV's window
+    spec = load_analysis("main_table").SPEC.replace(selectors=("snapkv", "bm25"), budgets=(0.01,), max_new_tokens=2,
+                                                    protect_instructions=False)
     out = run_analysis(spec, RunConfig(data=str(data), out=str(tmp_path / "tiny_budget"), limit=2,
                                        max_history_tokens=5000), progress=False,
                        model_and_tokenizer=(tiny_model("llama"), tiny_tokenizer()))

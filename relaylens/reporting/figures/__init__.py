@@ -40,12 +40,14 @@ learned_table          table  learned_geometry       learned vs relay and origin
 positional_sensitivity figure positional_sensitivity d log p / d b and d / d s per layer x kv head, per condition
 history_length         figure history_length         relay - original accuracy and evidence share vs history length (runs)
 history_length_table   table  history_length         the same numbers with win:loss counts
+framing                figure framing                accuracy, empty answers, first-token EOS per framing cell, original vs relay
+framing_table          table  framing                the same per cell and condition with hit-limit rate, paired vs original / none
 ====================== ====== ====================== =============================================================================
 
 Example:
     >>> sorted(REGISTRY)  # doctest: +NORMALIZE_WHITESPACE
     ['alignment', 'answering', 'cross_judge', 'evidence_bands', 'figure3', 'figure4', 'figure5', 'figure6',
-     'figure6_attribution', 'history_length', 'history_length_table', 'judge_agreement', 'layer_bands', 'layer_scope', 'learned_geometry', 'learned_table',
+     'figure6_attribution', 'framing', 'framing_table', 'history_length', 'history_length_table', 'judge_agreement', 'layer_bands', 'layer_scope', 'learned_geometry', 'learned_table',
      'ordering_table', 'positional_sensitivity', 'relay_gain', 'table1', 'table10', 'table11', 'table2', 'table3', 'table6', 'table7', 'table8']
 """
 
@@ -53,7 +55,7 @@ from __future__ import annotations
 
 from relaylens.reporting.figures import (  # noqa: F401 - importing a figure file registers its entries
     alignment, answering, budget_curves, coordinate_ablation, cross_judge, evidence_attribution, evidence_bands,
-    evidence_reading, finch_comparison, history_length, infinitebench, judge_agreement, layer_scope, learned_geometry, main_table, ordering, overhead,
+    evidence_reading, finch_comparison, framing, history_length, infinitebench, judge_agreement, layer_scope, learned_geometry, main_table, ordering, overhead,
     paired_settings, positional_sensitivity, question_types, summarization)
 from relaylens.reporting.figures.registry import (COMPANIONS, ORDER, REGISTRY, FigureEntry, FigureError, build, names,
                                         select_figures, supported)

@@ -1,6 +1,7 @@
 """Answering at all vs answering right, per condition: the empty-answer rate, the probability the model gives an
-end of answer (EOS / end-of-turn) as its first token, the accuracy, and the accuracy over the answers that are not
-empty, each with its 95% cluster-bootstrap interval and its paired difference against ``original``.
+end of answer (EOS / end-of-turn) as its first token, the accuracy, the accuracy over the answers that are not
+empty, and the rate at which the decoding limit cut an answer (``hit_limit_rate``: an answer cut there may hold
+the right words after the cut), each with its 95% cluster-bootstrap interval and its paired difference against ``original``.
 
 A gain in accuracy can come from format (the model answers at all instead of ending its turn at once) or from content
 (the answers it gives are right more often); this table separates the two. ``first_token_eos_prob`` is recorded by
@@ -24,7 +25,7 @@ from relaylens.reporting.summaries import (REFERENCE, accuracy_means, accuracy_s
                                            paired_deltas)
 from relaylens.results.tables import get_table
 
-DERIVED = ("empty_rate", "first_token_eos_prob", "accuracy", "accuracy_nonempty")
+DERIVED = ("empty_rate", "first_token_eos_prob", "accuracy", "accuracy_nonempty", "hit_limit_rate")
 """The table's quantities, in column order."""
 
 
@@ -38,8 +39,9 @@ def answering_rows(tables: dict) -> pd.DataFrame:
     scores = accuracy_scores(tables)
     metric = (tables.get("metrics") or metric_list(scores) or [None])[0]
     acc = scores[scores["metric"] == metric][key + ["value"]].rename(columns={"value": "accuracy"})
-    base = answers[key + ["cluster_id", "answer", "first_token_eos_prob"]].copy()
+    base = answers[key + ["cluster_id", "answer", "first_token_eos_prob", "hit_limit"]].copy()
     base["empty_rate"] = (base["answer"].fillna("").str.strip() == "").astype(np.float64)
+    base["hit_limit_rate"] = base["hit_limit"].astype(np.float64)  # the decoding limit cut the answer
     base = base.merge(acc, on=key, how="left")
     base["accuracy_nonempty"] = base["accuracy"].where(base["empty_rate"] == 0.0)
     long = base.melt(id_vars=key + ["cluster_id"], value_vars=list(DERIVED), var_name="metric", value_name="value")
