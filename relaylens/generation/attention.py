@@ -124,8 +124,11 @@ def window_allow(state: AttentionState, layer: int, history: int, total: int, q_
     return allow[0] if unbatched else allow
 
 
-def relaylens_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
+def relaylens_attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):
     """Attention with per-(row, layer, kv_head) history validity, built from the shapes of this call.
+
+    The positional order after the mask is ``dropout, scaling``, as transformers' sdpa function has it: ``import
+    kvpress`` wraps every registered attention function and calls it with ``dropout`` as the sixth positional argument.
 
     Shapes: query ``[B, q_head, query, D]``, key/value ``[B, kv_head, key, D]`` (history slots, then new tokens).
     Returns ``([B, query, q_head, D], probs [B, q_head, query, key])``.

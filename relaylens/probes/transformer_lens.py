@@ -10,6 +10,8 @@ and reads the hook names interpretability users know:
 * ``blocks.{l}.attn.hook_rot_q`` ``[batch, query, q_head, head_dim]`` (post-rotary): the final token's query.
 
 The history values are read from the relocated cache the pass attended over (``hook_v`` only sees the new tokens).
+:func:`question_pass_with_cache` runs the same pass through ``run_with_cache`` and also returns TransformerLens's
+``ActivationCache`` (:mod:`relaylens.integrations.tl_export` builds its exports on it).
 Both backends feed one :class:`~relaylens.probes.readouts.FinalTokenRecorder` into the one
 :func:`~relaylens.probes.readouts.readouts` definition, so the numbers agree by construction of the inputs, not by copying.
 
@@ -273,6 +275,28 @@ def question_pass_tl(bridge, relocated: RelocatedCache, ids: torch.Tensor, posit
     ``shim``: see :func:`cache_kwarg_shim`. ``check_cache`` raises when the pass did not extend every layer of the
     cache by the new tokens, i.e. when the bridge ignored the cache (TransformerLens 4.3 without the shim).
     """
+    logits, record, _ = _bridge_pass(bridge, relocated, ids, positions, source_positions, groups, shim, check_cache)
+    return logits, record
+
+
+def question_pass_with_cache(bridge, relocated: RelocatedCache, ids: torch.Tensor, positions: torch.Tensor,
+                             source_positions: torch.Tensor, groups: int, names_filter=None,
+                             shim: bool | None = None, check_cache: bool = True):
+    """:func:`question_pass_tl` through TransformerLens's ``run_with_cache``: ``([T, vocab] logits, ActivationCache,
+    FinalTokenRecorder)``.
+
+    The cache holds every hook of the pass (or those ``names_filter`` selects, TransformerLens's argument) for the
+    ``T`` new tokens; attention hooks (``hook_attn_scores``, ``hook_pattern``) have a key axis of the layer's history
+    slots of ``relocated`` (``relocated.widths[layer]``, padded slots masked: ``-inf`` scores, zero pattern) followed
+    by the new tokens. Positions: ``positions`` (the condition's), not ``0..T-1``.
+    """
+    logits, record, activations = _bridge_pass(bridge, relocated, ids, positions, source_positions, groups, shim,
+                                               check_cache, with_cache=True, names_filter=names_filter)
+    return logits, activations, record
+
+
+def _bridge_pass(bridge, relocated, ids, positions, source_positions, groups, shim, check_cache, with_cache=False,
+                 names_filter=None):
     state: AttentionState = relocated.state
     state.new_positions = torch.cat((state.new_positions, positions))
     base = state.new_source_positions if state.new_source_positions is not None else torch.zeros(0, dtype=torch.long)
@@ -280,10 +304,14 @@ def question_pass_tl(bridge, relocated: RelocatedCache, ids: torch.Tensor, posit
     before = cache_lengths(relocated.cache)
     recorder = _BridgeRecorder(relocated, groups, _sliding_windows(bridge))
     device = next(bridge.original_model.parameters()).device
+    kwargs = dict(return_type="logits", position_ids=positions[None].to(device), cache=relocated.cache, use_cache=True)
+    activations = None
     with torch.no_grad(), cache_kwarg_shim(shim), ragged_attention_config(bridge), \
             bridge.hooks(fwd_hooks=recorder.fwd_hooks(len(before))):
-        logits = bridge(ids[None].to(device), return_type="logits", position_ids=positions[None].to(device),
-                        cache=relocated.cache, use_cache=True)
+        if with_cache:
+            logits, activations = bridge.run_with_cache(ids[None].to(device), names_filter=names_filter, **kwargs)
+        else:
+            logits = bridge(ids[None].to(device), **kwargs)
     if check_cache:
         after = cache_lengths(relocated.cache)
         stale = [l for l, (b, a) in enumerate(zip(before, after)) if a != b + ids.numel()]
@@ -293,7 +321,7 @@ def question_pass_tl(bridge, relocated: RelocatedCache, ids: torch.Tensor, posit
                 f"{after[:3]}...): it ignored transformers' cache= keyword, so the pass read no history; run it "
                 "inside relaylens.probes.transformer_lens.cache_kwarg_shim()"
             )
-    return logits[0].float(), recorder.record
+    return logits[0].float(), recorder.record, activations
 
 
 def probe_condition_tl(bridge_or_model, prefill: PrefillResult, selection: Selection, condition: str | Condition,
