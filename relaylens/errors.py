@@ -12,7 +12,11 @@ from __future__ import annotations
 
 
 class RelaylensError(ValueError):
-    """Base class of every relaylens input error."""
+    """Base class of every relaylens input error. ``multiline``: the message's line breaks are its own (every
+    dataset string in it went through :func:`shown`), so the CLI prints them as lines; otherwise the message is
+    printed as one line, a line break shown as ``\\n``."""
+
+    multiline: bool = False
 
 
 class PositionError(RelaylensError):
@@ -42,6 +46,11 @@ class RecordError(RelaylensError):
 
 class NonFiniteError(RelaylensError):
     """A cache (keys or values) holding NaN or inf, or a relocation whose result would overflow the cache dtype."""
+
+
+class LockPathError(RelaylensError):
+    """A lock file path that is a symbolic link, a folder, a FIFO or a hard link to another file: relaylens never
+    writes a lock through it (:mod:`relaylens.fileio`)."""
 
 
 class ModelError(RelaylensError):

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import sys
+from html.parser import HTMLParser
 from pathlib import Path
 
 import pytest
@@ -61,3 +62,40 @@ def test_a_folder_without_runs_is_a_warning(site, index):
     warnings = []
     assert generate.run_section("figures/empty", "results.md", warnings.append) == ""
     assert len(warnings) == 1 and "no manifest.json there" in warnings[0]
+
+
+class _Tags(HTMLParser):
+    """Every start tag of a page with its attributes."""
+
+    def __init__(self) -> None:
+        super().__init__(convert_charrefs=True)
+        self.tags: list[tuple[str, dict]] = []
+        self.text: list[str] = []
+
+    def handle_starttag(self, tag, attrs):
+        self.tags.append((tag, dict(attrs)))
+
+    def handle_data(self, data):
+        self.text.append(data)
+
+
+def test_run_data_reaches_the_page_as_text(site):
+    """Issue 41, item 3: categories, condition labels (``learned:DIR``), file names, model and data paths with HTML,
+    backticks, pipes, links, attribute lists or snippet includes in a committed run are shown as text: no tag, no
+    event handler, no link and no included file comes from the data; listed names outside the folder are left out
+    with a warning. (The browser proof: tests/browser/test_docs_escaping_browser.py.)"""
+    from support.docs_shared import PAYLOADS, hostile_run, site_markdown
+
+    folder = hostile_run(site)
+    warnings = []
+    page = _Tags()
+    page.feed(site_markdown(generate.run_section(folder, "results.md", warnings.append)))
+    assert len(warnings) == 3 and all("not a file of the folder; left out" in w for w in warnings), warnings
+    live = [(tag, attrs) for tag, attrs in page.tags
+            if any(a.startswith("on") for a in attrs) or (tag == "img" and attrs.get("src") == "x")
+            or str(attrs.get("href", "")).startswith("javascript:") or tag in ("script", "iframe")]
+    assert not live, live
+    text = "".join(page.text)
+    assert PAYLOADS["html"] in text and "learned:" + PAYLOADS["html"] in text, "the data is shown, as text"
+    assert "toolkit for studying" not in text, "a snippet include in the data pulled in README.md"
+    assert [tag for tag, _ in page.tags].count("img") == 1  # the figure itself, under its escaped name

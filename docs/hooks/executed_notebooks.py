@@ -22,7 +22,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 CACHE = ROOT / "build" / "docs-notebooks"
-SOURCES = ("relaylens", "analyses")
+SOURCES = ("relaylens",)  # the package, relaylens/analyses/ included
 WIDGET = "application/vnd.jupyter.widget-view+json"
 
 
@@ -110,7 +110,7 @@ def render(nb, path: Path, warn) -> str:
         if not title_done:
             lines += [f"# {path.stem}", "", _note(path), ""]
             title_done = True
-        lines += ["```python", source, "```", ""]
+        lines += _fenced("python", source)
         for output in cell.get("outputs", []):
             lines += _output(output, f"{path.name} cell {index}", warn)
     return "\n".join(lines) + "\n"
@@ -127,7 +127,7 @@ def _output(output, where: str, warn) -> list[str]:
     kind = output.get("output_type")
     if kind == "stream":
         text = _ansi(output.get("text", "")).rstrip()
-        return ["```text", text, "```", ""] if text else []
+        return _fenced("text", text) if text else []
     if kind == "error":
         warn(f"{where}: {output.get('ename')}: {output.get('evalue')}")
         return []
@@ -147,8 +147,31 @@ def _output(output, where: str, warn) -> list[str]:
             return []
         return ['<div class="nb-output" markdown="0">', body, "</div>", ""]
     if "text/plain" in data:
-        return ["```text", _ansi(data["text/plain"]).rstrip(), "```", ""]
+        return _fenced("text", _ansi(data["text/plain"]).rstrip())
     return []
+
+
+def _fenced(language: str, text: str) -> list[str]:
+    """``text`` in a fenced block that it cannot close: the fence is longer than any run of backticks in it (an
+    output printing a dataset string with three backticks and HTML stays text), and no line of it is a snippet
+    include (:func:`_no_snippets`)."""
+    longest = max((len(run) for run in re.findall(r"`+", text)), default=0)
+    fence = "`" * max(3, longest + 1)
+    return [f"{fence}{language}", _no_snippets(text), fence, ""]
+
+
+def _no_snippets(text: str) -> str:
+    """``text`` with every line pymdownx.snippets would read as an include or a section marker escaped by one ``;``
+    (which snippets removes again): the line shows as written, and includes nothing."""
+    from pymdownx.snippets import SnippetPreprocessor
+
+    lines = []
+    for line in text.split("\n"):
+        found = SnippetPreprocessor.RE_ALL_SNIPPETS.match(line) or SnippetPreprocessor.RE_SNIPPET_SECTION.match(line)
+        if found:
+            line = line[:found.start("escape")] + ";" + line[found.start("escape"):]
+        lines.append(line)
+    return "\n".join(lines)
 
 
 def _ansi(text: str) -> str:

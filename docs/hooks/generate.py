@@ -10,6 +10,7 @@ import re
 import warnings
 from pathlib import Path
 from typing import Callable
+from urllib.parse import quote
 
 import codescan
 import griffe_roles
@@ -406,33 +407,100 @@ def _work(spec, records) -> str:
     return f"{records} records x {per_record} = {records * per_record:,} rows{tokens}"
 
 
+# Text from committed runs and data files (manifests, index.json, the tables' cells, file and folder names) is data:
+# it reaches the site as text, never as live HTML or markup (issue 41). Code and hand-written pages are trusted.
+_PLAIN = re.compile(r"[\w./:+@%,=()\- ]*")  # nothing markdown, HTML, a snippet include or an attribute list reads
+_SAFE_PUNCTUATION = set(".,:;/%+-=()?@ ")
+
+
+def _one_line(value) -> str:
+    """``value`` as one line of text: control and format characters (line breaks included) as visible escapes."""
+    from relaylens.errors import shown
+
+    return shown("" if value is None else str(value))
+
+
+def _text(value) -> str:
+    """Data as plain text in Markdown: letters, digits, spaces and harmless punctuation as they are, every other
+    character as a numeric character reference (so ``<``, backticks, ``|``, ``*``, ``[``, ``{``, ``--8<--`` start
+    nothing; the page shows the same characters)."""
+    return "".join(ch if ch.isalnum() or ch in _SAFE_PUNCTUATION else f"&#{ord(ch)};" for ch in _one_line(value))
+
+
+def _code(value) -> str:
+    """Data as inline code: backticks when it holds nothing Markdown or HTML could read (the usual case, unchanged),
+    else ``<code>`` around :func:`_text` (a backtick in the data cannot close the span)."""
+    text = _one_line(value)
+    return f"`{text}`" if _PLAIN.fullmatch(text) and text.strip() else f"<code>{_text(text)}</code>"
+
+
 def _run_facts(manifest: dict) -> list[tuple[str, str]]:
-    """What produced a run, from its manifest: (label, markdown value) pairs."""
+    """What produced a run, from its manifest: (label, markdown value) pairs, every value escaped (:func:`_text`)."""
     config = manifest.get("config", {})
     spec, runcfg = config.get("spec", {}), config.get("run", {})
-    return [("analysis", f"`{manifest.get('analysis')}`"), ("model", f"`{manifest.get('model', {}).get('spec')}`"),
-            ("data", f"`{runcfg.get('data')}` ({runcfg.get('limit') or spec.get('limit') or 'all'} records)"),
-            ("selectors x budgets", f"{', '.join(spec.get('selectors', []))} x "
-                                    f"{', '.join(str(b) for b in spec.get('budgets', []))}"),
-            ("conditions", ", ".join(f"`{c}`" for c in spec.get("conditions", []))),
-            ("prompt mode", f"`{spec.get('prompt_mode')}`"),
-            ("produced", f"{manifest.get('created_at', '?')[:10]}, commit `{(manifest.get('git_commit') or '?')[:10]}`, "
-                         f"torch {manifest.get('versions', {}).get('torch')}, transformers "
-                         f"{manifest.get('versions', {}).get('transformers')}")]
+    versions, limit = manifest.get("versions", {}), runcfg.get("limit") or spec.get("limit") or "all"
+    return [("analysis", _code(manifest.get("analysis"))), ("model", _code(manifest.get("model", {}).get("spec"))),
+            ("data", f"{_code(runcfg.get('data'))} ({_text(limit)} records)"),
+            ("selectors x budgets", f"{_text(', '.join(map(str, spec.get('selectors', []))))} x "
+                                    f"{_text(', '.join(str(b) for b in spec.get('budgets', [])))}"),
+            ("conditions", ", ".join(_code(c) for c in spec.get("conditions", []))),
+            ("prompt mode", _code(spec.get("prompt_mode"))),
+            ("produced", f"{_text(str(manifest.get('created_at', '?'))[:10])}, commit "
+                         f"{_code(str(manifest.get('git_commit') or '?')[:10])}, torch {_text(versions.get('torch'))}, "
+                         f"transformers {_text(versions.get('transformers'))}")]
 
 
-def _drawn_files(run: Path, folder: str, index: dict, up: str) -> list[str]:
-    """The figures (inline), tables (collapsed) and file links of a figures folder, from its ``index.json``."""
+def _listed_files(run: Path, folder: str, index: dict, warn: Warn, src_uri: str) -> list[str]:
+    """The names ``index.json`` lists that name files of the folder itself (no path, no hidden file; a table must
+    exist, as it is read); any other name is a warning (a failed strict build) and is left out, so no listed name
+    reads or links a file elsewhere."""
+    names = []
+    for name in index.get("files", []):
+        plain = isinstance(name, str) and name == Path(name).name and not name.startswith(".")
+        if plain and (not name.endswith(".md") or (run / name).is_file()):
+            names.append(name)
+        else:
+            warn(f"{src_uri}: relaylens:run {folder}: index.json lists {_one_line(repr(name))}, which is not a file "
+                 "of the folder; left out")
+    return names
+
+
+def _table_text(table: str) -> list[str]:
+    """A figures folder's ``.md`` table (a bold title, a pipe table, notes) with every cell and note as text."""
     lines = []
-    for name in index.get("files", []):
+    for line in table.splitlines():
+        bold = re.fullmatch(r"\*\*(.+)\*\*", line)
+        if bold:
+            lines.append(f"**{_text(bold.group(1))}**")
+        elif re.fullmatch(r"\|(\s*:?-+:?\s*\|)+", line):
+            lines.append(line)
+        elif line.startswith("|"):
+            cells = re.split(r"(?<!\\)\|", line.strip().removeprefix("|").removesuffix("|"))
+            lines.append("| " + " | ".join(_text(c.strip().replace("\\|", "|")) for c in cells) + " |")
+        else:
+            lines.append(_text(line) if line.strip() else "")
+    return lines
+
+
+def _alt(name: str) -> str:
+    """A file name as an image's alt text: only word characters, dots, plus, minus and spaces (nothing ends it)."""
+    return re.sub(r"[^\w.+ -]", "", name)
+
+
+def _drawn_files(run: Path, folder: str, index: dict, up: str, warn: Warn, src_uri: str) -> list[str]:
+    """The figures (inline), tables (collapsed) and file links of a figures folder, from its ``index.json``."""
+    names = _listed_files(run, folder, index, warn, src_uri)
+    url = {name: f"{up}{folder}/{quote(name)}" for name in names}
+    lines = []
+    for name in names:
         if name.endswith(".png"):
-            lines += [f"![{name} of {folder}]({up}{folder}/{name})", ""]
-    for name in index.get("files", []):
+            lines += [f"![{_alt(name)} of {folder}]({url[name]})", ""]
+    for name in names:
         if name.endswith(".md"):
-            table = (run / name).read_text(encoding="utf-8").strip()
-            lines += [f'??? abstract "The table `{folder}/{name}`"', "", *("    " + ln if ln else "" for ln in table.splitlines()),
-                      ""]
-    files = [f"[`{name}`]({up}{folder}/{name})" for name in index.get("files", []) if name.endswith((".png", ".svg"))]
+            table = _table_text((run / name).read_text(encoding="utf-8").strip())
+            lines += [f'??? abstract "The table {_code(f"{folder}/{name}")}"', "",
+                      *("    " + ln if ln else "" for ln in table), ""]
+    files = [f"[{_code(name)}]({url[name]})" for name in names if name.endswith((".png", ".svg"))]
     if (run / "report.html").is_file():
         files.insert(0, f"[the HTML report]({up}{folder}/report.html)")
     lines.append("Files: " + ", ".join(files) + f"; tables and manifest in `{folder}/` of the repository.")
@@ -458,8 +526,9 @@ def run_section(folder: str, src_uri: str, warn: Warn) -> str:
                 for p in subruns]
         keys = [k for k, _ in _run_facts({})]
         lines = ["| run folder | " + " | ".join(keys) + " |", "|---" * (len(keys) + 1) + "|",
-                 *[f"| `{folder}/{name}/` | " + " | ".join(facts[k] for k in keys) + " |" for name, facts in rows], ""]
-        return "\n".join(lines + _drawn_files(run, folder, index, up))
+                 *[f"| {_code(f'{folder}/{name}/')} | " + " | ".join(facts[k] for k in keys) + " |"
+                   for name, facts in rows], ""]
+        return "\n".join(lines + _drawn_files(run, folder, index, up, warn, src_uri))
     manifest = json.loads((run / "manifest.json").read_text(encoding="utf-8"))
     lines = [f"| run folder | `{folder}/` |", "|---|---|", *[f"| {k} | {v} |" for k, v in _run_facts(manifest)], ""]
-    return "\n".join(lines + _drawn_files(run, folder, index, up))
+    return "\n".join(lines + _drawn_files(run, folder, index, up, warn, src_uri))

@@ -21,7 +21,7 @@ BORDER = re.compile(r"^( *)(=+)( +=+)+ *$")
 
 
 API_PAGES = ("datasets", "model", "selectors", "geometry", "conditions", "generation", "probes", "scoring", "results",
-             "reporting", "experiments", "bench", "errors", "testing")
+             "reporting", "experiments", "integrations", "bench", "errors", "testing")
 """The modules with a page of their own under reference/api/ (the stages, then two root modules)."""
 
 

@@ -57,11 +57,14 @@ class Coordinates:
 
     ``key_positions`` is long for integer conditions, float64 for real-valued ones (it may then carry autograd:
     gradients w.r.t. positions); ``question_start`` an int, a float, or a 0-d float64 tensor (autograd).
+    ``at_question``: a kept key may sit at the question start itself (the ``move=`` clause; see
+    :func:`check_coordinates`), so every later check of these coordinates allows it too.
     """
 
     condition: str
     key_positions: torch.Tensor  # [layer, kv_head, slot] long (or float64), -1 in padded slots
     question_start: int | float | torch.Tensor
+    at_question: bool = False
 
     @property
     def real(self) -> bool:
@@ -104,14 +107,14 @@ def make_coordinates(name: str, sel: Selection, key_positions: torch.Tensor, que
     check_coordinates(name, key_positions, sel.valid, question_start, at_question=at_question)
     if not _real_coordinates(key_positions, question_start):  # the integer path, as every catalogue condition takes
         key_positions = torch.where(sel.valid, key_positions.long(), torch.full_like(key_positions, PAD_POSITION, dtype=torch.long))
-        return Coordinates(name, key_positions, int(question_start))
+        return Coordinates(name, key_positions, int(question_start), at_question)
     if key_positions.is_floating_point():
         key_positions = torch.where(sel.valid, key_positions.double(), torch.full_like(key_positions, PAD_POSITION, dtype=torch.float64))
     else:
         key_positions = torch.where(sel.valid, key_positions.long(), torch.full_like(key_positions, PAD_POSITION, dtype=torch.long))
     if not isinstance(question_start, torch.Tensor) and float(question_start).is_integer():
         question_start = int(question_start)
-    return Coordinates(name, key_positions, question_start)
+    return Coordinates(name, key_positions, question_start, at_question)
 
 
 def _real_coordinates(key_positions: torch.Tensor, question_start) -> bool:
@@ -135,8 +138,9 @@ def check_coordinates(name: str, key_positions: torch.Tensor, valid: torch.Tenso
     starts after every kept key (a question at or before a kept key would read history from its own future).
 
     Real-valued coordinates (floating-point key positions or question start, :func:`_real_coordinates`) are checked
-    by the same rule without being made integers (:func:`_check_real_coordinates`): finite, ``>= 0``, at most
-    ``2**24 - 1``, and the question start past every kept key.
+    by the same rule without being made integers (:func:`_check_real_coordinates`): float32 or float64 (float16 and
+    bfloat16 would merge neighbouring positions), finite, ``>= 0``, at most ``2**24 - 1``, and the question start past
+    every kept key.
 
     ``at_question``: a kept key may also sit *at* the question start (query-key distance 0, the distance of the first
     question token to itself), never after it. Only the ``move=`` clause of a scoped condition asks for it: its
@@ -180,8 +184,11 @@ def _check_real_coordinates(name: str, key_positions: torch.Tensor, valid: torch
     import torch
 
     from relaylens.errors import NonFiniteError, PositionError
-    from relaylens.geometry.positions import POSITION_LIMIT
+    from relaylens.geometry.positions import POSITION_LIMIT, check_real_dtype
 
+    check_real_dtype(key_positions, f"condition {name}: key positions")  # float16 / bfloat16 merge neighbours
+    if isinstance(question_start, torch.Tensor):
+        check_real_dtype(question_start, f"condition {name}: the question start")
     axes = ("layer", "kv_head", "slot")
     keys = key_positions.detach().to(torch.float64)  # [layer, kv_head, slot]
     kept = torch.where(valid, keys, torch.zeros((), dtype=torch.float64))  # padded slots hold no key
@@ -324,6 +331,18 @@ class CommonShift(Condition):
         return make_coordinates(self.label, sel, sel.positions + self.shift, sel.history_length + self.shift)
 
 
+def exact_number(value) -> str:
+    """``value`` as the shortest text that parses back to the very same float: ``%g`` where it is exact (``0.5``,
+    ``1``), else ``repr`` (``0.12345678``); labels built from it never merge two conditions.
+
+    >>> exact_number(1.0), exact_number(0.1234567), exact_number(0.12345678), exact_number(2e-9)
+    ('1', '0.1234567', '0.12345678', '2e-09')
+    """
+    value = float(value)
+    short = f"{value:g}"
+    return short if float(short) == value else repr(value)
+
+
 def _round_half_up(x: torch.Tensor | float):
     import torch
 
@@ -345,7 +364,7 @@ class Compaction(Condition):
 
     @property
     def label(self) -> str:
-        return f"compaction({self.alpha:g})"
+        return f"compaction({exact_number(self.alpha)})"
 
     def coordinates(self, sel: Selection) -> Coordinates:
         alpha = float(self.alpha)

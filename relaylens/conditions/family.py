@@ -49,6 +49,8 @@ Sharing levels: ``global`` (3 parameters), ``layer`` (3 per layer), ``head`` (3 
 
 from __future__ import annotations
 
+import ast
+import hashlib
 import json
 import math
 import re
@@ -57,7 +59,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from relaylens.conditions.catalogue import (CommonShift, Compaction, Condition, Coordinates, KeyOnly, Original, Relay,
-                                            make_coordinates, parse_condition)
+                                            exact_number, make_coordinates, parse_condition)
 from relaylens.errors import NonFiniteError, PositionError, RelaylensError, ShapeError
 
 if TYPE_CHECKING:  # importing the family imports no torch
@@ -70,6 +72,62 @@ PARAMETERS = ("b", "s", "alpha")
 LEARNED_FILE = "learned_geometry.json"
 """The file in a ``learned_geometry`` run directory that ``learned:RUN_DIR`` reads."""
 LEARNED_PREFIX = "learned:"
+POSITION_RANGE = 2**24
+"""Positions the rotary embedding's float32 phases tell apart (:data:`relaylens.model.hf.POSITION_LIMIT`, repeated
+here so that parsing a condition imports no torch): ``b`` and ``s`` must stay below it."""
+RANGES = {"b": "0 < b < 2**24", "s": "0 < s < 2**24", "alpha": "0 <= alpha <= 1"}
+"""The allowed range of each parameter, as messages state it."""
+
+
+def _format_value(value) -> str:
+    """A parameter (a number or nested lists of numbers) in label syntax: ``2``, ``[1,0.5]``, ``[[1,2],[3,4]]``."""
+    if hasattr(value, "tolist") and not isinstance(value, (int, float)):
+        value = value.tolist()
+    if isinstance(value, (list, tuple)):
+        return "[" + ",".join(_format_value(v) for v in value) + "]"
+    return exact_number(value)
+
+
+def _in_range(name: str, value: float) -> bool:
+    if name == "alpha":
+        return 0.0 <= value <= 1.0
+    return 0.0 < value < POSITION_RANGE
+
+
+def check_parameter(name: str, value, where: str, fix: str | None = None) -> None:
+    """Refuse a geometry parameter that is not a finite number in its range (:data:`RANGES`), or a per-layer /
+    per-head list of them (rectangular, at most two levels deep); ``where`` names the condition or file, ``fix``
+    replaces the default advice.
+
+    >>> check_parameter("s", [1.0, float("nan")], "condition geometry")
+    Traceback (most recent call last):
+    ...
+    relaylens.errors.RelaylensError: condition geometry: s must be a finite number with 0 < s < 2**24 (or a per-layer / per-head list of them); got nan at index [1]. Fix: give s in that range
+    """
+    if hasattr(value, "tolist") and not isinstance(value, (int, float)):
+        value = value.tolist()  # a tensor or array of parameters
+
+    def refuse(got, at: str = "") -> None:
+        raise RelaylensError(f"{where}: {name} must be a finite number with {RANGES[name]} (or a per-layer / per-head "
+                             f"list of them); got {got}{at}. {fix or f'Fix: give {name} in that range'}")
+
+    def walk(item, path: tuple, depth: int) -> None:
+        at = f" at index {list(path)}" if path else ""
+        if isinstance(item, (list, tuple)):
+            if depth == 2 or not item:
+                refuse("a list nested too deep" if item else "an empty list", at)
+            widths = {len(v) if isinstance(v, (list, tuple)) else -1 for v in item}
+            if len(widths) > 1:
+                refuse("rows of different lengths (a [layer][kv_head] list must be rectangular)", at)
+            for index, v in enumerate(item):
+                walk(v, path + (index,), depth + 1)
+            return
+        if isinstance(item, bool) or not isinstance(item, (int, float)):
+            refuse(f"{type(item).__name__} {item!r}"[:80], at)
+        if not math.isfinite(float(item)) or not _in_range(name, float(item)):
+            refuse(exact_number(item) if math.isfinite(float(item)) else str(float(item)), at)
+
+    walk(value, (), 0)
 
 
 def expand(values, num_layers: int, num_kv_heads: int, name: str = "parameter") -> torch.Tensor:
@@ -206,12 +264,16 @@ class Geometry(Condition):
     alpha: object = 1.0
     name = "geometry"
 
+    def __post_init__(self) -> None:
+        where = f"condition {self.name}" if not isinstance(self, Learned) else f"condition {self.label}"
+        for name in PARAMETERS:
+            check_parameter(name, getattr(self, name), where)
+
     @property
     def label(self) -> str:
-        """``geometry(b=..,s=..,alpha=..)`` for global parameters (it parses back), else ``geometry``."""
-        if all(isinstance(getattr(self, p), (int, float)) for p in PARAMETERS):
-            return f"geometry(b={float(self.b):g},s={float(self.s):g},alpha={float(self.alpha):g})"
-        return self.name
+        """``geometry(b=..,s=..,alpha=..)`` with every parameter exact (a per-layer or per-head one as a list): it
+        parses back to the same parameters, and two different points never share a label."""
+        return "geometry(" + ",".join(f"{p}={_format_value(getattr(self, p))}" for p in PARAMETERS) + ")"
 
     def parameters(self, num_layers: int, num_kv_heads: int):
         """``(b, s, alpha)`` float64 ``[layer, kv_head]``."""
@@ -235,19 +297,32 @@ class Learned(Geometry):
     def label(self) -> str:
         return self.display or f"{LEARNED_PREFIX}{self.run_dir}"
 
+    @property
+    def sha256(self) -> str:
+        """The SHA-256 of the learned file's content (canonical JSON: key order and spacing do not count): what a run
+        using this condition records in its manifest and pins (resume and merge refuse another content)."""
+        return content_sha256(self.info)
+
     @classmethod
     def from_run_dir(cls, run_dir: str | Path, display: str | None = None) -> Learned:
-        """Read ``RUN_DIR/learned_geometry.json`` (written when a ``learned_geometry`` run finishes training)."""
+        """Read ``RUN_DIR/learned_geometry.json`` (written when a ``learned_geometry`` run finishes training); every
+        field it holds is checked (:func:`check_learned_info`)."""
         path = Path(run_dir) / LEARNED_FILE
         if not path.is_file():
             raise RelaylensError(f"learned:{run_dir}: no {LEARNED_FILE} in that directory. Fix: pass the --out directory "
                                  "of a finished `relaylens run learned_geometry` (it is written when training ends)")
         try:
-            info = json.loads(path.read_text("utf-8"))
-            params = {p: info["parameters"][p] for p in PARAMETERS}
-        except (OSError, ValueError, KeyError, TypeError) as err:
+            info = json.loads(path.read_text("utf-8"), parse_constant=_no_constant)
+        except (OSError, ValueError, RecursionError) as err:
             raise RelaylensError(f"learned:{run_dir}: {path} is not a learned geometry ({type(err).__name__}: {err}). "
                                  "Fix: rerun `relaylens run learned_geometry` into that directory") from None
+        return cls.from_info(info, run_dir, display, where=f"learned:{run_dir}: {path}")
+
+    @classmethod
+    def from_info(cls, info: dict, run_dir: str | Path, display: str | None = None, where: str | None = None) -> Learned:
+        """The condition of a learned file's parsed content ``info`` (checked by :func:`check_learned_info`)."""
+        check_learned_info(info, where or f"learned:{run_dir}")
+        params = {p: info["parameters"][p] for p in PARAMETERS}
         return cls(**{p: _frozen(v) for p, v in params.items()}, run_dir=str(run_dir), info=info, display=display)
 
     def bind(self, model_or_config) -> Learned:
@@ -265,19 +340,86 @@ class Learned(Geometry):
         return self
 
 
+def content_sha256(info: dict) -> str:
+    """SHA-256 of ``info`` as canonical JSON (sorted keys, no spacing)."""
+    text = json.dumps(info, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def _no_constant(name: str):
+    raise ValueError(f"{name} is not a number JSON allows")
+
+
+#: the optional fields of a learned file and the types they must have when present
+_LEARNED_FIELDS = {"num_layers": int, "num_kv_heads": int, "selector": str, "budget": (int, float), "sharing": str,
+                   "prompt_mode": str, "train_records": list, "test_records": list, "model": dict, "fit": dict,
+                   "seed": int, "options": dict}
+
+
+def check_learned_info(info, where: str) -> None:
+    """Refuse a learned file whose fields have the wrong type or range, naming ``where`` (the condition and file),
+    the field and what it must be: ``parameters`` (``b``, ``s``, ``alpha``, each :func:`check_parameter`), and when
+    present ``num_layers`` / ``num_kv_heads`` (whole numbers >= 1, matching the parameters' shape), ``selector``,
+    ``budget``, ``sharing``, ``prompt_mode``, ``train_records`` / ``test_records`` (lists of record ids), ``model``,
+    ``fit``, ``seed``, ``options``."""
+    fix = "Fix: rerun `relaylens run learned_geometry` into that directory (the file is written when training ends)"
+    if not isinstance(info, dict):
+        raise RelaylensError(f"{where}: expected a JSON object; got {type(info).__name__}. {fix}")
+    params = info.get("parameters")
+    if not isinstance(params, dict) or any(p not in params for p in PARAMETERS):
+        raise RelaylensError(f"{where}: field 'parameters' must be an object with b, s and alpha; got "
+                             f"{sorted(params) if isinstance(params, dict) else type(params).__name__}. {fix}")
+    for name in PARAMETERS:
+        check_parameter(name, params[name], f"{where}: field 'parameters'", fix)
+    for name, kind in _LEARNED_FIELDS.items():
+        value = info.get(name)
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, kind):
+            wanted = {int: "a whole number", str: "a string", list: "a list", dict: "an object"}.get(kind, "a number")
+            raise RelaylensError(f"{where}: field {name!r} must be {wanted}; got {type(value).__name__} "
+                                 f"{str(value)[:60]!r}. {fix}")
+    for name in ("num_layers", "num_kv_heads"):
+        if info.get(name) is not None and info[name] < 1:
+            raise RelaylensError(f"{where}: field {name!r} must be >= 1; got {info[name]}. {fix}")
+    if info.get("budget") is not None and not (math.isfinite(info["budget"]) and info["budget"] > 0):
+        raise RelaylensError(f"{where}: field 'budget' must be a ratio in (0, 1] or a number of states; got "
+                             f"{info['budget']}. {fix}")
+    for name in ("train_records", "test_records"):
+        if info.get(name) is not None and not all(isinstance(r, str) for r in info[name]):
+            raise RelaylensError(f"{where}: field {name!r} must list record ids (strings). {fix}")
+    _check_learned_shape(params, info, where, fix)
+
+
+def _check_learned_shape(params: dict, info: dict, where: str, fix: str) -> None:
+    """The parameters' shape agrees with ``num_layers`` x ``num_kv_heads`` (where the file gives them)."""
+    layers, heads = info.get("num_layers"), info.get("num_kv_heads")
+    for name in PARAMETERS:
+        value = params[name]
+        shape = (len(value), len(value[0]) if isinstance(value[0], list) else None) if isinstance(value, list) else ()
+        wrong = (len(shape) >= 1 and layers is not None and shape[0] != layers) or \
+                (len(shape) == 2 and shape[1] is not None and heads is not None and shape[1] != heads)
+        if wrong:
+            raise RelaylensError(f"{where}: field 'parameters' {name} has shape {[d for d in shape if d is not None]}; "
+                                 f"the file's model has {layers} layers x {heads} kv heads. {fix}")
+
+
 def _frozen(values):
-    return tuple(_frozen(v) for v in values) if isinstance(values, list) else float(values)
+    return tuple(_frozen(v) for v in values) if isinstance(values, (list, tuple)) else float(values)
 
 
 _GEOMETRY = re.compile(r"^\s*geometry\s*\((.*)\)\s*$")
 
 
 def parse_family(spec: str) -> Geometry | None:
-    """``learned:RUN_DIR`` or ``geometry(b=B,s=S,alpha=A)`` (global parameters; omitted ones are relay's 1) as a
-    condition; None for any other spec.
+    """``learned:RUN_DIR`` or ``geometry(b=B,s=S,alpha=A)`` as a condition (omitted parameters are relay's 1; each a
+    number, or a per-layer ``[..]`` / per-head ``[[..],..]`` list, as :attr:`Geometry.label` writes them); None for
+    any other spec. Every parameter is checked here (:func:`check_parameter`).
 
     >>> parse_family("geometry(s=0.5)").label, parse_family("relay") is None
     ('geometry(b=1,s=0.5,alpha=1)', True)
+    >>> parse_family("geometry(b=[1,2.5])").label
+    'geometry(b=[1,2.5],s=1,alpha=1)'
     """
     text = str(spec).strip()
     if text.startswith(LEARNED_PREFIX):
@@ -285,17 +427,37 @@ def parse_family(spec: str) -> Geometry | None:
     match = _GEOMETRY.match(text)
     if not match:
         return None
-    values: dict[str, float] = {}
-    for part in filter(None, (p.strip() for p in match.group(1).split(","))):
+    values: dict = {}
+    for part in filter(None, (p.strip() for p in _top_level_parts(match.group(1)))):
         key, eq, raw = (t.strip() for t in part.partition("="))
         if not eq or key not in PARAMETERS or key in values:
             raise RelaylensError(f"condition {spec!r}: expected geometry(b=B,s=S,alpha=A) with each of b, s, alpha at "
-                                 f"most once; got {part!r}")
-        try:
-            values[key] = float(raw)
-        except ValueError:
-            raise RelaylensError(f"condition {spec!r}: {key} must be a number; got {raw!r}") from None
+                                 f"most once; got {part!r}. Fix: e.g. geometry(b=2,s=0.5,alpha=0.5)")
+        values[key] = _parse_value(raw, key, spec)
     return Geometry(**values)
+
+
+def _top_level_parts(text: str) -> list[str]:
+    """``text`` split at the commas outside brackets."""
+    parts, depth, start = [], 0, 0
+    for index, char in enumerate(text):
+        depth += {"[": 1, "]": -1}.get(char, 0)
+        if char == "," and depth == 0:
+            parts.append(text[start:index])
+            start = index + 1
+    return parts + [text[start:]]
+
+
+def _parse_value(raw: str, key: str, spec: str):
+    """A number or a bracketed list of numbers (tuples inside, so the condition stays hashable-friendly)."""
+    try:
+        value = ast.literal_eval(raw) if raw.startswith("[") else float(raw)
+    except (ValueError, SyntaxError, MemoryError, RecursionError):
+        raise RelaylensError(f"condition {spec!r}: {key} must be a number (or a [per-layer] list of numbers); got "
+                             f"{raw[:60]!r}. Fix: e.g. geometry(b=2,s=0.5,alpha=0.5), or b=[1,2] with one value "
+                             "per layer") from None
+    check_parameter(key, value, f"condition {spec!r}")
+    return _frozen(value) if isinstance(value, list) else value
 
 
 def parse_learned(spec: str) -> Learned:

@@ -62,7 +62,7 @@ from typing import TYPE_CHECKING
 
 from relaylens.conditions.bands import BANDS, bands
 from relaylens.conditions.catalogue import Condition, Coordinates, Original, make_coordinates, parse_condition
-from relaylens.conditions.family import Learned, parse_family
+from relaylens.conditions.family import POSITION_RANGE, Learned, parse_family
 from relaylens.errors import RelaylensError
 
 if TYPE_CHECKING:  # importing scoped conditions imports no torch; masks are built on torch selections
@@ -113,6 +113,10 @@ class Scoped(Condition):
             raise RelaylensError(f"band must be one of {BANDS}; got {self.band!r}")
         if self.layers is not None and any(int(l) < 0 for l in self.layers):
             raise RelaylensError(f"layers must be >= 0; got {list(self.layers)}")
+        if isinstance(self.move, bool) or not isinstance(self.move, int) or abs(self.move) >= POSITION_RANGE:
+            raise RelaylensError(f"condition {self.inner.label}@move={self.move!r}: move must be a whole number of "
+                                 f"positions with |move| < 2**24 (the rotary range); got {self.move!r}. Fix: e.g. "
+                                 "move=1 or move=-1")
 
     @property
     def label(self) -> str:
@@ -138,8 +142,26 @@ class Scoped(Condition):
         return max(int(getattr(self.inner, "shift", 0)), int(getattr(self.base, "shift", 0))) + max(0, -int(self.move))
 
     def bind(self, model_or_config) -> Scoped:
-        """A copy that knows the model's layer types (needed by ``layer_type=`` scopes)."""
-        return dataclasses.replace(self, layer_types=model_layer_types(model_or_config))
+        """A copy that knows the model's layer types (needed by ``layer_type=`` scopes), checked against the model:
+        a layer, kv head or layer type it does not have is refused here, before any record runs
+        (:meth:`check_model`); a ``learned:`` part is bound too."""
+        parts = {name: part.bind(model_or_config) for name, part in (("inner", self.inner), ("base", self.base))
+                 if isinstance(part, Learned)}
+        bound = dataclasses.replace(self, layer_types=model_layer_types(model_or_config), **parts)
+        if bound.layer_type != ALL_LAYER_TYPES:
+            bound.check_model(model_or_config)
+        return bound
+
+    def check_model(self, model_or_config) -> None:
+        """Refuse a scope naming a layer, kv head or layer type the model lacks (the message names the condition,
+        the clause and the model's range)."""
+        from types import SimpleNamespace
+
+        config = getattr(model_or_config, "config", model_or_config)
+        config = config.get_text_config() if hasattr(config, "get_text_config") else config
+        layers = int(config.num_hidden_layers)
+        heads = int(getattr(config, "num_key_value_heads", None) or config.num_attention_heads)
+        self.scope_mask(SimpleNamespace(num_layers=layers, num_kv_heads=heads))  # raises naming what is missing
 
     def scope_mask(self, sel: Selection) -> torch.Tensor:
         """``[layer, kv_head]`` bool: True where the scoped condition applies."""
@@ -334,13 +356,45 @@ def expand_conditions(specs, model) -> list[Condition]:
     types = model_layer_types(model)
     out: list[Condition] = []
     for spec in specs:
-        condition = get_condition(spec)
-        if not isinstance(condition, Scoped):
-            out.append(condition)
-        elif condition.layer_type == ALL_LAYER_TYPES:
+        condition = get_condition(spec, model=model)  # scopes checked against the model, learned maps bound
+        if isinstance(condition, Scoped) and condition.layer_type == ALL_LAYER_TYPES:
             distinct = list(dict.fromkeys(types))
             if len(distinct) > 1:
-                out.extend(dataclasses.replace(condition, layer_type=t, layer_types=types) for t in distinct)
+                family = [dataclasses.replace(condition, layer_type=t, layer_types=types) for t in distinct]
+                for member in family:
+                    member.check_model(model)
+                out.extend(family)
         else:
-            out.append(dataclasses.replace(condition, layer_types=types))
+            out.append(condition)
     return out
+
+
+def unit_position_problem(conditions, selection: Selection, tail: int, limit: int) -> tuple[str, str] | None:
+    """``(reason, detail)`` when some condition cannot place this selection, else None: its coordinates are refused
+    (``position``: e.g. a ``move=`` that takes a key past the question), or its question start plus ``tail`` (question,
+    teacher token and new tokens) passes ``limit``, the model's rotary range (``too_long``). The runner skips such a
+    unit and records why, the way it skips a ``query_only`` shift past the range before the prefill: every position
+    problem of one record is a skip, never an abort.
+
+    >>> from relaylens.geometry.selection import Selection
+    >>> sel = Selection.from_lists([[[2, 5, 6, 11, 17, 19]]], history_length=20)
+    >>> unit_position_problem([get_condition("geometry(b=500)")], sel, tail=10, limit=512)[0]
+    'too_long'
+    >>> unit_position_problem([get_condition("relay@move=2")], sel, tail=10, limit=512)[0]
+    'position'
+    """
+    from relaylens.errors import PositionError
+
+    for condition in conditions:
+        condition = get_condition(condition)
+        try:
+            coords = condition.coordinates(selection)
+        except PositionError as err:
+            return "position", f"condition {condition.label} cannot place this selection: {err}"
+        reach = float(coords.question_start.detach() if hasattr(coords.question_start, "detach")
+                      else coords.question_start) + tail
+        if reach > limit:
+            return "too_long", (f"condition {condition.label} starts the question at {float(coords.question_start):g}, "
+                                f"so it needs positions up to {reach - 1:g}, past the model's rotary range ({limit} "
+                                "positions)")
+    return None

@@ -4,9 +4,11 @@ preference, then compare the learned map with ``original`` and ``relay`` on held
 Flow:
 
 1. **Split** (:func:`split_records`): records are grouped by cluster (``cluster_id``, else the record id: a cluster
-   never straddles the split), groups are ordered by ``sha256(f"{seed}:{cluster}")`` and whole groups go to
-   *train* until it holds ``round(train_fraction * n)`` records; the rest is *test*. Same records and seed, same
-   split; the split is stored in the manifest's plan and in ``learned_geometry.json``.
+   never straddles the split), groups are ordered by ``sha256(f"{seed}:{cluster}")`` and the whole groups whose
+   sizes add up nearest ``round(train_fraction * n)`` records go to *train*, earliest groups first
+   (:func:`train_clusters`; with one record per cluster, the first ``round(train_fraction * n)``); the rest is
+   *test*. Same records and seed, same split; the split is stored in the manifest's plan and in
+   ``learned_geometry.json``.
 2. **Prepare**: one prefill and one selection per record (the spec's single selector and budget); only the kept keys
    and values stay in memory (:func:`relaylens.generation.cache.keep_selected`). No gradient ever reaches the
    history: keys and values are fixed, only their positions move.
@@ -98,8 +100,16 @@ class LearnOptions:
 
 
 def split_records(records: list, seed: int, train_fraction: float) -> tuple[list, list]:
-    """``(train, test)``: whole clusters, ordered by ``sha256(f"{seed}:{cluster}")``, fill train up to
-    ``round(train_fraction * n)`` records (see the module docstring). Refuses duplicated record ids."""
+    """``(train, test)``: whole clusters, ordered by ``sha256(f"{seed}:{cluster}")``, whose sizes add up as close to
+    ``round(train_fraction * n)`` records as whole clusters allow (:func:`train_clusters`; never every record, never
+    none) go to train (see the module docstring). Refuses duplicated record ids, and data with a single cluster.
+
+    >>> from relaylens.datasets.records import Record
+    >>> recs = [Record(f"r{i}", "q", ("a",), "single-session-user", None, (), (), False, cluster_id=c)
+    ...         for i, c in enumerate("aaaaaaab")]                      # one cluster of 7, one of 1
+    >>> [len(side) for side in split_records(recs, seed=0, train_fraction=0.5)]
+    [1, 7]
+    """
     seen: set[str] = set()
     for record in records:
         if record.record_id in seen:
@@ -112,18 +122,44 @@ def split_records(records: list, seed: int, train_fraction: float) -> tuple[list
     groups: dict[str, list] = {}
     for record in records:
         groups.setdefault(record.cluster, []).append(record)
+    if len(groups) < 2:
+        raise RelaylensError(f"learned_geometry: all {len(records)} records form one cluster, and a cluster never "
+                             "straddles the split. Fix: use records from more than one cluster")
     order = sorted(groups, key=lambda c: hashlib.sha256(f"{seed}:{c}".encode()).hexdigest())
     target = min(max(round(train_fraction * len(records)), 1), len(records) - 1)
-    train, test = [], []
-    for cluster in order:
-        (train if len(train) < target else test).extend(groups[cluster])
-    if not test:
-        raise RelaylensError("learned_geometry: every record landed in train (the records form one cluster). Fix: use "
-                             "records from more than one cluster")
+    chosen = train_clusters([len(groups[c]) for c in order], target)
+    train = [r for i, c in enumerate(order) if i in chosen for r in groups[c]]
+    test = [r for i, c in enumerate(order) if i not in chosen for r in groups[c]]
     overlap = {r.record_id for r in train} & {r.record_id for r in test}
-    if overlap:  # cannot happen with unique ids; kept as the contract's guard
-        raise RelaylensError(f"learned_geometry: records {sorted(overlap)} are in train and test")
+    if overlap or not train or not test:  # cannot happen; kept as the contract's guard
+        raise RelaylensError(f"learned_geometry: the split is not a partition (overlap {sorted(overlap)[:3]}, "
+                             f"{len(train)} train, {len(test)} test records)")
     return train, test
+
+
+def train_clusters(sizes: list[int], target: int) -> set[int]:
+    """Indices of the clusters (``sizes`` in seeded order) that go to train: a subset whose total is the reachable
+    total nearest ``target`` among ``1 .. n - 1`` (ties: the smaller total), and among the subsets with that total the
+    one that takes clusters earliest in the order. With clusters of one record each, the first ``target`` clusters.
+
+    A subset-sum over the sizes (reachable totals kept as bit sets, one per cluster), so a split is found whenever
+    one exists: uneven clusters never overshoot the fraction or leave test empty.
+
+    >>> sorted(train_clusters([1, 5, 1, 1, 1, 1], 5)), sorted(train_clusters([1, 1, 1, 1], 2))
+    ([1], [0, 1])
+    """
+    total = sum(sizes)
+    reachable = [1]  # reachable[i]: bit t set when some subset of the first i clusters adds up to t
+    for size in sizes:
+        reachable.append(reachable[-1] | (reachable[-1] << size))
+    candidates = [t for t in range(1, total) if reachable[-1] >> t & 1]
+    best = min(candidates, key=lambda t: (abs(t - target), t))
+    chosen, left = set(), best
+    for index in range(len(sizes) - 1, -1, -1):  # leave a later cluster out whenever the rest still reach the total
+        if not reachable[index] >> left & 1:
+            chosen.add(index)
+            left -= sizes[index]
+    return chosen
 
 
 # --------------------------------------------------------------------------------------------------- parameters
@@ -227,6 +263,32 @@ def adam_step(raw: dict, grads: dict, m: dict, v: dict, t: int, learning_rate: f
     raw["alpha"] = raw["alpha"].clamp(0.0, 1.0)
 
 
+def check_step(step: int, loglik: float, grads: dict, values: dict, options: LearnOptions) -> None:
+    """Refuse a diverged step before it is committed: a non-finite log-likelihood or gradient, or parameters that
+    left their ranges (``0 < b, s < 2**24``: ``exp`` of a huge logarithm overflows or underflows). The run keeps the
+    last good step, and a re-run with a lower learning rate (and ``--force``) trains again from RoPERelay
+    (:func:`relaylens.experiments.learned_run.run_learned_geometry` restarts when the learning rate changes)."""
+    from relaylens.conditions.family import POSITION_RANGE, RANGES
+    from relaylens.errors import NonFiniteError
+
+    problems = [] if math.isfinite(loglik) else [f"the batch's answer log-likelihood is {loglik}"]
+    problems += [f"the gradient of {name} is not finite" for name in PARAMETERS
+                 if not bool(torch.isfinite(grads[name]).all())]
+    for name in PARAMETERS:
+        value = values[name].detach()
+        low, high = (0.0, 1.0) if name == "alpha" else (0.0, float(POSITION_RANGE))
+        bad = ~torch.isfinite(value) | (value < low if name == "alpha" else value <= low) | \
+            (value > high if name == "alpha" else value >= high)
+        if bool(bad.any()):
+            problems.append(f"{name} left {RANGES[name]} ({float(value[bad].reshape(-1)[0]):g})")
+    if problems:
+        lower = options.learning_rate / 10
+        raise NonFiniteError(f"learned_geometry: training diverged at step {step + 1} of {options.steps}: "
+                             f"{'; '.join(problems)}. That step was not committed (the run keeps step {step}). Fix: "
+                             f"re-run with a lower --learning-rate (e.g. {lower:g}) and --force: training starts again "
+                             "from RoPERelay")
+
+
 def train(model, factors, train_items: list[Prepared], test_items: list[Prepared], options: LearnOptions, seed: int,
           key: dict, rows: list[dict], window_mode: str, commit, tick=None) -> dict[str, torch.Tensor]:
     """Run (or resume from ``rows``, the training unit's geometry rows) the Adam ascent; ``commit(rows)`` rewrites the
@@ -266,6 +328,7 @@ def train(model, factors, train_items: list[Prepared], test_items: list[Prepared
         grads = {name: leaf.grad.detach().clone() for name, leaf in leaves.items()}
         adam_step(raw, grads, m, v, step + 1, options.learning_rate)
         values = family_values(raw)
+        check_step(step, total / len(batch), grads, values, options)  # a diverged step is never committed
         rows = [r for r in rows if not r["metric"].startswith(("adam_m:", "adam_v:"))]
         rows.append(scalar_row(key, step, "train_loglik", total / len(batch)))
         rows.append(scalar_row(key, step, "step_s", time.perf_counter() - started))
@@ -280,45 +343,148 @@ def train(model, factors, train_items: list[Prepared], test_items: list[Prepared
     return family_values(raw)
 
 
+FIT_FIELDS = ("selector", "budget", "selector_options", "protect_instructions", "prompt_mode", "granularity",
+              "window_mode")
+"""The settings a learned geometry's fit depended on besides the model (recorded in ``learned_geometry.json`` under
+``fit``; ``learned:RUN_DIR`` elsewhere must match every one of them and the model, :func:`check_learned_conditions`)."""
+
+
+def fit_settings(spec, run: dict) -> dict:
+    """The :data:`FIT_FIELDS` of a run: its single selector and budget, that selector's options, protected framing,
+    the resolved prompt mode, the evidence granularity and the window mode (``run``: the manifest's ``config.run``)."""
+    selector = spec.selectors[0] if len(spec.selectors) == 1 else list(spec.selectors)
+    budget = float(spec.budgets[0]) if len(spec.budgets) == 1 else [float(b) for b in spec.budgets]
+    options = spec.selector_options.get(selector, {}) if isinstance(selector, str) else spec.selector_options
+    return {"selector": selector, "budget": budget, "selector_options": json.loads(json.dumps(options, sort_keys=True)),
+            "protect_instructions": bool(spec.protect_instructions), "prompt_mode": spec.prompt_mode,
+            "granularity": spec.granularity, "window_mode": run.get("window_mode", "condition")}
+
+
 def learned_file(out: Path, values: dict, options: LearnOptions, manifest: dict, spec, train_ids, test_ids,
                  seed: int, num_layers: int, num_kv_heads: int) -> Path:
-    """Write ``RUN_DIR/learned_geometry.json`` (atomically): what ``learned:RUN_DIR`` reads."""
+    """Write ``RUN_DIR/learned_geometry.json`` (atomically): what ``learned:RUN_DIR`` reads; ``fit`` holds the
+    settings the fit depended on (:func:`fit_settings`)."""
     from relaylens.results.atomic import write_atomic
+    from relaylens.results.store import manifest_section
 
-    doc = {"format": 1, "analysis": "learned_geometry", "sharing": options.sharing,
+    fit = fit_settings(spec, manifest_section(manifest, "config", "run"))
+    doc = {"format": 2, "analysis": "learned_geometry", "sharing": options.sharing,
            "parameters": {name: values[name].detach().tolist() for name in PARAMETERS},
            "num_layers": num_layers, "num_kv_heads": num_kv_heads, "model": manifest.get("model"),
            "selector": spec.selectors[0], "budget": float(spec.budgets[0]), "prompt_mode": spec.prompt_mode,
-           "options": asdict(options), "seed": seed, "train_records": list(train_ids), "test_records": list(test_ids)}
+           "fit": fit, "options": asdict(options), "seed": seed, "train_records": list(train_ids),
+           "test_records": list(test_ids)}
     return write_atomic(out / LEARNED_FILE, json.dumps(doc, indent=2, sort_keys=True) + "\n")
 
 
-def check_learned_conditions(spec, manifest: dict, record_ids: list[str]) -> None:
-    """Refuse ``learned:RUN_DIR`` conditions learned on another model, selector or budget, or on these records."""
-    from relaylens.conditions.scoped import Scoped, get_condition
+def learned_parts(condition) -> list[Learned]:
+    """The ``learned:RUN_DIR`` parts of a parsed condition (itself, or a scoped condition's inside and base)."""
+    from relaylens.conditions.scoped import Scoped
 
-    for spec_condition in spec.conditions:
-        condition = get_condition(spec_condition)
-        parts = [condition.inner, condition.base] if isinstance(condition, Scoped) else [condition]
-        for part in (p for p in parts if isinstance(p, Learned)):
+    parts = [condition.inner, condition.base] if isinstance(condition, Scoped) else [condition]
+    return [p for p in parts if isinstance(p, Learned)]
+
+
+def pin_learned_conditions(spec, manifest: dict):
+    """Read every ``learned:RUN_DIR`` of ``spec`` once and pin it: the manifest records, per label, the learned
+    file's SHA-256 and parameters (``config.learned``; resume and merge refuse another content, even with ``--force``
+    once units exist: :meth:`relaylens.results.store.RunStore.create_or_open`), and the returned spec carries the
+    parsed conditions, so every record of the run uses exactly those parameters, whatever happens to the file.
+    A spec without learned conditions is returned as it is and the manifest is left unchanged."""
+    from relaylens.conditions.scoped import get_condition
+
+    pinned, pins = [], {}
+    for entry in spec.conditions:
+        condition = get_condition(entry)
+        parts = learned_parts(condition)
+        for part in parts:
+            known = pins.get(part.label)
+            if known is not None and known["sha256"] != part.sha256:
+                raise RelaylensError(f"condition {part.label} changed while the run's conditions were read (sha256 "
+                                     f"{known['sha256'][:12]} -> {part.sha256[:12]}). Fix: do not retrain into "
+                                     f"{part.run_dir} while a run reads it; start again")
+            pins[part.label] = {"sha256": part.sha256, "sharing": part.info.get("sharing"),
+                                "parameters": {p: part.info["parameters"][p] for p in PARAMETERS}}
+        pinned.append(condition if parts else entry)
+    if not pins:
+        return spec
+    manifest.setdefault("config", {})["learned"] = pins
+    return spec.replace(conditions=tuple(pinned))
+
+
+def _learned_fit(part: Learned) -> dict:
+    """What the fit of ``part`` depended on: the file's ``fit``, else (files written before it was recorded) the
+    file's own fields and the spec in ``RUN_DIR/manifest.json``."""
+    info = part.info
+    if isinstance(info.get("fit"), dict):
+        return info["fit"]
+    spec, run = {}, {}
+    try:
+        manifest = json.loads((Path(part.run_dir) / "manifest.json").read_text("utf-8"))
+        spec, run = manifest["config"]["spec"], manifest["config"]["run"]
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    selector = info.get("selector", (spec.get("selectors") or [None])[0])
+    options = (spec.get("selector_options") or {}).get(selector, {}) if "selector_options" in spec else None
+    return {"selector": selector, "budget": info.get("budget"), "selector_options": options,
+            "protect_instructions": bool(spec.get("protect_instructions", False)) if spec else None,
+            "prompt_mode": info.get("prompt_mode", spec.get("prompt_mode")), "granularity": spec.get("granularity"),
+            "window_mode": run.get("window_mode")}
+
+
+def _check_model(part: Learned, manifest: dict) -> None:
+    """The model: every hash both sides record agrees (weights, config); without a common hash, the model names."""
+    label, info = part.label, part.info
+    learned_model, this_model = info.get("model") or {}, manifest.get("model") or {}
+    common = [f for f in ("weights_hash", "config_sha256") if learned_model.get(f) and this_model.get(f)]
+    for field_name in common:
+        if learned_model[field_name] != this_model[field_name]:
+            raise RelaylensError(f"condition {label} was learned on model {learned_model.get('spec')} "
+                                 f"({field_name} {str(learned_model[field_name])[:12]}); this run uses "
+                                 f"{this_model.get('spec')} ({str(this_model[field_name])[:12]}). Fix: learn a "
+                                 "geometry for this model (relaylens run learned_geometry --model ...)")
+    if not common and learned_model.get("spec") != this_model.get("spec"):
+        raise RelaylensError(f"condition {label} was learned on model {learned_model.get('spec')!r}; this run uses "
+                             f"{this_model.get('spec')!r} and no weights or config hash is recorded on both sides to "
+                             "prove them the same. Fix: learn a geometry for this model")
+
+
+def _check_fit(part: Learned, spec, manifest: dict) -> None:
+    """Every :data:`FIT_FIELDS` setting of the fit equals this run's, or the condition is refused naming each
+    difference (a setting the learned file does not record counts as a difference)."""
+    from relaylens.results.store import manifest_section
+
+    learned, here = _learned_fit(part), fit_settings(spec, manifest_section(manifest, "config", "run"))
+    if isinstance(here["selector"], list) or isinstance(here["budget"], list) or learned.get("budget") is None \
+            or here["selector"] != learned.get("selector") or float(here["budget"]) != float(learned["budget"]):
+        swept = {(s, float(b)) for s in spec.selectors for b in spec.budgets}
+        shown = f"{learned.get('selector')} @ {float(learned['budget']):g}" if learned.get("budget") is not None \
+            else f"{learned.get('selector')} @ an unrecorded budget"
+        raise RelaylensError(f"condition {part.label} was learned on {shown}; this run sweeps "
+                             f"{', '.join(f'{s} @ {b:g}' for s, b in sorted(swept))}. Fix: run it with --selector "
+                             f"{learned.get('selector')} --budget {learned.get('budget')} only, or learn a geometry for "
+                             "that selector and budget")
+    differ = [f"{name} (learned with {learned.get(name)!r}, this run {here[name]!r})"
+              for name in FIT_FIELDS[2:] if learned.get(name) != here[name]]
+    if differ:
+        raise RelaylensError(f"condition {part.label} was fitted under other settings: {'; '.join(differ)}. A learned "
+                             "geometry applies only where its fit's selection and prompts hold. Fix: run with the "
+                             "learned settings, or learn a geometry with these (relaylens run learned_geometry ...)")
+
+
+def check_learned_conditions(spec, manifest: dict, record_ids: list[str]):
+    """Pin every ``learned:RUN_DIR`` of ``spec`` (:func:`pin_learned_conditions`) and refuse one that was learned on
+    another model, under other fit settings (:data:`FIT_FIELDS`: selector, budget, selector options, protected
+    framing, prompt mode, granularity, window mode) or on these records; returns the pinned spec."""
+    spec = pin_learned_conditions(spec, manifest)
+    for condition in spec.conditions:
+        for part in learned_parts(condition) if not isinstance(condition, str) else []:
             info, label = part.info, part.label
-            learned_model, this_model = info.get("model") or {}, manifest.get("model") or {}
-            for field_name in ("weights_hash", "config_sha256"):
-                if learned_model.get(field_name) and this_model.get(field_name) \
-                        and learned_model[field_name] != this_model[field_name]:
-                    raise RelaylensError(f"condition {label} was learned on model {learned_model.get('spec')} "
-                                         f"({field_name} {str(learned_model[field_name])[:12]}); this run uses "
-                                         f"{this_model.get('spec')} ({str(this_model[field_name])[:12]}). Fix: learn a "
-                                         "geometry for this model (relaylens run learned_geometry --model ...)")
-            swept = {(s, float(b)) for s in spec.selectors for b in spec.budgets}
-            learned = (info.get("selector"), float(info.get("budget", float("nan"))))
-            if swept != {learned}:
-                raise RelaylensError(f"condition {label} was learned on {learned[0]} @ {learned[1]:g}; this run sweeps "
-                                     f"{', '.join(f'{s} @ {b:g}' for s, b in sorted(swept))}. Fix: run it with "
-                                     f"--selector {learned[0]} --budget {learned[1]:g} only, or learn a geometry for "
-                                     "that selector and budget")
+            _check_model(part, manifest)
+            _check_fit(part, spec, manifest)
             overlap = sorted(set(info.get("train_records") or ()) & set(record_ids))
             if overlap:
                 raise RelaylensError(f"condition {label} was trained on {len(overlap)} of this run's records (e.g. "
                                      f"{overlap[0]}): a train/test overlap. Fix: evaluate it on other records (its "
                                      f"test split: {len(info.get('test_records') or ())} records), or use other data")
+    return spec

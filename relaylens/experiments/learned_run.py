@@ -45,6 +45,11 @@ def run_learned_geometry(spec: ExperimentSpec, config: RunConfig, options: Learn
     if config.shard:
         raise RelaylensError("learned_geometry trains one geometry on all its train records; it does not run in shards. "
                              "Fix: drop --shard (and use relaylens run, not sweep)")
+    others = [c for c in spec.conditions + spec.replay_conditions if c not in ("original", "relay")]
+    if others:  # it evaluates original, relay and its own learned map only: another condition would be ignored
+        raise RelaylensError(f"learned_geometry evaluates original, relay and the learned map on its test records; it "
+                             f"does not run {', '.join(map(str, others))}. Fix: drop --condition here, and run those "
+                             "(or learned:RUN_DIR) with another analysis, e.g. relaylens run coordinate_ablation")
     if len(spec.selectors) != 1 or len(spec.budgets) != 1:
         raise RelaylensError(f"learned_geometry learns one geometry for one selector and one budget; got selectors "
                              f"{list(spec.selectors)} and budgets {list(spec.budgets)}. Fix: pass one --selector and "
@@ -70,12 +75,19 @@ def run_learned_geometry(spec: ExperimentSpec, config: RunConfig, options: Learn
     prepare_run_dir(out)
     with run_lock(out, "run"):
         judge = make_judge(config, out)
+        previous = _previous_manifest(out)
         store = RunStore.create_or_open(out, manifest, force=config.force)
         selector, budget = spec.selectors[0], float(spec.budgets[0])
         key = {"record_id": TRAINING_UNIT, "selector": selector, "budget": budget}
         training_key = UnitKey(TRAINING_UNIT, selector, budget)
         rows = _training_rows(store, training_key)
-        finished = any(r["metric"] == "b" and r["step"] == options.steps for r in rows) and (out / "learned_geometry.json").exists()
+        if _must_retrain(previous, manifest, rows, options):  # --force with another split, seed, data, rate, ...
+            _discard_all(store, out)
+            rows = []
+        split = ([r.record_id for r in train_records], [r.record_id for r in test_records])
+        finished = _finished(out, rows, options, manifest, spec, config.seed, split)
+        if not finished:  # evaluations of an older geometry (e.g. fewer steps) are computed again after training
+            _discard_evaluations(store, training_key)
         pending_test = [r for r in test_records if not store.is_done(UnitKey(r.record_id, selector, budget))]
         wanted = pending_test if finished else train_records + test_records
         with _bar(progress) as bar:
@@ -119,6 +131,96 @@ def _bar(progress: bool):
     from relaylens.experiments.runner import progress_bar
 
     return progress_bar(progress) if progress else nullcontext(None)
+
+
+#: manifest keys whose change leaves the committed training valid: more (or other evaluation) steps continue it;
+#: package versions and the source state are --force's usual business
+_TRAINING_KEEPS = {"config.learn.steps", "config.learn.eval_every", "source", "versions", "git_commit"}
+
+
+def _previous_manifest(out: Path) -> dict | None:
+    """The manifest a run directory already holds (None: a new directory, or one ``create_or_open`` will refuse)."""
+    from relaylens.results.store import RunStore
+
+    if not (out / "manifest.json").is_file():
+        return None
+    try:
+        return RunStore.open(out).manifest
+    except RelaylensError:
+        return None
+
+
+def _must_retrain(previous: dict | None, manifest: dict, rows: list[dict], options: LearnOptions) -> bool:
+    """Whether the committed training unit cannot be continued: the run was forced onto other settings that training
+    depends on (split, seed, data, model, selector, learning rate, sharing, ...: anything but the step counts), it
+    went past ``options.steps``, or it holds non-finite parameters (a diverged step committed by an older version)."""
+    import math
+
+    from relaylens.results.store import manifest_diff
+
+    if not rows:
+        return False
+    if previous is not None and manifest_diff(previous, manifest, ignore=_TRAINING_KEEPS):
+        return True
+    steps = [r["step"] for r in rows if r["metric"] == "b"]
+    finite = all(math.isfinite(float(r["value"])) for r in rows if r["metric"] in ("b", "s", "alpha"))
+    return not finite or (bool(steps) and max(steps) > options.steps)
+
+
+def _discard_all(store, out: Path) -> None:
+    """Delete the training unit, every evaluated (or skipped) record and the learned file: the run starts again."""
+    from relaylens.conditions.family import LEARNED_FILE
+
+    store.invalidate()
+    for path in store.unit_paths():
+        path.unlink(missing_ok=True)
+    (out / LEARNED_FILE).unlink(missing_ok=True)
+
+
+def _discard_evaluations(store, training_key) -> None:
+    """Delete every committed unit but the training unit (they were evaluated, or skipped, before training ended)."""
+    keep = store.unit_path(training_key)
+    others = [p for p in store.unit_paths() if p != keep]
+    if others:
+        store.invalidate()
+        for path in others:
+            path.unlink(missing_ok=True)
+
+
+def _finished(out: Path, rows: list[dict], options: LearnOptions, manifest: dict, spec, seed: int, split) -> bool:
+    """Training is done and ``learned_geometry.json`` is this run's: parameters at ``options.steps``, and a file
+    whose options, seed, split and fit settings are the ones this run trains with."""
+    import json
+
+    from relaylens.conditions.family import LEARNED_FILE
+    from relaylens.experiments.learned import fit_settings
+    from relaylens.results.store import manifest_section
+
+    if not any(r["metric"] == "b" and r["step"] == options.steps for r in rows):
+        return False
+    try:
+        doc = json.loads((out / LEARNED_FILE).read_text("utf-8"))
+    except (OSError, ValueError):
+        return False
+    fit = fit_settings(spec, manifest_section(manifest, "config", "run"))
+    return isinstance(doc, dict) and doc.get("options") == asdict(options) and doc.get("seed") == seed \
+        and doc.get("train_records") == split[0] and doc.get("test_records") == split[1] and doc.get("fit") == fit
+
+
+def _skipped_unplaceable(item: Prepared, conditions, spec, factors, store) -> bool:
+    """Commit ``item`` as skipped (and say so) when a condition cannot place its selection (e.g. a learned ``b`` whose
+    question start passes the model's rotary range), as the runner does (``unit_position_problem``)."""
+    from relaylens.conditions.scoped import unit_position_problem
+    from relaylens.experiments.runner import skip_unit
+
+    tail = int(item.prompt.question_ids.numel()) + max(spec.max_new_tokens, 1) + 1
+    problem = unit_position_problem(conditions, item.unit.selection, tail, factors.position_limit)
+    if problem is None:
+        return False
+    unit, rid = item.unit, item.record.record_id
+    skip_unit(store, rid, unit.selector, unit.budget, item.prompt.history_length, problem[0],
+              f"record {rid}: {unit.selector} @ {unit.budget:g}: {problem[1]}")
+    return True
 
 
 def _training_rows(store, key) -> list[dict]:
@@ -180,6 +282,11 @@ def _evaluate(model, tokenizer, factors, items: list[Prepared], spec, config, st
     from relaylens.results.store import UnitKey
 
     learned = Learned.from_run_dir(out, display="learned")
+    trained_on = set(learned.info.get("train_records") or ())
+    seen = [item.record.record_id for item in items if item.record.record_id in trained_on]
+    if seen:  # the split guarantees it cannot happen; a test record the fit saw would never be evaluated
+        raise RelaylensError(f"learned_geometry: records {seen[:3]} are in the learned geometry's train split and "
+                             "would be evaluated as test records. Fix: re-run with --force (training starts again)")
     eval_spec = spec.replace(conditions=("original", "relay", learned))
     conditions = expand_conditions(eval_spec.conditions, model)
     task = bar.add_task("evaluate", total=len(items), stage="") if bar else None
@@ -187,6 +294,8 @@ def _evaluate(model, tokenizer, factors, items: list[Prepared], spec, config, st
         record = item.record
         if bar:
             bar.update(task, stage=f"{shown(record.record_id)}: decoding")
+        if _skipped_unplaceable(item, conditions, eval_spec, factors, store):
+            continue
         for unit, answers, scores, probes, _ in process_record(model, tokenizer, factors, record, item.prompt, item.prefill,
                                                                item.prefill_s, [item.unit], eval_spec, config, judge):
             meta = {"record_id": record.record_id, "selector": unit.selector, "budget": float(unit.budget),

@@ -155,7 +155,8 @@ def coordinates_of(condition: str | Condition | Coordinates, selection: Selectio
                 f"coordinates {condition.condition!r} have key positions {tuple(condition.key_positions.shape)} but the "
                 f"selection is {tuple(selection.positions.shape)}; build them from the same selection"
             )
-        check_coordinates(condition.condition, condition.key_positions, selection.valid, condition.question_start)
+        check_coordinates(condition.condition, condition.key_positions, selection.valid, condition.question_start,
+                          at_question=condition.at_question)  # a move= scope may put a key at the question start
         return condition
     return get_condition(condition).coordinates(selection)
 

@@ -4,6 +4,9 @@ and generation positions, and by every condition's coordinates (:func:`relaylens
 
 * **Integers only, any width.** ``int8`` .. ``int64`` and ``uint8`` .. ``uint64`` tensors are read as ``int64`` (so a
   ``uint8`` tensor never indexes a phase table as a boolean mask); bool, float and complex tensors are refused.
+* **Real-valued positions are float32 or float64.** A float16 / bfloat16 tensor of positions is refused
+  (:func:`check_real_dtype`): its 11- or 8-bit mantissa rounds positions from 2,048 (float16) or 256 (bfloat16) on
+  to coarser steps, so distinct keys would share one position without a word.
 * **Inside the range.** ``0 <= p < limit``, where ``limit`` is the model's ``max_position_embeddings`` when it has
   one, and never more than :data:`~relaylens.model.hf.POSITION_LIMIT` (``2**24``): past it the rotary embedding's
   float32 positions collapse (``2**24 + 1`` rounds to ``2**24``) and distinct positions would share one phase.
@@ -27,7 +30,7 @@ import torch
 from relaylens.errors import PositionError
 from relaylens.model.hf import POSITION_LIMIT
 
-__all__ = ["POSITION_LIMIT", "check_positions"]
+__all__ = ["POSITION_LIMIT", "check_positions", "check_real_dtype"]
 
 _PAST = "use a smaller shift or a shorter history, or a model with a longer context"  # advice for positions past the range
 
@@ -89,3 +92,27 @@ def _at(bad: torch.Tensor, axes: tuple[str, ...] | None) -> str:
         return ""
     index = torch.nonzero(bad)[0].tolist()
     return " (at " + ", ".join(f"{name} {i}" for name, i in zip(axes, index)) + ")"
+
+
+def check_real_dtype(positions, what: str) -> None:
+    """Refuse real-valued positions held in a floating-point type narrower than float32 (float16, bfloat16, float8):
+    they cannot tell neighbouring positions apart (bfloat16 rounds 257 to 256), so two keys would collapse onto one
+    position silently. Real-valued phases are computed in float64 from float32 or float64 positions.
+
+    >>> check_real_dtype(torch.tensor([300.0, 301.0], dtype=torch.bfloat16), "target positions")
+    Traceback (most recent call last):
+    ...
+    relaylens.errors.PositionError: target positions are torch.bfloat16, whose 8-bit mantissa cannot tell neighbouring positions apart (300.0 and 301.0 both read 300.0): distinct keys would share one position. Fix: pass real-valued positions as torch.float64 (or float32)
+    """
+    if not isinstance(positions, torch.Tensor) or not positions.is_floating_point():
+        return
+    info = torch.finfo(positions.dtype)
+    if info.bits >= 32:
+        return
+    bits = {torch.float16: 11, torch.bfloat16: 8}.get(positions.dtype, info.bits)
+    example = 2.0 ** bits + 44  # e.g. 300 and 301 in bfloat16
+    shown = torch.tensor([example, example + 1]).to(positions.dtype).double().tolist()
+    raise PositionError(f"{what} are {positions.dtype}, whose {bits}-bit mantissa cannot tell neighbouring positions "
+                        f"apart ({example} and {example + 1} both read {shown[1] if shown[0] == shown[1] else shown}): "
+                        "distinct keys would share one position. Fix: pass real-valued positions as torch.float64 "
+                        "(or float32)")

@@ -30,7 +30,7 @@ import torch
 from torch import nn
 
 from relaylens.geometry import fused as kernels
-from relaylens.geometry.positions import POSITION_LIMIT, check_positions
+from relaylens.geometry.positions import POSITION_LIMIT, check_positions, check_real_dtype
 from relaylens.geometry.real import is_real, relocate_real
 from relaylens.errors import NonFiniteError, PositionError, RopeError, ShapeError
 from relaylens.model.hf import call_rotary, detect_layout, find_rotary_embedding, nope_layers, rotary_frequencies
@@ -297,7 +297,8 @@ class RotaryFactors:
     def check_real_positions(self, positions: torch.Tensor, what: str, fix: str | None = None) -> float:
         """:meth:`check_positions` for real-valued positions: finite, ``>= 0`` and at most ``position_limit - 1``
         (:attr:`position_limit`: ``max_position_embeddings``, never past ``2**24``). Returns the largest position
-        (-1.0 when there is none)."""
+        (-1.0 when there is none). Positions narrower than float32 are refused (:func:`check_real_dtype`)."""
+        check_real_dtype(positions, what)
         if positions.numel() == 0:
             return -1.0
         values = positions.detach().double()
@@ -589,9 +590,15 @@ def unrotate_keys(keys: torch.Tensor, positions: torch.Tensor, factors: RotaryFa
 
 
 def _apply_phases(keys: torch.Tensor, positions: torch.Tensor, factors: RotaryFactors, layer: int | None, inverse: bool) -> torch.Tensor:
-    """``R_a(p)`` or its exact inverse ``(c - is) / (c^2 + s^2)`` on every plane; pass-through features copied."""
+    """``R_a(p)`` or its exact inverse ``(c - is) / (c^2 + s^2)`` on every plane; pass-through features copied.
+    Real-valued positions (a floating-point tensor: a geometry condition in phase replay) take the phases of
+    :meth:`RotaryFactors.real_plane_factors`, checked by :meth:`RotaryFactors.check_real_positions`."""
     positions = torch.broadcast_to(torch.as_tensor(positions), keys.shape[:-1])
-    cos, sin = factors.plane_factors(positions.reshape(-1), layer)  # [slots, plane] on the rotary's device (checked there)
+    if is_real(positions):
+        factors.check_real_positions(positions, "positions")
+        cos, sin = (t.float() for t in factors.real_plane_factors(positions.reshape(-1).detach(), layer))
+    else:
+        cos, sin = factors.plane_factors(positions.reshape(-1), layer)  # [slots, plane] on the rotary's device (checked)
     cos, sin = cos.to(keys.device), sin.to(keys.device)
     multiplier = torch.complex(cos, sin)
     if inverse:

@@ -12,5 +12,6 @@ In: a model name, path or hub id and a :class:`~relaylens.model.placement.Placem
 Out: ``(model, tokenizer)``; a :class:`~relaylens.model.prefill.PrefillResult` (the history's KV cache, window
 queries, column sums).
 
-May import: :mod:`relaylens.errors` only (no dataset, selector, geometry or later stage).
+May import: :mod:`relaylens.errors` and :mod:`relaylens.fileio` (the model cache's atomic writes and lock) only (no
+dataset, selector, geometry or later stage).
 """

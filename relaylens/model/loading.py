@@ -59,16 +59,22 @@ def load_model(spec: str | os.PathLike = DEFAULT_MODEL, dtype: torch.dtype | str
         rope = parse_rope_scaling(rope_scaling)
         if rope or max_position is not None:
             where = dict(gguf_file=path.name) if kind == "gguf" else {}
-            config = AutoConfig.from_pretrained(str(path.parent) if kind == "gguf" else str(path), **where)
+            config = AutoConfig.from_pretrained(str(path.parent) if kind == "gguf" else str(path), **where,
+                                                trust_remote_code=False)
             apply_rope_override(config, rope, max_position)
             kw["config"] = config
         if kind == "gguf":
             model, tok = load_gguf(path, **kw)
         else:
-            model = AutoModelForCausalLM.from_pretrained(str(path), **kw)
+            model = AutoModelForCausalLM.from_pretrained(str(path), **kw, trust_remote_code=False)
             tok = _auto_tokenizer(path)
     except OSError as exc:  # offline hub id, missing or unreadable weight file: one line naming the model
         raise ModelError(_load_failure(spec, kind, path, exc)) from None
+    except ValueError as exc:  # a hub model whose code is not in transformers: refused, never prompted for
+        if isinstance(exc, ModelError) or "trust_remote_code" not in str(exc):
+            raise
+        why = "its config asks for code from the model repository"
+        raise ModelError(remote_code_refusal(os.fspath(spec), why)) from None
     if device is not None:
         model = model.to(device)
     return model.eval(), tok
@@ -104,7 +110,7 @@ def load_tokenizer(spec: str | os.PathLike = DEFAULT_MODEL, progress: Callable[[
     if kind == "gguf":
         from transformers import AutoTokenizer
 
-        return AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+        return AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name, trust_remote_code=False)
     return _auto_tokenizer(path)
 
 
@@ -129,7 +135,7 @@ def resolve_spec(spec: str | os.PathLike, progress: Callable[[str], None] | None
             warnings.warn(f"{text}: loading {wanted} weights from the bfloat16 cache (the float32 values rounded to "
                           f"bfloat16). Fix: pull the float32 copy (relaylens model pull {text}) for the GGUF's exact "
                           "values", stacklevel=3)
-        return "embedded", verify_cached(text, cache_dtype=cached)
+        return "embedded", check_no_remote_code(verify_cached(text, cache_dtype=cached), text)
     path = Path(text).expanduser()
     if path.suffix == ".gguf":
         if not path.is_file():
@@ -139,7 +145,7 @@ def resolve_spec(spec: str | os.PathLike, progress: Callable[[str], None] | None
         if not (path / "config.json").is_file():
             raise ModelError(f"{path} is a directory without config.json; expected a Hugging Face model directory "
                              f"(save_pretrained output).")
-        return "local", path
+        return "local", check_no_remote_code(path, text)
     if text.startswith((".", "/", "~")) or text.count("/") > 1 or "\\" in text:
         raise ModelError(f"model path {path} does not exist. Expected a local Hugging Face directory, a .gguf file, "
                          f"a hub id (owner/name) or an embedded name ({', '.join(sorted(EMBEDDED))}).")
@@ -152,7 +158,50 @@ def resolve_spec(spec: str | os.PathLike, progress: Callable[[str], None] | None
 def _auto_tokenizer(path):
     from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(str(path))
+    try:
+        return AutoTokenizer.from_pretrained(str(path), trust_remote_code=False)
+    except ValueError as exc:  # a hub tokenizer whose code is not in transformers
+        if "trust_remote_code" not in str(exc):
+            raise
+        why = "its tokenizer asks for code from the model repository"
+        raise ModelError(remote_code_refusal(os.fspath(path), why)) from None
+
+
+_CODE_FILES = ("config.json", "tokenizer_config.json", "processor_config.json", "preprocessor_config.json")
+
+
+def check_no_remote_code(path: Path, spec: str | None = None) -> Path:
+    """``path`` when its model directory declares no custom code, else a one-line :class:`ModelError`.
+
+    relaylens loads every model, tokenizer and config with ``trust_remote_code=False``; a directory whose
+    ``config.json`` or ``tokenizer_config.json`` carries an ``auto_map`` (classes defined by Python files shipped in
+    the directory) is refused here, before anything loads -- never run, never silently swapped for transformers' own
+    class of the same ``model_type``, never an interactive prompt.
+
+    >>> import json, tempfile, pathlib
+    >>> d = pathlib.Path(tempfile.mkdtemp())
+    >>> _ = (d / "config.json").write_text(json.dumps({"model_type": "llama"}))
+    >>> check_no_remote_code(d) == d
+    True
+    """
+    for name in _CODE_FILES:
+        try:
+            doc = json.loads((Path(path) / name).read_text("utf-8"))
+        except (OSError, ValueError):
+            continue
+        auto_map = doc.get("auto_map") if isinstance(doc, dict) else None
+        if auto_map:
+            classes = ", ".join(sorted(map(str, auto_map)) if isinstance(auto_map, dict) else map(str, auto_map))
+            raise ModelError(remote_code_refusal(spec or os.fspath(path), f"its {name} maps {classes} to code shipped "
+                                                                          "in the model directory (auto_map)"))
+    return Path(path)
+
+
+def remote_code_refusal(spec: str, why: str) -> str:
+    """The one line that refuses a model needing custom code (:func:`check_no_remote_code`)."""
+    return (f"model {spec!r} needs custom code to load: {why}; relaylens never runs code from a model repository "
+            "(trust_remote_code=False). Fix: use a model whose architecture transformers implements (a "
+            "save_pretrained copy without auto_map), or pass a local directory you have converted to one")
 
 
 # ----------------------------------------------------------------------------------------------------------------

@@ -221,6 +221,8 @@ def replay_conditions(reference: ProbedCondition, prefill: PrefillResult, select
     for condition in conditions:
         label = get_condition(condition).label
         frames.append(phase_replay(content, selection, gold, condition, num_question_tokens, factors).assign(condition=label))
+    if not frames:  # e.g. relay@layer_type=* on a model with one layer type expands to no condition
+        return pd.DataFrame(columns=["layer", "head", "metric", "value", "condition", "probe_point"])
     return pd.concat(frames, ignore_index=True).assign(probe_point="question_final")
 
 

@@ -62,7 +62,7 @@ def around(coords: Coordinates, sel: Selection) -> tuple[Coordinates, torch.Tens
     s = torch.ones_like(nearest, requires_grad=True)
     positions = float(start) - b[..., None] - s[..., None] * (distance - nearest[..., None])
     positions = torch.where(sel.valid, positions, torch.full_like(positions, -1.0))
-    return Coordinates(coords.condition, positions, start), b, s
+    return Coordinates(coords.condition, positions, start, coords.at_question), b, s
 
 
 def positional_sensitivity(model, prefill: PrefillResult, selection: Selection, condition: str | Condition,

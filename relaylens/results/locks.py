@@ -4,7 +4,9 @@ A writer holds ``RUN_DIR/.relaylens.lock`` with ``fcntl.flock`` for as long as i
 command in the file, so that a second writer stops at once with one line naming the holder instead of deleting the
 first writer's temporary files mid-write. The kernel drops the lock when the holder exits (even on SIGKILL), so a
 crashed run never leaves a stale lock; the lock file is removed on release (under the lock, with an inode check, so
-a waiting process never ends up holding a lock on a deleted file).
+a waiting process never ends up holding a lock on a deleted file). The lock is :func:`relaylens.fileio.exclusive_lock`,
+the one implementation the model cache's ``model pull`` uses too: a lock name that is a symbolic link (or a folder,
+a FIFO, a hard link) is refused naming the path, never written through.
 
 Example:
     >>> import tempfile
@@ -20,17 +22,13 @@ Example:
 
 from __future__ import annotations
 
-import contextlib
-import errno
-import json
-import os
-import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
-from relaylens.errors import RelaylensError
+from relaylens.errors import LockPathError, RelaylensError
+from relaylens.fileio import exclusive_lock, read_lock_note
 
-__all__ = ["LOCK_NAME", "RunLockedError", "run_lock", "lock_holder", "output_lock"]
+__all__ = ["LOCK_NAME", "RunLockedError", "LockPathError", "run_lock", "lock_holder", "output_lock"]
 
 LOCK_NAME = ".relaylens.lock"
 
@@ -41,63 +39,31 @@ class RunLockedError(RelaylensError):
 
 def lock_holder(directory: str | Path) -> dict | None:
     """``{"pid", "command", "since"}`` recorded by the current holder of ``directory``'s lock, or None."""
-    try:
-        return json.loads((Path(directory) / LOCK_NAME).read_text("utf-8"))
-    except (OSError, ValueError):
-        return None
+    return read_lock_note(Path(directory) / LOCK_NAME)
 
 
-@contextlib.contextmanager
-def run_lock(directory: str | Path, command: str) -> Iterator[Path]:
+def run_lock(directory: str | Path, command: str):
     """Hold the exclusive writer lock of ``directory`` (which must exist) for the ``with`` block.
 
     Raises :class:`RunLockedError` at once (no waiting) when another process holds it, naming that process's pid
-    and command. ``command`` is recorded for the next one to read (``"run"``, ``"merge"``, ...).
+    and command; ``command`` is recorded for the next one to read (``"run"``, ``"merge"``, ...). A lock name that is
+    a symbolic link or anything but relaylens's own regular file is refused with
+    :class:`~relaylens.errors.LockPathError` (:func:`relaylens.fileio.exclusive_lock`), never written through.
     """
-    try:
-        import fcntl
-    except ImportError:  # pragma: no cover - Windows: no advisory locks; the atomic renames still apply
-        yield Path(directory)
-        return
-    path = Path(directory) / LOCK_NAME
-    while True:
-        try:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-        except OSError as exc:
-            if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
-                raise RunLockedError(f"cannot lock {directory} for `{command}`: {exc.strerror}. Fix: choose a writable "
-                                     "directory (--out)") from None
-            raise
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as exc:
-            os.close(fd)
-            if exc.errno not in (errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK):
-                raise
-            holder = lock_holder(directory) or {}
-            who = (f"pid {holder.get('pid')} (`relaylens {holder.get('command')}`, since {holder.get('since')})"
-                   if holder.get("pid") else "a process that has not yet recorded its pid")
-            raise RunLockedError(f"{directory} is in use by another relaylens process: {who}; `{command}` refuses "
-                                 "to write into it at the same time. Fix: wait for that process to finish (or stop "
-                                 "it), or choose another --out") from None
-        # the file we locked may have been unlinked by the previous holder between our open and flock: retry
-        try:
-            same = os.path.samestat(os.fstat(fd), os.stat(path))
-        except FileNotFoundError:
-            same = False
-        if same:
-            break
-        os.close(fd)
-    try:
-        info = json.dumps({"pid": os.getpid(), "command": command,
-                           "since": time.strftime("%Y-%m-%dT%H:%M:%S%z")}).encode()
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, info, 0)
-        yield Path(directory)
-    finally:
-        with contextlib.suppress(OSError):
-            os.unlink(path)
-        os.close(fd)  # closing releases the flock
+
+    def busy() -> RunLockedError:
+        holder = lock_holder(directory) or {}
+        who = (f"pid {holder.get('pid')} (`relaylens {holder.get('command')}`, since {holder.get('since')})"
+               if holder.get("pid") else "a process that has not yet recorded its pid")
+        return RunLockedError(f"{directory} is in use by another relaylens process: {who}; `{command}` refuses "
+                              "to write into it at the same time. Fix: wait for that process to finish (or stop "
+                              "it), or choose another --out")
+
+    def unwritable(exc: OSError) -> RunLockedError:
+        return RunLockedError(f"cannot lock {directory} for `{command}`: {exc.strerror}. Fix: choose a writable "
+                              "directory (--out)")
+
+    return exclusive_lock(Path(directory) / LOCK_NAME, command, busy=busy, unwritable=unwritable)
 
 
 def output_lock(out_dir: str | Path, run_dirs: Sequence[str | Path], command: str):

@@ -6,7 +6,8 @@ recorded in ``RUN_DIR/judges.json`` under its name, with the score ``metrics`` i
 ``incomplete`` from its start (written before the first unit is rewritten), ``complete`` once every unit is. When
 tables are built from the units (:meth:`relaylens.results.store.RunStore.build_tables`), the rows of a pass's metrics
 are left out unless the pass is complete *and* covers every unit with answers (units committed after it, by a
-resumed run or a later merge, are not judged yet); :func:`hidden_passes` names each such pass, what it covers and
+resumed run or a later merge, are not judged yet) *and* got at least one verdict (a pass whose every verdict failed
+is reported as failed, not as a judge the run lacks); :func:`hidden_passes` names each such pass, what it covers and
 how to finish it (re-running the same ``relaylens judge`` resumes: verdicts are cached). Entries written before
 passes recorded their metrics are left alone (their rows are shown, as before).
 
@@ -77,8 +78,9 @@ def pass_metrics(passes: dict[str, dict]) -> dict[str, str]:
 
 
 def hidden_passes(passes: dict[str, dict], covered: dict[str, int], units: int) -> dict[str, str]:
-    """``{name: why its scores are not shown}`` for the passes that are incomplete or do not cover all ``units``
-    (units with answers); ``covered[name]``: how many of them carry the pass's rows for every answer."""
+    """``{name: why its scores are not shown}`` for the passes that are incomplete, do not cover all ``units``
+    (units with answers) or failed every verdict; ``covered[name]``: how many of them carry the pass's rows for every
+    answer."""
     hidden = {}
     for name in sorted({n for n in pass_metrics(passes).values()}):
         done, fix = covered.get(name, 0), (f"Fix: re-run `relaylens judge RUN_DIR --name {name}` with the same judge "
@@ -89,4 +91,18 @@ def hidden_passes(passes: dict[str, dict], covered: dict[str, int], units: int) 
         elif done < units:
             hidden[name] = (f"judge pass {name} covers {done} of {units} units (the others were committed after it): "
                             f"its scores are not shown. {fix}")
+        elif _every_verdict_failed(passes[name]):
+            answers = passes[name]["answers"]
+            hidden[name] = (f"judge pass {name} failed: all {answers} of its verdicts failed (no reply parsed as a "
+                            f"verdict; the replies are in judge_{name}_failures.json), so it has no scores to show. "
+                            "Fix: judge again with a model or settings that answer in the template's format (a larger "
+                            f"judge model, more --max-tokens): `relaylens judge RUN_DIR --name {name} --judge-model "
+                            "...`")
     return hidden
+
+
+def _every_verdict_failed(entry: dict) -> bool:
+    """A complete pass that judged answers and got no verdict at all: reported as failed, never as absent."""
+    answers, failures = entry.get("answers"), entry.get("failures")
+    return (isinstance(answers, int) and isinstance(failures, int) and not isinstance(answers, bool)
+            and answers > 0 and failures >= answers)

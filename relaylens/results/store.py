@@ -73,6 +73,9 @@ MARKER = "consolidated.json"
 # point) is the same run when the content hashes (dataset.sha256, model.*) agree.
 _IGNORED_ON_COMPARE = {"created_at", "merged_from", "forced", "replaced", "dataset.path", "model.spec",
                        "config.run.model", "config.run.data"}
+# Settings added after runs existed, compared as the value their absence stands for: a run started before one was
+# recorded resumes (and merges) as the same run when the setting is still its default.
+_ABSENT_MEANS = {"config.run.judge_template": "memory_judge_v1"}
 _OWN_TEMP = re.compile(r"\.tmp-(manifest\.json|consolidated\.json|judges\.json|(" + "|".join(TABLES) + r")\.parquet)-\d+")
 _OWN_UNIT_TEMP = re.compile(r"\.tmp-[0-9a-f]{24}\.json\.gz-\d+")
 _OWN_VIEW_TEMP = re.compile(r"\.tmp-[0-9a-f]{24}\.json-\d+|[^/]+\.json\.tmp")  # views/ (and the older temp name)
@@ -155,7 +158,7 @@ def source_state() -> dict:
     import importlib
 
     pkg = Path(__file__).resolve().parents[1]  # the relaylens package
-    # the analyses: relaylens.analyses only (the top-level analyses/ folder); never a top-level `analyses` import
+    # the analyses: relaylens.analyses only (relaylens/analyses/); never a top-level `analyses` import
     roots = [pkg] + [Path(p).resolve() for p in importlib.import_module("relaylens.analyses").__path__]
     digest = hashlib.sha256()
     for root in roots:
@@ -223,6 +226,23 @@ def _canonical(manifest: dict) -> dict:
                                "strings and numbers (dataclasses and paths are converted)") from None
 
 
+def _refuse_repinned(run_dir: Path, old: dict, new: dict, has_units: bool) -> None:
+    """Refuse, even with ``--force``, a run whose committed units used pinned content (``config.learned``: a learned
+    geometry's file, by SHA-256) that has changed under the same label: resuming would mix two geometries under one
+    condition label. Nothing is refused before the first unit is committed."""
+    before, after = manifest_section(old, "config", "learned"), manifest_section(new, "config", "learned")
+    changed = sorted(label for label in set(before) & set(after)
+                     if isinstance(before[label], dict) and isinstance(after[label], dict)
+                     and before[label].get("sha256") != after[label].get("sha256"))
+    if changed and has_units:
+        first = changed[0]
+        raise ResultStoreError(f"run directory {run_dir}: condition {first} now reads another learned geometry (sha256 "
+                               f"{str(before[first].get('sha256'))[:12]} -> {str(after[first].get('sha256'))[:12]}) than "
+                               "the one its committed units used; continuing would mix two geometries under one label, "
+                               "so not even --force continues. Fix: restore that learned_geometry.json, or write the new "
+                               "geometry's run to a new --out")
+
+
 def _flatten(d: Any, prefix: str = "") -> dict[str, Any]:
     if isinstance(d, dict) and d:
         out: dict[str, Any] = {}
@@ -236,8 +256,9 @@ def manifest_diff(a: dict, b: dict, ignore: set[str] = frozenset()) -> list[str]
     """Dotted keys whose values differ between two manifests (``created_at`` and friends ignored)."""
     fa, fb = _flatten(_canonical(a)), _flatten(_canonical(b))
     skip = _IGNORED_ON_COMPARE | set(ignore)
-    return sorted(k for k in set(fa) | set(fb)
-                  if fa.get(k, "<absent>") != fb.get(k, "<absent>") and not any(k == s or k.startswith(s + ".") for s in skip))
+    absent = {k: _ABSENT_MEANS.get(k, "<absent>") for k in set(fa) | set(fb)}
+    return sorted(k for k in absent
+                  if fa.get(k, absent[k]) != fb.get(k, absent[k]) and not any(k == s or k.startswith(s + ".") for s in skip))
 
 
 # ------------------------------------------------------------------------------------------------ atomic write
@@ -348,6 +369,7 @@ class RunStore:
         if path.exists():
             old = _read_manifest(run_dir)
             diff = manifest_diff(old, manifest)
+            _refuse_repinned(run_dir, old, manifest, bool(store.unit_paths()))
             if diff and not store.unit_paths():
                 manifest = {**manifest, "replaced": old.get("replaced", []) + [{"keys": diff, "at": manifest.get("created_at")}]}
                 store.manifest = manifest

@@ -42,9 +42,10 @@ With ``sensitivity`` the forward readouts add ``positional_sensitivity_b`` and `
 ``history_logit_contribution`` (:mod:`relaylens.probes.attribution`).
 
 ``skipped`` — one row per (record, selector, budget) unit that was not run: columns ``record_id, selector, budget,
-reason, history_length, detail``; ``reason`` is ``too_long`` (history over ``--max-history-tokens`` or the rotary
-range), ``too_short`` (history or budget smaller than a selector's observation window, or a budget that keeps no
-state); ``detail`` is the full one-line explanation. A skipped unit is committed like any other, so a resumed run
+reason, history_length, detail``; ``reason`` is ``too_long`` (history over ``--max-history-tokens``, or positions a
+condition needs past the rotary range), ``too_short`` (history or budget smaller than a selector's observation
+window, or a budget that keeps no state), ``position`` (a condition cannot place the selection, e.g. a ``move=`` past
+the question); ``detail`` is the full one-line explanation. A skipped unit is committed like any other, so a resumed run
 does not retry it silently (``--retry-skipped`` does, on purpose).
 
 ``geometry`` (optional; written by ``learned_geometry``) — one row per (training step, layer, head, metric):

@@ -9,7 +9,7 @@ specification is ``reference/selectors.md``.
 Owns: one file per selector (``bm25.py``, ``snapkv.py``, ...; the shared scoring in ``base.py``), the
 :data:`REGISTRY` and :func:`make_selector`, :mod:`~relaylens.selectors.protection` (instruction and template
 states kept outside the budget), and :mod:`~relaylens.selectors.kvpress_adapter` (every kvpress scorer press as the
-selector ``kvpress:<PressName>``). In: a :class:`~relaylens.model.prefill.PrefillResult`, the rendered prompt and a
+selector ``kvpress:<PressName>``; its arguments' ranges in :mod:`~relaylens.selectors.kvpress_ranges`). In: a :class:`~relaylens.model.prefill.PrefillResult`, the rendered prompt and a
 budget. Out: a sorted :class:`~relaylens.geometry.selection.Selection` (per-state scores, replacement values for
 merging selectors).
 

@@ -49,6 +49,7 @@ from relaylens.geometry.selection import Selection
 from relaylens.model.prefill import PrefillResult
 from relaylens.selectors.base import Budget, Selector
 from relaylens.selectors.kvpress_pass import PressError, PressScorer, memo_key, score_presses
+from relaylens.selectors.kvpress_ranges import check_argument, history_problem
 
 PREFIX = "kvpress:"
 #: the kvpress release the catalogue below and the equality test cover
@@ -67,11 +68,12 @@ NEEDS_ATTENTIONS = ("ObservedAttentionPress",)
 
 _HUB = "loads trained per-model artefacts from the Hugging Face Hub in post_init_from_model"
 _DECODING = "compresses during decoding (query-aware, as tokens are generated); relaylens selects once from the history"
-_RELAYLENS_HAS = "a wrapper with its own selection rule; relaylens's native '{}' selector implements it"
-#: every other export of kvpress 0.5.5, with why it is refused
+_RELAYLENS_HAS = "is a wrapper with its own selection rule; relaylens's native '{}' selector implements it"
+#: every other export of kvpress 0.5.5, with why it is refused: each reason completes "kvpress:<Press> cannot be a
+#: relaylens selector: it ..." (a verb in the third person comes first)
 REFUSED = {
-    "BasePress": "the abstract base class of all presses, not a press",
-    "ScorerPress": "the abstract base class of scorer presses (no score()); name a concrete press",
+    "BasePress": "is the abstract base class of all presses, not a press",
+    "ScorerPress": "is the abstract base class of scorer presses (no score()); name a concrete press",
     "QFilterPress": f"{_HUB} (Q-filters, nthngdy/<model>_qfilt)",
     "KVzapPress": f"{_HUB} (the KVzap scorer model, nvidia/KVzap-*)",
     "ExpectedAttentionStatsPress": f"{_HUB} (query statistics, or a Hub dataset to compute them)",
@@ -89,8 +91,8 @@ REFUSED = {
     "SimLayerKVPress": "decides per layer between the full cache and a sink+recent window by a threshold: it has no "
                        "budget (compression_ratio) to set",
     "ThinKPress": "prunes key channels (head_dim), not states: a Selection keeps whole states",
-    "FinchPress": "query-aware: needs the question inside the context behind a delimiter token; relaylens's native "
-                  "'finch' selector runs FINCH's question window",
+    "FinchPress": "is query-aware: it needs the question inside the context behind a delimiter token; relaylens's "
+                  "native 'finch' selector runs FINCH's question window",
     "DecodingPress": _DECODING,
     "CompressionRatioDecodingPress": _DECODING,
     "PrefillDecodingPress": _DECODING,
@@ -103,8 +105,8 @@ REFUSED = {
                           "inner press (kvpress:<Press>) and use the 'rank_sync' condition (KeyRerotationPress's "
                           "left-aligned positions) or 'relay'",
     "AdaKVPress": _RELAYLENS_HAS.format("adakv") + " (head-wise budgets by decode-time key masking)",
-    "CriticalAdaKVPress": "head-wise budgets by decode-time key masking around CriticalKV; use kvpress:CriticalKVPress "
-                          "or relaylens's 'adakv'",
+    "CriticalAdaKVPress": "sets head-wise budgets by decode-time key masking around CriticalKV; use "
+                          "kvpress:CriticalKVPress or relaylens's 'adakv'",
     "ChunkKVPress": _RELAYLENS_HAS.format("chunkkv") + " (whole chunks shared by all heads)",
     "EntropyGatedChunkKVPress": _RELAYLENS_HAS.format("chunkkv") + " (entropy-gated chunk lengths)",
     "ChunkPress": "compresses each chunk of the context separately with chunk-local scores (its own prefill "
@@ -164,15 +166,22 @@ def _resolve_class(press: str, kvpress, what: str):
         raise PressError(f"{PREFIX}{name} cannot be a relaylens selector: it {REFUSED[name]}. Supported presses: "
                          f"{', '.join(SCORERS)}")
     if real is None or not issubclass(getattr(kvpress, real), kvpress.BasePress):
-        known = [n for n in by_lower.values() if issubclass(getattr(kvpress, n), kvpress.BasePress)]
-        raise PressError(f"unknown kvpress press {press!r} in {what!r}{_suggest(press, known)}; supported presses: "
+        usable = [n for n in by_lower.values() if n not in REFUSED and _is_scorer(getattr(kvpress, n), kvpress)]
+        raise PressError(f"unknown kvpress press {press!r} in {what!r}{_suggest(press, usable)}; supported presses: "
                          f"{', '.join(SCORERS)}")
     cls = getattr(kvpress, real)
-    scorer = kvpress.ScorerPress
-    if not issubclass(cls, scorer) or not (cls.compress is scorer.compress or hasattr(cls, "get_layer_budget")):
+    if not _is_scorer(cls, kvpress):
         raise PressError(f"{PREFIX}{real} cannot be a relaylens selector: it is not a scorer press (a ScorerPress "
                          "whose selection is score() + top-k); relaylens adapts scorer presses only")
     return cls
+
+
+def _is_scorer(cls, kvpress) -> bool:
+    """A press class relaylens adapts: a ``ScorerPress`` that keeps kvpress's ``compress`` (or PyramidKV's budget);
+    "did you mean" suggests only these, never a refused press."""
+    scorer = kvpress.ScorerPress
+    return (isinstance(cls, type) and issubclass(cls, scorer) and cls is not scorer
+            and (cls.compress is scorer.compress or hasattr(cls, "get_layer_budget")))
 
 
 def _parameters(cls) -> dict[str, inspect.Parameter]:
@@ -296,6 +305,7 @@ class KvPress(Selector):
                                  f"{', '.join(sorted(params)) or 'no arguments'} (the budget sets compression_ratio)")
             if key != "press":
                 _check_value(self.label, key, value, params[key])
+                check_argument(self.label, key, value, params[key].default)  # its range, before any model loads
         try:
             press = cls(**options)
             press.compression_ratio = compression_ratio
@@ -345,11 +355,10 @@ class KvPress(Selector):
         """This press at ``compression_ratio = ratio`` ready to score the layers of ``prefill``'s history."""
         press = self.build(ratio)
         length = prefill.history_length
-        for attr in ("window_size", "n_sink", "num_sinks"):
-            value = getattr(press, attr, None)
-            if isinstance(value, int) and not isinstance(value, bool) and length <= value:
-                raise TooShortError(f"{self.label} needs a history longer than its {attr}={value}; got L={length}. "
-                                    f"Fix: lower {attr} (e.g. {self.label}:{attr}=...) or use longer histories")
+        problem = history_problem(press, length)  # windows and sinks against this record's history
+        if problem:
+            raise TooShortError(f"{self.label} {problem}; got L={length}. Fix: lower it ({self.label}:<argument>=...) "
+                                "or use longer histories")
         press.post_init_from_model(self.model)
         return PressScorer(self, press, prefill, ratio, kept, eager=self.press in NEEDS_ATTENTIONS)
 

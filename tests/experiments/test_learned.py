@@ -170,3 +170,166 @@ def test_cli_refuses_misplaced_learning_options(argv, message, tmp_path):
                             cwd=tmp_path)
     assert result.returncode == 2 and message in result.stdout + result.stderr, result.stdout + result.stderr
     assert "Traceback" not in result.stderr
+
+
+# ------------------------------------------------------------------------- issue 41: items 5, 6, 7, 12, 14, 16
+
+def _test_data(workspace, learned_dir, name="test_records.json"):
+    """The learned run's test records as a data file of their own (``learned:`` refuses its train records)."""
+    root, data, _ = workspace
+    saved = json.loads((learned_dir / "learned_geometry.json").read_text())
+    records = [r for r in json.loads(data.read_text()) if r["question_id"] in saved["test_records"]]
+    path = root / name
+    path.write_text(json.dumps(records))
+    return path
+
+
+def _copy_learned(learned_run, target):
+    """A run directory holding a copy of the learned file and manifest (edited by the test, not by others)."""
+    import shutil
+
+    target.mkdir(exist_ok=True)
+    for name in ("learned_geometry.json", "manifest.json"):
+        shutil.copy(learned_run / name, target / name)
+    return target
+
+
+def _elsewhere(workspace, learned_dir, out, spec_changes=None, **config):
+    root, data, model_and_tokenizer = workspace
+    spec = load_analysis("coordinate_ablation").SPEC.replace(
+        **{"conditions": ("original", f"learned:{learned_dir}"), "max_new_tokens": 2, "budgets": (0.4,),
+           "probes": False, **(spec_changes or {})})
+    config = RunConfig(**{"model": "tiny-llama", "data": str(_test_data(workspace, learned_dir)), "out": str(root / out),
+                          "window_size": 4, "limit": 4, **config})
+    return run_analysis(spec, config, progress=False, model_and_tokenizer=model_and_tokenizer)
+
+
+def _scale_b(learned_dir, factor):
+    path = learned_dir / "learned_geometry.json"
+    doc = json.loads(path.read_text())
+    doc["parameters"]["b"] = [b * factor for b in doc["parameters"]["b"]]
+    path.write_text(json.dumps(doc))
+
+
+def test_learned_geometry_is_pinned_by_content(workspace, learned_run, tmp_path):
+    """Item 5: the manifest records the learned file's hash and parameters; every record uses those (the parsed
+    condition, not the file); a changed file under the same label is refused on resume (with --force too) and merge."""
+    from relaylens.experiments.learned import check_learned_conditions
+    from relaylens.conditions.scoped import get_condition
+    from relaylens.geometry.selection import Selection
+    from relaylens.results.shards import merge_runs
+    from relaylens.results.store import RunStore, ResultStoreError
+
+    geo = _copy_learned(learned_run, tmp_path / "geo")
+    label = f"learned:{geo}"
+    out = _elsewhere(workspace, geo, tmp_path / "first", limit=1)
+    pinned = RunStore.open(out).manifest["config"]["learned"][label]
+    saved = json.loads((geo / "learned_geometry.json").read_text())
+    assert pinned["parameters"] == saved["parameters"] and len(pinned["sha256"]) == 64
+    # the spec the runner uses holds the parsed condition: a later edit of the file changes no record
+    spec = load_analysis("coordinate_ablation").SPEC.replace(conditions=("original", label), budgets=(0.4,))
+    manifest = {"model": RunStore.open(out).manifest["model"], "config": {"run": {"window_mode": "condition"}}}
+    spec = spec.replace(prompt_mode=saved["prompt_mode"])
+    pinned_spec = check_learned_conditions(spec, manifest, [])
+    sel = Selection.from_lists([[[2, 5, 6, 11], [0, 9, 18, 19]]] * 2, history_length=20)
+    before = get_condition(pinned_spec.conditions[1]).coordinates(sel).key_positions
+    _scale_b(geo, 2.0)
+    assert torch.equal(get_condition(pinned_spec.conditions[1]).coordinates(sel).key_positions, before)
+    with pytest.raises(ResultStoreError, match="another learned geometry"):  # resume, same settings
+        _elsewhere(workspace, geo, tmp_path / "first", limit=1)
+    with pytest.raises(ResultStoreError, match="not even --force continues"):  # more records, --force: never a mix
+        _elsewhere(workspace, geo, tmp_path / "first", limit=2, force=True)
+    # merge: two shards that read two different files under one label
+    _scale_b(geo, 0.5)
+    shard0 = _elsewhere(workspace, geo, tmp_path / "s0", shard="0/2")
+    _scale_b(geo, 3.0)
+    shard1 = _elsewhere(workspace, geo, tmp_path / "s1", shard="1/2")
+    with pytest.raises(RelaylensError, match="config.learned"):
+        merge_runs([shard0, shard1], tmp_path / "merged")
+
+
+@pytest.mark.parametrize("changes, config, named", [
+    ({"protect_instructions": not MODULE.SPEC.protect_instructions}, {}, "protect_instructions"),
+    ({"granularity": "session"}, {}, "granularity"),
+    ({"selector_options": {"bm25": {"b": 0.5}}}, {}, "selector_options"),
+    ({"prompt_mode": "completion"}, {}, "prompt_mode"),  # the fit ran chat prompts (the tokenizer's template)
+    ({}, {"window_mode": "none"}, "window_mode"),
+    ({"budgets": (0.3,)}, {}, "learned on bm25 @ 0.4; this run sweeps bm25 @ 0.3"),
+])
+def test_learned_condition_checks_every_fit_setting(workspace, learned_run, tmp_path, changes, config, named):
+    """Item 7: selector options, budget, protected framing, prompt mode, granularity, window mode (and the model,
+    test_learned_condition_runs_elsewhere_and_refuses_mismatches) must match the fit, or the run is refused naming it."""
+    with pytest.raises(RelaylensError, match=named) as caught:
+        _elsewhere(workspace, learned_run, tmp_path / "mismatch", changes, **config)
+    assert "\n" not in str(caught.value)
+
+
+def test_force_with_another_seed_never_evaluates_training_records(workspace, tmp_path):
+    """Item 6: --force with another seed (another split) retrains; no record of the new fit's train split is
+    evaluated, and the tables hold exactly the new test split."""
+    root, data, _ = workspace
+    records = split_records_of(data)
+    first = _run(workspace, tmp_path / "forced", seed=0)
+    train_ids = [{r.record_id for r in split_records(records, s, 0.5)[0]} for s in range(50)]
+    seed = next(s for s in range(1, 50) if train_ids[s] != train_ids[0])  # another split, not just another order
+    forced = _run(workspace, tmp_path / "forced", seed=seed, force=True)
+    assert forced == first
+    train, test = ({r.record_id for r in side} for side in split_records(records, seed, 0.5))
+    saved = json.loads((forced / "learned_geometry.json").read_text())
+    assert set(saved["train_records"]) == train and set(saved["test_records"]) == test
+    tables = load_tables(forced)
+    evaluated = set(tables["answers"]["record_id"]) | set(tables["scores"]["record_id"])
+    assert evaluated == test and not evaluated & train
+    assert (tables["geometry"]["step"] == 0).any()  # trained again from RoPERelay
+
+
+def split_records_of(data):
+    from relaylens.datasets import load_records
+
+    return load_records(data)[:4]
+
+
+def test_diverged_training_is_not_resumed_from(workspace, tmp_path):
+    """Item 14: a step whose parameters overflow is refused before it is committed, and the advice (a lower
+    learning rate, --force) trains again from RoPERelay and finishes."""
+    from relaylens.errors import NonFiniteError
+    from relaylens.results.store import RunStore, UnitKey
+
+    with pytest.raises(NonFiniteError, match=r"diverged at step 1 .*lower --learning-rate"):
+        _run(workspace, tmp_path / "diverged", OPTIONS.replace(learning_rate=1000.0, steps=2))
+    store = RunStore.open(tmp_path / "diverged")
+    geometry = store.read_unit(store.unit_path(UnitKey("training", "bm25", 0.4)))["geometry"]
+    assert set(geometry["step"]) == {0}  # only the starting point is committed
+    out = _run(workspace, tmp_path / "diverged", OPTIONS.replace(steps=2), force=True)
+    saved = json.loads((out / "learned_geometry.json").read_text())
+    values = [v for name in ("b", "s", "alpha") for v in saved["parameters"][name]]
+    assert all(abs(v) < 100 for v in values) and saved["options"]["learning_rate"] == 0.05
+
+
+@pytest.mark.parametrize("clusters, fraction, size", [
+    ("aaaaaaab", 0.5, 1),           # 7 + 1: either side of 4 is 3 away; never every record in train
+    ("abbbbbcdef", 0.5, 5),         # 5 reachable exactly (the big cluster, or five singletons)
+    ("aabbccddee", 0.3, 2),         # pairs only: 2 and 4 are as near as 3 allows; the smaller wins
+    ("abcdefgh", 0.25, 2),          # singletons: the fraction itself
+])
+def test_split_honours_its_fraction_for_every_seed(clusters, fraction, size):
+    """Item 16: whole clusters whose sizes add up nearest the fraction, for every seed; test is never empty."""
+    records = _records(len(clusters), clusters=list(clusters))
+    for seed in range(25):
+        train, test = split_records(records, seed=seed, train_fraction=fraction)
+        assert len(train) == size and test, (seed, len(train))
+        for cluster in set(clusters):
+            assert len({r in train for r in records if r.cluster_id == cluster}) == 1
+    with pytest.raises(RelaylensError, match="one cluster"):
+        split_records(_records(3, clusters=["x"] * 3), 0, 0.5)
+
+
+def test_conditions_the_learned_run_would_ignore_are_refused(workspace, tmp_path):
+    """Item 11: learned_geometry evaluates original, relay and its own map; a --condition (scoped or not) it would
+    silently drop is refused before the model loads, naming it."""
+    root, data, model_and_tokenizer = workspace
+    spec = MODULE.SPEC.replace(conditions=("original", "relay@heads=0.0@move=1@base=relay"), budgets=(0.4,))
+    config = RunConfig(model="tiny-llama", data=str(data), limit=4, out=str(tmp_path / "ignored"), window_size=4)
+    with pytest.raises(RelaylensError, match=r"does not run relay@heads=0.0@move=1@base=relay\. Fix: drop --condition"):
+        MODULE.RUN(spec, config, OPTIONS, progress=False, model_and_tokenizer=model_and_tokenizer)
+    assert not (tmp_path / "ignored").exists()

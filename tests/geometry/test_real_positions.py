@@ -114,3 +114,31 @@ def test_bad_real_positions_are_refused(target, error, message):
     factors = RotaryFactors.from_model(tiny_model("llama"))
     with pytest.raises(error, match=message):
         relocate_keys(torch.randn(1, 2, factors.head_dim), torch.tensor([[0, 1]]), target.double(), factors)
+
+
+# ---------------------------------------------------------------- issue 41, item 9: real-valued positions' precision
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_half_precision_positions_are_refused_everywhere(dtype):
+    """float16 / bfloat16 positions merge neighbours (bfloat16 reads 301 as 300): relocation, phase application and
+    condition coordinates refuse them, naming the dtype, instead of moving two keys onto one position."""
+    from relaylens.conditions.catalogue import make_coordinates
+    from relaylens.errors import PositionError
+    from relaylens.geometry.rotary import RotaryFactors, relocate_keys, rotate_keys
+    from relaylens.geometry.selection import Selection
+    from relaylens.testing import tiny_model
+
+    factors = RotaryFactors.from_model(tiny_model("llama"))
+    keys = torch.randn(1, 2, factors.head_dim)  # [kv_head, n, head_dim]
+    target = torch.tensor([[3000.0, 3001.0]], dtype=dtype)
+    with pytest.raises(PositionError, match=f"{dtype}.*cannot tell neighbouring positions apart"):
+        relocate_keys(keys, torch.tensor([[2, 5]]), target, factors)
+    with pytest.raises(PositionError, match=str(dtype)):
+        rotate_keys(keys, target, factors)
+    sel = Selection.from_lists([[[2, 5]]], history_length=4000)
+    with pytest.raises(PositionError, match=f"condition geometry: key positions are {dtype}"):
+        make_coordinates("geometry", sel, target[None], 3002)
+    with pytest.raises(PositionError, match="the question start are"):
+        make_coordinates("geometry", sel, target[None].double(), torch.tensor(3002.5, dtype=dtype))
+    float32 = relocate_keys(keys, torch.tensor([[2, 5]]), target.float(), factors)  # float32 and up: accepted
+    assert torch.isfinite(float32).all()

@@ -126,3 +126,48 @@ def test_run_labels_drop_format_and_compression_suffixes(path, label):
 
     manifest = {"model": {"spec": "models/qwen2.5-coder-0.5b-instruct/"}, "dataset": {"path": path}}
     assert run_label(manifest) == {"model": "qwen2.5-coder-0.5b-instruct", "dataset": label}
+
+
+def _planned_run_dir(path, model, dataset, scores, planned_records):
+    """A run directory whose manifest plans ``planned_records`` x bm25 @ 0.1 and holds the units of ``scores``."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    data = path.parent / f"{dataset}.json"
+    data.write_text("[]")
+    config = {"spec": {"selectors": ["bm25"], "budgets": [0.1], "figures": []}}
+    manifest = build_manifest("main_table", config, model, "hash", data, plan={"record_ids": planned_records})
+    store = RunStore.create_or_open(path, manifest)
+    for rid, g in scores.groupby("record_id"):
+        store.write_unit(UnitKey(rid, "bm25", 0.1), [], g.to_dict("records"), [])
+    store.consolidate()
+    return path
+
+
+def test_cross_run_figures_and_report_say_which_run_is_incomplete(tmp_path):
+    """Issue 41, item 10: a run missing planned units gets, inside a grid, the "K of N planned units" warning it gets
+    alone: warned when loading, in every figure footer and table note, and in the report."""
+    import warnings
+
+    from relaylens.reporting.figures import build
+    from relaylens.reporting.figures.registry import footer_lines
+    from relaylens.reporting.figures.writer import load_run_tables, write_figures
+    from relaylens.reporting.report import write_report
+
+    judged = _scores({"judge": [(0, 1), (0, 1), (1, 1)]})
+    complete = _planned_run_dir(tmp_path / "a" / "run", "/models/Llama", "lme_s", judged, ["r0", "r1", "r2"])
+    killed = _planned_run_dir(tmp_path / "b" / "run", "/models/Qwen", "lme_s", judged[judged.record_id != "r2"],
+                              ["r0", "r1", "r2", "r3"])
+    line = "incomplete run Qwen x lme_s: 2 of 4 planned units"
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        tables, _ = load_run_tables([complete, killed])
+    assert any(f"{killed} holds 2 of the 4 units" in str(w.message) for w in caught)
+    assert line in footer_lines(tables) and not any("Llama" in x for x in footer_lines(tables))
+    figure = build("relay_gain", tables)
+    assert line in figure._supxlabel.get_text()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        written = write_figures([complete, killed], out=tmp_path / "grid", formats=["png"])
+        html = write_report([complete, killed], out=tmp_path / "grid" / "report.html").read_text()
+    notes = [p.read_text() for p in written if p.suffix == ".md"]
+    assert notes and all(line in note for note in notes)
+    assert "Qwen x lme_s: 2 of 4 planned units (incomplete" in html and "Llama x lme_s: 3 of 3 planned units" in html

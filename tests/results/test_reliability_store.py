@@ -218,9 +218,7 @@ def test_resume_refuses_a_changed_model_besides_its_weights(ws, tmp_path, change
 def test_resume_refuses_changed_relaylens_source(ws, tmp_path):
     """The real CLI from a copy of the package: after editing one source file, resuming is refused."""
     code = tmp_path / "code"
-    shutil.copytree(Path(__file__).resolve().parents[2] / "relaylens", code / "relaylens",
-                    ignore=shutil.ignore_patterns("__pycache__"))
-    shutil.copytree(Path(__file__).resolve().parents[2] / "analyses", code / "analyses",
+    shutil.copytree(Path(__file__).resolve().parents[2] / "relaylens", code / "relaylens",  # relaylens/analyses/ too
                     ignore=shutil.ignore_patterns("__pycache__"))
     env = {"PYTHONPATH": str(code)}
     args = ["run", "ordering", "--model", ws["model_dir"], "--data", ws["data"], "--limit", "1", "--budget", "0.4",

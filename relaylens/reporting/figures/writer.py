@@ -40,7 +40,24 @@ def status_rows(tables: dict) -> list[tuple[str, str]]:
         done, planned = status["planned"]
         rows.append(("units", f"{done} of {planned} planned units" + ("" if done == planned else
                      " (incomplete: the tables hold only these; resume the run, or finish the shards and merge)")))
+    for run in status.get("runs", []):  # a cross-run grid: each run's own count
+        done, planned = run["planned"]
+        rows.append(("units", f"{run['label']}: {done} of {planned} planned units" + ("" if done == planned else
+                     " (incomplete: the tables hold only these; resume that run, or finish its shards and merge)")))
     return rows + [("judge not shown", line) for line in status.get("hidden", {}).values()]
+
+
+def _progress(run_dir, store, stacklevel: int) -> tuple[int, int] | None:
+    """``(committed, planned)`` units of one run (None without a plan), warned about when incomplete."""
+    from relaylens.results.shards import plan_progress
+
+    units = [p.name.removesuffix(".json.gz") for p in store.unit_paths()]
+    planned = plan_progress(store.manifest, units) if units else None
+    if planned and planned[0] < planned[1]:
+        warnings.warn(f"{run_dir} holds {planned[0]} of the {planned[1]} units its manifest plans: the tables "
+                      "describe only those. Fix: resume the run (the same command), or finish the missing shards "
+                      "and merge again", stacklevel=stacklevel + 1)
+    return planned
 
 
 def skipped_tables(tables: dict) -> list[dict]:
@@ -74,26 +91,28 @@ def load_run_tables(run_dirs: Sequence[str | Path], metric: str | None = None,
     ``{"analysis": "cross-run", "runs": [{"model", "dataset", "run_dir"}, ...]}``.
 
     One run's tables carry ``run_status``: ``planned`` (``(committed, planned)`` units of the manifest's plan, when it
-    records one) and ``hidden`` (``{judge pass: why its scores are not shown}``); both are also warned."""
+    records one) and ``hidden`` (``{judge pass: why its scores are not shown}``); both are also warned. A grid's carry
+    ``run_status["runs"]``: per run with a plan, its ``label`` (model x dataset) and ``planned`` count, warned about
+    and stated in footers and the report just as for one run."""
     from relaylens.reporting.crossrun import load_runs
-    from relaylens.results.shards import plan_progress
     from relaylens.results.store import RunStore, load_run
 
     if len(run_dirs) == 1:
         store = RunStore.open(run_dirs[0])
         tables, hidden = load_run(run_dirs[0])
-        units = [p.name.removesuffix(".json.gz") for p in store.unit_paths()]
-        planned = plan_progress(store.manifest, units) if units else None
-        if planned and planned[0] < planned[1]:
-            warnings.warn(f"{run_dirs[0]} holds {planned[0]} of the {planned[1]} units its manifest plans: the tables "
-                          "describe only those. Fix: resume the run (the same command), or finish the missing shards "
-                          "and merge again", stacklevel=3)
+        planned = _progress(run_dirs[0], store, stacklevel=3)
         for line in hidden.values():
             warnings.warn(line, stacklevel=3)
         tables = prepare_tables(tables, metric, retained_only)
         return {**tables, "run_status": {"planned": planned, "hidden": hidden}}, store.manifest
     grid, labels = load_runs(run_dirs)
-    return prepare_tables(grid, metric, retained_only), {"analysis": "cross-run", "runs": labels}
+    runs = []  # each run's own "K of N planned units", as it gets alone (issue 41, item 10)
+    for label in labels:
+        planned = _progress(label["run_dir"], RunStore.open(label["run_dir"]), stacklevel=3)
+        if planned:
+            runs.append({"label": f"{label['model']} x {label['dataset']}", "planned": planned})
+    tables = prepare_tables(grid, metric, retained_only)
+    return {**tables, "run_status": {"runs": runs}}, {"analysis": "cross-run", "runs": labels}
 
 
 def write_entry(name: str, tables: dict, out_dir: str | Path, formats: Sequence[str] = plots.FORMATS) -> list[Path]:
