@@ -2,7 +2,9 @@
 
 Owns: :mod:`~relaylens.bench.geometry` (relocation against a copy of the same cache, ``relaylens bench geometry``),
 :mod:`~relaylens.bench.model` (probe cost, prefill throughput, selector memory, scaling),
-:mod:`~relaylens.bench.requests` (Table 3 overhead of complete requests, batched-row throughput) and
+:mod:`~relaylens.bench.requests` (Table 3 overhead of complete requests, batched-row throughput),
+:mod:`~relaylens.bench.roofline` (each stage as a fraction of this machine's limits, which
+:mod:`~relaylens.bench.machine` measures: GEMM FLOP/s, copy bandwidth, CPU flags, a model's cost per token) and
 :mod:`~relaylens.bench.checks` (exactness checks on a real model); :mod:`~relaylens.bench.registry` names them
 (``relaylens bench NAME``).
 
