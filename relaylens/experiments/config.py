@@ -38,6 +38,7 @@ class RunConfig:
     judge_url: str | None = None  # OpenAI-compatible endpoint for the memory_judge_v1 judge (optional)
     judge_model: str | None = None  # model name at that endpoint, or a local HF judge model spec
     judge_key_env: str | None = None  # environment variable holding the endpoint's API key
+    judge_template: str = "memory_judge_v1"  # or "longmemeval": LongMemEval's own prompts (scores judge_lme)
     device: str | None = None  # cpu, cuda, cuda:N, mps, auto (None: cpu); exclusive with device_map
     dtype: str | None = None  # float32, bfloat16, float16 (None: float32 on CPU, bfloat16 on CUDA)
     device_map: str | None = None  # accelerate device map ("auto") for models that do not fit one device
@@ -76,6 +77,9 @@ def check_config(config: RunConfig) -> None:
     if isinstance(config.seed, bool) or not isinstance(config.seed, int) or not 0 <= config.seed < 2**63:
         raise RelaylensError(f"seed must be a whole number in 0..2**63-1 (it seeds random selectors); got "
                              f"{config.seed!r}. Fix: pass --seed N with N >= 0")
+    from relaylens.scoring.longmemeval_judge import check_template
+
+    check_template(config.judge_template)
     if config.window_mode not in WINDOW_MODES:
         raise RelaylensError(f"window_mode must be one of {WINDOW_MODES}; got {config.window_mode!r}")
     if config.max_history_tokens is not None and (not isinstance(config.max_history_tokens, int) or config.max_history_tokens < 1):

@@ -28,7 +28,7 @@ from typing import Callable
 
 from relaylens.errors import RelaylensError
 
-__all__ = ["RejudgeResult", "rejudge_run", "judge_name", "check_judge_name", "records_of_run"]
+__all__ = ["RejudgeResult", "rejudge_run", "judge_name", "check_judge_name", "records_of_run", "check_template_records"]
 
 _NAME = re.compile(r"^[a-z0-9][a-z0-9_]*$")
 
@@ -96,16 +96,37 @@ def _rows(columns: dict[str, list]) -> list[dict]:
     return [dict(zip(names, values)) for values in zip(*(columns[n] for n in names))]
 
 
+def check_template_records(run_dir: str | Path, template: str, data: str | Path | None = None) -> dict:
+    """``{record_id: Record}`` of the run (:func:`records_of_run`), refused for the ``longmemeval`` template when a
+    record the run planned has no LongMemEval question type -- before any judge call (and, from the command line,
+    before the judge model loads)."""
+    from relaylens.results.store import RunStore
+    from relaylens.scoring import longmemeval_judge as lme
+
+    manifest = RunStore.open(run_dir).manifest
+    records = records_of_run(manifest, data)
+    if lme.check_template(template) == lme.TEMPLATE:
+        planned = (manifest.get("plan") or {}).get("record_ids") or list(records)
+        lme.check_records([records[i] for i in planned if i in records])
+    return records
+
+
 def rejudge_run(run_dir: str | Path, backend, name: str, data: str | Path | None = None,
-                progress: Callable[[int, int], None] | None = None) -> RejudgeResult:
-    """Judge every answer of ``run_dir`` with ``backend`` and store the verdicts as ``judge_<name>`` scores."""
+                progress: Callable[[int, int], None] | None = None, template: str = "memory_judge_v1") -> RejudgeResult:
+    """Judge every answer of ``run_dir`` with ``backend`` and store the verdicts as ``judge_<name>`` scores.
+
+    ``template="longmemeval"``: LongMemEval's own prompts (:mod:`relaylens.scoring.longmemeval_judge`; give the backend
+    10 tokens); the pass is named ``lme_<name>`` (scores ``judge_lme_<name>``), and the run's records must all be
+    LongMemEval's."""
     from relaylens.scoring.judge import Judge
+    from relaylens.scoring.longmemeval_judge import TEMPLATE, LongMemEvalJudge, pass_name
     from relaylens.results.store import RunStore, UnitKey
 
     check_judge_name(name)
+    name = pass_name(template, name)
     run_dir = Path(run_dir)
     store = RunStore.open(run_dir)
-    records = records_of_run(store.manifest, data)
+    records = check_template_records(run_dir, template, data)
     _warn_short_checklist_replies(records, backend)
     from relaylens.scoring.checklist import CHECKLIST_METRICS, ChecklistJudge, is_checklist_record
 
@@ -116,8 +137,10 @@ def rejudge_run(run_dir: str | Path, backend, name: str, data: str | Path | None
     result, written = RejudgeResult(name), {}
     with _lock(run_dir):
         store.invalidate()  # from here on the consolidated tables may no longer describe the units
-        begin_pass(run_dir, name, [metric, failed_metric, *checklist_metrics], _judge_settings(name, backend))
-        judge = Judge(backend, cache_path=run_dir / f"judge_cache_{name}.jsonl")
+        begin_pass(run_dir, name, [metric, failed_metric, *checklist_metrics],
+                   {**_judge_settings(name, backend), "template": template})
+        judge = (LongMemEvalJudge(backend, cache_path=run_dir / f"judge_cache_{name}.jsonl", metric="judge")
+                 if template == TEMPLATE else Judge(backend, cache_path=run_dir / f"judge_cache_{name}.jsonl"))
         checklist = ChecklistJudge(backend, cache_path=run_dir / f"judge_cache_checklist_{name}.jsonl")
         paths = store.unit_paths()
         for done, path in enumerate(paths, 1):

@@ -4,6 +4,7 @@ HelloEval checklists and judge agreement.
 Owns: :mod:`~relaylens.scoring.metrics` (normalisation, exact match, F1, containment, choice extraction, abstention;
 :func:`score_answer`), :mod:`~relaylens.scoring.judge` (the blinded ``memory_judge_v1`` judge and its HTTP client,
 whose exchange -- no redirects, a wall-clock deadline, a reply size cap -- is :mod:`~relaylens.scoring.transport`),
+:mod:`~relaylens.scoring.longmemeval_judge` (the second template: LongMemEval's own per-type yes/no prompts),
 :mod:`~relaylens.scoring.checklist` (checklist judging of summaries) and
 :mod:`~relaylens.scoring.agreement` (raw agreement, Cohen's kappa). Re-judging a finished run (``relaylens judge
 RUN_DIR``) drives a run directory, its dataset and a judge, so it sits with the other commands in

@@ -175,6 +175,8 @@ class Verdict:
 class JudgeCache:
     """An append-only JSON-lines cache ``key -> reply``; a torn last line (crash) is skipped with a warning."""
 
+    template = TEMPLATE_VERSION  # the template its lines name (a subclass per template)
+
     def __init__(self, path: str | Path):
         self.path = Path(path)
         self._data: dict[str, str] = {}
@@ -193,7 +195,7 @@ class JudgeCache:
 
     def put(self, key: str, raw: str, model_id: str) -> None:
         self._data[key] = raw
-        line = json.dumps({"key": key, "raw": raw, "model": model_id, "template": TEMPLATE_VERSION}, ensure_ascii=False)
+        line = json.dumps({"key": key, "raw": raw, "model": model_id, "template": self.template}, ensure_ascii=False)
         with open(self.path, "a", encoding="utf-8") as f:
             f.write(line + "\n")
             f.flush()
@@ -324,7 +326,7 @@ class OpenAIBackend:
         """The reply's ``choices[0].message.content`` with every secret replaced by ``***`` (an endpoint may echo
         the key: nothing it sends reaches a cache, a failure list or the terminal unredacted)."""
         request = {"model": self.model, "temperature": 0, "max_tokens": self.max_tokens,
-                   "messages": [{"role": "system", "content": system}, {"role": "user", "content": user}]}
+                   "messages": [{"role": "system", "content": system}] * bool(system) + [{"role": "user", "content": user}]}
         if self.reasoning_effort is not None:
             request["reasoning_effort"] = self.reasoning_effort
         body = json.dumps(request).encode("utf-8")
@@ -388,6 +390,14 @@ class OpenAIBackend:
         return text
 
 
+_PLACEHOLDER = "RELAYLENS-JUDGE-USER-MESSAGE-0f9c"  # plain text in every vocabulary: no special token inside
+
+
+def _custom_code(path: str, why: str) -> str:
+    return (f"judge model {path!r} needs custom code to load ({why}); relaylens never runs code from a model "
+            "repository (trust_remote_code=False). Fix: use a judge model whose architecture transformers implements")
+
+
 class HFBackend:
     """A local Hugging Face causal LM judge: chat template, greedy, 32 new tokens, special tokens skipped."""
 
@@ -407,29 +417,67 @@ class HFBackend:
 
     @classmethod
     def from_pretrained(cls, path: str, **kwargs) -> "HFBackend":
-        from transformers import AutoModelForCausalLM, AutoTokenizer
+        """A judge from a Hugging Face directory or hub id, loaded with ``trust_remote_code=False``: a judge model
+        that needs custom code (an ``auto_map`` in its config or tokenizer config) is refused with one line before
+        its weights load, never run. ``kwargs`` go to the model's ``from_pretrained``."""
+        from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-        tok = AutoTokenizer.from_pretrained(path)
-        model = AutoModelForCausalLM.from_pretrained(path, **kwargs).eval()
+        if kwargs.pop("trust_remote_code", False):
+            raise JudgeBackendError(_custom_code(path, "trust_remote_code=True was passed"))
+        try:
+            config = AutoConfig.from_pretrained(path, trust_remote_code=False)
+            tok = AutoTokenizer.from_pretrained(path, trust_remote_code=False)
+        except ValueError as exc:
+            if "trust_remote_code" not in str(exc):
+                raise
+            raise JudgeBackendError(_custom_code(path, "its code is not part of transformers")) from None
+        mapped = getattr(config, "auto_map", None) or getattr(tok, "init_kwargs", {}).get("auto_map")
+        if mapped:
+            raise JudgeBackendError(_custom_code(path, f"its auto_map names {sorted(map(str, mapped))}"))
+        model = AutoModelForCausalLM.from_pretrained(path, config=config, **kwargs, trust_remote_code=False).eval()
         return cls(model, tok, model_id=path)
 
     def complete(self, system: str, user: str) -> str:
         import torch
 
-        messages = [{"role": "system", "content": system}, {"role": "user", "content": user}]
-        extra = {} if self.reasoning_effort is None else {"reasoning_effort": self.reasoning_effort}  # gpt-oss templates
-        try:
-            ids = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_tensors="pt",
-                                                     return_dict=True, **extra)
-        except Exception:  # templates without a system role (e.g. Gemma): merge it into the user turn
-            merged = [{"role": "user", "content": f"{system}\n\n{user}"}]
-            ids = self.tokenizer.apply_chat_template(merged, add_generation_prompt=True, return_tensors="pt",
-                                                     return_dict=True, **extra)
         device = next(self.model.parameters()).device
-        input_ids = ids["input_ids"].to(device)
-        mask = ids.get("attention_mask")
+        input_ids = torch.tensor([self.prompt_ids(system, user)], device=device)
         pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.tokenizer.eos_token_id
         with torch.no_grad():
-            out = self.model.generate(input_ids, attention_mask=None if mask is None else mask.to(device),
-                                      do_sample=False, max_new_tokens=self.max_tokens, pad_token_id=pad)
+            out = self.model.generate(input_ids, attention_mask=torch.ones_like(input_ids), do_sample=False,
+                                      max_new_tokens=self.max_tokens, pad_token_id=pad)
         return self.tokenizer.decode(out[0, input_ids.shape[1]:], skip_special_tokens=True)
+
+    def prompt_ids(self, system: str, user: str) -> list[int]:
+        """The judge prompt's token ids: the chat template around ``system`` and ``user``, where the user message
+        (question, references and candidate) is *data*. Special-token strings inside it (a candidate writing
+        ``<|im_end|>`` and a forged assistant turn) are tokenised as the plain text they are
+        (:func:`relaylens.datasets.prompting.encode_data_text`, as for the model under study), so no candidate can
+        close the user turn or forge a verdict; only the template's own markers are control tokens. Text without
+        such strings tokenises exactly as ``apply_chat_template`` would."""
+        from relaylens.datasets.prompting import encode_data_text
+
+        text, start = self._render(system, user)
+        return encode_data_text(self.tokenizer, text, start, start + len(user))[0]
+
+    def _render(self, system: str, user: str) -> tuple[str, int]:
+        """``(prompt text, where the user message starts in it)``: the template is rendered around a placeholder,
+        so the message's own text can never change what the template emits."""
+        extra = {} if self.reasoning_effort is None else {"reasoning_effort": self.reasoning_effort}  # gpt-oss templates
+
+        def render(messages: list[dict]) -> str:
+            return self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False,
+                                                      **extra)
+
+        try:
+            turns = [{"role": "system", "content": system}] * bool(system)  # "": one user message (LongMemEval's)
+            text = render(turns + [{"role": "user", "content": _PLACEHOLDER}])
+        except Exception:  # templates without a system role (e.g. Gemma): merge it into the user turn
+            text = render([{"role": "user", "content": f"{system}\n\n{_PLACEHOLDER}"}])
+        if text.count(_PLACEHOLDER) != 1:
+            raise JudgeBackendError(f"the judge's chat template does not show the user message verbatim (it appears "
+                                    f"{text.count(_PLACEHOLDER)} times in the rendered prompt); relaylens cannot tell "
+                                    "data from template markers. Fix: use a judge model whose template copies the "
+                                    "message content")
+        start = text.index(_PLACEHOLDER)
+        return text[:start] + user + text[start + len(_PLACEHOLDER):], start

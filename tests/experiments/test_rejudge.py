@@ -161,3 +161,71 @@ def test_a_killed_judge_pass_is_not_published_until_resumed(finished_run):
     assert stub.calls <= len(answers) - 2, "the two verdicts given before the kill are cached"
     tables, hidden = load_run(finished_run)
     assert (tables["scores"].metric == "judge_stub_k").sum() == len(answers) and "stub_k" not in hidden
+
+
+class OfficialStub:
+    """A LongMemEval-template backend: records each (system, prompt) and answers "Yes" for the answers in ``yes``."""
+
+    def __init__(self, yes: set[str], model_id: str):
+        self.yes, self.model_id, self.calls = yes, model_id, []
+
+    def complete(self, system: str, user: str) -> str:
+        self.calls.append((system, user))
+        response = user.split("\n\nModel Response: ", 1)[1].rsplit("\n\n", 1)[0]
+        return "Yes." if response in self.yes else "No."
+
+
+def test_longmemeval_template_adds_its_own_scores_beside_the_others(finished_run):
+    from relaylens.reporting.figures import build
+    from relaylens.reporting.figures.registry import prepare_tables
+
+    before = {n: (finished_run / f"{n}.parquet").read_bytes() for n in ("answers", "probes")}
+    tables = load_tables(finished_run)
+    answers = tables["answers"]
+    yes = set(sorted(set(answers.answer))[::2])
+    stub = OfficialStub(yes, "stub-l")
+    result = rejudge_run(finished_run, stub, "stub_l", template="longmemeval")
+    assert result.metrics == ["judge_lme_stub_l", "judge_lme_stub_l_failed"] and not result.failures
+    assert stub.calls and {system for system, _ in stub.calls} == {""}  # one user message, as the benchmark
+    assert {n: (finished_run / f"{n}.parquet").read_bytes() for n in ("answers", "probes")} == before
+    scores = load_tables(finished_run)["scores"]
+    untouched = scores[~scores.metric.str.startswith("judge_lme_stub_l")].reset_index(drop=True)
+    pd.testing.assert_frame_equal(untouched, tables["scores"].reset_index(drop=True))
+    key = ["record_id", "selector", "condition"]
+    judged = scores[scores.metric == "judge_lme_stub_l"].set_index(key).value.sort_index()
+    expected = answers.assign(v=answers.answer.isin(yes).astype(float)).set_index(key).v.sort_index()
+    pd.testing.assert_series_equal(judged, expected, check_names=False)
+    entry = json.loads((finished_run / "judges.json").read_text())["lme_stub_l"]
+    assert entry["template"] == "longmemeval" and entry["metric"] == "judge_lme_stub_l"
+    assert (finished_run / "judge_cache_lme_stub_l.jsonl").is_file()
+    again = OfficialStub(yes, "stub-l")
+    rejudge_run(finished_run, again, "stub_l", template="longmemeval")
+    assert not again.calls  # cached
+    table = build("longmemeval_metrics", prepare_tables(load_tables(finished_run)))
+    overall = table.set_index(["selector", "condition"]).overall.sort_index()
+    means = expected.groupby(level=["selector", "condition"]).mean().sort_index()
+    pd.testing.assert_series_equal(overall, means, check_names=False)
+    with pytest.raises(RelaylensError, match="reserved for --judge-template longmemeval"):
+        rejudge_run(finished_run, Stub({}, "x"), "lme_x")
+
+
+def test_longmemeval_template_inline_in_a_run(tmp_path, monkeypatch):
+    from relaylens.datasets.synthetic import generate_records
+    from relaylens.experiments import runner
+    from relaylens.experiments.runner import RunConfig, run_analysis
+    from relaylens.experiments.specs import load_analysis
+    from relaylens.scoring.longmemeval_judge import LongMemEvalJudge
+    from relaylens.testing import tiny_model, tiny_tokenizer
+
+    data = tmp_path / "records.json"
+    data.write_text(json.dumps(generate_records(n=2, seed=5, history_tokens=900)))
+    stub = OfficialStub(set(), "stub-inline")
+    monkeypatch.setattr(runner, "make_judge", lambda config, out: LongMemEvalJudge(stub, out / "judge_cache_lme.jsonl"))
+    spec = load_analysis("main_table").SPEC.replace(selectors=("bm25",), budgets=(0.4,), max_new_tokens=2)
+    out = tmp_path / "run"
+    run_analysis(spec, RunConfig(data=str(data), out=str(out), judge_model="stub-inline", judge_template="longmemeval"),
+                 progress=False, model_and_tokenizer=(tiny_model("llama", seed=0), tiny_tokenizer()))
+    scores = load_tables(out)["scores"]
+    assert (scores.metric == "judge_lme").sum() == len(load_tables(out)["answers"]) > 0
+    assert (scores[scores.metric == "judge_lme"].value == 0.0).all() and "judge" not in set(scores.metric)
+    assert json.loads((out / "manifest.json").read_text())["config"]["run"]["judge_template"] == "longmemeval"
