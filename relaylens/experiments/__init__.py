@@ -1,7 +1,7 @@
 """Experiments: which selectors, budgets and conditions an analysis sweeps (specs and presets), and the machinery
 that runs it: the runner, launcher-aware sharding, Ray sweeps and the demo.
 
-Owns: :mod:`~relaylens.experiments.specs` (:class:`ExperimentSpec`, the analyses in ``analyses/``),
+Owns: :mod:`~relaylens.experiments.specs` (:class:`ExperimentSpec`, the analyses in ``relaylens/analyses/``),
 :mod:`~relaylens.experiments.presets` (``--preset paper``), :mod:`~relaylens.experiments.runner` (records x
 selectors x budgets x conditions, paired and resumable), :mod:`~relaylens.experiments.launch` (which shard this
 process runs under torchrun / accelerate / SLURM), :mod:`~relaylens.experiments.sweep` (shards as Ray tasks),

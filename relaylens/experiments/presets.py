@@ -1,6 +1,6 @@
 """Named configurations of an analysis: ``--preset paper`` runs an analysis as the paper ran it.
 
-Every analysis module in ``analyses/`` keeps a CPU-sized ``SPEC`` and a ``PRESETS`` dict; a preset changes spec
+Every analysis module in ``relaylens/analyses/`` keeps a CPU-sized ``SPEC`` and a ``PRESETS`` dict; a preset changes spec
 fields only (selectors, budgets, conditions, decoding, gold granularity, selector hyperparameters) and says which
 model and data size the paper used (documentation: the model, data and device stay command-line choices, so
 ``--preset paper --limit 2`` runs on a CPU with the embedded model). Source of the paper's settings:

@@ -322,10 +322,10 @@ def run_analysis(spec: ExperimentSpec, config: RunConfig, progress: bool = True,
                                           "rope": rope_summary(model)},
                               config.model, model_fingerprint(model), data_path, shard,
                               model_info=model_files_fingerprint(model, tokenizer), plan=plan)
-    check_learned_conditions(spec, manifest, plan["record_ids"])  # learned:RUN_DIR of this model, selector, records
+    spec = check_learned_conditions(spec, manifest, plan["record_ids"])  # learned:RUN_DIR checked, pinned by content
     prepare_run_dir(out)
     with run_lock(out, "run"):
-        judge = make_judge(config, out)  # a bad judge setting fails before the manifest is written
+        judge = make_judge(config, out, records)  # a bad judge setting or template fails before the manifest
         store = RunStore.create_or_open(out, manifest, force=config.force)
         _run_units(model, tokenizer, factors, records, spec, config, store, judge, progress)
         store.consolidate()
@@ -378,6 +378,7 @@ def _run_units(model, tokenizer, factors, records, spec: ExperimentSpec, config:
                     skip_unit(store, record.record_id, name, budget, prompt.history_length, "too_short",
                               f"record {record.record_id}: {name} @ {budget:g}: {err}")
                     advance_bar(live, task, 1, record.record_id, "skipped (too_short)")
+                units = _skip_unplaceable(store, record, prompt, units, redo, spec, model, factors, live, task)
                 advance_bar(live, task, 0, record.record_id, f"decoding {len(units) * len(spec.conditions)} rows")
                 for unit, answers, scores, probes, view in process_record(
                         model, tokenizer, factors, record, prompt, prefill, prefill_s, units, spec, config, judge,
@@ -433,6 +434,28 @@ def history_problem(prompt, spec: ExperimentSpec, config: RunConfig, factors) ->
         return "too_short", (f"record {rid}: history of {L} tokens is not longer than the {config.window_size}-token "
                              "observation window")
     return None
+
+
+def _skip_unplaceable(store, record, prompt, units, redo, spec: ExperimentSpec, model, factors, live, task) -> list:
+    """The units every condition can place; the others are committed as skipped (``too_long``: a question start
+    past the rotary range, e.g. a large ``geometry`` b; ``position``: a ``move=`` past the question), as
+    :func:`history_problem` skips a ``query_only`` shift past the range (issue 41, item 13)."""
+    from relaylens.conditions.scoped import expand_conditions, unit_position_problem
+
+    conditions = expand_conditions(spec.conditions, model)
+    tail = int(prompt.question_ids.numel()) + max(spec.max_new_tokens, 1) + 1
+    kept = []
+    for unit in units:
+        problem = unit_position_problem(conditions, unit.selection, tail, factors.position_limit)
+        if problem is None:
+            kept.append(unit)
+            continue
+        if (unit.selector, unit.budget) in redo:  # committed earlier (only its view was due): left as it is
+            continue
+        skip_unit(store, record.record_id, unit.selector, unit.budget, prompt.history_length, problem[0],
+                  f"record {record.record_id}: {unit.selector} @ {unit.budget:g}: {problem[1]}")
+        advance_bar(live, task, 1, record.record_id, f"skipped ({problem[0]})")
+    return kept
 
 
 def skip_unit(store, record_id: str, selector: str, budget: float, history_length: int, reason: str, detail: str) -> None:

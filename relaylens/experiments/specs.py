@@ -1,6 +1,6 @@
 """Experiment specifications: which selectors, budgets and conditions an analysis sweeps, and how.
 
-An analysis module in ``analyses/`` exposes ``SPEC`` (an :class:`ExperimentSpec`) and the names of the figures and
+An analysis module in ``relaylens/analyses/`` exposes ``SPEC`` (an :class:`ExperimentSpec`) and the names of the figures and
 tables it feeds. Defaults are CPU-sized (SmolLM2, the bundled sample); every size knob is a field, so the paper's
 scale runs unchanged on a GPU machine (``--model``, ``--data``, ``--limit``, ``--budget``).
 
@@ -36,7 +36,7 @@ class ExperimentSpec:
     """One sweep: records x selectors x budgets x conditions, all conditions sharing one prefill and selection.
 
     Attributes:
-        name: analysis name (module in ``analyses/``).
+        name: analysis name (module in ``relaylens/analyses/``).
         selectors: selector names from :data:`relaylens.selectors.REGISTRY`, or ``kvpress:<PressName>``.
         budgets: retention ratios in (0, 1] or absolute state counts (> 1).
         conditions: coordinate conditions run with a real question pass and generation.
@@ -207,13 +207,13 @@ class ExperimentSpec:
 
 
 ANALYSES_PACKAGE = "relaylens.analyses"
-"""The one import path of the analyses: the top-level ``analyses/`` folder, reached as ``relaylens.analyses`` (a
-link inside the package; installed as part of relaylens). Nothing imports a top-level ``analyses``, so a foreign
+"""The one import path of the analyses: the package folder ``relaylens/analyses/`` (installed as part of relaylens).
+Nothing imports a top-level ``analyses``, so a foreign
 ``analyses`` package in the working directory or on ``PYTHONPATH`` can never run."""
 
 
 def available_analyses() -> list[str]:
-    """Names of the analyses shipped with relaylens (``analyses/NAME.py``), sorted."""
+    """Names of the analyses shipped with relaylens (``relaylens/analyses/NAME.py``), sorted."""
     import pkgutil
 
     package = importlib.import_module(ANALYSES_PACKAGE)
@@ -236,7 +236,7 @@ def load_analysis(name: str):
         raise RelaylensError(f"unknown analysis {name!r}; available: {', '.join(known)}")
     module = importlib.import_module(f"{ANALYSES_PACKAGE}.{name}")
     if not isinstance(getattr(module, "SPEC", None), ExperimentSpec):
-        raise RelaylensError(f"analyses/{name}.py defines no SPEC = ExperimentSpec(...)")
+        raise RelaylensError(f"relaylens/analyses/{name}.py defines no SPEC = ExperimentSpec(...)")
     return module
 
 

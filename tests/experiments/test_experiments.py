@@ -56,7 +56,7 @@ def test_analyses_load_from_relaylens_only():
     assert module.__name__ == "relaylens.analyses.ordering"
     assert isinstance(module.SPEC, ExperimentSpec) and module.SPEC.name == "ordering"
     assert "analyses" not in sys.modules  # no top-level package was imported on the way
-    shipped = sorted(p.stem for p in (ROOT / "analyses").glob("[a-z]*.py"))
+    shipped = sorted(p.stem for p in (ROOT / "relaylens" / "analyses").glob("[a-z]*.py"))
     assert available_analyses() == shipped
 
 

@@ -23,6 +23,7 @@ table10                table  summarization          HelloEval quality / factual
 table11                table  summarization          the same checklist scores per source category
 cross_judge            table  cross_judge            gain under each judge, agreement and Cohen's kappa
 judge_agreement        table  judge_agreement        each judge vs contains per condition: accuracies, agreement, kappa, 2x2
+longmemeval_metrics    table  longmemeval_metrics    LongMemEval's own metrics (judge_lme): per type, task-averaged, overall, abstention
 layer_bands            table  evidence_reading       evidence reading by early / middle / late band (deltas vs original)
 evidence_bands         table  evidence_bands         Figure 6 per band: paired share differences vs original, intervals, win:loss
 table3                 table  overhead               complete-request time per condition and overhead over original
@@ -47,7 +48,7 @@ framing_table          table  framing                the same per cell and condi
 Example:
     >>> sorted(REGISTRY)  # doctest: +NORMALIZE_WHITESPACE
     ['alignment', 'answering', 'cross_judge', 'evidence_bands', 'figure3', 'figure4', 'figure5', 'figure6',
-     'figure6_attribution', 'framing', 'framing_table', 'history_length', 'history_length_table', 'judge_agreement', 'layer_bands', 'layer_scope', 'learned_geometry', 'learned_table',
+     'figure6_attribution', 'framing', 'framing_table', 'history_length', 'history_length_table', 'judge_agreement', 'layer_bands', 'layer_scope', 'learned_geometry', 'learned_table', 'longmemeval_metrics',
      'ordering_table', 'positional_sensitivity', 'relay_gain', 'table1', 'table10', 'table11', 'table2', 'table3', 'table6', 'table7', 'table8']
 """
 
@@ -55,7 +56,7 @@ from __future__ import annotations
 
 from relaylens.reporting.figures import (  # noqa: F401 - importing a figure file registers its entries
     alignment, answering, budget_curves, coordinate_ablation, cross_judge, evidence_attribution, evidence_bands,
-    evidence_reading, finch_comparison, framing, history_length, infinitebench, judge_agreement, layer_scope, learned_geometry, main_table, ordering, overhead,
+    evidence_reading, finch_comparison, framing, history_length, infinitebench, judge_agreement, layer_scope, learned_geometry, longmemeval_metrics, main_table, ordering, overhead,
     paired_settings, positional_sensitivity, question_types, summarization)
 from relaylens.reporting.figures.registry import (COMPANIONS, ORDER, REGISTRY, FigureEntry, FigureError, build, names,
                                         select_figures, supported)

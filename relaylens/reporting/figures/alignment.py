@@ -1,4 +1,4 @@
-"""Alignment (``analyses/alignment.py``): right-aligned relay vs left-aligned rank_sync, accuracy per selector and
+"""Alignment (``relaylens/analyses/alignment.py``): right-aligned relay vs left-aligned rank_sync, accuracy per selector and
 the per-layer evidence share."""
 
 from __future__ import annotations

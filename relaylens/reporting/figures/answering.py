@@ -91,7 +91,8 @@ def needs_answering(tables: dict) -> str | None:
 
 
 @register("answering", "table", "Answering at all vs answering right: empty answers, first-token end-of-answer "
-          "probability, accuracy and accuracy over non-empty answers (95% intervals; differences vs original)",
+          "probability, accuracy, accuracy over non-empty answers and answers cut by the decoding limit (95% "
+          "intervals; differences vs original)",
           needs_answering)
 def answering(tables: dict) -> pd.DataFrame:
     return answering_table(tables)

@@ -1,4 +1,4 @@
-"""Figure 3 (``analyses/budget_curves.py``): accuracy vs retention budget, one panel per selector, original vs
+"""Figure 3 (``relaylens/analyses/budget_curves.py``): accuracy vs retention budget, one panel per selector, original vs
 relay, shaded 95% cluster-bootstrap intervals."""
 
 from __future__ import annotations

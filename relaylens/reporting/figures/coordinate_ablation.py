@@ -1,4 +1,4 @@
-"""Figure 4 (``analyses/coordinate_ablation.py``): per-condition means, paired differences vs original and the
+"""Figure 4 (``relaylens/analyses/coordinate_ablation.py``): per-condition means, paired differences vs original and the
 evidence-share band deltas."""
 
 from __future__ import annotations

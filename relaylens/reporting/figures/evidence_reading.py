@@ -1,4 +1,4 @@
-"""Figure 6 and the layer-band table (``analyses/evidence_reading.py``): how each layer reads the retained gold evidence under
+"""Figure 6 and the layer-band table (``relaylens/analyses/evidence_reading.py``): how each layer reads the retained gold evidence under
 original / half_gap / relay (phase-replay gold share, evidence attention share, evidence value norm), the
 compaction(alpha) curve per band, and the band table behind it (deltas vs original; pp for shares)."""
 

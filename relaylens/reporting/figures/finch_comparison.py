@@ -1,4 +1,4 @@
-"""Table 7 (``analyses/finch_comparison.py``): FINCH under its own coordinates vs other selectors with RoPERelay, same records.
+"""Table 7 (``relaylens/analyses/finch_comparison.py``): FINCH under its own coordinates vs other selectors with RoPERelay, same records.
 
 Rows: one per (selector, budget, metric). ``coordinates`` is the condition the row reports (FINCH: its own,
 ``rank_sync``; every other selector: ``relay``); ``score`` (the mean) with a 95% cluster-bootstrap interval; ``original`` is the

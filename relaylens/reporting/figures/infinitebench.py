@@ -1,4 +1,4 @@
-"""Table 2 (``analyses/infinitebench.py``): per InfiniteBench task, its official metric under original and
+"""Table 2 (``relaylens/analyses/infinitebench.py``): per InfiniteBench task, its official metric under original and
 RoPERelay coordinates, with the paired difference.
 
 Built from the run's tables only. Rows: one per (task, selector, budget); columns: the task's metric, ``n`` paired

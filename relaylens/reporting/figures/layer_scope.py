@@ -1,4 +1,4 @@
-"""Figure ``layer_scope`` (``analyses/layer_scope.py``): which layers carry the RoPERelay effect.
+"""Figure ``layer_scope`` (``relaylens/analyses/layer_scope.py``): which layers carry the RoPERelay effect.
 
 Top row: paired differences against ``original`` per scope (relay everywhere, relay per band, relay per layer type,
 key_only), with 95% cluster-bootstrap intervals, for accuracy (``contains``) and for the final question token's

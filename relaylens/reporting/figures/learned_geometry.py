@@ -1,4 +1,4 @@
-"""Figure ``learned_geometry`` and table ``learned_table`` (``analyses/learned_geometry.py``): what geometry the model
+"""Figure ``learned_geometry`` and table ``learned_table`` (``relaylens/analyses/learned_geometry.py``): what geometry the model
 wanted, and whether it beats RoPERelay on held-out records.
 
 Figure, top row: the learned ``b``, ``s`` and ``alpha`` per layer (one point per kv head where they are per head, a

@@ -1,4 +1,4 @@
-"""Table 1 (``analyses/main_table.py``): accuracy per selector x budget x condition, with the paired difference
+"""Table 1 (``relaylens/analyses/main_table.py``): accuracy per selector x budget x condition, with the paired difference
 vs ``original`` (the run's metric: judge or choice accuracy where present, else contains and f1; 95% paired
 cluster-bootstrap intervals). Several runs: one row block per model x dataset."""
 

@@ -1,4 +1,4 @@
-"""Figure 5 (``analyses/ordering.py``): source / score / reverse order and RandomMean (the mean over
+"""Figure 5 (``relaylens/analyses/ordering.py``): source / score / reverse order and RandomMean (the mean over
 ``random_order(seed)``), with the seed spread, paired differences vs relay and evidence-share band deltas."""
 
 from __future__ import annotations

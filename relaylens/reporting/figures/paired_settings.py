@@ -1,4 +1,4 @@
-"""Table 8, the paper's (``analyses/main_table.py`` grid): per setting (model, dataset, selector, budget) the paired
+"""Table 8, the paper's (``relaylens/analyses/main_table.py`` grid): per setting (model, dataset, selector, budget) the paired
 RoPERelay - Original difference of the run's metric with its 95% cluster-bootstrap interval (10,000 resamples), the
 two means over the same valid pairs (they reconcile with the difference when a judge failed on some rows), and how
 many settings improve ("N of M settings improve", over the settings with a valid pair). A setting with fewer than

@@ -1,4 +1,4 @@
-"""Figure ``positional_sensitivity`` (``analyses/positional_sensitivity.py``, and ``learned_geometry``'s test
+"""Figure ``positional_sensitivity`` (``relaylens/analyses/positional_sensitivity.py``, and ``learned_geometry``'s test
 records): layer x kv head heat maps of ``d log p(first answer token) / d b`` (left) and ``/ d s`` (right), mean over
 records, one row per condition (:mod:`relaylens.probes.sensitivity`). Red: the model wants that head's keys further
 from the question (``b``) or its gaps wider (``s``); blue: closer / narrower. Each column shares one colour scale,

@@ -1,4 +1,4 @@
-"""Table 6 (``analyses/question_types.py``, also ``full_kv``): accuracy per question type."""
+"""Table 6 (``relaylens/analyses/question_types.py``, also ``full_kv``): accuracy per question type."""
 
 from __future__ import annotations
 

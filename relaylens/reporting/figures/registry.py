@@ -1,9 +1,9 @@
 """The figure registry: every paper figure and table as ``build(tables) -> Figure | DataFrame``, what each needs,
 and which ones a run draws (writing them into a run directory: :mod:`relaylens.reporting.figures.writer`).
 
-One file per figure, named after the analysis it draws (``figures/ordering.py`` draws what ``analyses/ordering.py``
-runs); each registers its entries with :func:`register`. A new figure is one new file plus one import line in
-``relaylens/figures/__init__.py``.
+One file per figure, named after the analysis it draws (``figures/ordering.py`` draws what
+``relaylens/analyses/ordering.py`` runs); each registers its entries with :func:`register`. A new figure is one new
+file plus one import line in ``relaylens/figures/__init__.py``.
 
 Example:
     >>> from relaylens.results.tables import example_tables
@@ -41,15 +41,16 @@ ORDER = ("table1", "table2", "table6", "table7", "table8", "table10", "table11",
 CROSS_RUN = ("table1", "table8", "relay_gain", "cross_judge", "history_length", "history_length_table")
 """Entries built across several run directories (one per model x dataset)."""
 COMPANIONS = {"figure6": ("layer_bands", "evidence_bands", "figure6_attribution"),
-              "table1": ("table8", "relay_gain", "cross_judge", "answering", "judge_agreement"),
-              "figure3": ("table8", "answering"), "figure4": ("answering", "judge_agreement"),
-              "figure5": ("ordering_table",)}
+              "table1": ("table8", "relay_gain", "cross_judge", "answering", "judge_agreement", "longmemeval_metrics"),
+              "figure3": ("table8", "answering"), "figure4": ("answering", "judge_agreement", "longmemeval_metrics"),
+              "figure5": ("ordering_table",), "table6": ("longmemeval_metrics",)}
 """Entries drawn together with an entry named in ``SPEC.figures`` (Figure 6's numbers are the layer-band table, its
 per-record paired intervals the evidence-band table, and its attribution companion is drawn when the probes table has
 attribution readouts; Table 1's paired differences per
 setting are Table 8, drawn as ``relay_gain``; a second judge adds the cross-judge table; any judge adds its agreement
 with ``contains``; Figure 3's paired differences per selector and budget are Table 8, with the answering table beside
-them; Figure 5's numbers are the ordering table)."""
+them; Figure 5's numbers are the ordering table; LongMemEval's own judge adds its metrics table to Tables 1 and 6 and
+Figure 4)."""
 
 
 FOOTER_WIDTH = 160
@@ -184,9 +185,14 @@ def footer_lines(tables: dict) -> list[str]:
     from relaylens.reporting.retention import retention_lines
 
     lines = [tables["metric_note"]] if tables.get("metric_note") else []
-    progress = (tables.get("run_status") or {}).get("planned")
+    status = tables.get("run_status") or {}
+    progress = status.get("planned")
     if progress and progress[0] < progress[1]:
         lines.append(f"incomplete run: {progress[0]} of {progress[1]} planned units")
+    for run in status.get("runs", []):  # a cross-run grid: every incomplete run, named
+        done, planned = run["planned"]
+        if done < planned:
+            lines.append(f"incomplete run {run['label']}: {done} of {planned} planned units")
     answers = get_table(tables, "answers")
     if len(answers):
         retained = retention_lines(answers)

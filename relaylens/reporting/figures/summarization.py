@@ -1,4 +1,4 @@
-"""Tables 10 and 11 (``analyses/summarization.py``): HelloEval checklist scores of long summaries under FullKV,
+"""Tables 10 and 11 (``relaylens/analyses/summarization.py``): HelloEval checklist scores of long summaries under FullKV,
 SnapKV with original coordinates and SnapKV with RoPERelay.
 
 Built from the run's tables only. Metrics are the checklist judge's (:mod:`relaylens.scoring.checklist`): ``quality`` (the
