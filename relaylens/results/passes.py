@@ -30,7 +30,7 @@ from pathlib import Path
 from relaylens.errors import RelaylensError
 from relaylens.results.atomic import write_atomic
 
-__all__ = ["JUDGES", "read_passes", "begin_pass", "finish_pass", "pass_metrics", "hidden_passes"]
+__all__ = ["JUDGES", "read_passes", "begin_pass", "finish_pass", "pass_metrics", "hidden_passes", "failed_passes"]
 
 JUDGES = "judges.json"
 
@@ -94,11 +94,19 @@ def hidden_passes(passes: dict[str, dict], covered: dict[str, int], units: int) 
         elif _every_verdict_failed(passes[name]):
             answers = passes[name]["answers"]
             hidden[name] = (f"judge pass {name} failed: all {answers} of its verdicts failed (no reply parsed as a "
-                            f"verdict; the replies are in judge_{name}_failures.json), so it has no scores to show. "
+                            f"verdict; the replies are in judge_{name}_failures.json), so its scores hold failures "
+                            "only. "
                             "Fix: judge again with a model or settings that answer in the template's format (a larger "
                             f"judge model, more --max-tokens): `relaylens judge RUN_DIR --name {name} --judge-model "
                             "...`")
     return hidden
+
+
+def failed_passes(passes: dict[str, dict]) -> set[str]:
+    """Names of the complete passes whose every verdict failed: their rows stay in the scores table (NaN verdicts,
+    every failure counted, so a table built on them shows ``n = 0`` and the failures), and :func:`hidden_passes`
+    names them as failed, never as a judge the run lacks."""
+    return {name for name, entry in passes.items() if entry.get("status") == "complete" and _every_verdict_failed(entry)}
 
 
 def _every_verdict_failed(entry: dict) -> bool:

@@ -57,7 +57,7 @@ import pandas as pd
 
 from relaylens.errors import RelaylensError
 from relaylens.results.atomic import fsync_dir, write_atomic
-from relaylens.results.passes import hidden_passes, pass_metrics, read_passes
+from relaylens.results.passes import failed_passes, hidden_passes, pass_metrics, read_passes
 from relaylens.results.tables import (BOOL, DTYPES, FLOAT, INT, KEY_COLUMNS, OPT_STR, OPTIONAL_TABLES, SORT_COLUMNS, TABLES,
                               coerce_table, get_table, sort_table)
 
@@ -506,9 +506,10 @@ class RunStore:
                     acc[name][c].extend(values)
         hidden = hidden_passes(passes, covered, judged_units)
         tables = {name: _table(name, cols) for name, cols in acc.items()}
-        if hidden:
+        dropped = set(hidden) - failed_passes(passes)  # a failed pass keeps its rows: NaN verdicts, failures counted
+        if dropped:
             scores = tables["scores"]
-            drop = scores["metric"].map(lambda m: owner.get(m) in hidden)
+            drop = scores["metric"].map(lambda m: owner.get(m) in dropped)
             tables["scores"] = scores[~drop].reset_index(drop=True)
         return tables, hidden
 

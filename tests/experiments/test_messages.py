@@ -52,7 +52,10 @@ def test_a_judge_pass_whose_every_verdict_failed_is_reported_as_failed(judged_ru
         tables, _ = load_run_tables([run_dir])
     rows = dict(status_rows(tables))
     assert "judge not shown" in rows and "judge pass tiny failed" in rows["judge not shown"]
-    assert "judge_tiny" not in set(tables["scores"].metric), "a failed pass has no scores to show"
+    verdicts = tables["scores"][tables["scores"].metric == "judge_tiny"]  # kept: NaN verdicts, failures counted
+    assert len(verdicts) and verdicts["value"].isna().all()
+    failures = tables["scores"][tables["scores"].metric == "judge_tiny_failed"]
+    assert len(failures) == len(verdicts) and (failures["value"] == 1).all()
 
 
 def test_a_pass_with_verdicts_is_shown_as_before():

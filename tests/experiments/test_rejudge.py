@@ -220,7 +220,8 @@ def test_longmemeval_template_inline_in_a_run(tmp_path, monkeypatch):
     data = tmp_path / "records.json"
     data.write_text(json.dumps(generate_records(n=2, seed=5, history_tokens=900)))
     stub = OfficialStub(set(), "stub-inline")
-    monkeypatch.setattr(runner, "make_judge", lambda config, out: LongMemEvalJudge(stub, out / "judge_cache_lme.jsonl"))
+    monkeypatch.setattr(runner, "make_judge",
+                        lambda config, out, records=None: LongMemEvalJudge(stub, out / "judge_cache_lme.jsonl"))
     spec = load_analysis("main_table").SPEC.replace(selectors=("bm25",), budgets=(0.4,), max_new_tokens=2)
     out = tmp_path / "run"
     run_analysis(spec, RunConfig(data=str(data), out=str(out), judge_model="stub-inline", judge_template="longmemeval"),

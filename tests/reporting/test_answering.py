@@ -73,7 +73,7 @@ def test_runner_records_the_first_token_end_probability(tmp_path):
     model, tok = tiny_model("llama", seed=0), tiny_tokenizer()
     data = write_records(generate_records(2, seed=5, history_tokens=900), tmp_path / "d.json")
     spec = ExperimentSpec("t", selectors=("streaming",), budgets=(0.25,), conditions=("original", "relay"),
-                          limit=2, max_new_tokens=2, prompt_mode="chat")
+                          limit=2, max_new_tokens=2, prompt_mode="chat", protect_instructions=False)
     run = run_analysis(spec, RunConfig(data=str(data), out=str(tmp_path / "run")), progress=False,
                        model_and_tokenizer=(model, tok))
     answers = load_tables(run)["answers"]

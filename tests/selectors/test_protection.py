@@ -151,8 +151,9 @@ def test_bad_masks_are_named_errors(pre, mask, message):
 
 
 def test_memory_runs_take_the_option_and_record_it(tmp_path):
-    """--protect-instructions on a memory task: the instruction, template and separators are kept on top of 30% of
-    the session tokens; the manifest records the option (absent when off, as before the option existed)."""
+    """Protected framing on a memory task (the default, the paper's regime): the instruction, template and
+    separators are kept on top of 30% of the session tokens; the manifest records the option and names the regime
+    (the option is absent when off, as before it existed, and the regime then says the framing is evicted)."""
     import json
 
     from relaylens.datasets import load_records
@@ -166,16 +167,20 @@ def test_memory_runs_take_the_option_and_record_it(tmp_path):
     data = tmp_path / "records.json"
     data.write_text(json.dumps(generate_records(n=1, seed=3, history_tokens=600)))
     base = load_analysis("main_table").SPEC
-    assert base.protect_instructions is False and "protect_instructions" not in base.to_dict()
+    assert base.protect_instructions is True and base.to_dict()["regime"]["framing"].startswith("protected")
+    evicted = base.replace(protect_instructions=False).to_dict()
+    assert "protect_instructions" not in evicted and evicted["regime"]["framing"].startswith("evicted")
     spec = apply_overrides(base, selectors=["snapkv:window=8"], conditions=["relay"], budgets=(0.3,), max_new_tokens=2,
                            protect_instructions=True)
     model, tok = tiny_model("llama", seed=0), tiny_tokenizer()
     out = run_analysis(spec, RunConfig(out=str(tmp_path / "run"), data=str(data)), progress=False,
                        model_and_tokenizer=(model, tok))
-    prompt = render_prompt(load_records(data)[0], tok, mode=spec.prompt_mode)
+    mode = "chat" if getattr(tok, "chat_template", None) else "completion"  # what prompt mode auto chose
+    prompt = render_prompt(load_records(data)[0], tok, mode=mode)
     protected = int(prompt.protected_mask().sum())
     assert protected > 0
     answers = load_tables(out)["answers"]
     assert (answers["mean_count"] == protected + math.floor(0.3 * (prompt.history_length - protected))).all()
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["config"]["spec"]["protect_instructions"] is True
+    assert manifest["config"]["spec"]["regime"]["framing"] == "protected (kept outside the budget)"
