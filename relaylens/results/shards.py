@@ -61,9 +61,24 @@ def _planned_keys(manifest: dict) -> list[UnitKey] | None:
         return None
     try:
         budgets = [int(b) if float(b) > 1 else float(b) for b in spec.get("budgets", [])]
-        return [UnitKey(str(r), str(sel), b) for r in plan["record_ids"] for sel in spec["selectors"] for b in budgets]
+        return [UnitKey(str(r), str(sel), b) for r in plan["record_ids"] for sel in unit_selectors(spec)
+                for b in budgets]
     except (TypeError, ValueError):
         return None
+
+
+def unit_selectors(spec: dict) -> list[str]:
+    """The ``selector`` labels of a spec's units: its selectors, or ``NAME@keep=CELL`` per framing cell (the
+    ``framing`` analysis; the rule of :meth:`relaylens.experiments.specs.ExperimentSpec.unit_selectors`, read here
+    from the manifest's spec).
+
+    >>> unit_selectors({"selectors": ["bm25"], "framing_cells": ["none", "sink4"]})
+    ['bm25@keep=none', 'bm25@keep=sink4']
+    """
+    cells = spec.get("framing_cells") or []
+    if not isinstance(cells, list) or not cells:
+        return [str(sel) for sel in spec["selectors"]]
+    return [f"{sel}@keep={cell}" for sel in spec["selectors"] for cell in cells]
 
 
 def expected_units(manifest: dict) -> set[str] | None:

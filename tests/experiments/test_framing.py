@@ -91,3 +91,23 @@ def test_a_history_without_sessions_cannot_be_split():
     prompt = RenderedPrompt("r0", torch.arange(5), torch.arange(2), "", "", "q", (), ())
     with pytest.raises(RelaylensError, match="r0.*no session"):
         prompt.framing_parts()
+
+
+def test_the_plan_counts_every_cell(tmp_path):
+    """A framing run's manifest plans one unit per (record, selector, cell, budget): figures, reports and merge
+    count its progress against that plan, not against the bare selectors."""
+    import json
+
+    from relaylens.results.shards import plan_progress
+    from relaylens.results.store import RunStore, UnitKey
+
+    model, tok = tiny_model("llama", seed=0), tiny_tokenizer()
+    spec = load_analysis("framing").SPEC.replace(max_new_tokens=1, prompt_mode="completion", budgets=(0.2,),
+                                                 framing_cells=("none", "sink4"))
+    out = run_analysis(spec, RunConfig(limit=2, out=str(tmp_path / "run")), progress=False,
+                       model_and_tokenizer=(model, tok))
+    manifest = json.loads((out / "manifest.json").read_text())
+    hashes = [p.name.split(".")[0] for p in RunStore.open(out).unit_paths()]
+    assert plan_progress(manifest, hashes) == (4, 4)
+    rid = manifest["plan"]["record_ids"][0]
+    assert plan_progress(manifest, [UnitKey(rid, "bm25@keep=none", 0.2).hash]) == (1, 4)
