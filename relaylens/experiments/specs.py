@@ -18,9 +18,8 @@ from dataclasses import dataclass, field
 
 from relaylens.conditions.scoped import get_condition
 from relaylens.errors import RelaylensError
+from relaylens.results.tables import split_unit_label, unit_labels
 
-KEEP_MARK = "@keep="
-"""Separates a selector from its framing cell in a unit's ``selector`` label (:meth:`ExperimentSpec.unit_selectors`)."""
 PROMPT_MODES = ("chat", "completion", "auto")
 """How a record becomes a prompt (``ExperimentSpec.prompt_mode``, ``--prompt-mode``): the chat template, plain
 completion text, or ``auto`` (chat where the tokenizer has a template)."""
@@ -172,9 +171,7 @@ class ExperimentSpec:
         >>> ExperimentSpec("f", ("bm25",), (0.1,), ("original",), framing_cells=("none", "sink4")).unit_selectors()
         ['bm25@keep=none', 'bm25@keep=sink4']
         """
-        if not self.framing_cells:
-            return list(self.selectors)
-        return [f"{name}{KEEP_MARK}{cell}" for name in self.selectors for cell in self.framing_cells]
+        return unit_labels(self.selectors, self.framing_cells)
 
     @property
     def regime(self) -> dict:
@@ -252,14 +249,8 @@ def _value(text: str):
     return text.strip()
 
 
-def split_unit_selector(label: str) -> tuple[str, str | None]:
-    """``(selector, framing cell or None)`` of a unit's selector label.
-
-    >>> split_unit_selector("bm25@keep=sink4"), split_unit_selector("snapkv")
-    (('bm25', 'sink4'), ('snapkv', None))
-    """
-    name, mark, cell = label.partition(KEEP_MARK)
-    return (name, cell) if mark else (label, None)
+split_unit_selector = split_unit_label
+"""``(selector, framing cell or None)`` of a unit's selector label (:func:`relaylens.results.tables.split_unit_label`)."""
 
 
 def parse_selector_arg(text: str) -> tuple[str, dict]:

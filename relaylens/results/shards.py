@@ -21,6 +21,7 @@ import pandas as pd
 
 from relaylens.results.passes import pass_metrics, read_passes
 from relaylens.results.store import ResultStoreError, RunStore, UnitKey, manifest_diff, manifest_section
+from relaylens.results.tables import unit_labels
 from relaylens.results.views import view_files, write_view
 
 SHARDS = "shards"
@@ -76,9 +77,7 @@ def unit_selectors(spec: dict) -> list[str]:
     ['bm25@keep=none', 'bm25@keep=sink4']
     """
     cells = spec.get("framing_cells") or []
-    if not isinstance(cells, list) or not cells:
-        return [str(sel) for sel in spec["selectors"]]
-    return [f"{sel}@keep={cell}" for sel in spec["selectors"] for cell in cells]
+    return unit_labels(spec["selectors"], cells if isinstance(cells, list) else [])
 
 
 def expected_units(manifest: dict) -> set[str] | None:

@@ -225,3 +225,29 @@ def example_tables(records: int = 6, selectors: Sequence[str] = ("bm25", "snapkv
     return {"answers": pd.DataFrame(answers, columns=TABLES["answers"]),
             "scores": pd.DataFrame(scores, columns=TABLES["scores"]),
             "probes": pd.DataFrame(rows, columns=TABLES["probes"])}
+
+
+KEEP_MARK = "@keep="
+"""Separates a selector from its framing cell in a unit's ``selector`` label (the ``framing`` analysis)."""
+
+
+def unit_labels(selectors: Sequence[str], framing_cells: Sequence[str] = ()) -> list[str]:
+    """The ``selector`` labels of a spec's units: the selectors, or ``NAME@keep=CELL`` per framing cell (the one rule
+    of :meth:`relaylens.experiments.specs.ExperimentSpec.unit_selectors` and of the plans read from manifests).
+
+    >>> unit_labels(["bm25"], ["none", "sink4"]), unit_labels(["snapkv"])
+    (['bm25@keep=none', 'bm25@keep=sink4'], ['snapkv'])
+    """
+    if not framing_cells:
+        return [str(name) for name in selectors]
+    return [f"{name}{KEEP_MARK}{cell}" for name in selectors for cell in framing_cells]
+
+
+def split_unit_label(label: str) -> tuple[str, str | None]:
+    """``(selector, framing cell or None)`` of a unit's selector label.
+
+    >>> split_unit_label("bm25@keep=sink4"), split_unit_label("snapkv")
+    (('bm25', 'sink4'), ('snapkv', None))
+    """
+    name, mark, cell = label.partition(KEEP_MARK)
+    return (name, cell) if mark else (label, None)

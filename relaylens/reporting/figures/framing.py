@@ -26,9 +26,8 @@ from relaylens.reporting import plots
 from relaylens.reporting.figures.answering import answering_rows, needs_answering
 from relaylens.reporting.figures.registry import register
 from relaylens.reporting.summaries import REFERENCE, accuracy_means, condition_order, paired_deltas
-from relaylens.results.tables import get_table
+from relaylens.results.tables import KEEP_MARK, get_table
 
-KEEP_MARK = "@keep="  # relaylens.experiments.specs.KEEP_MARK (the reporting stage imports no experiments)
 CELLS = ("none", "sink1", "sink4", "instruction", "template", "headers", "framing", "all")
 QUANTITIES = ("accuracy", "empty_rate", "first_token_eos_prob", "hit_limit")
 EVICTED = "none"
@@ -42,14 +41,10 @@ def needs_framing(tables: dict) -> str | None:
 
 
 def _rows(tables: dict) -> pd.DataFrame:
-    """Long per-record rows with ``base`` (the selector) and ``cell`` split from the unit label, plus ``hit_limit``."""
-    rows = answering_rows(tables)
+    """Long per-record rows of :data:`QUANTITIES` (the answering table's, ``hit_limit_rate`` named ``hit_limit``)
+    with ``base`` (the selector) and ``cell`` split from the unit label."""
+    rows = answering_rows(tables).replace({"metric": {"hit_limit_rate": "hit_limit"}})
     rows = rows[rows["metric"].isin(QUANTITIES)]
-    answers = get_table(tables, "answers")
-    key = ["record_id", "selector", "budget", "condition"]
-    limit = answers[key + ["cluster_id", "hit_limit"]].rename(columns={"hit_limit": "value"})
-    limit = limit.assign(metric="hit_limit", value=limit["value"].astype(np.float64))
-    rows = pd.concat([rows, limit[rows.columns]], ignore_index=True)
     parts = rows["selector"].astype(str).str.partition(KEEP_MARK)
     return rows.assign(base=parts[0], cell=parts[2].where(parts[1] != "", "(unlabelled)"))
 
