@@ -42,14 +42,15 @@ CROSS_RUN = ("table1", "table8", "relay_gain", "cross_judge", "history_length", 
 """Entries built across several run directories (one per model x dataset)."""
 COMPANIONS = {"figure6": ("layer_bands", "evidence_bands", "figure6_attribution"),
               "table1": ("table8", "relay_gain", "cross_judge", "answering", "judge_agreement", "longmemeval_metrics"),
-              "figure3": ("table8", "answering"), "figure4": ("answering", "judge_agreement", "longmemeval_metrics"),
+              "figure3": ("table8", "answering"), "figure4": ("answering", "table6", "judge_agreement", "longmemeval_metrics"),
               "figure5": ("ordering_table",), "table6": ("longmemeval_metrics",)}
 """Entries drawn together with an entry named in ``SPEC.figures`` (Figure 6's numbers are the layer-band table, its
 per-record paired intervals the evidence-band table, and its attribution companion is drawn when the probes table has
 attribution readouts; Table 1's paired differences per
 setting are Table 8, drawn as ``relay_gain``; a second judge adds the cross-judge table; any judge adds its agreement
 with ``contains``; Figure 3's paired differences per selector and budget are Table 8, with the answering table beside
-them; Figure 5's numbers are the ordering table; LongMemEval's own judge adds its metrics table to Tables 1 and 6 and
+them; Figure 5's numbers are the ordering table; Figure 4's runs also give Table 6, accuracy per question type;
+LongMemEval's own judge adds its metrics table to Tables 1 and 6 and
 Figure 4)."""
 
 
