@@ -59,6 +59,7 @@ docs: $(STAMP)
 	NO_MKDOCS_2_WARNING=1 RELAYLENS_SMOKE=1 $(PY) -m mkdocs build --strict  # no --quiet: it hides the warnings --strict counts
 
 test: $(STAMP) browser docs kvpress-env
+	$(VENV)/bin/ruff check .
 	RELAYLENS_SMOKE=1 RELAYLENS_KVPRESS_PYTHON=$(KVPRESS_ENV)/bin/python $(PY) -m pytest $(PYTEST_ARGS) relaylens tests
 
 clean-venv:

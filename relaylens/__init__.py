@@ -4,7 +4,8 @@ evidence-reading probes for Hugging Face models).
 The package reads like the data flow, one subpackage per stage::
 
     datasets -> model -> selectors -> geometry / conditions -> generation -> probes -> scoring -> results -> reporting
-                                                  experiments, integrations and bench on top; cli.py, errors.py, testing.py here
+                                                  experiments, integrations, bench, cli/ on top; errors.py, testing.py
+                                                  here
 
 The documented API is importable from here (``from relaylens import load_model, prefill_history, ...``); each name
 lives in the module of its stage, listed below. Names load on first use, so ``import relaylens`` stays light and
@@ -27,26 +28,30 @@ probes           ``probe_condition``, ``replay_conditions``, ``FinalTokenRecorde
 integrations     ``relay_generate`` (integrations.hf_generate: Hugging Face ``generate()`` under a condition)
 scoring          ``score_answer`` (scoring.metrics); ``ChecklistJudge`` (scoring.checklist: HelloEval checklists)
 sweeps           ``ExperimentSpec``, ``load_analysis``, ``available_analyses`` (experiments.specs); ``RunConfig``
-                 (experiments.config), ``run_analysis`` (experiments.runner); ``RunStore``, ``load_tables`` (results.store)
+                 (experiments.config), ``run_analysis`` (experiments.runner); ``RunStore``, ``load_tables``
+                 (results.store)
 tables, figures  ``example_tables`` (results.tables); ``accuracy_table``, ``layer_table`` (reporting.summaries);
                  ``write_figures`` (reporting.figures); ``render_report``, ``write_report`` (reporting.report)
 errors           ``RelaylensError`` (errors)
 ================ ====================================================================================================
 
-Module paths of earlier releases (``relaylens.records``, ``relaylens.rows``, ``relaylens.scopes``, ...) keep
-importing through one alias table (:data:`MOVED`), with a ``DeprecationWarning`` that names the new home.
+Legacy: module paths of the flat layout (``relaylens.records``, ``relaylens.rows``, ``relaylens.scopes``, ...) and the
+names a stage face re-exported from the flat module it replaced (``relaylens.geometry.rotate_keys``, ...) keep
+importing through one legacy table (:data:`MOVED`, :data:`MOVED_NAMES`) until relaylens :data:`REMOVED_IN`, each with a
+``DeprecationWarning`` that names the new home and the removal version. Each stage face exports its own contract.
 
 Example:
     >>> import relaylens
     >>> relaylens.get_condition("relay").name, "load_model" in relaylens.__all__
     ('relay', True)
-    >>> MOVED["rows"]
-    ('generation.rows',)
+    >>> MOVED["rows"], REMOVED_IN
+    (('generation.rows',), '0.3.0')
 """
 
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import sys
 import types
 import warnings
@@ -87,10 +92,17 @@ _EXPORTS = {name: f"relaylens.{module}" for module, names in _HOMES.items() for 
 
 __all__ = sorted(_EXPORTS)
 
-# The alias table: every module path of the flat layout that no longer exists -> its new home(s), relative to
-# ``relaylens``. A module that was split lists every part; its old path then resolves names in that order. Paths that
-# became packages (relaylens.geometry, .generation, .probes, .scoring, .results, .conditions, .experiments, .bench)
-# still import directly: each package re-exports the names of the module it replaced.
+# ------------------------------------------------------------------------------------------------------- legacy
+# The one legacy table: what moved in the layout by stage (0.1.0), served with a DeprecationWarning that names the new
+# home and REMOVED_IN. In the release numbered REMOVED_IN this section goes (with the finder below, the face
+# ``__getattr__`` hooks calling moved_name, and tests/test_legacy.py's alias tests); tests/test_legacy.py fails
+# once __version__ reaches it with the table still here.
+REMOVED_IN = "0.3.0"
+
+# Module paths of the flat layout that no longer exist -> their new home(s), relative to ``relaylens``. A module that
+# was split lists every part; its old path then resolves names in that order. Paths that became packages
+# (relaylens.geometry, .generation, .probes, .scoring, .results, .experiments, .bench) import directly: their face
+# exports the stage contract, and the flat module's other names are in MOVED_NAMES.
 MOVED: dict[str, tuple[str, ...]] = {
     "records": ("datasets.records", "datasets"),
     "prompting": ("datasets.prompting",),
@@ -141,6 +153,51 @@ MOVED: dict[str, tuple[str, ...]] = {
     "checks": ("bench.checks",),
 }
 
+# Names a stage face re-exported from the flat module it replaced, beyond its own contract: face -> {home: names}
+# (relative to ``relaylens``). ``relaylens.<face>.<name>`` still resolves, through the face's ``__getattr__``.
+MOVED_NAMES: dict[str, dict[str, tuple[str, ...]]] = {
+    "geometry": {"geometry.rotary": ("DYNAMIC_ROPE_TYPES", "NOPE", "STATIC_ROPE_TYPES", "multiply_planes",
+                                     "rotate_keys", "unrotate_keys"),
+                 "geometry.selection": ("PAD_POSITION",)},
+    "generation": {"generation.single": ("prefill_from_cache",)},
+    # probes.readouts: the flat module's function ``readouts`` shares its name with the submodule, so the face keeps
+    # the function bound (as before) and it resolves without a warning until REMOVED_IN
+    "probes": {"probes.readouts": ("ProbedCondition", "ReplayContent", "phase_replay", "probe_rows",
+                                   "replay_content")},
+    "scoring": {"scoring.metrics": ("METRICS", "contains", "exact_match", "extract_choice_personamem", "f1",
+                                    "infinitebench_choice_correct", "infinitebench_dialogue_correct", "is_abstention",
+                                    "personamem_choice_correct")},
+    "results": {"results.store": ("FORMAT_VERSION", "UNITS", "ResultStoreError", "StoreWriteError", "UnitKey",
+                                  "file_sha256", "load_run", "manifest_diff", "manifest_section", "prepare_run_dir",
+                                  "source_state")},
+    "experiments": {"experiments.specs": ("ALPHA_CURVE", "ANALYSES_PACKAGE", "PROMPT_MODES", "STOPS", "apply_overrides",
+                                          "parse_selector_arg")},
+    "bench": {"bench.geometry": ("LLAMA31_8B", "SMOLLM2", "CacheShape", "bench_delta_rotation_error",
+                                 "bench_relocation", "interleaved_medians", "min_cpu_seconds", "rotary_only_model",
+                                 "run_geometry", "write_results")},
+}
+
+
+def _moved_warning(old: str, new: str) -> str:
+    return (f"{old} moved to {new}; import it from there (the old path is an alias removed in relaylens {REMOVED_IN})")
+
+
+def moved_name(face: str, name: str):
+    """``relaylens.<face>.<name>`` for a name the face no longer exports (:data:`MOVED_NAMES`): the object of its new
+    home, with a ``DeprecationWarning``; an ``AttributeError`` for any other name. A face's ``__getattr__`` calls it.
+
+    >>> moved_name("relaylens.geometry", "nothing_here")
+    Traceback (most recent call last):
+    ...
+    AttributeError: module 'relaylens.geometry' has no attribute 'nothing_here'
+    """
+    for home, names in MOVED_NAMES.get(face.partition(".")[2], {}).items():
+        if name in names:
+            warnings.warn(_moved_warning(f"{face}.{name}", f"{__name__}.{home}.{name}"), DeprecationWarning,
+                          stacklevel=_caller_stacklevel() + 1)  # + 1: the face's __getattr__
+            return getattr(importlib.import_module(f"{__name__}.{home}"), name)
+    raise AttributeError(f"module {face!r} has no attribute {name!r}")
+
 
 def moved_home(fullname: str) -> tuple[str, ...] | None:
     """The new home(s) of a module path of the flat layout (``relaylens.figures.registry`` included: a moved
@@ -181,14 +238,12 @@ class _MovedModules:
     def find_spec(self, fullname, path=None, target=None):
         if moved_home(fullname) is None:
             return None
-        import importlib.util  # only an old path gets here
 
         return importlib.util.spec_from_loader(fullname, self)
 
     def create_module(self, spec):
         homes = moved_home(spec.name)
-        warnings.warn(f"{spec.name} moved to {' + '.join(homes)}; import it from there (the old path is an alias kept "
-                      "for compatibility)", DeprecationWarning, stacklevel=_caller_stacklevel())
+        warnings.warn(_moved_warning(spec.name, " + ".join(homes)), DeprecationWarning, stacklevel=_caller_stacklevel())
         if len(homes) == 1:
             return importlib.import_module(homes[0])
         parts = [importlib.import_module(home) for home in homes]

@@ -10,6 +10,8 @@ Example:
 
 from __future__ import annotations
 
+import unicodedata
+
 
 class RelaylensError(ValueError):
     """Base class of every relaylens input error. ``multiline``: the message's line breaks are its own (every
@@ -59,7 +61,8 @@ class ModelError(RelaylensError):
 
 
 _VISIBLE = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
-_HIDDEN = {"Cc", "Cf", "Cs", "Co", "Cn", "Zl", "Zp"}  # control, format (bidi), surrogate, private, unassigned, separators
+_HIDDEN = {"Cc", "Cf", "Cs", "Co", "Cn", "Zl",
+           "Zp"}  # control, format (bidi), surrogate, private, unassigned, separators
 
 
 def shown(text) -> str:
@@ -71,8 +74,6 @@ def shown(text) -> str:
     >>> shown("r1\\x1b]0;pwned\\x07\\nerror: forged"), shown("plain id: 42")
     ('r1\\\\x1b]0;pwned\\\\x07\\\\nerror: forged', 'plain id: 42')
     """
-    import unicodedata
-
     text = str(text)
     if text.isprintable():
         return text

@@ -186,7 +186,7 @@ def exclusive_lock(path: str | Path, command: str, busy: Callable[[], Exception]
     :func:`read_lock_note`. Where the OS has no ``fcntl`` (Windows) the block runs unlocked.
     """
     try:
-        import fcntl
+        import fcntl  # noqa: PLC0415 - optional/platform: imported inside try/except ImportError
     except ImportError:  # pragma: no cover - Windows: no advisory locks; the atomic renames still apply
         yield Path(path)
         return

@@ -17,7 +17,14 @@ from __future__ import annotations
 
 def progress_view(console=None, remaining: bool = True):
     """A ``rich.progress.Progress`` with relaylens's columns (on ``console``; None: rich's default, stdout)."""
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+    from rich.progress import (  # noqa: PLC0415 - import cost: rich loads on first use
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
 
     # the stage may quote a record id: printed as plain text, never read as rich markup ([link=...] would be a link)
     columns = [TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),

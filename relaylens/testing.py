@@ -1,8 +1,9 @@
 """Tiny random-weight models and a tiny tokenizer for tests and smoke notebooks. Nothing here downloads anything.
 
 Rope variants cover what real models use: split-half default RoPE (Llama; Qwen2.5's geometry: theta 1e6, q/k/v
-biases, 2 kv heads, untied output layer), YaRN with an attention-scaling amplitude (Llama, Qwen2), ``llama3`` scaling, partial rotary (Phi), interleaved rotary (Cohere), interleaved *and*
-partial (GLM), and per-layer-type rotary bases with sliding-window layers (Gemma-3).
+biases, 2 kv heads, untied output layer), YaRN with an attention-scaling amplitude (Llama, Qwen2), ``llama3`` scaling,
+partial rotary (Phi), interleaved rotary (Cohere), interleaved *and* partial (GLM), and per-layer-type rotary bases with
+sliding-window layers (Gemma-3).
 
 Example:
     >>> model = tiny_model("llama")
@@ -14,7 +15,10 @@ from __future__ import annotations
 
 import torch
 
-ROPE_VARIANTS = ("llama", "llama_yarn", "llama3", "qwen2", "qwen2_yarn", "phi_partial", "cohere_interleaved", "glm_partial_interleaved", "gemma3")
+from relaylens.model.hf import attention_modules, query_key_projections, rms_norm_gain, rms_norms
+
+ROPE_VARIANTS = ("llama", "llama_yarn", "llama3", "qwen2", "qwen2_yarn", "phi_partial", "cohere_interleaved",
+                 "glm_partial_interleaved", "gemma3")
 #: Models with layers that apply no rotary (NoPE): SmolLM3 (``no_rope_layers``), Cohere-2 and EXAONE-4 (global layers).
 NOPE_VARIANTS = ("smollm3_nope", "cohere2_nope", "exaone4_nope")
 
@@ -35,7 +39,7 @@ _COMMON = dict(
 
 def tiny_config(variant: str = "llama", **overrides):
     """A tiny config for one rope variant (see :data:`ROPE_VARIANTS`)."""
-    from transformers import (
+    from transformers import (  # noqa: PLC0415 - import cost: transformers load on first use
         CohereConfig,
         Gemma3TextConfig,
         GlmConfig,
@@ -49,7 +53,8 @@ def tiny_config(variant: str = "llama", **overrides):
         kw["rope_parameters"] = {"rope_type": "default", "rope_theta": 10000.0}
         cfg = LlamaConfig(**kw)
     elif variant == "llama_yarn":
-        kw["rope_parameters"] = {"rope_type": "yarn", "factor": 4.0, "rope_theta": 1e5, "original_max_position_embeddings": 32768}
+        kw["rope_parameters"] = {"rope_type": "yarn", "factor": 4.0, "rope_theta": 1e5,
+                                 "original_max_position_embeddings": 32768}
         cfg = LlamaConfig(**kw)
     elif variant == "llama3":
         kw["rope_parameters"] = {
@@ -65,7 +70,8 @@ def tiny_config(variant: str = "llama", **overrides):
         kw["rope_parameters"] = {"rope_type": "default", "rope_theta": 1e6}
         cfg = Qwen2Config(**kw)
     elif variant == "qwen2_yarn":
-        kw["rope_parameters"] = {"rope_type": "yarn", "factor": 4.0, "rope_theta": 1e6, "original_max_position_embeddings": 32768}
+        kw["rope_parameters"] = {"rope_type": "yarn", "factor": 4.0, "rope_theta": 1e6,
+                                 "original_max_position_embeddings": 32768}
         cfg = Qwen2Config(**kw)
     elif variant == "phi_partial":
         kw["rope_parameters"] = {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5}
@@ -86,7 +92,7 @@ def tiny_config(variant: str = "llama", **overrides):
         }
         cfg = Gemma3TextConfig(**kw)
     elif variant in NOPE_VARIANTS:
-        from transformers import Cohere2Config, Exaone4Config, SmolLM3Config
+        from transformers import Cohere2Config, Exaone4Config, SmolLM3Config  # noqa: PLC0415 - import cost: transformers load on first use
 
         kw.update(num_hidden_layers=4, head_dim=16, rope_parameters={"rope_type": "default", "rope_theta": 10000.0})
         if variant == "smollm3_nope":
@@ -101,9 +107,10 @@ def tiny_config(variant: str = "llama", **overrides):
     return cfg
 
 
-def tiny_model(variant: str = "llama", seed: int = 0, attn_implementation: str = "sdpa", dtype=torch.float32, **overrides):
+def tiny_model(variant: str = "llama", seed: int = 0, attn_implementation: str = "sdpa", dtype=torch.float32,
+               **overrides):
     """A randomly initialised causal LM for ``variant``, in eval mode, float32 by default."""
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM  # noqa: PLC0415 - import cost: transformers load on first use
 
     cfg = tiny_config(variant, **overrides)
     torch.manual_seed(seed)
@@ -118,19 +125,18 @@ def peaked_model(variant: str = "llama", sharpen: float = 6.0, **kwargs):
     >>> peaked_model(num_hidden_layers=3).config.num_hidden_layers
     3
     """
-    from relaylens.model.hf import attention_modules
-
     model = tiny_model(variant, **kwargs)
     with torch.no_grad():
         for attn in attention_modules(model):
-            attn.q_proj.weight.mul_(sharpen)
-            attn.k_proj.weight.mul_(sharpen)
+            for projection in query_key_projections(attn):
+                projection.weight.mul_(sharpen)
     return model
 
 
 _TOKENIZER_CORPUS = [
     "### Session 1:\nSession Date: 2023/05/20 (Sat) 02:21\nSession Content:\n",
-    "I will give you several history chats between you and a user. Please answer the question based on the relevant chat history.",
+    "I will give you several history chats between you and a user. Please answer the question based on the relevant "
+    "chat history.",
     "Current Date: 2023/05/30 (Tue) 23:40\nQuestion: What is the name of my dog?\nAnswer:",
     "user: My dog is called Biscuit and she is a Vizsla. assistant: That is a lovely name for a Vizsla!",
     "The quick brown fox jumps over the lazy dog 0123456789 , . ! ? : ; ' \" ( ) [ ] { } - _ / \\",
@@ -139,17 +145,19 @@ _TOKENIZER_CORPUS = [
 
 def tiny_tokenizer():
     """A small byte-level BPE tokenizer with a chat template, trained in-process (vocab < 384, fits tiny models)."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers  # noqa: PLC0415 - import cost: tokenizers load on first use
+    from transformers import PreTrainedTokenizerFast  # noqa: PLC0415 - import cost: transformers load on first use
 
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
-    trainer = trainers.BpeTrainer(vocab_size=380, special_tokens=specials, initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    trainer = trainers.BpeTrainer(vocab_size=380, special_tokens=specials,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
     tok.train_from_iterator(_TOKENIZER_CORPUS * 4, trainer=trainer)
     chat_template = (
-        "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n{% endfor %}"
+        "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
+        "{% endfor %}"
         "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
     )
     return PreTrainedTokenizerFast(
@@ -174,14 +182,13 @@ class exact_float64_norms:
     """
 
     def __init__(self, model):
-        self.norms = [m for m in model.modules() if type(m).__name__.endswith("RMSNorm")]
+        self.norms = rms_norms(model)
 
     def __enter__(self):
-        from relaylens.probes.attribution import rms_norm_gain
-
         for module in self.norms:
             gain, eps = rms_norm_gain(module)
-            offset = (gain - module.weight.detach().float()).mean().round()  # 0 (Llama: weight) or 1 (Gemma: 1 + weight)
+            # 0 (Llama: weight) or 1 (Gemma: 1 + weight)
+            offset = (gain - module.weight.detach().float()).mean().round()
 
             def forward(x, module=module, eps=eps, offset=float(offset)):
                 return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * (offset + module.weight.to(x.dtype))

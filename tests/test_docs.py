@@ -67,7 +67,8 @@ def run_blocks(blocks, namespace: dict) -> list[str]:
 
 @pytest.fixture
 def smoke_models(monkeypatch):
-    """``load_model`` of the embedded default returns the tiny random model and tokenizer (the notebooks' smoke mode)."""
+    """``load_model`` of the embedded default returns the tiny random model and tokenizer (the notebooks' smoke
+    mode)."""
     import relaylens
     import relaylens.model.loading
     from relaylens.testing import tiny_model, tiny_tokenizer
@@ -131,7 +132,8 @@ def test_command_lines_use_existing_commands_and_options(page, commands):
 
 def test_cli_check_catches_an_option_the_app_does_not_have(commands, tmp_path):
     page = tmp_path / "page.md"
-    page.write_text("Run `relaylens figures RUN --only figure6 --colour blue`.\n\n```bash\nrelaylens run main_table \\\n"
+    page.write_text("Run `relaylens figures RUN --only figure6 --colour blue`.\n\n"
+                    "```bash\nrelaylens run main_table \\\n"
                     "    --limit 2 --no-such-flag\nrelaylens modle pull\nrelaylens model pul\n```\n")
     problems = cli_problems(page, commands, root=tmp_path)
     assert any("`relaylens figures` has no option --colour" in p for p in problems), problems

@@ -50,7 +50,8 @@ def test_scan_catches_warnings():
     import nbformat
 
     nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("x")])
-    nb.cells[0].outputs = [nbformat.v4.new_output("stream", name="stdout", text='install "ipywidgets" for Jupyter support')]
+    nb.cells[0].outputs = [nbformat.v4.new_output("stream", name="stdout",
+                                                  text='install "ipywidgets" for Jupyter support')]
     assert warnings_in(nb)
     nb.cells[0].outputs = [nbformat.v4.new_output("stream", name="stderr", text="Loading: 100%|####| 3/3")]
     assert warnings_in(nb)
@@ -83,6 +84,7 @@ def test_notebook_runs_without_warnings(path, monkeypatch, tmp_path):
     monkeypatch.setenv("PYTHONPATH", str(path.parent.parent) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     monkeypatch.chdir(tmp_path)
     notebook = nbformat.read(path, as_version=4)
-    NotebookClient(notebook, timeout=1800, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}).execute()
+    NotebookClient(notebook, timeout=1800, kernel_name="python3",
+                   resources={"metadata": {"path": str(tmp_path)}}).execute()
     found = warnings_in(notebook)
     assert not found, "\n".join(found)

@@ -41,7 +41,8 @@ def test_unknown_name_is_an_attribute_error():
 
 
 def test_import_is_light():
-    code = "import sys, relaylens; bad = [m for m in ('torch', 'transformers', 'pandas') if m in sys.modules]; assert not bad, bad"
+    code = ("import sys, relaylens; bad = [m for m in ('torch', 'transformers', 'pandas') if m in sys.modules]; "
+            "assert not bad, bad")
     subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT, timeout=120)
 
 

@@ -36,7 +36,8 @@ def _run(command, cwd, timeout=900, **env):
     clean = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV", "RELAYLENS_SMOKE")}
     done = subprocess.run([str(c) for c in command], cwd=cwd, capture_output=True, text=True, timeout=timeout,
                           env={**clean, "OMP_NUM_THREADS": "1", **env})
-    assert done.returncode == 0, f"{command[:3]}...: exit {done.returncode}\n{done.stdout[-2000:]}\n{done.stderr[-4000:]}"
+    assert done.returncode == 0, (f"{command[:3]}...: exit {done.returncode}\n{done.stdout[-2000:]}\n"
+                                  f"{done.stderr[-4000:]}")
     return done
 
 
@@ -61,7 +62,8 @@ def test_wheel_holds_the_package_and_nothing_else(wheel):
     top = {n.split("/")[0] for n in names if not n.split("/")[0].endswith(".dist-info")}
     assert top == {"relaylens"} and not links, (top, links)
     shipped = {n for n in names if n.endswith(".py")}
-    expected = {p.relative_to(ROOT).as_posix() for p in (ROOT / "relaylens").rglob("*.py") if "__pycache__" not in p.parts}
+    expected = {p.relative_to(ROOT).as_posix() for p in (ROOT / "relaylens").rglob("*.py")
+                if "__pycache__" not in p.parts}
     assert expected <= shipped, sorted(expected - shipped)[:10]
     assert "relaylens/analyses/coordinate_ablation.py" in shipped and "relaylens/analyses/__init__.py" in shipped
     assert any(n.startswith("relaylens/data/") and n.endswith(".json") for n in names)

@@ -226,7 +226,8 @@ INLINE = re.compile(r"(?<!`)`(relaylens [^`]+)`(?!`)")
 
 
 def inline_commands(path: Path) -> list[tuple[int, str]]:
-    """``(line, command)`` for every inline code span of a page that starts with ``relaylens `` (outside code blocks)."""
+    """``(line, command)`` for every inline code span of a page that starts with ``relaylens `` (outside code
+    blocks)."""
     out, fenced = [], False
     for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
         if FENCE.match(line):

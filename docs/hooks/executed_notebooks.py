@@ -52,7 +52,8 @@ def fresh_copy(notebook: Path) -> Path | None:
 
 
 def execute(notebook: str, target: str) -> str:
-    """Execute one notebook in smoke mode (a fresh kernel, working directory build/docs-notebooks/work) into ``target``."""
+    """Execute one notebook in smoke mode (a fresh kernel, working directory build/docs-notebooks/work) into
+    ``target``."""
     import nbformat
     from nbclient import NotebookClient
 

@@ -40,7 +40,7 @@ def _banner(source: str) -> str:
 def cli_page() -> str:
     commands = codescan.cli_commands()
     root = commands[""]
-    lines = ["# Command line", "", _banner("relaylens/cli.py"),
+    lines = ["# Command line", "", _banner("relaylens/cli/"),
              f"`relaylens` is the typer app `relaylens.cli:app`. {root.help}", "",
              "Every command prints where its output went; errors from bad input are one line with exit status 2.", "",
              "| command | what it does |", "|---|---|"]
@@ -193,12 +193,14 @@ def run_directory_page() -> str:
              "", "```text", "RUN_DIR/",
              "  manifest.json            what produced the run: analysis, config, model and weights hash, dataset hash,"
              " versions, source state",
-             f"  {store.UNITS}/<hash>.json.gz     one committed unit = every condition of one (record_id, selector, budget)"]
+             f"  {store.UNITS}/<hash>.json.gz     one committed unit = every condition of one "
+             "(record_id, selector, budget)"]
     lines += [f"  {name}.parquet{' ' * (16 - len(name))}consolidated table `{name}`"
               f"{' (only when a unit was skipped)' if name in t.OPTIONAL_TABLES else ''}" for name in t.TABLES]
     lines += ["  consolidated.json        written last: the unit hashes the parquet files contain",
               f"  {views.VIEWS}/*.json             token views of the first records (--view-records)",
-              f"  {shards.SHARDS}/I-of-N/            shard run directories (--shard auto, relaylens sweep) until merged",
+              f"  {shards.SHARDS}/I-of-N/            shard run directories (--shard auto, relaylens sweep) "
+              "until merged",
               f"  {locks.LOCK_NAME}          the writer's lock (run, merge, report, figures, judge)",
               "  report.html, figure*.png|pdf|svg, table*.csv|md   written by relaylens report / relaylens figures",
               "```", "", "## How units are committed", "", _docstring_body(store.__doc__), ""]
@@ -209,7 +211,8 @@ def run_directory_page() -> str:
     prose = _table_prose(t.__doc__)
     for name, columns in t.TABLES.items():
         key = t.SORT_COLUMNS[name]
-        lines += [f"### `{name}`", "", prose.get(name, ""), "", "| column | kind | key | meaning |", "|---|---|---|---|"]
+        lines += [f"### `{name}`", "", prose.get(name, ""), "", "| column | kind | key | meaning |",
+                  "|---|---|---|---|"]
         for column in columns:
             note = meanings.get(column, "") if name == "answers" else ""
             if column in t.TIMING_COLUMNS:
@@ -378,13 +381,13 @@ def analyses_table() -> str:
     from relaylens.experiments.presets import apply_preset
     from relaylens.experiments.specs import available_analyses, load_analysis
 
-    lines = ["| analysis | paper | what it measures | command (CPU default) | rows at the default | rows with `--preset "
-             "paper` |", "|---|---|---|---|---|---|"]
+    lines = ["| analysis | paper | what it measures | command (CPU default) | rows at the default "
+             "| rows with `--preset paper` |", "|---|---|---|---|---|---|"]
     for name in available_analyses():
-        module = load_analysis(name)
-        spec = module.SPEC
-        paper = getattr(module, "PRESETS", {}).get("paper")
-        paper_spec = apply_preset(module, "paper") if paper else None
+        analysis = load_analysis(name)
+        spec = analysis.spec
+        paper = analysis.presets.get("paper")
+        paper_spec = apply_preset(analysis, "paper") if paper else None
         figures = ", ".join(spec.figures) or "—"
         what = _cell(spec.description.split(". ")[0].rstrip(".")) if spec.description else ""
         lines.append(f"| `{name}` | {figures} | {what} | `relaylens run {name}` | {_work(spec, spec.limit)} | "

@@ -18,9 +18,7 @@ Hand-written pages hold placeholders that expand from code: ``<!-- relaylens:pre
 
 from __future__ import annotations
 
-import json
 import logging
-import os
 import sys
 from pathlib import Path
 
@@ -28,9 +26,8 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 sys.path[:0] = [str(HERE), str(ROOT)]
 
-import codescan  # noqa: E402 - docs/hooks/, put on the path above
-import generate  # noqa: E402
 import executed_notebooks  # noqa: E402
+import generate  # noqa: E402
 from mkdocs.structure.files import File  # noqa: E402
 
 log = logging.getLogger("mkdocs.plugins.relaylens")

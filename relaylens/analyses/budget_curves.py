@@ -1,7 +1,8 @@
 """Figure 3: retention 1%, 5%, 10%, 20%, original vs relay, one panel per selector."""
 
-from relaylens.experiments.specs import ExperimentSpec
+from relaylens.experiments.analysis import Analysis
 from relaylens.experiments.presets import LLAMA, PAPER_DECODING, SIX_SELECTORS, Preset
+from relaylens.experiments.specs import ExperimentSpec
 
 SPEC = ExperimentSpec(
     "budget_curves",
@@ -18,3 +19,5 @@ PRESETS = {"paper": Preset(
     dict(selectors=SIX_SELECTORS, budgets=(0.01, 0.05, 0.10, 0.20), conditions=("original", "relay"), limit=0,
          **PAPER_DECODING),
     paper_model=LLAMA, paper_data="LongMemEval-S 200")}
+
+ANALYSIS = Analysis(SPEC, PRESETS, doc=__doc__)

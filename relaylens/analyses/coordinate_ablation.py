@@ -1,7 +1,8 @@
 """Figure 4: which part of RoPERelay matters - keys, query, or both - with a BM25 budget."""
 
-from relaylens.experiments.specs import ExperimentSpec
+from relaylens.experiments.analysis import Analysis
 from relaylens.experiments.presets import PAPER_DECODING, QWEN, Preset
+from relaylens.experiments.specs import ExperimentSpec
 
 SPEC = ExperimentSpec(
     "coordinate_ablation",
@@ -11,7 +12,8 @@ SPEC = ExperimentSpec(
     probes=True,
     limit=8,
     figures=("figure4",),
-    description="Original, key-only compaction, full RoPERelay, query-only shift and a common shift (RoPE invariance control).",
+    description="Original, key-only compaction, full RoPERelay, query-only shift and a common shift (RoPE invariance "
+                "control).",
 )
 
 PRESETS = {"paper": Preset(
@@ -19,3 +21,5 @@ PRESETS = {"paper": Preset(
                                                            "common_shift(2048)"), limit=0, **PAPER_DECODING),
     paper_model=QWEN, paper_data="LongMemEval-S 500",
     notes="paper: Original 26.4, Key-only 8.4, Sync 36.2, Query-only 27.2, CommonShift 27.2 (judge).")}
+
+ANALYSIS = Analysis(SPEC, PRESETS, doc=__doc__)

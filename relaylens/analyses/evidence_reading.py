@@ -1,7 +1,8 @@
 """Figure 6: how the final question token reads the gold evidence under original, half_gap and relay."""
 
-from relaylens.experiments.specs import ALPHA_CURVE, ExperimentSpec
+from relaylens.experiments.analysis import Analysis
 from relaylens.experiments.presets import PAPER_DECODING, QWEN, Preset
+from relaylens.experiments.specs import ALPHA_CURVE, ExperimentSpec
 
 SPEC = ExperimentSpec(
     "evidence_reading",
@@ -25,3 +26,5 @@ PRESETS = {"paper": Preset(
          limit=0, **PAPER_DECODING),
     paper_model=QWEN + ", 28 layers", paper_data="LongMemEval-S 500", metric="probes",
     notes="gold = retained states inside answer_session_ids sessions; bands early/middle/late thirds.")}
+
+ANALYSIS = Analysis(SPEC, PRESETS, doc=__doc__)

@@ -7,8 +7,9 @@ selectors run under ``relay``; every selector also runs under ``original`` for r
 selector-with-relay against FINCH on the same records (cluster-bootstrap intervals).
 """
 
-from relaylens.experiments.specs import ExperimentSpec
+from relaylens.experiments.analysis import Analysis
 from relaylens.experiments.presets import LLAMA, PAPER_DECODING, Preset
+from relaylens.experiments.specs import ExperimentSpec
 
 SPEC = ExperimentSpec(
     "finch_comparison",
@@ -21,9 +22,12 @@ SPEC = ExperimentSpec(
 )
 
 PRESETS = {"paper": Preset(
-    dict(selectors=("finch", "bm25", "pyramidkv", "chunkkv"), budgets=(0.10,), conditions=("original", "relay", "rank_sync"),
+    dict(selectors=("finch", "bm25", "pyramidkv", "chunkkv"), budgets=(0.10,),
+         conditions=("original", "relay", "rank_sync"),
          limit=0, **PAPER_DECODING),
     paper_model=LLAMA, paper_data="LongMemEval-S 500, PersonaMem 200",
     metric="judge, F1, choice accuracy (PersonaMem)",
     notes="FINCH chunks of 512 tokens, rows normalised as FinchPress; FINCH reported under its own coordinates "
           "(rank_sync), the others under relay.")}
+
+ANALYSIS = Analysis(SPEC, PRESETS, doc=__doc__)

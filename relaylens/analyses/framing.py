@@ -8,6 +8,7 @@ framing (the default protected set), or the framing and the headers. The ``frami
 empty-answer rate, the first-token end-of-answer probability and the hit-limit rate per cell, paired.
 """
 
+from relaylens.experiments.analysis import Analysis
 from relaylens.experiments.presets import LLAMA, PAPER_DECODING, QWEN, Preset
 from relaylens.experiments.specs import ExperimentSpec
 from relaylens.selectors.protection import FRAMING_CELLS
@@ -32,3 +33,5 @@ PRESETS = {"paper": Preset(
     paper_data="LongMemEval-S (not in the paper)",
     notes="Not an experiment of the paper (issue 39): the paper keeps the whole framing outside the budget; this "
           "asks which part of it matters, at the paper's decoding.")}
+
+ANALYSIS = Analysis(SPEC, PRESETS, doc=__doc__)

@@ -7,6 +7,7 @@ ratio widen the gaps, so this measures the argument. Each run alone draws ``tabl
 difference); the cross-run figure needs two or more runs whose histories differ in length.
 """
 
+from relaylens.experiments.analysis import Analysis
 from relaylens.experiments.presets import LLAMA, PAPER_DECODING, QWEN, Preset
 from relaylens.experiments.specs import ExperimentSpec
 
@@ -29,3 +30,5 @@ PRESETS = {"paper": Preset(
     paper_data="LongMemEval-schema sets at several history lengths (not in the paper)",
     notes="Not an experiment of the paper (issue 30): one run per history length (e.g. relaylens data synth at "
           "2k / 4k / 8k tokens), then relaylens figures over all the runs.")}
+
+ANALYSIS = Analysis(SPEC, PRESETS, doc=__doc__)

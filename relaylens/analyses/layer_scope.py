@@ -9,8 +9,9 @@ causal sweep (:mod:`relaylens.probes.layer_sweep`). Not an experiment of the pap
 conditions with the paper's memory-task decoding and gold granularity.
 """
 
-from relaylens.experiments.specs import ExperimentSpec
+from relaylens.experiments.analysis import Analysis
 from relaylens.experiments.presets import LLAMA, PAPER_DECODING, QWEN, Preset
+from relaylens.experiments.specs import ExperimentSpec
 
 SCOPES = ("relay@band=early", "relay@band=middle", "relay@band=late", "relay@layer_type=*")
 CONDITIONS = ("original", "relay") + SCOPES + ("key_only",)
@@ -33,3 +34,5 @@ PRESETS = {"paper": Preset(
     paper_model=f"not in the paper; its models: {LLAMA}; {QWEN}", paper_data="LongMemEval-S (not in the paper)",
     metric="judge, probes",
     notes="Not an experiment of the paper (issue 17): the paper's decoding and session gold on the layer scopes.")}
+
+ANALYSIS = Analysis(SPEC, PRESETS, doc=__doc__)

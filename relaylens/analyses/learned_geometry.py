@@ -3,12 +3,14 @@ head) the distance ``b`` from the last kept key to the question, a gap scale ``s
 unit gaps) by gradient ascent on the teacher-forced log-likelihood of the reference answer over train records, then
 compare the learned map with ``original`` and ``relay`` on held-out test records with the same BM25 10% selection.
 
-Runs through :func:`relaylens.experiments.learned_run.run_learned_geometry` (``RUN``), not the sweep runner; its
-options (``OPTIONS``: steps, learning rate, sharing, records per step, evaluation interval, train fraction, answer
-tokens) are CLI flags of ``relaylens run learned_geometry``; the split and the per-step draws use ``--seed``. Not an
-experiment of the paper.
+Runs through :func:`relaylens.experiments.learned_run.run_learned_geometry` (the record's ``run``), not the sweep
+runner; its options (:class:`~relaylens.experiments.learned.LearnOptions`: steps, learning rate, sharing, records per
+step, evaluation interval, train fraction, answer tokens) are the flags this module declares (``FLAGS``), which
+``relaylens run learned_geometry`` takes; the split and the per-step draws use ``--seed``. Not an experiment of the
+paper.
 """
 
+from relaylens.experiments.analysis import Analysis, CliOption
 from relaylens.experiments.learned import LearnOptions
 from relaylens.experiments.learned_run import run_learned_geometry
 from relaylens.experiments.presets import Preset
@@ -28,12 +30,6 @@ SPEC = ExperimentSpec(
     "original vs relay vs learned on the test split: answer log-likelihood, contains/F1, evidence share, sensitivity.",
 )
 
-#: the defaults of the learned_geometry options (CLI flags override them)
-OPTIONS = LearnOptions()
-
-#: this analysis runs through its own runner
-RUN = run_learned_geometry
-
 PRESETS = {"paper": Preset(
     dict(selectors=("bm25",), budgets=(0.10,), conditions=("original", "relay"), limit=0, max_new_tokens=32,
          prompt_mode="auto", granularity="session"),
@@ -42,3 +38,19 @@ PRESETS = {"paper": Preset(
     metric="answer log-likelihood, contains / F1, probes",
     notes="Not an experiment of the paper (issue 31): 48 train / 48 test records (a 96-record file, e.g. relaylens "
           "data synth --n 96), BM25 10%, chat prompts where the model has a template, session gold.")}
+
+#: the command-line flags of ``relaylens run learned_geometry`` (each sets one field of LearnOptions)
+FLAGS = (
+    CliOption("steps", int, "Adam steps (default 40)"),
+    CliOption("learning_rate", float, "Adam step size on log b, log s and alpha (default 0.05)"),
+    CliOption("sharing", str, "parameters shared: global, layer (default) or head"),
+    CliOption("batch_records", int, "train records per step (default 8; 0: all)"),
+    CliOption("eval_every", int, "steps between test log-likelihoods (default 10)"),
+    CliOption("train_fraction", float, "share of the records (whole clusters) that train (default 0.5; the split is "
+              "seeded by --seed)"),
+    CliOption("answer_tokens", int, "reference-answer tokens teacher-forced per record (default 16)",
+              field="max_answer_tokens"),
+)
+
+ANALYSIS = Analysis(SPEC, PRESETS, run=run_learned_geometry, options=LearnOptions(), cli_options=FLAGS,
+                    cli_panel="Learned geometry (learned_geometry only)", doc=__doc__)

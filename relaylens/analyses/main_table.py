@@ -1,7 +1,8 @@
 """Table 1: six selectors x {original, relay} at 10% retention."""
 
-from relaylens.experiments.specs import ExperimentSpec
+from relaylens.experiments.analysis import Analysis
 from relaylens.experiments.presets import LLAMA, PAPER_DECODING, QWEN, SIX_SELECTORS, Preset
+from relaylens.experiments.specs import ExperimentSpec
 
 SPEC = ExperimentSpec(
     "main_table",
@@ -18,3 +19,5 @@ PRESETS = {"paper": Preset(
     paper_model=f"{LLAMA}; {QWEN}", paper_data="LongMemEval-S 500, LongMTBench+ 88, PersonaMem-128K 200",
     metric="judge (LME-S, LongMTBench+) / choice accuracy (PersonaMem)",
     notes="FullKV quoted as a reference (full_kv analysis).")}
+
+ANALYSIS = Analysis(SPEC, PRESETS, doc=__doc__)

@@ -4,6 +4,7 @@ backward pass per record and condition), drawn as layer x kv head heat maps. Whi
 and which want wider gaps? Not an experiment of the paper.
 """
 
+from relaylens.experiments.analysis import Analysis
 from relaylens.experiments.presets import LLAMA, PAPER_DECODING, QWEN, Preset
 from relaylens.experiments.specs import ExperimentSpec
 
@@ -23,3 +24,5 @@ PRESETS = {"paper": Preset(
     dict(selectors=("bm25",), budgets=(0.10,), conditions=("original", "relay", "key_only"), limit=0, **PAPER_DECODING),
     paper_model=f"not in the paper; its models: {LLAMA}; {QWEN}", paper_data="LongMemEval-S (not in the paper)",
     metric="probes", notes="Not an experiment of the paper (issue 31): the positional sensitivity readout.")}
+
+ANALYSIS = Analysis(SPEC, PRESETS, doc=__doc__)

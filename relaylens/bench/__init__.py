@@ -8,15 +8,21 @@ Owns: :mod:`~relaylens.bench.geometry` (relocation against a copy of the same ca
 :mod:`~relaylens.bench.checks` (exactness checks on a real model); :mod:`~relaylens.bench.registry` names them
 (``relaylens bench NAME``).
 
-May import: every stage (datasets, model, selectors, geometry, conditions, generation, probes, results, reporting).
+May import: :mod:`relaylens.errors`, :mod:`relaylens.progress` and every stage below it, :mod:`relaylens.datasets`,
+:mod:`relaylens.model`, :mod:`relaylens.selectors`, :mod:`relaylens.geometry`, :mod:`relaylens.conditions`,
+:mod:`relaylens.generation`, :mod:`relaylens.probes`, :mod:`relaylens.scoring`, :mod:`relaylens.results`,
+:mod:`relaylens.reporting` and :mod:`relaylens.experiments` (``bench dtype`` times records through the runner itself).
 
-The former module ``relaylens.bench`` is now :mod:`relaylens.bench.geometry`; its names are importable from here.
+Exports the stage contract: :data:`BENCHMARKS` (every benchmark by name). The names of the former module
+``relaylens.bench`` (now :mod:`relaylens.bench.geometry`) still resolve here, with a warning, until relaylens 0.3.0
+(:data:`relaylens.MOVED_NAMES`).
 """
 
-from relaylens.bench.geometry import (LLAMA31_8B, SMOLLM2, CacheShape, bench_delta_rotation_error, bench_relocation,
-                                      interleaved_medians, min_cpu_seconds, rotary_only_model, run_geometry,
-                                      write_results)
+from relaylens import moved_name
 from relaylens.bench.registry import BENCHMARKS
 
-__all__ = ["BENCHMARKS", "LLAMA31_8B", "SMOLLM2", "CacheShape", "bench_delta_rotation_error", "bench_relocation",
-           "interleaved_medians", "min_cpu_seconds", "rotary_only_model", "run_geometry", "write_results"]
+__all__ = ["BENCHMARKS"]
+
+
+def __getattr__(name: str):  # names of the flat module this package replaced, until relaylens.REMOVED_IN
+    return moved_name(__name__, name)

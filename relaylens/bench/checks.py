@@ -24,10 +24,25 @@ from __future__ import annotations
 
 import torch
 
-from relaylens.model.hf import (attention_kernel, attention_kernel_name, attention_modules, cache_lengths, call_rotary,
-                                cached_keys, find_rotary_embedding, new_cache, pre_rotary_keys,
-                                rotary_function)
-
+from relaylens.datasets import bundled_sample_path, load_records
+from relaylens.datasets.prompting import render_prompt
+from relaylens.geometry.rotary import RotaryFactors, relocate_keys
+from relaylens.geometry.selection import Selection
+from relaylens.model.hf import (
+    attention_kernel,
+    attention_kernel_name,
+    attention_modules,
+    attention_window,
+    cache_lengths,
+    cached_keys,
+    call_rotary,
+    find_rotary_embedding,
+    new_cache,
+    pre_rotary_keys,
+    rotary_function,
+)
+from relaylens.model.prefill import prefill_history
+from relaylens.probes.readouts import FinalTokenRecorder
 
 #: Relative error allowed per check name prefix, for float32 models and for 16-bit models.
 THRESHOLDS = {"keep-all": (1e-4, 2e-2), "relocated keys up to position": (1e-5, 2e-2), "relocated keys": (1e-4, 2e-2)}
@@ -35,7 +50,8 @@ SHIFT = 1000  # positions added for the shifted-forward reference
 FAR = 131_000  # the far-end check moves keys to end here (or at the model's last position, when smaller)
 
 
-def verdicts(results: list[tuple[str, float]], dtype: torch.dtype = torch.float32) -> list[tuple[str, float, float | None, bool]]:
+def verdicts(results: list[tuple[str, float]],
+             dtype: torch.dtype = torch.float32) -> list[tuple[str, float, float | None, bool]]:
     """``(name, value, threshold or None, passed)`` for each check result; informational lines always pass.
 
     >>> [ok for *_, ok in verdicts([("keep-all relay vs keep-all original, relative", 3e-6),
@@ -64,13 +80,7 @@ def shifted_keys(model, ids: torch.Tensor, shift: int) -> list[torch.Tensor]:
 
 def run_checks(model, tokenizer, history_tokens: int = 700, keep_every: int = 5) -> list[tuple[str, float]]:
     """The checks above on the first bundled record, history cut to ``history_tokens``; returns ``(name, value)``."""
-    from relaylens.datasets import bundled_sample_path, load_records
-    from relaylens.generation.single import build_cache, run_condition
-    from relaylens.geometry.rotary import RotaryFactors
-    from relaylens.model.prefill import prefill_history
-    from relaylens.probes.readouts import FinalTokenRecorder
-    from relaylens.datasets.prompting import render_prompt
-    from relaylens.geometry.selection import Selection
+    from relaylens.generation.single import build_cache, run_condition  # noqa: PLC0415 - import cost: huggingface_hub, jinja2, safetensors, scipy, transformers load on first use
 
     prompt = render_prompt(load_records(bundled_sample_path())[0], tokenizer, mode="completion")
     history, question = prompt.history_ids[:history_tokens], prompt.question_ids
@@ -78,7 +88,8 @@ def run_checks(model, tokenizer, history_tokens: int = 700, keep_every: int = 5)
     prefill = prefill_history(model, history, capture_window_queries=False)
     full = Selection.full(prefill.history_length, prefill.num_layers, prefill.num_kv_heads)
     results = []
-    original = run_condition(model, prefill, full, "original", question, max_new_tokens=0, factors=factors, keep_question_logits=True)
+    original = run_condition(model, prefill, full, "original", question, max_new_tokens=0, factors=factors,
+                             keep_question_logits=True)
     device = next(model.parameters()).device
     full_ids = torch.cat((history, question))[None].to(device)  # [1, L + Q]
     with torch.no_grad():
@@ -93,7 +104,8 @@ def run_checks(model, tokenizer, history_tokens: int = 700, keep_every: int = 5)
             other = model(full_ids).logits[0, history.numel():].float()
         results.append((f"tolerance: plain {str(model.dtype).removeprefix('torch.')} forward, {before} vs {other_name} "
                         "kernel, max |logit diff| / max |logit|", float((other - reference).abs().max()) / scale))
-    relay = run_condition(model, prefill, full, "relay", question, max_new_tokens=0, factors=factors, keep_question_logits=True)
+    relay = run_condition(model, prefill, full, "relay", question, max_new_tokens=0, factors=factors,
+                          keep_question_logits=True)
     results.append(("keep-all relay vs keep-all original, max |logit diff| / max |logit|",
                     float((relay.question_logits - original.question_logits).abs().max()) / scale))
     results.append((f"layers without positional encoding (NoPE), left unmoved: {sorted(factors.nope_layers) or 'none'}",
@@ -110,18 +122,19 @@ def run_checks(model, tokenizer, history_tokens: int = 700, keep_every: int = 5)
                                                                                      factors, layer))):
         targets = None if label == "p'" else far_targets
         worst, worst_ulp = _against_direct_rotation(model, factors, relocated, pre_keys, kept, moved_keys, targets)
-        name = "relocated keys vs direct rotation at p'" if targets is None else f"relocated keys {label} vs direct rotation"
+        name = ("relocated keys vs direct rotation at p'" if targets is None
+                else f"relocated keys {label} vs direct rotation")
         results.append((f"{name}, max |diff| / max |key|", worst))
         if model.dtype != torch.float32:
             results.append((f"ulps: {name} rounded to {model.dtype}, max at plane magnitude", worst_ulp))
 
-    from relaylens.geometry.rotary import relocate_keys
 
     source = torch.arange(prefill.history_length)
     own = shifted_keys(model, history.to(device), SHIFT)
     worst = 0.0
     for layer in range(prefill.num_layers):
-        moved = relocate_keys(prefill.keys[layer], source, source + SHIFT, factors, layer=layer if factors.per_layer else None)
+        moved = relocate_keys(prefill.keys[layer], source, source + SHIFT, factors,
+                              layer=layer if factors.per_layer else None)
         reference_keys = own[layer].reshape(moved.shape).to(moved.device).float()
         worst = max(worst, float((moved.float() - reference_keys).abs().max() / reference_keys.abs().max()))
     results.append((f"relocated keys vs the model's own keys at p + {SHIFT}, max |diff| / max |key|", worst))
@@ -141,21 +154,21 @@ def run_checks(model, tokenizer, history_tokens: int = 700, keep_every: int = 5)
         results.append((f"(deeper layers: their inputs differ by the forward's own rounding at positions near {far:,}) "
                         "relocated vs the model's own keys, all layers, max |diff| / max |key|", max(per_layer)))
 
-    windows = {i: getattr(attn, "sliding_window", None) for i, attn in enumerate(attention_modules(model))}
+    windows = {i: attention_window(attn) for i, attn in enumerate(attention_modules(model))}
     sliding = [i for i, w in windows.items() if w]
     if sliding:
         for condition in ("original", "relay"):
             recorder = FinalTokenRecorder()
-            run_condition(model, prefill, sparse, condition, question, max_new_tokens=0, factors=factors, observers=[recorder])
+            run_condition(model, prefill, sparse, condition, question, max_new_tokens=0, factors=factors,
+                          observers=[recorder])
             visible = visible_states(recorder, sliding)
-            results.append((f"{condition}: retained states visible to the final token in sliding layers (mean)", visible))
+            results.append((f"{condition}: retained states visible to the final token in sliding layers (mean)",
+                            visible))
     return results
 
 
 def _relocated_far(prefill, kept: list[int], targets: torch.Tensor, factors, layer: int) -> torch.Tensor:
     """``[kv_head, slot, head_dim]``: the kept keys of ``layer`` relocated by relaylens to ``targets``."""
-    from relaylens.geometry.rotary import relocate_keys
-
     keys = prefill.keys[layer][:, kept]  # [kv_head, slot, head_dim]
     source = torch.tensor(kept)
     return relocate_keys(keys, source, targets, factors, layer=layer if factors.per_layer else None)

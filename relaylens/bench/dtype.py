@@ -17,6 +17,8 @@ Example:
 
 from __future__ import annotations
 
+import argparse
+import gc
 import json
 import os
 import statistics
@@ -25,6 +27,13 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+import pandas as pd
+import torch
+
+from relaylens.experiments.config import RunConfig
+from relaylens.model.loading import load_tokenizer
+from relaylens.model.prefill import prefill_history
 
 DTYPES = ("float32", "bfloat16")
 LENGTHS = (2048, 8192)
@@ -89,7 +98,8 @@ def _rows(spec: str, arms: dict, lengths: tuple[int, ...]) -> list[dict]:
     rows.append({"benchmark": "dtype", "model": name, "case": "mean tokens before the first difference (re-tokenised)",
                  "float32": None, "bfloat16": None, "agreement": prefix})
     for metric, (mean, largest, count) in probe_differences(Path(f32["run_dir"]), Path(b16["run_dir"])).items():
-        rows.append({"benchmark": "dtype", "model": name, "case": f"probe {metric}: |bf16 - fp32| mean / max ({count} values)",
+        rows.append({"benchmark": "dtype", "model": name,
+                     "case": f"probe {metric}: |bf16 - fp32| mean / max ({count} values)",
                      "float32": mean, "bfloat16": largest})
     return rows
 
@@ -97,9 +107,6 @@ def _rows(spec: str, arms: dict, lengths: tuple[int, ...]) -> list[dict]:
 def answer_agreement(first: Path, second: Path, model_spec: str) -> tuple[float, float, int]:
     """``(fraction of rows with the same answer text, mean re-tokenised tokens before the first difference, rows)``
     between two runs of the same records and conditions."""
-    import pandas as pd
-
-    from relaylens.model.loading import load_tokenizer
 
     keys = ["record_id", "selector", "budget", "condition"]
     a = pd.read_parquet(first / "answers.parquet")[keys + ["answer"]]
@@ -110,7 +117,8 @@ def answer_agreement(first: Path, second: Path, model_spec: str) -> tuple[float,
     tokenizer = load_tokenizer(model_spec)
     prefixes = []
     for x, y in zip(joined["answer_a"], joined["answer_b"]):
-        tx, ty = tokenizer(x, add_special_tokens=False)["input_ids"], tokenizer(y, add_special_tokens=False)["input_ids"]
+        tx, ty = tokenizer(x, add_special_tokens=False)["input_ids"], tokenizer(y,
+                                                                                add_special_tokens=False)["input_ids"]
         common = next((i for i, (p, q) in enumerate(zip(tx, ty)) if p != q), min(len(tx), len(ty)))
         prefixes.append(common)
     return float((joined["answer_a"] == joined["answer_b"]).mean()), float(statistics.fmean(prefixes)), len(joined)
@@ -118,8 +126,6 @@ def answer_agreement(first: Path, second: Path, model_spec: str) -> tuple[float,
 
 def probe_differences(first: Path, second: Path) -> dict[str, tuple[float, float, int]]:
     """``metric -> (mean |difference|, largest |difference|, values compared)`` between two runs' probe tables."""
-    import pandas as pd
-
     a, b = pd.read_parquet(first / "probes.parquet"), pd.read_parquet(second / "probes.parquet")
     keys = [c for c in a.columns if c != "value"]
     joined = a.merge(b, on=keys, suffixes=("_a", "_b"))
@@ -139,16 +145,11 @@ def probe_differences(first: Path, second: Path) -> dict[str, tuple[float, float
 def _arm(model_spec: str, dtype: str, records: int, new_tokens: int, repeats: int, out: Path, placement: dict,
          lengths: tuple[int, ...] = LENGTHS) -> dict:
     """One model in one dtype, in this process: the measurements :func:`run_dtype` tabulates."""
-    import gc
 
-    import torch
-
-    from relaylens.bench.model import peak_extra_mb, proc_status_kb
-    from relaylens.experiments.config import RunConfig
-    from relaylens.experiments.runner import run_analysis
-    from relaylens.experiments.specs import load_analysis
-    from relaylens.model.loading import load_model
-    from relaylens.model.prefill import prefill_history
+    from relaylens.bench.model import peak_extra_mb, proc_status_kb  # noqa: PLC0415 - import cycle: relaylens.bench.model imports this module
+    from relaylens.experiments.runner import run_analysis  # noqa: PLC0415 - import cost: huggingface_hub, jinja2, safetensors, scipy, transformers load on first use
+    from relaylens.experiments.specs import load_analysis  # noqa: PLC0415 - late binding (tests swap specs.load_analysis)
+    from relaylens.model.loading import load_model  # noqa: PLC0415 - late binding (tests swap loading.load_model)
 
     started = time.perf_counter()
     model, tokenizer = load_model(model_spec, dtype=dtype, **placement)
@@ -158,7 +159,8 @@ def _arm(model_spec: str, dtype: str, records: int, new_tokens: int, repeats: in
     tokens, peaks = {}, {}
     vocab = model.get_input_embeddings().num_embeddings
     for length in lengths:
-        ids = torch.randint(min(100, vocab // 4), min(20000, vocab), (length,), generator=torch.Generator().manual_seed(length))
+        ids = torch.randint(min(100, vocab // 4), min(20000, vocab), (length,),
+                            generator=torch.Generator().manual_seed(length))
         limit = getattr(model.config, "max_position_embeddings", None)
         if length == lengths[0]:
             prefill_history(model, ids[:256], chunk_size=2048)  # warm-up (kernels, allocator)
@@ -170,7 +172,7 @@ def _arm(model_spec: str, dtype: str, records: int, new_tokens: int, repeats: in
         tokens[str(length)] = length / statistics.median(times)
         _, peaks[str(length)] = peak_extra_mb(lambda: prefill_history(model, ids, chunk_size=2048,
                                                                       allow_long=limit is not None and length > limit))
-    spec = load_analysis("coordinate_ablation").SPEC.replace(max_new_tokens=new_tokens, stop="none")
+    spec = load_analysis("coordinate_ablation").spec.replace(max_new_tokens=new_tokens, stop="none")
     config = dict(model=model_spec, dtype=dtype, **{k: v for k, v in placement.items() if k in (
         "device", "attn_implementation", "rope_scaling", "max_position")})
     warm = out.parent / f".warm-{out.name}"
@@ -202,7 +204,6 @@ def _process_peak(load_peak_kb: int | None, loaded_kb: int | None, extra_mb: lis
 
 
 def main(argv: list[str] | None = None) -> None:  # pragma: no cover - run as a subprocess by run_dtype
-    import argparse
 
     parser = argparse.ArgumentParser(description="one arm of relaylens bench dtype")
     parser.add_argument("--model", required=True)

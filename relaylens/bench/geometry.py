@@ -6,15 +6,18 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+import pandas as pd
 import torch
 
-from relaylens.geometry.rotary import RotaryFactors, relocate_keys, rotate_keys
+from relaylens.geometry import fused as kernels
+from relaylens.geometry.rotary import RotaryFactors, multiply_planes, relocate_keys, rotate_keys
 
 
 @dataclass(frozen=True)
@@ -30,7 +33,8 @@ class CacheShape:
     history_length: int
 
 
-SMOLLM2 = CacheShape("SmolLM2-135M (30x3x410x64)", 30, 3, 410, 64, {"rope_type": "default", "rope_theta": 100000.0}, 4100)
+SMOLLM2 = CacheShape("SmolLM2-135M (30x3x410x64)", 30, 3, 410, 64, {"rope_type": "default", "rope_theta": 100000.0},
+                     4100)
 """The SmolLM2-sized cache of the small relocation benchmark (30 layers x 3 kv heads x 410 states x 64)."""
 LLAMA31_8B = CacheShape(
     "Llama-3.1-8B (32x8x12800x128)",
@@ -47,16 +51,18 @@ LLAMA31_8B = CacheShape(
 
 def rotary_only_model(head_dim: int, rope_parameters: dict, max_position: int = 131072 + 1):
     """A one-layer random Llama whose rotary embedding matches ``head_dim`` / ``rope_parameters``."""
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers import LlamaConfig, LlamaForCausalLM  # noqa: PLC0415 - import cost: transformers load on first use
 
     config = LlamaConfig(
         vocab_size=8, hidden_size=2 * head_dim, intermediate_size=8, num_hidden_layers=1, num_attention_heads=2,
-        num_key_value_heads=1, head_dim=head_dim, max_position_embeddings=max_position, rope_parameters=dict(rope_parameters),
+        num_key_value_heads=1, head_dim=head_dim, max_position_embeddings=max_position,
+        rope_parameters=dict(rope_parameters),
     )
     return LlamaForCausalLM(config).eval()
 
 
-def interleaved_medians(first: Callable[[], object], second: Callable[[], object], repeats: int = 5) -> tuple[float, float]:
+def interleaved_medians(first: Callable[[], object], second: Callable[[], object], repeats: int = 5) -> tuple[float,
+                                                                                                              float]:
     """Median wall seconds of ``first`` and ``second`` timed alternately (one warm-up each): a slow spell of a shared
     machine then hits both, so their ratio stays meaningful."""
     first(), second()
@@ -87,13 +93,11 @@ def bench_relocation(shape: CacheShape, repeats: int = 5, seed: int = 0, fused: 
     ``dtype``: the cache dtype (bfloat16: relocation computes in float32 and rounds back, compared with a bfloat16
     copy).
     """
-    import contextlib
-
-    from relaylens.geometry import fused as kernels
 
     factors = RotaryFactors.from_model(rotary_only_model(shape.head_dim, shape.rope_parameters))
     generator = torch.Generator().manual_seed(seed)
-    keys = torch.randn(shape.layers, shape.kv_heads, shape.slots, shape.head_dim, generator=generator).to(dtype)  # [layer, kv_head, slot, head_dim]
+    keys = torch.randn(shape.layers, shape.kv_heads, shape.slots, shape.head_dim,
+                       generator=generator).to(dtype)  # [layer, kv_head, slot, head_dim]
     noise = torch.rand(shape.layers, shape.kv_heads, shape.history_length, generator=generator)
     source = noise.topk(shape.slots, dim=-1).indices.sort(dim=-1).values  # [layer, kv_head, slot]
     target = torch.arange(shape.slots).expand_as(source)  # relay slots (uniform counts: M - m + i = i)
@@ -121,7 +125,8 @@ def bench_relocation(shape: CacheShape, repeats: int = 5, seed: int = 0, fused: 
     }
 
 
-def bench_delta_rotation_error(rope_name: str, rope_parameters: dict, head_dim: int = 64, max_position: int = 131072, n: int = 4096, seed: int = 0) -> dict:
+def bench_delta_rotation_error(rope_name: str, rope_parameters: dict, head_dim: int = 64, max_position: int = 131072,
+                               n: int = 4096, seed: int = 0) -> dict:
     """Max abs error against direct rotation at p' for the two-step form and a single delta rotation R(p'-p)."""
     factors = RotaryFactors.from_model(rotary_only_model(head_dim, rope_parameters, max_position + 1))
     generator = torch.Generator().manual_seed(seed)
@@ -136,7 +141,6 @@ def bench_delta_rotation_error(rope_name: str, rope_parameters: dict, head_dim: 
     cos_d, sin_d = factors.plane_factors(delta.abs())
     sign = torch.sign(delta).float()[:, None]
     amplitude = (cos_d * cos_d + sin_d * sin_d).sqrt()
-    from relaylens.geometry.rotary import multiply_planes
 
     single = cached.clone()
     delta_phase = torch.complex(cos_d / amplitude, sign * sin_d / amplitude)  # e^{i phi(p' - p)}, unit amplitude
@@ -165,14 +169,13 @@ def run_geometry(repeats: int = 5, include_large: bool = True) -> list[dict]:
         rows.append(bench_relocation(LLAMA31_8B, repeats=large, fused=False, dtype=bf16))
     rows.append(bench_delta_rotation_error("default (theta 1e4)", {"rope_type": "default", "rope_theta": 10000.0}))
     rows.append(bench_delta_rotation_error(
-        "yarn factor 4", {"rope_type": "yarn", "factor": 4.0, "rope_theta": 1e6, "original_max_position_embeddings": 32768}))
+        "yarn factor 4",
+        {"rope_type": "yarn", "factor": 4.0, "rope_theta": 1e6, "original_max_position_embeddings": 32768}))
     return rows
 
 
 def write_results(rows: list[dict], out_dir: Path, name: str) -> tuple[Path, Path]:
     """Write rows to ``<out>/<name>.csv`` and ``<out>/<name>.md`` (atomically) and return both paths."""
-    import pandas as pd
-
     out_dir.mkdir(parents=True, exist_ok=True)
     frame = pd.DataFrame(rows)
     csv_path, md_path = out_dir / f"{name}.csv", out_dir / f"{name}.md"

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 import torch
 
 from relaylens.bench.requests import synchronize
+from relaylens.model.hf import decoder_layers
 
 #: ``/proc/cpuinfo`` flag -> the name the tables print.
 CPU_FLAGS = {"amx_bf16": "AMX-BF16", "avx512_bf16": "AVX512-BF16", "avx512f": "AVX512F"}
@@ -172,8 +173,6 @@ class ModelCost:
 
     @classmethod
     def of(cls, model) -> ModelCost:
-        from relaylens.model.hf import decoder_layers
-
         config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
         heads = config.num_attention_heads
         layer_params = sum(m.weight.numel() for layer in decoder_layers(model) for m in layer.modules()

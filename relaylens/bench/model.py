@@ -11,14 +11,24 @@ Example:
 from __future__ import annotations
 
 import gc
+import json
 import math
 import statistics
+import subprocess
+import sys
 import time
 
 import torch
 
+from relaylens.datasets import bundled_sample_path, load_records
+from relaylens.datasets.prompting import render_prompt
+from relaylens.geometry.rotary import RotaryFactors, relocate_keys
+from relaylens.geometry.selection import Selection
 from relaylens.model.embedded import DEFAULT_MODEL
-
+from relaylens.model.hf import new_cache
+from relaylens.model.prefill import PrefillResult, prefill_history
+from relaylens.probes.readouts import FinalTokenRecorder
+from relaylens.selectors import make_selector
 
 
 def proc_status_kb(field: str) -> int | None:
@@ -70,9 +80,6 @@ def _paired_medians(first, second, repeats: int) -> tuple[float, float]:
 
 def sample_prompts(tokenizer, count: int):
     """Completion-mode prompts of the first ``count`` records of the bundled sample."""
-    from relaylens.datasets import bundled_sample_path, load_records
-    from relaylens.datasets.prompting import render_prompt
-
     records = load_records(bundled_sample_path())[:count]
     return [render_prompt(record, tokenizer, mode="completion") for record in records]
 
@@ -80,18 +87,15 @@ def sample_prompts(tokenizer, count: int):
 def load_bench_model(model_spec: str, load_kwargs: dict | None = None):
     """The benchmarked model; ``load_kwargs`` are :func:`relaylens.model.loading.load_model` placement options
     (device, dtype, device map, attention kernel, rotary overrides)."""
-    from relaylens.model.loading import load_model
+    from relaylens.model.loading import load_model  # noqa: PLC0415 - late binding (tests swap loading.load_model)
 
     return load_model(model_spec, **(load_kwargs or {}))
 
 
-def run_probes(repeats: int = 5, records: int = 3, model_spec: str = DEFAULT_MODEL, load_kwargs: dict | None = None, **_) -> list[dict]:
+def run_probes(repeats: int = 5, records: int = 3, model_spec: str = DEFAULT_MODEL, load_kwargs: dict | None = None,
+               **_) -> list[dict]:
     """Probed vs unprobed question pass (relaylens attention both times; the probe records the final-token rows)."""
-    from relaylens.generation.single import run_condition
-    from relaylens.geometry.rotary import RotaryFactors
-    from relaylens.model.prefill import prefill_history
-    from relaylens.probes.readouts import FinalTokenRecorder
-    from relaylens.selectors import make_selector
+    from relaylens.generation.single import run_condition  # noqa: PLC0415 - import cost: huggingface_hub, jinja2, safetensors, scipy, transformers load on first use
 
     model, tokenizer = load_bench_model(model_spec, load_kwargs)
     factors = RotaryFactors.from_model(model)
@@ -116,11 +120,9 @@ def run_probes(repeats: int = 5, records: int = 3, model_spec: str = DEFAULT_MOD
     return rows
 
 
-def run_prefill(repeats: int = 3, lengths=(1000, 4000), model_spec: str = DEFAULT_MODEL, load_kwargs: dict | None = None, **_) -> list[dict]:
+def run_prefill(repeats: int = 3, lengths=(1000, 4000), model_spec: str = DEFAULT_MODEL,
+                load_kwargs: dict | None = None, **_) -> list[dict]:
     """relaylens prefill vs a plain ``model(...)`` sdpa forward with cache on the same tokens (throughput ratio)."""
-    from relaylens.model.hf import new_cache
-    from relaylens.model.prefill import prefill_history
-
     model, _ = load_bench_model(model_spec, load_kwargs)
     rows = []
     for length in lengths:
@@ -145,10 +147,6 @@ def run_prefill(repeats: int = 3, lengths=(1000, 4000), model_spec: str = DEFAUL
 
 def run_selectors(length: int = 8000, **_) -> list[dict]:
     """Peak extra memory of H2O's column-sum capture vs the plain prefill (each in a fresh subprocess)."""
-    import json
-    import subprocess
-    import sys
-
     rows, results = [], {}
     for mode in ("plain", "h2o"):
         command = [sys.executable, "-m", "relaylens.bench.selector_memory", "--mode", mode, "--length", str(length)]
@@ -160,12 +158,10 @@ def run_selectors(length: int = 8000, **_) -> list[dict]:
     return rows
 
 
-def run_scaling(repeats: int = 3, counts=(1000, 4000, 16000), model_spec: str = DEFAULT_MODEL, load_kwargs: dict | None = None, **_) -> list[dict]:
+def run_scaling(repeats: int = 3, counts=(1000, 4000, 16000), model_spec: str = DEFAULT_MODEL,
+                load_kwargs: dict | None = None, **_) -> list[dict]:
     """Relocation and question-pass time as the retained count grows; growth exponents from a log-log fit."""
-    from relaylens.generation.single import run_condition
-    from relaylens.geometry.rotary import RotaryFactors, relocate_keys
-    from relaylens.model.prefill import PrefillResult
-    from relaylens.geometry.selection import Selection
+    from relaylens.generation.single import run_condition  # noqa: PLC0415 - import cost: huggingface_hub, jinja2, safetensors, scipy, transformers load on first use
 
     model, _ = load_bench_model(model_spec, load_kwargs)
     config = model.config
@@ -181,18 +177,21 @@ def run_scaling(repeats: int = 3, counts=(1000, 4000, 16000), model_spec: str = 
         keys = torch.randn(layers, kv_heads, count, head_dim)  # [layer, kv_head, slot, head_dim]
         source = torch.arange(0, length, 2).expand(layers, kv_heads, count)
         target = torch.arange(count).expand(layers, kv_heads, count)
-        relocate_s = statistics.median(_timed(lambda: relocate_keys(keys, source, target, factors)) for _ in range(repeats))
+        relocate_s = statistics.median(_timed(lambda: relocate_keys(keys, source, target,
+                                                                    factors)) for _ in range(repeats))
         prefill = PrefillResult(torch.zeros(length, dtype=torch.long),
                                 [torch.randn(kv_heads, length, head_dim) for _ in range(layers)],
                                 [torch.randn(kv_heads, length, head_dim) for _ in range(layers)],
                                 None, 0, head_dim**-0.5, config.num_attention_heads // kv_heads)
         selection = Selection(source.clone(), torch.ones_like(source, dtype=torch.bool), length)
         question_s = statistics.median(
-            _timed(lambda: run_condition(model, prefill, selection, "relay", question, max_new_tokens=0, factors=factors))
+            _timed(lambda: run_condition(model, prefill, selection, "relay", question, max_new_tokens=0,
+                                         factors=factors))
             for _ in range(repeats))
         relocate_times.append(relocate_s)
         question_times.append(question_s)
-        rows.append({"benchmark": "scaling", "case": f"{count} states/head", "relocate_s": relocate_s, "question_pass_s": question_s})
+        rows.append({"benchmark": "scaling", "case": f"{count} states/head", "relocate_s": relocate_s,
+                     "question_pass_s": question_s})
     rows.append({"benchmark": "scaling", "case": "growth exponent (log-log slope)",
                  "relocate_s": _slope(counts, relocate_times), "question_pass_s": _slope(counts, question_times)})
     return rows

@@ -1,45 +1,71 @@
-"""Every benchmark of ``relaylens bench`` by name: ``name -> run(**options) -> rows``.
+"""Every benchmark of ``relaylens bench`` by name: ``name -> Benchmark`` (callable: ``run(**options) -> rows``).
 
-``geometry`` and ``selectors`` need no model; the others load one (``model_spec``, ``load_kwargs``; ``roofline``
-also takes ``quick`` and ``lengths``). Options a benchmark does not take, and options left at None, are dropped so
-that each benchmark keeps its own defaults.
+Each :class:`Benchmark` says which of the command's options it takes: ``geometry`` and ``selectors`` need no model;
+the others load one (:data:`MODEL_OPTIONS`: ``model_spec``, ``load_kwargs``, ``records``, ``new_tokens``); ``overhead``
+also takes ``schedule`` and ``prefill_chunk`` and draws its own progress bar; ``roofline`` also takes ``quick`` and
+``lengths`` and writes its own outputs beside the CSV. Options a benchmark does not take, and options left at None,
+are dropped, so that each benchmark keeps its own defaults. A new benchmark is one entry here.
 
 Example:
     >>> sorted(BENCHMARKS)
     ['dtype', 'geometry', 'overhead', 'prefill', 'probes', 'roofline', 'scaling', 'selectors', 'throughput']
+    >>> sorted(BENCHMARKS["overhead"].arguments(dict(schedule="back-to-back", quick=True, records=None, repeats=2)))
+    ['repeats', 'schedule']
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
 
 from relaylens.bench.dtype import run_dtype
 from relaylens.bench.geometry import run_geometry
 from relaylens.bench.model import run_prefill, run_probes, run_scaling, run_selectors
 from relaylens.bench.requests import run_overhead, run_throughput
-from relaylens.bench.roofline import run_roofline
+from relaylens.bench.roofline import run_roofline, table, write_outputs
+
+MODEL_OPTIONS = ("model_spec", "load_kwargs", "records", "new_tokens")
+"""The options of every benchmark that loads a model."""
 
 
-def _model_benchmark(run: Callable[..., list[dict]]) -> Callable[..., list[dict]]:
-    """``run`` behind the common call: ``include_large`` (geometry's option) and None-valued options dropped."""
+@dataclass(frozen=True)
+class Benchmark:
+    """One benchmark of ``relaylens bench``.
 
-    def call(**kwargs) -> list[dict]:
-        kwargs.pop("include_large", None)
-        return run(**{k: v for k, v in kwargs.items() if v is not None})
+    Attributes:
+        run: ``run(**options) -> rows`` (one dict per table row).
+        options: the keyword options of the command it takes besides ``repeats`` (others are never passed).
+        own_progress: it draws its own progress bar (the command shows no spinner beside it).
+        write: writes its own outputs, ``write(rows, out_dir) -> paths``, which replace the Markdown table named in
+            the command's last line (the CSV is written for every benchmark).
+        view: a rich renderable of the rows, printed instead of the Markdown table.
+    """
 
-    call.__doc__ = run.__doc__
-    return call
+    run: Callable[..., list[dict]]
+    options: tuple[str, ...] = ()
+    own_progress: bool = False
+    write: Callable[[list[dict], Path], tuple[Path, ...]] | None = None
+    view: Callable[[list[dict]], object] | None = None
+
+    def arguments(self, values: dict) -> dict:
+        """The keyword arguments of this benchmark among the command's option ``values`` (None values dropped)."""
+        return {k: v for k, v in values.items() if k in ("repeats", *self.options) and v is not None}
+
+    def __call__(self, **options) -> list[dict]:
+        """Run with the options it takes (:meth:`arguments`)."""
+        return self.run(**self.arguments(options))
 
 
-BENCHMARKS: dict[str, Callable[..., list[dict]]] = {
-    "geometry": run_geometry,
-    "overhead": _model_benchmark(run_overhead),
-    "throughput": _model_benchmark(run_throughput),
-    "probes": _model_benchmark(run_probes),
-    "prefill": _model_benchmark(run_prefill),
-    "selectors": _model_benchmark(run_selectors),
-    "scaling": _model_benchmark(run_scaling),
-    "dtype": _model_benchmark(run_dtype),
-    "roofline": _model_benchmark(run_roofline),
+BENCHMARKS: dict[str, Benchmark] = {
+    "geometry": Benchmark(run_geometry, options=("include_large",)),
+    "overhead": Benchmark(run_overhead, options=(*MODEL_OPTIONS, "schedule", "prefill_chunk"), own_progress=True),
+    "throughput": Benchmark(run_throughput, options=MODEL_OPTIONS),
+    "probes": Benchmark(run_probes, options=MODEL_OPTIONS),
+    "prefill": Benchmark(run_prefill, options=MODEL_OPTIONS),
+    "selectors": Benchmark(run_selectors),
+    "scaling": Benchmark(run_scaling, options=MODEL_OPTIONS),
+    "dtype": Benchmark(run_dtype, options=MODEL_OPTIONS),
+    "roofline": Benchmark(run_roofline, options=(*MODEL_OPTIONS, "quick", "lengths"), write=write_outputs, view=table),
 }
-"""Every benchmark of ``relaylens bench`` by name: ``name -> run(**options) -> rows`` (``all`` runs each)."""
+"""Every benchmark of ``relaylens bench`` by name (``all`` runs each)."""

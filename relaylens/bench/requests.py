@@ -24,6 +24,8 @@ Example:
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import statistics
 import time
 from dataclasses import dataclass, field
@@ -31,7 +33,11 @@ from dataclasses import dataclass, field
 import torch
 
 from relaylens.bench.model import DEFAULT_MODEL, load_bench_model, proc_status_kb, reset_peak_rss, sample_prompts
+from relaylens.geometry.rotary import RotaryFactors
+from relaylens.model.prefill import PrefillPieces, prefill_history
+from relaylens.progress import progress_view
 from relaylens.reporting.overhead import geometric_mean_minus_one
+from relaylens.selectors import make_selector
 
 OVERHEAD_SELECTORS = ("bm25", "snapkv", "pyramidkv")
 CPU_BUDGETS = (256, 1024)
@@ -68,7 +74,8 @@ class MemoryProbe:
                           "peak_reserved_mb": (torch.cuda.max_memory_reserved(self.device) - self.base[1]) / 2**20}
         else:
             peak = proc_status_kb("VmHWM")
-            self.peaks = {"peak_rss_mb": None if self.before_kb is None or peak is None else (peak - self.before_kb) / 1024}
+            self.peaks = {"peak_rss_mb": None if self.before_kb is None or peak is None
+                          else (peak - self.before_kb) / 1024}
 
 
 def kv_logical_bytes(selection, head_dim: int, dtype: torch.dtype) -> int:
@@ -86,9 +93,8 @@ def request_pieces(model, prompt, selector, budget, condition: str, factors, new
     so the requests of two conditions can run interleaved piece by piece (:func:`timed_pair`); on return, ``out``
     holds the request's ``layers``, ``selection``, ``prefill``, ``tokens`` and ``token_ids``.
     """
-    from relaylens.model.prefill import PrefillPieces
-    from relaylens.generation.cache import relocate_selection
-    from relaylens.generation.rows import GenerationResult, decode_steps, forward_rows, stack_rows
+    from relaylens.generation.cache import relocate_selection  # noqa: PLC0415 - import cost: huggingface_hub, jinja2, safetensors, scipy, transformers load on first use
+    from relaylens.generation.rows import GenerationResult, decode_steps, forward_rows, stack_rows  # noqa: PLC0415 - import cost: huggingface_hub, jinja2, safetensors, scipy, transformers load on first use
 
     chunks = PrefillPieces(model, prompt.history_ids, chunk_size=prefill_chunk or None)  # 0 or None: one pass
     for _ in chunks:
@@ -104,7 +110,8 @@ def request_pieces(model, prompt, selector, budget, condition: str, factors, new
     source = (torch.arange(q) + prefill.history_length)[None]
     logits = forward_rows(model, batch, prompt.question_ids[None], positions, source)
     yield "question_s"
-    result = GenerationResult(layers.coordinates.condition, layers.coordinates.question_start, positions[0], logits[0, -1])
+    result = GenerationResult(layers.coordinates.condition, layers.coordinates.question_start, positions[0],
+                              logits[0, -1])
     for _ in decode_steps(model, batch, [result], logits[:, -1], positions[:, -1] + 1, source[:, -1] + 1, new_tokens,
                           set(), None, False):
         yield "generation_s"
@@ -151,7 +158,8 @@ def finish_request(times: dict, out: dict, device, memory: dict | None = None) -
     synchronize(device)
     prefill = out["prefill"]
     return {**times, "float32_copy_s": time.perf_counter() - copy_start, "tokens": out["tokens"],
-            "kv_logical_mb": kv_logical_bytes(out["selection"], prefill.keys[0].shape[-1], prefill.keys[0].dtype) / 2**20,
+            "kv_logical_mb": kv_logical_bytes(out["selection"], prefill.keys[0].shape[-1],
+                                              prefill.keys[0].dtype) / 2**20,
             **(memory or {})}
 
 
@@ -184,9 +192,6 @@ def steady_allocator() -> bool:
     """Make glibc keep freed memory in the process (no trimming, mmap only above 32 MiB), so repeated requests stop
     paying page faults that vary from run to run; False where the C library is not glibc. Timing only: memory peaks
     are measured before this is called."""
-    import ctypes
-    import ctypes.util
-
     try:
         libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
         mallopt = libc.mallopt
@@ -208,9 +213,6 @@ def run_overhead(repeats: int = 3, records: int = 4, model_spec: str = DEFAULT_M
     alike; memory peaks then come from one back-to-back request per condition on the first record, run first.
     ``"back-to-back"`` runs each request whole and measures its peaks itself.
     """
-    from relaylens.geometry.rotary import RotaryFactors
-    from relaylens.selectors import make_selector
-
     if schedule not in SCHEDULES:
         raise ValueError(f"schedule must be one of {SCHEDULES}; got {schedule!r}")
     model, tokenizer = load_bench_model(model_spec, load_kwargs)
@@ -225,7 +227,8 @@ def run_overhead(repeats: int = 3, records: int = 4, model_spec: str = DEFAULT_M
     if interleaved:  # the memory pass, before the allocator keeps freed memory
         for name, budget in settings:
             for condition in ("original", "relay"):
-                row = complete_request(model, prompts[0], chosen[name], budget, condition, factors, new_tokens, prefill_chunk)
+                row = complete_request(model, prompts[0], chosen[name], budget, condition, factors, new_tokens,
+                                       prefill_chunk)
                 peaks[name, budget, condition] = {k: v for k, v in row.items() if k.startswith("peak_")}
                 bar(f"memory: {name} @ {budget}, {condition}")
     allocator = "glibc, freed memory kept" if steady_allocator() else "default"
@@ -244,7 +247,8 @@ def run_overhead(repeats: int = 3, records: int = 4, model_spec: str = DEFAULT_M
                 for condition, row in zip(order, pair):
                     runs[condition].append(row)
                     bar(f"{name} @ {budget}, {prompt.record_id}, {condition}")
-            medians = {c: {k: statistics.median(r[k] for r in reps) for k in reps[0] if isinstance(reps[0][k], (int, float))}
+            medians = {c: {k: statistics.median(r[k] for r in reps) for k in reps[0] if isinstance(reps[0][k],
+                                                                                                   (int, float))}
                        for c, reps in runs.items()}
             if interleaved and index == 0:
                 for condition in medians:
@@ -275,9 +279,7 @@ def run_overhead(repeats: int = 3, records: int = 4, model_spec: str = DEFAULT_M
 
 def _request_bar(total: int):
     """A progress bar on stderr for ``total`` requests: call it with a label after each request, with None to close."""
-    from rich.console import Console
-
-    from relaylens.progress import progress_view
+    from rich.console import Console  # noqa: PLC0415 - import cost: rich loads on first use
 
     view = progress_view(Console(stderr=True))
     task = view.add_task("overhead", total=total, stage="")
@@ -299,11 +301,8 @@ def run_throughput(repeats: int = 1, model_spec: str = DEFAULT_MODEL, new_tokens
     ordering experiment, the main table), then the batched wall time for ``counts`` rows. Rows are taken in turn from
     ``selectors`` (at 10% of the history) x 5 conditions sharing the record's prefill (15 rows by default); every
     comparison also says whether both ways decoded the same tokens."""
-    from relaylens.generation.single import run_condition
-    from relaylens.geometry.rotary import RotaryFactors
-    from relaylens.model.prefill import prefill_history
-    from relaylens.generation.rows import Row, run_rows
-    from relaylens.selectors import make_selector
+    from relaylens.generation.rows import Row, run_rows  # noqa: PLC0415 - import cost: huggingface_hub, jinja2, safetensors, scipy, transformers load on first use
+    from relaylens.generation.single import run_condition  # noqa: PLC0415 - import cost: huggingface_hub, jinja2, safetensors, scipy, transformers load on first use
 
     model, tokenizer = load_bench_model(model_spec, load_kwargs)
     factors = RotaryFactors.from_model(model)

@@ -30,9 +30,23 @@ from pathlib import Path
 
 import torch
 
-from relaylens.bench.machine import (LAYER_MIX, ModelCost, call_times, copy_bandwidth, cores, cpu_info, flop_weighted,
-                                     gemm, linear_shapes, synchronize)
+from relaylens.bench.machine import (
+    LAYER_MIX,
+    ModelCost,
+    call_times,
+    copy_bandwidth,
+    cores,
+    cpu_info,
+    flop_weighted,
+    gemm,
+    linear_shapes,
+    synchronize,
+)
+from relaylens.geometry.rotary import RotaryFactors
+from relaylens.geometry.selection import Selection
 from relaylens.model.embedded import DEFAULT_MODEL
+from relaylens.model.hf import cache_from_tensors
+from relaylens.model.prefill import prefill_history
 
 GEMM_DTYPES = ("float32", "bfloat16")
 
@@ -79,7 +93,7 @@ def run_roofline(model_spec: str = DEFAULT_MODEL, load_kwargs: dict | None = Non
                     **({"repeats": int(repeats)} if repeats else {}))
     name = str(getattr(model, "name_or_path", "") or "given model") if model is not None else model_spec
     if model is None:
-        from relaylens.bench.model import load_bench_model
+        from relaylens.bench.model import load_bench_model  # noqa: PLC0415 - import cycle: relaylens.bench.model imports this module
 
         model, _ = load_bench_model(model_spec, load_kwargs)
     cpu, cost = cpu_info(), ModelCost.of(model)
@@ -122,17 +136,15 @@ def stage_row(name: str, seconds: float, flops: float, moved: float, peak_gflop_
     compute, memory = flops / (peak_gflop_s * 1e9), moved / (gb_s * 1e9)
     floor = max(compute, memory)
     return {"section": "stage", "case": name, "time_ms": 1e3 * seconds,
-            "gflop_s": flops / seconds / 1e9 if flops else None, "gb_s": moved / seconds / 1e9, "limit_gflop_s": peak_gflop_s, "limit_gb_s": gb_s, "floor_ms": 1e3 * floor,
+            "gflop_s": flops / seconds / 1e9 if flops else None, "gb_s": moved / seconds / 1e9,
+            "limit_gflop_s": peak_gflop_s, "limit_gb_s": gb_s, "floor_ms": 1e3 * floor,
             "fraction": floor / seconds, "bound": "compute" if compute >= memory else "memory", **extra}
 
 
 def measure_stages(model, cost: ModelCost, sizes: Sizes, peak: float, bandwidth: float) -> list[dict]:
     """Prefill, relocation, question pass and decoding steps (relaylens rows and plain transformers) as stage rows."""
-    from relaylens.generation.cache import relocate_selection
-    from relaylens.generation.rows import forward_rows, stack_rows
-    from relaylens.geometry.rotary import RotaryFactors
-    from relaylens.geometry.selection import Selection
-    from relaylens.model.prefill import prefill_history
+    from relaylens.generation.cache import relocate_selection  # noqa: PLC0415 - import cost: huggingface_hub, jinja2, safetensors, scipy, transformers load on first use
+    from relaylens.generation.rows import forward_rows, stack_rows  # noqa: PLC0415 - import cost: huggingface_hub, jinja2, safetensors, scipy, transformers load on first use
 
     device, dtype = model.device, str(next(model.parameters()).dtype).removeprefix("torch.")
     vocab = model.get_input_embeddings().num_embeddings
@@ -189,8 +201,7 @@ def decode_times(model, layers, pre, sizes: Sizes, width: int, start: int, histo
     """Median seconds of one decoding step at batch ``width``: relaylens rows (``layers``, the relocated kept cache)
     and plain transformers (a ``DynamicCache`` of the same kept states of ``pre``), alternating step by step after
     one warm-up step each. Both start from token 0 in every row and continue greedily."""
-    from relaylens.generation.rows import GenerationResult, decode_steps, stack_rows
-    from relaylens.model.hf import cache_from_tensors
+    from relaylens.generation.rows import GenerationResult, decode_steps, stack_rows  # noqa: PLC0415 - import cost: huggingface_hub, jinja2, safetensors, scipy, transformers load on first use
 
     device, vocab = model.device, model.get_input_embeddings().num_embeddings
     batch = stack_rows([layers] * width)
@@ -244,7 +255,7 @@ def write_outputs(rows: list[dict], out_dir: Path) -> tuple[Path, Path]:
 
 def table(rows: list[dict]):
     """The rows as a rich table, titled with the CPU, its flags, threads and the model."""
-    from rich.table import Table
+    from rich.table import Table  # noqa: PLC0415 - import cost: rich loads on first use
 
     first = rows[0] if rows else {}
     grid = Table(title=f"roofline: {first.get('model', '')} on {first.get('cpu', '?')} [{first.get('flags', '')}], "

@@ -19,7 +19,10 @@ import subprocess
 import sys
 import time
 
+import torch
+
 from relaylens.bench.model import proc_status_kb, reset_peak_rss
+from relaylens.model.prefill import prefill_history
 
 SMOLLM2_GEOMETRY = dict(
     hidden_size=576,
@@ -42,10 +45,8 @@ def _proc_kb(field: str) -> int:
 
 
 def _measure(mode: str, length: int, block_size: int, threads: int) -> dict:
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers import LlamaConfig, LlamaForCausalLM  # noqa: PLC0415 - import cost: transformers load on first use
 
-    from relaylens.model.prefill import prefill_history
 
     torch.set_num_threads(threads)
     torch.manual_seed(0)

@@ -22,13 +22,35 @@ Example:
 """
 
 from relaylens.conditions.bands import BANDS, band_of, bands
-from relaylens.conditions.catalogue import (CONDITIONS, CommonShift, Compaction, Condition, Coordinates, HalfGap,
-                                            KeyOnly, Original, QueryOnly, RandomOrder, RankSync, Relay,
-                                            ReverseOrder, ScoreOrder, check_coordinates, make_coordinates,
-                                            parse_condition)
+from relaylens.conditions.catalogue import (
+                                            CONDITIONS,
+                                            CommonShift,
+                                            Compaction,
+                                            Condition,
+                                            Coordinates,
+                                            HalfGap,
+                                            KeyOnly,
+                                            Original,
+                                            QueryOnly,
+                                            RandomOrder,
+                                            RankSync,
+                                            Relay,
+                                            ReverseOrder,
+                                            ScoreOrder,
+                                            check_coordinates,
+                                            make_coordinates,
+                                            parse_condition,
+)
 from relaylens.conditions.family import Geometry, Learned, family_coordinates, family_point
-from relaylens.conditions.scoped import (ALL_LAYER_TYPES, Scoped, expand_conditions, format_layers, get_condition,
-                                         model_layer_types, parse_scoped)
+from relaylens.conditions.scoped import (
+                                            ALL_LAYER_TYPES,
+                                            Scoped,
+                                            expand_conditions,
+                                            format_layers,
+                                            get_condition,
+                                            model_layer_types,
+                                            parse_scoped,
+)
 
 __all__ = ["ALL_LAYER_TYPES", "BANDS", "CONDITIONS", "CommonShift", "Compaction", "Condition", "Coordinates",
            "Geometry", "HalfGap", "KeyOnly", "Learned", "Original", "QueryOnly", "RandomOrder", "RankSync", "Relay",

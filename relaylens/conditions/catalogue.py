@@ -1,7 +1,7 @@
 """Coordinate conditions: where each kept key sits in rotary-position space, and where the question starts.
 
-Every condition maps one :class:`~relaylens.geometry.selection.Selection` (kept source positions ``p`` per layer and kv head,
-``m = m[l, h]`` of them, ``M = max m``) and the history length ``L`` to
+Every condition maps one :class:`~relaylens.geometry.selection.Selection` (kept source positions ``p`` per layer and kv
+head, ``m = m[l, h]`` of them, ``M = max m``) and the history length ``L`` to
 
 * ``key_positions`` ``[layer, kv_head, slot]`` long: the target position of every kept key (``-1`` in padding);
 * ``question_start``: the position of the first question token. Question tokens take ``question_start + j``;
@@ -43,7 +43,7 @@ import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from relaylens.errors import RelaylensError
+from relaylens.errors import NonFiniteError, PositionError, RelaylensError
 
 if TYPE_CHECKING:  # importing the catalogue imports no torch; coordinates are computed on torch selections
     import torch
@@ -69,14 +69,14 @@ class Coordinates:
     @property
     def real(self) -> bool:
         """Whether any position is real-valued (floating point)."""
-        import torch
+        import torch  # noqa: PLC0415 - torch-free room
 
         return self.key_positions.is_floating_point() or not isinstance(self.question_start, int) \
             and (isinstance(self.question_start, torch.Tensor) or not float(self.question_start).is_integer())
 
     def question_positions(self, num_question_tokens: int) -> torch.Tensor:
         """``[Q]`` positions of the question tokens (long; float64 for a real-valued question start)."""
-        import torch
+        import torch  # noqa: PLC0415 - torch-free room
 
         if isinstance(self.question_start, int):
             return torch.arange(self.question_start, self.question_start + num_question_tokens)
@@ -84,7 +84,7 @@ class Coordinates:
 
 
 def _slot_index(sel: Selection) -> torch.Tensor:
-    import torch
+    import torch  # noqa: PLC0415 - torch-free room
 
     return torch.arange(sel.positions.shape[-1]).expand_as(sel.positions)  # [layer, kv_head, slot]
 
@@ -100,18 +100,21 @@ def make_coordinates(name: str, sel: Selection, key_positions: torch.Tensor, que
     """:class:`Coordinates` named ``name``: ``key_positions`` ``[layer, kv_head, slot]`` where the selection is valid,
     ``-1`` in its padded slots; checked by :func:`check_coordinates` (``at_question``: see there). Floating-point
     positions stay real-valued (float64, autograd kept); a question start with an integer value becomes an int."""
-    import torch
+    import torch  # noqa: PLC0415 - torch-free room
 
-    from relaylens.geometry.selection import PAD_POSITION
+    from relaylens.geometry.selection import PAD_POSITION  # noqa: PLC0415 - torch-free room
 
     check_coordinates(name, key_positions, sel.valid, question_start, at_question=at_question)
     if not _real_coordinates(key_positions, question_start):  # the integer path, as every catalogue condition takes
-        key_positions = torch.where(sel.valid, key_positions.long(), torch.full_like(key_positions, PAD_POSITION, dtype=torch.long))
+        key_positions = torch.where(sel.valid, key_positions.long(),
+                                    torch.full_like(key_positions, PAD_POSITION, dtype=torch.long))
         return Coordinates(name, key_positions, int(question_start), at_question)
     if key_positions.is_floating_point():
-        key_positions = torch.where(sel.valid, key_positions.double(), torch.full_like(key_positions, PAD_POSITION, dtype=torch.float64))
+        key_positions = torch.where(sel.valid, key_positions.double(),
+                                    torch.full_like(key_positions, PAD_POSITION, dtype=torch.float64))
     else:
-        key_positions = torch.where(sel.valid, key_positions.long(), torch.full_like(key_positions, PAD_POSITION, dtype=torch.long))
+        key_positions = torch.where(sel.valid, key_positions.long(),
+                                    torch.full_like(key_positions, PAD_POSITION, dtype=torch.long))
     if not isinstance(question_start, torch.Tensor) and float(question_start).is_integer():
         question_start = int(question_start)
     return Coordinates(name, key_positions, question_start, at_question)
@@ -120,7 +123,7 @@ def make_coordinates(name: str, sel: Selection, key_positions: torch.Tensor, que
 def _real_coordinates(key_positions: torch.Tensor, question_start) -> bool:
     """Whether coordinates are real-valued: floating-point key positions, a floating-point tensor question start, or
     a question start that is a float with a fraction (an integer-valued float is a whole position)."""
-    import torch
+    import torch  # noqa: PLC0415 - torch-free room
 
     if key_positions.is_floating_point():
         return True
@@ -144,18 +147,18 @@ def check_coordinates(name: str, key_positions: torch.Tensor, valid: torch.Tenso
 
     ``at_question``: a kept key may also sit *at* the question start (query-key distance 0, the distance of the first
     question token to itself), never after it. Only the ``move=`` clause of a scoped condition asks for it: its
-    finite shifts move a head's nearest key from distance 1 to 0 (:func:`relaylens.probes.sensitivity.finite_shift_slopes`).
+    finite shifts move a head's nearest key from distance 1 to 0
+    (:func:`relaylens.probes.sensitivity.finite_shift_slopes`).
 
     >>> import torch
     >>> check_coordinates("query_only(-5)", torch.tensor([[[2, 9]]]), torch.ones(1, 1, 2, dtype=torch.bool), 5)
     Traceback (most recent call last):
     ...
     relaylens.errors.PositionError: condition query_only(-5): the question starts at position 5, but layer 0, kv_head 0, slot 1 keeps a key at position 9; the question must start after every kept key. Fix: start the question after the last kept key (query_only and common_shift take a shift >= 0)
-    """
-    import torch
+    """  # noqa: E501 - doctest: an exception message is matched on one line
+    import torch  # noqa: PLC0415 - torch-free room
 
-    from relaylens.errors import PositionError
-    from relaylens.geometry.positions import check_positions
+    from relaylens.geometry.positions import check_positions  # noqa: PLC0415 - torch-free room
 
     if _real_coordinates(key_positions, question_start):
         _check_real_coordinates(name, key_positions, valid, question_start, at_question)
@@ -171,8 +174,8 @@ def check_coordinates(name: str, key_positions: torch.Tensor, valid: torch.Tenso
     if int(question_start) < last or int(question_start) == last and not at_question:
         where = ", ".join(f"{a} {i}" for a, i in zip(axes, torch.nonzero(keys == last)[0].tolist()))
         raise PositionError(f"condition {name}: the question starts at position {int(question_start)}, but {where} "
-                            f"keeps a key at position {last}; the question must start after every kept key. Fix: start the "
-                            "question after the last kept key (query_only and common_shift take a shift >= 0)")
+                            f"keeps a key at position {last}; the question must start after every kept key. Fix: start "
+                            "the question after the last kept key (query_only and common_shift take a shift >= 0)")
 
 
 def _check_real_coordinates(name: str, key_positions: torch.Tensor, valid: torch.Tensor, question_start,
@@ -181,10 +184,9 @@ def _check_real_coordinates(name: str, key_positions: torch.Tensor, valid: torch
     ``0 .. 2**24 - 1`` (:data:`~relaylens.model.hf.POSITION_LIMIT`; the model's own range is checked when its rotary
     moves them, :meth:`~relaylens.geometry.rotary.RotaryFactors.check_real_positions`), and the question starts after
     every kept key. Reads values only (``detach``): autograd is untouched."""
-    import torch
+    import torch  # noqa: PLC0415 - torch-free room
 
-    from relaylens.errors import NonFiniteError, PositionError
-    from relaylens.geometry.positions import POSITION_LIMIT, check_real_dtype
+    from relaylens.geometry.positions import POSITION_LIMIT, check_real_dtype  # noqa: PLC0415 - torch-free room
 
     check_real_dtype(key_positions, f"condition {name}: key positions")  # float16 / bfloat16 merge neighbours
     if isinstance(question_start, torch.Tensor):
@@ -200,24 +202,25 @@ def _check_real_coordinates(name: str, key_positions: torch.Tensor, valid: torch
         return f" (at {where(bad)})" if bad.dim() == 3 else ""
 
     if not bool(torch.isfinite(kept).all()):
-        raise NonFiniteError(f"condition {name}: key positions contain NaN or inf{at(~torch.isfinite(kept))}; a kept key "
-                             "needs a finite position. Fix: check the geometry's parameters (a learned geometry that "
-                             "diverged: lower the learning rate)")
+        raise NonFiniteError(f"condition {name}: key positions contain NaN or inf{at(~torch.isfinite(kept))}; a kept "
+                             "key needs a finite position. Fix: check the geometry's parameters (a learned geometry "
+                             "that diverged: lower the learning rate)")
     if kept.numel() and float(kept.min()) < 0:
         raise PositionError(f"condition {name}: key positions contain a negative position ({float(kept.min()):g})"
                             f"{at(kept < 0)}; positions start at 0. Fix: give positions >= 0")
     if kept.numel() and float(kept.max()) > POSITION_LIMIT - 1:
         raise PositionError(f"condition {name}: key positions reach position {float(kept.max()):g}"
-                            f"{at(kept > POSITION_LIMIT - 1)}, past 2**24 - 1: the rotary embedding computes phases from "
-                            "float32 positions, which cannot tell positions apart from there on. Fix: use a smaller "
-                            "shift or a shorter history, or a model with a longer context")
+                            f"{at(kept > POSITION_LIMIT - 1)}, past 2**24 - 1: the rotary embedding computes phases "
+                            "from float32 positions, which cannot tell positions apart from there on. Fix: use a "
+                            "smaller shift or a shorter history, or a model with a longer context")
     if isinstance(question_start, bool):
         raise PositionError(f"condition {name}: the question start must be a position; got {question_start!r}")
     start = question_start.detach() if isinstance(question_start, torch.Tensor) else question_start
     try:
         start = float(start)
     except (TypeError, ValueError, RuntimeError):  # not a number, or a tensor of more than one value
-        raise PositionError(f"condition {name}: the question start must be one position; got {question_start!r}") from None
+        raise PositionError(f"condition {name}: the question start must be one position; "
+                            f"got {question_start!r}") from None
     if not math.isfinite(start):
         raise NonFiniteError(f"condition {name}: the question start is {start}; it needs a finite position")
     if start < 0 or start > POSITION_LIMIT - 1:
@@ -227,9 +230,9 @@ def _check_real_coordinates(name: str, key_positions: torch.Tensor, valid: torch
     masked = torch.where(valid, keys, torch.full_like(keys, -math.inf))
     last = float(masked.max()) if bool(valid.any()) else -math.inf
     if start < last or start == last and not at_question:
-        raise PositionError(f"condition {name}: the question starts at position {start:g}, but {where(masked == last) or 'a head'} "
-                            f"keeps a key at position {last:g}; the question must start after every kept key. Fix: "
-                            "start the question after the last kept key")
+        raise PositionError(f"condition {name}: the question starts at position {start:g}, but "
+                            f"{where(masked == last) or 'a head'} keeps a key at position {last:g}; the question must "
+                            "start after every kept key. Fix: start the question after the last kept key")
 
 
 class Condition:
@@ -291,8 +294,9 @@ def _check_shift(condition: Condition) -> None:
     windowed selector) or keys before position 0."""
     shift = condition.shift
     if isinstance(shift, bool) or not isinstance(shift, int) or shift < 0:
-        raise RelaylensError(f"condition {condition.name}({shift!r}): the shift must be a whole number of positions >= 0 "
-                             f"(it moves the question past the history); got {shift!r}. Fix: e.g. {condition.name}(2048)")
+        raise RelaylensError(f"condition {condition.name}({shift!r}): the shift must be a whole number of positions >= "
+                             f"0 (it moves the question past the history); got {shift!r}. Fix: e.g. "
+                             f"{condition.name}(2048)")
 
 
 @dataclass(frozen=True)
@@ -344,7 +348,7 @@ def exact_number(value) -> str:
 
 
 def _round_half_up(x: torch.Tensor | float):
-    import torch
+    import torch  # noqa: PLC0415 - torch-free room
 
     if isinstance(x, torch.Tensor):
         return torch.floor(x + 0.5).long()
@@ -387,7 +391,7 @@ class HalfGap(Compaction):
 
 def _fill_relay_slots(sel: Selection, order_key: torch.Tensor, name: str) -> Coordinates:
     """Give the state with the r-th smallest ``order_key`` (padding last) relay slot ``M - m + r``."""
-    import torch
+    import torch  # noqa: PLC0415 - torch-free room
 
     key = order_key.double().masked_fill(~sel.valid, math.inf)  # [layer, kv_head, slot]
     order = torch.sort(key, dim=-1, stable=True).indices  # slot indices by ascending key
@@ -430,7 +434,7 @@ class RandomOrder(Condition):
         return f"random_order({self.seed})"
 
     def coordinates(self, sel: Selection) -> Coordinates:
-        import torch
+        import torch  # noqa: PLC0415 - torch-free room
 
         generator = torch.Generator().manual_seed(int(self.seed))
         noise = torch.rand(sel.positions.shape, generator=generator, dtype=torch.float64)
@@ -451,7 +455,8 @@ CONDITIONS: dict[str, type[Condition]] = {
     "random_order": RandomOrder,
 }
 """Every coordinate condition class by name (the catalogue ``get_condition`` and ``--condition`` parse from)."""
-_PARAMETER = {"query_only": ("shift", int), "common_shift": ("shift", int), "compaction": ("alpha", float), "random_order": ("seed", int)}
+_PARAMETER = {"query_only": ("shift", int), "common_shift": ("shift", int), "compaction": ("alpha", float),
+              "random_order": ("seed", int)}
 _SPEC = re.compile(r"^\s*([a-z_]+)\s*(?:\(\s*(?:([a-z_]+)\s*=\s*)?([-+0-9.eE]+)\s*\))?\s*$")
 
 
@@ -467,7 +472,8 @@ def parse_condition(spec: str | Condition) -> Condition:
         return spec
     match = _SPEC.match(str(spec))
     if not match or match.group(1) not in CONDITIONS:
-        raise RelaylensError(f"unknown condition {spec!r}; known: {', '.join(CONDITIONS)} (parameters like query_only(2048); "
+        raise RelaylensError(f"unknown condition {spec!r}; known: {', '.join(CONDITIONS)} (parameters like "
+                             "query_only(2048); "
                             "scopes like relay@layers=0-9)")
     name, keyword, raw = match.groups()
     cls = CONDITIONS[name]

@@ -25,7 +25,8 @@ anchor fixes the common offset so they are the very same positions):
 | ``original`` | ``L - p_last`` (per head) | 1 | 0 | ``L`` |
 | ``relay`` | 1 (a head with ``m < M`` ends at ``M - 1`` too) | 1 | 1 | ``M`` |
 | ``key_only`` | ``L - M + 1`` | 1 | 1 | ``L`` |
-| ``compaction(a)``, ``half_gap`` | ``(1 - a)(L - p_last) + a`` (per head) | 1 | ``a`` | as compaction, up to its rounding |
+| ``compaction(a)``, ``half_gap`` | ``(1 - a)(L - p_last) + a`` (per head) | 1 | ``a`` | as compaction, up to its
+rounding |
 
 ``relay`` and ``key_only`` are points at every sharing level (one ``b, s, alpha`` for all heads); ``original`` and
 ``compaction`` need one ``b`` per head. Heads are independent, so a head keeping a single state has ``p'_0 = q0 - b``.
@@ -58,8 +59,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from relaylens.conditions.catalogue import (CommonShift, Compaction, Condition, Coordinates, KeyOnly, Original, Relay,
-                                            exact_number, make_coordinates, parse_condition)
+from relaylens.conditions.catalogue import (
+    CommonShift,
+    Compaction,
+    Condition,
+    Coordinates,
+    KeyOnly,
+    Original,
+    Relay,
+    exact_number,
+    make_coordinates,
+    parse_condition,
+)
 from relaylens.errors import NonFiniteError, PositionError, RelaylensError, ShapeError
 
 if TYPE_CHECKING:  # importing the family imports no torch
@@ -103,7 +114,7 @@ def check_parameter(name: str, value, where: str, fix: str | None = None) -> Non
     Traceback (most recent call last):
     ...
     relaylens.errors.RelaylensError: condition geometry: s must be a finite number with 0 < s < 2**24 (or a per-layer / per-head list of them); got nan at index [1]. Fix: give s in that range
-    """
+    """  # noqa: E501 - doctest: an exception message is matched on one line
     if hasattr(value, "tolist") and not isinstance(value, (int, float)):
         value = value.tolist()  # a tensor or array of parameters
 
@@ -137,7 +148,7 @@ def expand(values, num_layers: int, num_kv_heads: int, name: str = "parameter") 
     >>> expand([1.0, 2.0], 2, 3).tolist()
     [[1.0, 1.0, 1.0], [2.0, 2.0, 2.0]]
     """
-    import torch
+    import torch  # noqa: PLC0415 - torch-free room
 
     tensor = values if isinstance(values, torch.Tensor) else torch.tensor(values, dtype=torch.float64)
     tensor = tensor.to(torch.float64)
@@ -164,7 +175,7 @@ def sharing_of(values) -> str:
 
 def gaps(sel: Selection, alpha: torch.Tensor) -> torch.Tensor:
     """``g_i = (1 - alpha)(p_last - p_i) + alpha (m - 1 - i)`` float64 ``[layer, kv_head, slot]`` (0 in padding)."""
-    import torch
+    import torch  # noqa: PLC0415 - torch-free room
 
     counts = sel.counts  # [layer, kv_head]
     last = sel.positions.gather(-1, (counts - 1).clamp_min(0)[..., None]).double()  # [layer, kv_head, 1]: p_last
@@ -178,7 +189,7 @@ def gaps(sel: Selection, alpha: torch.Tensor) -> torch.Tensor:
 
 def anchor(sel: Selection, distances: torch.Tensor, alpha: torch.Tensor) -> int:
     """``q0 = max(ceil(max d), round((1 - abar) L + abar M))`` (see the module docstring)."""
-    import torch
+    import torch  # noqa: PLC0415 - torch-free room
 
     has = sel.counts > 0  # [layer, kv_head]
     largest = float(torch.where(sel.valid, distances.detach(), torch.full_like(distances.detach(), -math.inf)).max())
@@ -190,7 +201,6 @@ def anchor(sel: Selection, distances: torch.Tensor, alpha: torch.Tensor) -> int:
 def family_coordinates(sel: Selection, b, s, alpha, label: str = "geometry") -> Coordinates:
     """Real-valued :class:`Coordinates` of the family at ``(b, s, alpha)`` (each global, per layer or per head; tensors
     keep autograd, so positions are differentiable in the parameters). Refuses non-finite or non-monotone positions."""
-    import torch
 
     shape = (sel.num_layers, sel.num_kv_heads)
     b, s, alpha = (expand(v, *shape, name) for v, name in ((b, "b"), (s, "s"), (alpha, "alpha")))
@@ -203,7 +213,7 @@ def family_coordinates(sel: Selection, b, s, alpha, label: str = "geometry") -> 
 
 def check_positions(sel: Selection, positions: torch.Tensor, label: str, params=None) -> None:
     """Refuse non-finite or not strictly increasing positions of valid slots, naming the first (layer, kv_head)."""
-    import torch
+    import torch  # noqa: PLC0415 - torch-free room
 
     values = positions.detach()
     bad = sel.valid & ~torch.isfinite(values)
@@ -232,7 +242,7 @@ def family_point(condition: Condition | str, sel: Selection) -> tuple[torch.Tens
     """``(b, s, alpha)`` float64 ``[layer, kv_head]`` at which the family reproduces ``condition`` on ``sel``:
     ``original``, ``relay``, ``key_only``, ``compaction(a)`` / ``half_gap`` (unrounded), a :class:`Geometry`,
     ``learned:RUN_DIR``, and ``common_shift`` (original's point: a common shift changes no distance)."""
-    import torch
+    import torch  # noqa: PLC0415 - torch-free room
 
     if isinstance(condition, str):
         condition = parse_family(condition) or parse_condition(condition)
@@ -309,8 +319,9 @@ class Learned(Geometry):
         field it holds is checked (:func:`check_learned_info`)."""
         path = Path(run_dir) / LEARNED_FILE
         if not path.is_file():
-            raise RelaylensError(f"learned:{run_dir}: no {LEARNED_FILE} in that directory. Fix: pass the --out directory "
-                                 "of a finished `relaylens run learned_geometry` (it is written when training ends)")
+            raise RelaylensError(f"learned:{run_dir}: no {LEARNED_FILE} in that directory. Fix: pass the --out "
+                                 "directory of a finished `relaylens run learned_geometry` (it is written when "
+                                 "training ends)")
         try:
             info = json.loads(path.read_text("utf-8"), parse_constant=_no_constant)
         except (OSError, ValueError, RecursionError) as err:
@@ -319,7 +330,8 @@ class Learned(Geometry):
         return cls.from_info(info, run_dir, display, where=f"learned:{run_dir}: {path}")
 
     @classmethod
-    def from_info(cls, info: dict, run_dir: str | Path, display: str | None = None, where: str | None = None) -> Learned:
+    def from_info(cls, info: dict, run_dir: str | Path, display: str | None = None,
+                  where: str | None = None) -> Learned:
         """The condition of a learned file's parsed content ``info`` (checked by :func:`check_learned_info`)."""
         check_learned_info(info, where or f"learned:{run_dir}")
         params = {p: info["parameters"][p] for p in PARAMETERS}
@@ -334,9 +346,9 @@ class Learned(Geometry):
         learned = (self.info.get("num_layers"), self.info.get("num_kv_heads"))
         if tuple(learned) != shape:
             model = (self.info.get("model") or {}).get("spec", "?")
-            raise RelaylensError(f"condition {self.label} was learned on {model} ({learned[0]} layers x {learned[1]} kv "
-                                 f"heads); this model has {shape[0]} x {shape[1]}. Fix: learn a geometry for this model "
-                                 f"(relaylens run learned_geometry --model ...) and pass that run directory")
+            raise RelaylensError(f"condition {self.label} was learned on {model} ({learned[0]} layers x {learned[1]} "
+                                 f"kv heads); this model has {shape[0]} x {shape[1]}. Fix: learn a geometry for this "
+                                 "model (relaylens run learned_geometry --model ...) and pass that run directory")
         return self
 
 

@@ -9,7 +9,7 @@ Spec syntax::
                                              relay@band=late@base=key_only
 
 * ``layers=`` layer indices and ranges (``0-9``, ``0,4,7-9``, ``all``, ``none``);
-* ``band=`` ``early`` / ``middle`` / ``late`` (thirds of the layers, :func:`relaylens.reporting.summaries.bands`);
+* ``band=`` ``early`` / ``middle`` / ``late`` (thirds of the layers, :func:`relaylens.conditions.bands.bands`);
 * ``layer_type=`` a layer type of the model (``config.layer_types``; ``full_attention`` for models without them),
   or ``*``: the family "one scope per layer type", expanded by :func:`expand_conditions` (nothing when the model
   has a single layer type);
@@ -58,12 +58,13 @@ from __future__ import annotations
 import dataclasses
 import re
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 from typing import TYPE_CHECKING
 
 from relaylens.conditions.bands import BANDS, bands
 from relaylens.conditions.catalogue import Condition, Coordinates, Original, make_coordinates, parse_condition
 from relaylens.conditions.family import POSITION_RANGE, Learned, parse_family
-from relaylens.errors import RelaylensError
+from relaylens.errors import PositionError, RelaylensError
 
 if TYPE_CHECKING:  # importing scoped conditions imports no torch; masks are built on torch selections
     import torch
@@ -155,8 +156,6 @@ class Scoped(Condition):
     def check_model(self, model_or_config) -> None:
         """Refuse a scope naming a layer, kv head or layer type the model lacks (the message names the condition,
         the clause and the model's range)."""
-        from types import SimpleNamespace
-
         config = getattr(model_or_config, "config", model_or_config)
         config = config.get_text_config() if hasattr(config, "get_text_config") else config
         layers = int(config.num_hidden_layers)
@@ -165,7 +164,7 @@ class Scoped(Condition):
 
     def scope_mask(self, sel: Selection) -> torch.Tensor:
         """``[layer, kv_head]`` bool: True where the scoped condition applies."""
-        import torch
+        import torch  # noqa: PLC0415 - torch-free room
 
         num_layers, num_heads = sel.num_layers, sel.num_kv_heads
         mask = torch.ones(num_layers, num_heads, dtype=torch.bool)
@@ -186,7 +185,7 @@ class Scoped(Condition):
         return mask
 
     def _type_mask(self, num_layers: int) -> torch.Tensor:
-        import torch
+        import torch  # noqa: PLC0415 - torch-free room
 
         if self.layer_type == ALL_LAYER_TYPES:
             raise RelaylensError(f"condition {self.label} is a family (one scope per layer type); expand it for a "
@@ -203,11 +202,12 @@ class Scoped(Condition):
         return torch.tensor([t == self.layer_type for t in self.layer_types])
 
     def coordinates(self, sel: Selection) -> Coordinates:
-        import torch
+        import torch  # noqa: PLC0415 - torch-free room
 
         mask = self.scope_mask(sel)[..., None]  # [layer, kv_head, 1]
         inner, base = self.inner.coordinates(sel), self.base.coordinates(sel)
-        used = ([inner.question_start] if bool(mask.any()) else []) + ([base.question_start] if bool((~mask).any()) else [])
+        used = (([inner.question_start] if bool(mask.any()) else [])
+                + ([base.question_start] if bool((~mask).any()) else []))
         anchor = max(used)  # S
         keys = torch.where(mask, anchor - inner.question_start + inner.key_positions + int(self.move),
                            anchor - base.question_start + base.key_positions)  # [layer, kv_head, slot]
@@ -220,7 +220,7 @@ class Scoped(Condition):
 
 
 def _layer_mask(layers, num_layers: int, label: str) -> torch.Tensor:
-    import torch
+    import torch  # noqa: PLC0415 - torch-free room
 
     mask = torch.zeros(num_layers, dtype=torch.bool)
     for layer in layers:
@@ -287,8 +287,8 @@ def _parse_heads(raw: str, spec: str) -> tuple[tuple[int, int], ...]:
 
 def get_condition(spec: str | Condition, model=None) -> Condition:
     """Parse a condition name such as ``"relay"``, ``"query_only(2048)"``, ``"compaction(alpha=0.25)"``, or a scoped
-    condition such as ``"relay@layers=0-9"`` (a :class:`~relaylens.conditions.catalogue.Condition` passes through). ``model``
-    (or its config) gives scoped conditions the layer types that ``layer_type=`` scopes need.
+    condition such as ``"relay@layers=0-9"`` (a :class:`~relaylens.conditions.catalogue.Condition` passes through).
+    ``model`` (or its config) gives scoped conditions the layer types that ``layer_type=`` scopes need.
 
     >>> get_condition("random_order(3)").label
     'random_order(3)'
@@ -327,7 +327,8 @@ def parse_scoped(spec: str) -> Scoped:
             fields[key] = _parse_layers(raw, spec)
         elif key == "move":
             if not re.match(r"^[-+]?\d+$", raw):
-                raise RelaylensError(f"condition {spec!r}: move={raw!r} is not a whole number of positions like 1 or -1")
+                raise RelaylensError(f"condition {spec!r}: move={raw!r} is not a whole number of positions "
+                                     "like 1 or -1")
             fields[key] = int(raw)
         elif key == "heads":
             fields[key] = _parse_heads(raw, spec)
@@ -383,8 +384,6 @@ def unit_position_problem(conditions, selection: Selection, tail: int, limit: in
     >>> unit_position_problem([get_condition("relay@move=2")], sel, tail=10, limit=512)[0]
     'position'
     """
-    from relaylens.errors import PositionError
-
     for condition in conditions:
         condition = get_condition(condition)
         try:

@@ -23,6 +23,7 @@ Example:
 
 from __future__ import annotations
 
+import json
 import logging
 import warnings
 from pathlib import Path
@@ -86,12 +87,10 @@ def prompt_layout(record: Record):
 
 def _refuse_empty_or_broken_json(path: Path) -> None:
     """Name the real problem of an unrecognised file when it is empty or JSON that does not parse."""
-    import json
-
     text = peek_text(path, 1 << 26).strip()  # unrecognised files only: reading them is the cheap part of an error
     if not text:
-        raise RecordError(f"dataset file {path} is empty. Fix: pass a LongMemEval / PersonaMem / Long-MT-Bench+ / "
-                          "InfiniteBench file (re-download it if a transfer was cut short)")
+        raise RecordError(f"dataset file {path} is empty. Fix: pass a file of one of the formats {', '.join(FORMATS)} "
+                          "(re-download it if a transfer was cut short)")
     if data_suffix(path) not in (".csv", ".parquet") and text[:1] in "[{":
         try:
             json.loads(text)
@@ -106,7 +105,8 @@ def _refuse_empty_or_broken_json(path: Path) -> None:
                 raise RecordError(f"{path}: not valid JSON ({err}). Fix: repair the file or re-download it") from None
 
 
-def load_records_with_report(path: str | Path, format: str = "auto", lenient: bool = False, **options) -> tuple[list[Record], LoadReport]:
+def load_records_with_report(path: str | Path, format: str = "auto", lenient: bool = False,
+                             **options) -> tuple[list[Record], LoadReport]:
     """Read a dataset file into records and report what was skipped.
 
     Args:
@@ -117,8 +117,8 @@ def load_records_with_report(path: str | Path, format: str = "auto", lenient: bo
     """
     path = Path(path)
     if not path.exists():
-        raise FileNotFoundError(f"dataset file {path} does not exist; pass the path of a LongMemEval / PersonaMem / "
-                                "Long-MT-Bench+ / InfiniteBench file")
+        raise FileNotFoundError(f"dataset file {path} does not exist; pass the path of a file of one of the formats "
+                                f"{', '.join(FORMATS)}")
     fmt = detect_format(path) if format == "auto" else format
     if fmt not in FORMATS:
         raise ValueError(f"unknown dataset format {fmt!r}; expected 'auto' or one of {FORMATS}")
@@ -126,11 +126,13 @@ def load_records_with_report(path: str | Path, format: str = "auto", lenient: bo
     try:
         READERS[fmt](path, collector, **options)
     except UnicodeDecodeError as err:
-        raise RecordError(f"{path}: not UTF-8 text (byte {err.object[err.start:err.start + 1]!r} at offset {err.start}: "
-                          f"{err.reason}). Fix: re-encode the file as UTF-8 (e.g. iconv -f latin1 -t utf-8)") from None
+        raise RecordError(f"{path}: not UTF-8 text (byte {err.object[err.start:err.start + 1]!r} at offset "
+                          f"{err.start}: {err.reason}). Fix: re-encode the file as UTF-8 (e.g. iconv -f latin1 -t "
+                          "utf-8)") from None
     except RecursionError:
         raise RecordError(f"{path}: the JSON is nested too deeply to read (more levels than Python's recursion "
-                          "limit). Fix: check that this is a dataset file; records are only a few levels deep") from None
+                          "limit). Fix: check that this is a dataset file; records are only a few levels "
+                          "deep") from None
     report = LoadReport(str(path), fmt, len(collector.records), tuple(collector.skipped))
     if report.num_skipped:
         where, why = (shown(text) for text in report.skipped[0])  # dataset text: one line, no terminal control

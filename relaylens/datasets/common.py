@@ -35,7 +35,9 @@ def get_field(obj: dict, key: str, types: type | tuple[type, ...], path, where: 
     names = types.__name__ if isinstance(types, type) else " or ".join(t.__name__ for t in types)
     if value is _MISSING:
         raise record_error(path, where, key, f"a {names}", "<missing>", fix or f"add the {key!r} field")
-    if not isinstance(value, types) or (isinstance(value, bool) and bool not in (types if isinstance(types, tuple) else (types,))):
+    if not isinstance(value,
+                      types) or (isinstance(value,
+                                            bool) and bool not in (types if isinstance(types, tuple) else (types,))):
         raise record_error(path, where, key, f"a {names}", value, fix or f"store {key!r} as a {names}")
     return value
 

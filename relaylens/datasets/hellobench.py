@@ -24,8 +24,8 @@ categories' checklists (``Checklists/summarization_checklist.json``) and HelloEv
 Everything else (``requirements``, ``text_len``, ``base_prompt``, ...) is kept in ``Record.meta``. Malformed items
 raise :class:`~relaylens.errors.RecordError` naming the record id, the field and the fix.
 
-Aspects (what factuality and coverage average over, :mod:`relaylens.scoring.checklist`): an object item's ``aspect``, else
-the rule of :func:`checklist_aspect` on the question text.
+Aspects (what factuality and coverage average over, :mod:`relaylens.scoring.checklist`): an object item's ``aspect``,
+else the rule of :func:`checklist_aspect` on the question text.
 
 Example:
     >>> checklist_aspect("Is the summary perfectly accurate without errors or misleading information?")
@@ -45,8 +45,8 @@ from pathlib import Path
 
 from relaylens.datasets.common import get_field, iter_json_objects, record_error
 from relaylens.datasets.formats import DatasetFormat, has_keys, json_head
-from relaylens.errors import RecordError
 from relaylens.datasets.records import Record, RecordCollector, Session, Turn
+from relaylens.errors import RecordError
 
 CATEGORIES = ("blogs", "report", "news", "long_dialogue", "academic_article")
 ASPECTS = ("factuality", "coverage", "other")
@@ -172,10 +172,10 @@ def parse_checklist(obj: dict, path, where: str, category_weights=None, with_sou
 
 
 def hellobench_layout(record, mode: str):
-    """The :class:`~relaylens.datasets.spans.PromptLayout` of a HelloBench item: the instruction head and the source text are
-    the history (the source is one session with one document turn; the head lies outside it, so it is protected),
-    the prompt's tail is the question part (completion mode appends a ``Summary:`` cue)."""
-    from relaylens.datasets.spans import PromptLayout
+    """The :class:`~relaylens.datasets.spans.PromptLayout` of a HelloBench item: the instruction head and the source
+    text are the history (the source is one session with one document turn; the head lies outside it, so it is
+    protected), the prompt's tail is the question part (completion mode appends a ``Summary:`` cue)."""
+    from relaylens.datasets.spans import PromptLayout  # noqa: PLC0415 - import cycle: relaylens.datasets.spans imports this module
 
     meta = record.meta or {}
     head, tail = meta.get("prompt_head", ""), meta.get("prompt_tail", "")

@@ -1,4 +1,5 @@
-"""Reader for InfiniteBench (OpenBMB/InfiniteBench) ``longdialogue_qa_eng``, ``longbook_choice_eng``, ``longbook_qa_eng``.
+"""Reader for InfiniteBench (OpenBMB/InfiniteBench) ``longdialogue_qa_eng``, ``longbook_choice_eng``,
+``longbook_qa_eng``.
 
 JSONL fields: ``id`` (int), ``context``, ``input``, ``answer`` (list of str), ``options`` (list, empty unless
 multiple choice). The long context becomes one session of ``"document"`` turns: paragraphs packed into chunks of at
@@ -20,8 +21,8 @@ from pathlib import Path
 from relaylens.datasets.common import iter_json_objects, record_error
 from relaylens.datasets.formats import DatasetFormat, has_keys, json_head
 from relaylens.datasets.prompt_templates import infinitebench_layout
-from relaylens.errors import RecordError
 from relaylens.datasets.records import Record, RecordCollector, Session, Turn
+from relaylens.errors import RecordError
 
 TASKS = ("longdialogue_qa_eng", "longbook_choice_eng", "longbook_qa_eng")
 """The InfiniteBench tasks relaylens reads (En.Dia, En.MC, En.QA)."""

@@ -107,7 +107,8 @@ def parse_record(obj, path, where: str, source: str = "longmemeval") -> Record:
 def _parse_turns(turns, path, where: str, k: int) -> tuple[Turn, ...]:
     field = f"haystack_sessions[{k}]"
     if not isinstance(turns, list):
-        raise record_error(path, where, field, "a list of turns", turns, "a session is a list of {role, content} objects")
+        raise record_error(path, where, field, "a list of turns", turns,
+                           "a session is a list of {role, content} objects")
     out = []
     for j, turn in enumerate(turns):
         tf = f"{field}[{j}]"
@@ -121,7 +122,8 @@ def _parse_turns(turns, path, where: str, k: int) -> tuple[Turn, ...]:
             raise record_error(path, where, tf + ".content", "a string", content, "store the turn text as a string")
         has_answer = turn.get("has_answer", False)
         if not isinstance(has_answer, bool):
-            raise record_error(path, where, tf + ".has_answer", "true or false", has_answer, "write has_answer as a JSON bool")
+            raise record_error(path, where, tf + ".has_answer", "true or false", has_answer,
+                               "write has_answer as a JSON bool")
         out.append(Turn(role, content, has_answer))
     return tuple(out)
 
@@ -134,7 +136,8 @@ def bundled_sample_path() -> Path:
 def sniff(path: Path) -> bool:
     """A LongMemEval file: JSON with ``question_id`` and the haystack sessions (or their ids)."""
     head = json_head(path)
-    return has_keys(head, "question_id") and (has_keys(head, "haystack_sessions") or has_keys(head, "haystack_session_ids"))
+    return has_keys(head,
+                    "question_id") and (has_keys(head, "haystack_sessions") or has_keys(head, "haystack_session_ids"))
 
 
 FORMAT = DatasetFormat("longmemeval", read_longmemeval, sniff, sample=bundled_sample_path)

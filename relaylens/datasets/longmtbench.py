@@ -2,13 +2,13 @@
 
 Each row is one conversation: ``conversation_id``, ``sessions`` (list of sessions, each a list of exchange strings
 ``"<Turn 0>: [human]: ...\\n[bot]: ..."``; the ``<Turn n>:`` prefix may be absent), ``questions`` and ``answers``
-(aligned). Every question becomes one :class:`~relaylens.datasets.records.Record` over the whole conversation, clustered by
-``conversation_id``. There are no dates and no gold evidence in the release.
+(aligned). Every question becomes one :class:`~relaylens.datasets.records.Record` over the whole conversation, clustered
+by ``conversation_id``. There are no dates and no gold evidence in the release.
 
 Example:
     >>> split_exchange("<Turn 0>: [human]: Hi there\\n[bot]: Hello!")
     (Turn(role='user', content='Hi there', has_answer=False), Turn(role='assistant', content='Hello!', has_answer=False))
-"""
+"""  # noqa: E501 - doctest: the expected output stays on one line
 
 from __future__ import annotations
 
@@ -17,8 +17,8 @@ from pathlib import Path
 
 from relaylens.datasets.common import iter_json_objects, record_error
 from relaylens.datasets.formats import DatasetFormat, has_keys, json_head
-from relaylens.errors import RecordError
 from relaylens.datasets.records import Record, RecordCollector, Session, Turn
+from relaylens.errors import RecordError
 
 _TURN_PREFIX = re.compile(r"^\s*<Turn\s*\d+>\s*:\s*")
 _EXCHANGE = re.compile(r"^\s*\[human\]\s*:\s*(.*?)\s*\[bot\]\s*:\s*(.*?)\s*\Z", re.S)
@@ -38,7 +38,7 @@ def split_exchange(text: str) -> tuple[Turn, ...]:
 
 def _rows(path: Path):
     if path.suffix == ".parquet":
-        import pandas as pd
+        import pandas as pd  # noqa: PLC0415 - import cost: pandas load on first use
 
         for i, row in enumerate(pd.read_parquet(path).to_dict("records")):
             yield f"row {i}", row
@@ -84,7 +84,8 @@ def parse_conversation(row, path, where: str) -> list[Record]:
                            raw_sessions, "store sessions as list[list[str]]")
     if not isinstance(questions, list) or not isinstance(answers, list) or len(questions) != len(answers):
         raise record_error(path, where, "answers", "a list aligned with questions",
-                           f"{_len(questions)} questions, {_len(answers)} answers", "give exactly one answer per question")
+                           f"{_len(questions)} questions, {_len(answers)} answers",
+                           "give exactly one answer per question")
     sessions = []
     for k, session in enumerate(raw_sessions):
         session = _as_list(session)

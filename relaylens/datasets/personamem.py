@@ -22,8 +22,8 @@ from pathlib import Path
 
 from relaylens.datasets.common import peek_text, record_error
 from relaylens.datasets.formats import DatasetFormat
-from relaylens.errors import RecordError
 from relaylens.datasets.records import Record, RecordCollector, Session, Turn
+from relaylens.errors import RecordError
 
 SKILLS = (
     "recall_user_shared_facts",
@@ -64,7 +64,7 @@ def default_contexts_path(questions_path: Path) -> Path:
 
 def read_personamem(path: Path, collector: RecordCollector, contexts_path: str | Path | None = None) -> None:
     """Parse the questions CSV at ``path`` (and its shared contexts) into ``collector``."""
-    import pandas as pd
+    import pandas as pd  # noqa: PLC0415 - import cost: pandas load on first use
 
     frame = pd.read_csv(path, dtype=str, keep_default_na=False, encoding="utf-8-sig")
     missing = [c for c in REQUIRED_COLUMNS if c not in frame.columns]
@@ -134,7 +134,7 @@ def parse_options(text: str, path, where: str) -> tuple[str, ...]:
     for i, opt in enumerate(options):
         m = _LETTER.match(opt)
         if m and m.group(1).lower() not in OPTION_LETTERS:
-            raise record_error(path, where, f"all_options[{i}]", f"an option labelled (a)-(d)", opt,
+            raise record_error(path, where, f"all_options[{i}]", "an option labelled (a)-(d)", opt,
                                "label the options (a) to (d)")
         out.append(opt.strip() if m else f"({OPTION_LETTERS[i]}) {opt.strip()}")
     return tuple(out)
@@ -198,8 +198,10 @@ def split_sessions(messages: list, cid: str, ctx_path) -> tuple[Session, ...]:
     """Cut a message list into sessions at each ``system`` message (which opens its session)."""
     sessions: list[list[Turn]] = []
     for j, msg in enumerate(messages):
-        if not isinstance(msg, dict) or msg.get("role") not in ("system", "user", "assistant") or not isinstance(msg.get("content"), str):
-            raise record_error(ctx_path, f"context {cid[:12]}...", f"[{j}]", "a {role: system|user|assistant, content: str} message",
+        if not isinstance(msg, dict) or msg.get("role") not in ("system", "user",
+                                                                "assistant") or not isinstance(msg.get("content"), str):
+            raise record_error(ctx_path, f"context {cid[:12]}...", f"[{j}]",
+                               "a {role: system|user|assistant, content: str} message",
                                msg, "repair the shared context message")
         if msg["role"] == "system" or not sessions:
             sessions.append([])

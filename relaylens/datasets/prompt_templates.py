@@ -26,15 +26,16 @@ Example:
 
 from __future__ import annotations
 
-from relaylens.errors import RecordError
 from relaylens.datasets.spans import PromptLayout
+from relaylens.errors import RecordError
 
 #: chat-model templates (InfiniteBench ``gpt4_templates``)
 CHAT_TEMPLATES = {
-    "longbook_qa_eng": "Read the book below and answer a question.\n\n{context}\n\nQuestion: {question}\n\nBe very concise.",
+    "longbook_qa_eng": "Read the book below and answer a question.\n\n{context}\n\nQuestion: {question}\n\nBe very "
+                       "concise.",
     "longbook_choice_eng": (
-        "Read the book and answer the question.\n\n{context}\n\nQuestion: {question}\n\nOnly one of the following options "
-        "is correct, tell me the answer using one single letter (A, B, C, or D). Don't say anything else.\n"
+        "Read the book and answer the question.\n\n{context}\n\nQuestion: {question}\n\nOnly one of the following "
+        "options is correct, tell me the answer using one single letter (A, B, C, or D). Don't say anything else.\n"
         "A. {OPTION_A}\nB. {OPTION_B}\nC. {OPTION_C}\nD. {OPTION_D}"
     ),
     "longdialogue_qa_eng": (
@@ -47,14 +48,16 @@ CHAT_TEMPLATES = {
 
 #: base-model templates with an answer cue (InfiniteBench ``yarn_mistral_templates``)
 COMPLETION_TEMPLATES = {
-    "longbook_qa_eng": "Read the book and answer the question. Be very concise in your answer.\n\n{context}\n\nQuestion: {question}\nAnswer:",
+    "longbook_qa_eng": "Read the book and answer the question. Be very concise in your "
+                       "answer.\n\n{context}\n\nQuestion: {question}\nAnswer:",
     "longbook_choice_eng": (
         "Read the book and answer the question.\n\n{context}\n\nQuestion: {question}\nA. {OPTION_A}\nB. {OPTION_B}\n"
         "C. {OPTION_C}\nD. {OPTION_D}\n\nThe letter of the correct answer is"
     ),
     "longdialogue_qa_eng": (
         "Below is a dialogue script where one random occurrence of a character name is replaced with \"$$MASK$$\", and "
-        "you should try to guess who that character is.\n\n{context}\n\nThe name that has been replaced with $$MASK$$ is likely"
+        "you should try to guess who that character is.\n\n{context}\n\nThe name that has been replaced with $$MASK$$ "
+        "is likely"
     ),
 }
 
@@ -87,7 +90,7 @@ def template_fields(record, task: str) -> dict[str, str]:
 
 
 def infinitebench_layout(record, mode: str):
-    """The :class:`~relaylens.datasets.prompting.PromptLayout` of an InfiniteBench record under its task's template."""
+    """The :class:`~relaylens.datasets.spans.PromptLayout` of an InfiniteBench record under its task's template."""
 
     task = infinitebench_task(record)
     template = TEMPLATES[mode][task]

@@ -48,9 +48,10 @@ import json
 from bisect import bisect_left, bisect_right
 from itertools import accumulate
 
-from relaylens.errors import RecordError
+from relaylens.datasets import prompt_layout
 from relaylens.datasets.records import Record, Session
 from relaylens.datasets.spans import PromptLayout, RenderedPrompt, Span
+from relaylens.errors import RecordError
 
 INSTRUCTION = ("I will give you several history chats between you and a user. "
                "Please answer the question based on the relevant chat history.")
@@ -126,17 +127,16 @@ def layout_prompt(record: Record, mode: str = "chat", history_format: str = "nl"
 def render_prompt(record: Record, tokenizer, mode: str = "chat", history_format: str = "nl") -> RenderedPrompt:
     """Render ``record`` for ``tokenizer`` (a fast Hugging Face tokenizer); see the module docstring for the layout.
 
-    Returns a :class:`~relaylens.datasets.spans.RenderedPrompt` whose ``history_ids`` ``[L]`` and ``question_ids`` ``[Q]``
-    concatenate to the joint tokenisation of ``history_text + question_text``.
+    Returns a :class:`~relaylens.datasets.spans.RenderedPrompt` whose ``history_ids`` ``[L]`` and ``question_ids``
+    ``[Q]`` concatenate to the joint tokenisation of ``history_text + question_text``.
     """
-    import torch  # token ids as tensors; importing the datasets stage itself imports no torch
+    import torch  # noqa: PLC0415 - torch-free room: token ids as tensors; importing the datasets stage itself imports no torch
 
     _check(mode, MODES, "mode")
     if not any(session.turns for session in record.sessions):
-        raise RecordError(f"record {record.record_id!r} has an empty history ({len(record.sessions)} sessions, no turns); "
-                          "there is nothing to cache or select. Fix: drop the record or give it at least one session "
-                          "with a turn")
-    from relaylens.datasets import prompt_layout
+        raise RecordError(f"record {record.record_id!r} has an empty history ({len(record.sessions)} sessions, no "
+                          "turns); there is nothing to cache or select. Fix: drop the record or give it at least one "
+                          "session with a turn")
 
     own_layout = prompt_layout(record)  # the format's own prompt (InfiniteBench's templates, HelloBench's task head)
     layout = own_layout(record, mode) if own_layout is not None else layout_prompt(record, mode, history_format)
@@ -191,7 +191,8 @@ def render_prompt(record: Record, tokenizer, mode: str = "chat", history_format:
     )
 
 
-def encode_data_text(tokenizer, text: str, start: int = 0, end: int | None = None) -> tuple[list[int], list[tuple[int, int]]]:
+def encode_data_text(tokenizer, text: str, start: int = 0, end: int | None = None) -> tuple[list[int],
+                                                                                            list[tuple[int, int]]]:
     """Token ids and character offsets of ``text`` where ``text[start:end]`` is *data* (dataset text): special-token
     strings written in the data (``<|im_end|>``, ``<start_of_turn>``) are tokenised as the plain text they are, never
     as control tokens; only the template's own markers outside ``[start, end)`` stay special.

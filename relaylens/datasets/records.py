@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from relaylens.errors import RecordError, shown
+from relaylens.scoring.metrics import normalize_answer
 
 
 @dataclass(frozen=True)
@@ -215,9 +216,7 @@ def check_record(record: Record, path="<records>", where: str = "<record>") -> N
     Traceback (most recent call last):
     ...
     relaylens.errors.RecordError: f.json: item 0: reference answer 'The' is empty after answer normalisation (lower case, punctuation and the articles a/an/the removed), so an empty model answer would score exact match 1. Fix: give the record a real reference answer, or drop it
-    """
-    from relaylens.scoring.metrics import normalize_answer
-
+    """  # noqa: E501 - doctest: an exception message is matched on one line
     _encodable(record.record_id, path, where, "id")
     _encodable(record.question, path, where, "question")
     for k, answer in enumerate(record.answers):

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from relaylens.datasets.records import Session
+from relaylens.errors import RecordError
 
 if TYPE_CHECKING:  # token tensors are built when a prompt is rendered; importing spans imports no torch
     import torch
@@ -85,8 +86,9 @@ class RenderedPrompt:
 
     def protected_mask(self) -> torch.Tensor:
         """``[L]`` bool: history tokens outside every session span (task instruction, chat-template head, separators
-        between units): what ``--protect-instructions`` keeps outside the budget (:mod:`relaylens.selectors.protection`)."""
-        import torch
+        between units): what ``--protect-instructions`` keeps outside the budget
+        (:mod:`relaylens.selectors.protection`)."""
+        import torch  # noqa: PLC0415 - torch-free room
 
         mask = torch.ones(self.history_length, dtype=torch.bool)
         for span in self.sessions:
@@ -106,9 +108,8 @@ class RenderedPrompt:
         ``template | instruction | separators`` is :meth:`protected_mask`; a record whose prompt cannot be split this
         way (no session, or a session that starts inside the template) raises :class:`~relaylens.errors.RecordError`.
         """
-        import torch
+        import torch  # noqa: PLC0415 - torch-free room
 
-        from relaylens.errors import RecordError
 
         length = self.history_length
         if not self.sessions:
@@ -133,7 +134,7 @@ class RenderedPrompt:
 
     def evidence_mask(self, granularity: str = "turn") -> torch.Tensor:
         """``[L]`` bool: history tokens inside gold evidence units at the given granularity."""
-        import torch
+        import torch  # noqa: PLC0415 - torch-free room
 
         mask = torch.zeros(self.history_length, dtype=torch.bool)
         for span in self.units(granularity):

@@ -8,7 +8,8 @@ Evidence sessions state the queried facts; filler sessions carry same-category d
 Example:
     >>> from datetime import datetime
     >>> d = datetime(2023, 5, 1)
-    >>> resolve(Query("sum", ("bought:mugs",)), [(d, [Fact("user", "bought:mugs", 2)]), (d, [Fact("user", "bought:mugs", 3)])], d)
+    >>> facts = [(d, [Fact("user", "bought:mugs", 2)]), (d, [Fact("user", "bought:mugs", 3)])]
+    >>> resolve(Query("sum", ("bought:mugs",)), facts, d)
     5
 """
 
@@ -122,7 +123,8 @@ def single_session_user(rng, abstain: bool) -> Plan:
         slot = f"pet_name:{species}"
         sentence = f"I adopted a {species} a few weeks ago and we named it {value}."
         question = f"What is the name of my {species}?"
-        dis = [(f"My neighbor's {species} is called {o}, and it is adorable.", (Fact("other", slot, o),)) for o in others]
+        dis = [(f"My neighbor's {species} is called {o}, and it is adorable.",
+                (Fact("other", slot, o),)) for o in others]
         abs_q, banned, missing = f"What is the name of my {species2}?", (species2,), f"a {species2} (only a {species})"
     else:
         pool, slot, say, ask, other_say, abs_ask = {
@@ -131,7 +133,8 @@ def single_session_user(rng, abstain: bool) -> Plan:
             2: (tx.INSTRUMENTS, "instrument", "I've started taking {v} lessons on Thursday evenings.",
                 "Which instrument am I taking lessons for?", "My {r} plays the {v} in a community band.",
                 "Which instrument does my {r} play?"),
-            3: (tx.DRINKS, "coffee_order", "My usual coffee order these days is a {v}.", "What is my usual coffee order?",
+            3: (tx.DRINKS, "coffee_order", "My usual coffee order these days is a {v}.",
+                "What is my usual coffee order?",
                 "My {r} always orders a {v}.", "What is my {r}'s usual coffee order?"),
             4: (tx.CAR_BRANDS, "car_brand", "I finally bought a used {v} last month.", "What brand of car did I buy?",
                 "My {r} drives a {v}.", "What brand of car did my {r} buy?"),
@@ -168,7 +171,8 @@ def single_session_assistant(rng, abstain: bool = False) -> Plan:
     def listing(ctx, names):
         lines = "\n".join(f"{i + 1}. {n}" for i, n in enumerate(names))
         reply = f"Of course! Here are a few {cat}s I'd suggest for {ctx}:\n{lines}\nEnjoy!"
-        return DraftTurn("assistant", reply, tuple(Fact("user", f"recommended:{cat}:{ctx}:{i}", n) for i, n in enumerate(names)))
+        return DraftTurn("assistant", reply,
+                         tuple(Fact("user", f"recommended:{cat}:{ctx}:{i}", n) for i, n in enumerate(names)))
 
     ctx, *other_ctx = rng.sample(ctx_pool, 3)
     names = items(4)
@@ -185,16 +189,21 @@ def single_session_assistant(rng, abstain: bool = False) -> Plan:
 
 def single_session_preference(rng, abstain: bool = False) -> Plan:
     cat, pool, say, question, rubric, other_say = rng.choice((
-        ("cuisine", tx.CUISINES, "I spent all of Sunday cooking {v} dishes again; honestly, {v} food is what I crave most these days.",
+        ("cuisine", tx.CUISINES,
+         "I spent all of Sunday cooking {v} dishes again; honestly, {v} food is what I crave most these days.",
          "Can you suggest something I could cook for dinner this weekend?",
-         "The user would prefer a {value} recipe, since they love cooking {value} food.", "My {r} can't stand {v} food."),
+         "The user would prefer a {value} recipe, since they love cooking {value} food.",
+         "My {r} can't stand {v} food."),
         ("music", tx.MUSIC, "I had {v} playing all day while working; it's pretty much all I listen to lately.",
          "Can you suggest some music for my commute?",
-         "The user would prefer {value} suggestions, since it is what they listen to most.", "My {r} only listens to {v}."),
+         "The user would prefer {value} suggestions, since it is what they listen to most.",
+         "My {r} only listens to {v}."),
         ("activity", ("birdwatching", "trail running", "sketching", "kayaking", "gardening", "baking bread", "cycling",
                       "yoga", "fishing", "rock climbing"),
-         "Nothing relaxes me like {v}; I'd do it every weekend if I could.", "What should I do this Saturday to unwind?",
-         "The user would prefer suggestions involving {value}, which they find relaxing.", "My {r} is obsessed with {v}."),
+         "Nothing relaxes me like {v}; I'd do it every weekend if I could.",
+         "What should I do this Saturday to unwind?",
+         "The user would prefer suggestions involving {value}, which they find relaxing.",
+         "My {r} is obsessed with {v}."),
     ))
     value, *others = rng.sample(pool, 3)
     slot = f"preference:{cat}"
@@ -214,22 +223,30 @@ def multi_session(rng, abstain: bool) -> Plan:
         say = ("I picked up {n} {t} at {s} today.", "I bought {n} more {t} from {s} this afternoon.",
                "Guess what, I found {n} {t} at {s} today and couldn't resist.")
         counts = [rng.randint(1, 6) for _ in range(n_sessions)]
-        evidence = [fact_session(rng, user_fact(rng.choice(say).format(n=c, t=things, s=rng.choice(tx.SHOPS)), Fact("user", slot, c)))
+        evidence = [fact_session(rng,
+                                 user_fact(rng.choice(say).format(n=c, t=things, s=rng.choice(tx.SHOPS)),
+                                           Fact("user", slot, c)))
                     for c in counts]
         m1, m2 = rng.randint(1, 6), rng.randint(1, 6)
-        dis = [(f"I almost bought {m1} {things} at {rng.choice(tx.SHOPS)}, but I decided against it.", (Fact("user", f"considered:{things}", m1),)),
+        dis = [(f"I almost bought {m1} {things} at {rng.choice(tx.SHOPS)}, but I decided against it.",
+                (Fact("user", f"considered:{things}", m1),)),
                (f"My {rel} bought {m2} {things} last weekend.", (Fact("other", slot, m2),))]
-        question, abs_q, banned = f"How many {things} have I bought in total?", f"How many {things2} have I bought in total?", (things2,)
+        question, abs_q, banned = (f"How many {things} have I bought in total?",
+                                   f"How many {things2} have I bought in total?", (things2,))
     else:
         places = ("animal shelter", "food bank", "community garden", "public library", "soup kitchen")
         slot = "volunteered_hours"
         counts = [rng.randint(1, 6) for _ in range(n_sessions)]
-        evidence = [fact_session(rng, user_fact(f"I volunteered for {c} hours at the {rng.choice(places)} today.", Fact("user", slot, c)))
+        evidence = [fact_session(rng,
+                                 user_fact(f"I volunteered for {c} hours at the {rng.choice(places)} today.",
+                                           Fact("user", slot, c)))
                     for c in counts]
         m1, m2 = rng.randint(1, 6), rng.randint(1, 6)
-        dis = [(f"I signed up to volunteer for {m1} hours at the {rng.choice(places)} but had to cancel.", (Fact("user", "volunteer_cancelled", m1),)),
+        dis = [(f"I signed up to volunteer for {m1} hours at the {rng.choice(places)} but had to cancel.",
+                (Fact("user", "volunteer_cancelled", m1),)),
                (f"My {rel} volunteered {m2} hours at the {rng.choice(places)}.", (Fact("other", slot, m2),))]
-        question, abs_q, banned = "How many hours have I volunteered in total?", "How many hours have I spent tutoring in total?", ("tutoring",)
+        question, abs_q, banned = ("How many hours have I volunteered in total?",
+                                   "How many hours have I spent tutoring in total?", ("tutoring",))
         things2 = "tutoring"
     plan = Plan("multi-session", question, Query("sum", (slot,)), evidence, dis, template=slot.split(":")[0])
     return _abstain(plan, abs_q, banned, things2) if abstain else plan
@@ -240,17 +257,23 @@ def knowledge_update(rng, abstain: bool) -> Plan:
     t = rng.randrange(3)
     if t == 0:
         old, new = [f"{s} {x}" for s, x in zip(rng.sample(tx.SURNAMES, 2), rng.sample(tx.COMPANY_SUFFIXES, 2))]
-        slot, say_old, say_new = "employer", "I've been working at {v} for about two years now.", "Big news: I just started a new job at {v}!"
-        stale, question, abs_q = "Back when I started at {v}, the commute was brutal.", "Where do I work now?", f"Where does my {rel2} work now?"
+        slot, say_old, say_new = ("employer", "I've been working at {v} for about two years now.",
+                                  "Big news: I just started a new job at {v}!")
+        stale, question, abs_q = ("Back when I started at {v}, the commute was brutal.", "Where do I work now?",
+                                  f"Where does my {rel2} work now?")
     elif t == 1:
         old, new = rng.sample(tx.CITIES, 2)
-        slot, say_old, say_new = "home_city", "I live in {v} and I love my neighborhood.", "I finally moved to {v} last week; the boxes are still everywhere."
-        stale, question, abs_q = "I still miss the bakeries in {v}.", "Which city do I live in now?", f"Which city does my {rel2} live in now?"
+        slot, say_old, say_new = ("home_city", "I live in {v} and I love my neighborhood.",
+                                  "I finally moved to {v} last week; the boxes are still everywhere.")
+        stale, question, abs_q = ("I still miss the bakeries in {v}.", "Which city do I live in now?",
+                                  f"Which city does my {rel2} live in now?")
     else:
         old, new = rng.sample(range(1, 8), 2)
-        slot, say_old, say_new = "gym_per_week", "I'm going to the gym {v} times a week at the moment.", "I've changed my routine and now go to the gym {v} times a week."
+        slot, say_old, say_new = ("gym_per_week", "I'm going to the gym {v} times a week at the moment.",
+                                  "I've changed my routine and now go to the gym {v} times a week.")
         stale = "When I was going to the gym {v} times a week, I slept much better."
-        question, abs_q = "How many times a week do I go to the gym now?", f"How many times a week does my {rel2} go to the gym?"
+        question, abs_q = ("How many times a week do I go to the gym now?",
+                           f"How many times a week does my {rel2} go to the gym?")
     banned = (rel2,) if abstain else ()
     evidence = [fact_session(rng, user_fact(say_old.format(v=old), Fact("user", slot, old)), banned=banned),
                 fact_session(rng, user_fact(say_new.format(v=new), Fact("user", slot, new)), banned=banned)]
@@ -265,7 +288,8 @@ def temporal_reasoning(rng, abstain: bool) -> Plan:
     rel = rng.choice(tx.RELATIVES)
     dis = [(f"My {rel} went to a {o1} recently and loved it.", (Fact("other", f"event:{o1}", o1),)),
            (f"I'm thinking about signing up for a {o2} someday.", (Fact("user", f"plan:{o2}", o2),))]
-    say = ("I just got back from the {e}, what a day!", "Today I finally went to the {e}.", "I went to the {e} this morning and it was great.")
+    say = ("I just got back from the {e}, what a day!", "Today I finally went to the {e}.",
+           "I went to the {e} this morning and it was great.")
     t = 0 if abstain else rng.randrange(3)
     n = 1 if t == 0 else 2
     evidence = [fact_session(rng, user_fact(rng.choice(say).format(e=e), Fact("user", f"event:{e}", e)))
@@ -273,10 +297,12 @@ def temporal_reasoning(rng, abstain: bool) -> Plan:
     if t == 0:
         question, query = f"How many days ago did I go to the {e1}?", Query("days_ago", (f"event:{e1}",))
     elif t == 1:
-        question, query = f"How many days passed between the {e1} and the {e2}?", Query("days_between", (f"event:{e1}", f"event:{e2}"))
+        question, query = f"How many days passed between the {e1} and the {e2}?", Query("days_between",
+                                                                                        (f"event:{e1}", f"event:{e2}"))
     else:
         a, b = rng.sample((e1, e2), 2)
-        question, query = f"Which did I do first, the {a} or the {b}?", Query("first_of", (f"event:{e1}", f"event:{e2}"))
+        question, query = f"Which did I do first, the {a} or the {b}?", Query("first_of",
+                                                                              (f"event:{e1}", f"event:{e2}"))
     plan = Plan("temporal-reasoning", question, query, evidence, dis, template=query.op)
     if abstain:
         return _abstain(plan, f"How many days ago did I go to the {absent}?", (absent, absent_key), f"a {absent}")

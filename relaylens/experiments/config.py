@@ -9,7 +9,7 @@ Example:
     Traceback (most recent call last):
     ...
     relaylens.errors.RelaylensError: limit must be a positive number of records; got 0. Fix: pass --limit N with N >= 1, or omit it for the analysis's default
-"""
+"""  # noqa: E501 - doctest: an exception message is matched on one line
 
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from relaylens.datasets import SAMPLE
 from relaylens.errors import RelaylensError
 from relaylens.model.embedded import DEFAULT_MODEL
+from relaylens.scoring.longmemeval_judge import check_template
 
 
 @dataclass
@@ -53,7 +54,7 @@ class RunConfig:
     def placement(self, local_rank: int | None = None):
         """The resolved :class:`relaylens.model.placement.Placement` of this run (``local_rank``: the launcher's, which
         ``--device auto`` turns into ``cuda:LOCAL_RANK``)."""
-        from relaylens.model.placement import Placement
+        from relaylens.model.placement import Placement  # noqa: PLC0415 - import cost: torch load on first use
 
         return Placement.resolve(self.device, self.dtype, self.device_map, self.attn_implementation, self.rope_scaling,
                                  self.max_position, local_rank=local_rank)
@@ -61,9 +62,10 @@ class RunConfig:
 
 def check_config(config: RunConfig) -> None:
     """Refuse a :class:`RunConfig` that would silently misbehave, before any file is written."""
-    from relaylens.generation.attention import WINDOW_MODES
+    from relaylens.generation.attention import WINDOW_MODES  # noqa: PLC0415 - import cost: huggingface_hub, jinja2, safetensors, scipy, torch, transformers load on first use
 
-    if config.limit is not None and (isinstance(config.limit, bool) or not isinstance(config.limit, int) or config.limit < 1):
+    if config.limit is not None and (isinstance(config.limit, bool) or not isinstance(config.limit,
+                                                                                      int) or config.limit < 1):
         raise RelaylensError(f"limit must be a positive number of records; got {config.limit!r}. Fix: pass --limit N "
                              "with N >= 1, or omit it for the analysis's default")
     if isinstance(config.window_size, bool) or not isinstance(config.window_size, int) or config.window_size < 1:
@@ -77,10 +79,11 @@ def check_config(config: RunConfig) -> None:
     if isinstance(config.seed, bool) or not isinstance(config.seed, int) or not 0 <= config.seed < 2**63:
         raise RelaylensError(f"seed must be a whole number in 0..2**63-1 (it seeds random selectors); got "
                              f"{config.seed!r}. Fix: pass --seed N with N >= 0")
-    from relaylens.scoring.longmemeval_judge import check_template
 
     check_template(config.judge_template)
     if config.window_mode not in WINDOW_MODES:
         raise RelaylensError(f"window_mode must be one of {WINDOW_MODES}; got {config.window_mode!r}")
-    if config.max_history_tokens is not None and (not isinstance(config.max_history_tokens, int) or config.max_history_tokens < 1):
-        raise RelaylensError(f"max_history_tokens must be a positive number of tokens; got {config.max_history_tokens!r}")
+    if config.max_history_tokens is not None and (not isinstance(config.max_history_tokens,
+                                                                 int) or config.max_history_tokens < 1):
+        raise RelaylensError("max_history_tokens must be a positive number of tokens; got "
+                             f"{config.max_history_tokens!r}")

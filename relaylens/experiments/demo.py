@@ -14,6 +14,7 @@ from pathlib import Path
 
 from rich.console import Console
 
+from relaylens.experiments.config import RunConfig
 from relaylens.model.embedded import DEFAULT_MODEL
 
 DEMO_ANALYSES = ("evidence_reading", "coordinate_ablation", "ordering")
@@ -38,12 +39,11 @@ QWEN_RUNS = (
 def run_demo(out: str | Path = "runs/demo", limit: int = 12, model: str = DEFAULT_MODEL, data: str = "sample",
              analyses: tuple[str, ...] = DEMO_ANALYSES, console: Console | None = None) -> dict[str, Path]:
     """Run the demo analyses (resumable), draw their figures and write their reports; returns run dirs by analysis."""
-    from relaylens.experiments.specs import load_analysis
-    from relaylens.reporting.figures import write_figures
-    from relaylens.model.loading import load_model
-    from relaylens.reporting.report import write_report
-    from relaylens.experiments.config import RunConfig
-    from relaylens.experiments.runner import run_analysis
+    from relaylens.experiments.runner import run_analysis  # noqa: PLC0415 - import cost: huggingface_hub, jinja2, safetensors, scipy, torch, transformers load on first use
+    from relaylens.experiments.specs import load_analysis  # noqa: PLC0415 - late binding (tests swap specs.load_analysis)
+    from relaylens.model.loading import load_model  # noqa: PLC0415 - late binding (tests swap loading.load_model); import cost: torch load on first use
+    from relaylens.reporting.figures import write_figures  # noqa: PLC0415 - import cost: IPython, ipywidgets, matplotlib, scipy, seaborn load on first use
+    from relaylens.reporting.report import write_report  # noqa: PLC0415 - import cost: IPython, ipywidgets, matplotlib, scipy, seaborn load on first use
 
     console = console or Console(stderr=True)
     out = Path(out)
@@ -53,7 +53,7 @@ def run_demo(out: str | Path = "runs/demo", limit: int = 12, model: str = DEFAUL
     model_and_tokenizer = load_model(model)
     runs = {}
     for name in analyses:
-        spec = load_analysis(name).SPEC
+        spec = load_analysis(name).spec
         run_dir = run_analysis(spec, RunConfig(model=model, data=data, limit=limit, out=str(out / name)),
                                model_and_tokenizer=model_and_tokenizer)
         with console.status(f"{name}: figures and report ..."):
@@ -61,7 +61,8 @@ def run_demo(out: str | Path = "runs/demo", limit: int = 12, model: str = DEFAUL
             report = write_report(run_dir)
         console.print(f"[green]{name}[/]: tables in {run_dir}, figures in {run_dir / 'figures'}, report {report}")
         runs[name] = run_dir
-    console.print(f"demo finished in {time.perf_counter() - started:.0f} s; open the reports in a browser (they work offline)")
+    console.print(f"demo finished in {time.perf_counter() - started:.0f} s; open the reports in a browser (they work "
+                  "offline)")
     console.print("SmolLM2-135M rarely answers right; the same measurements on Qwen2.5-0.5B are committed in the "
                   "repository (docs/results.md), each reproducible with one command:")
     for folder, what, command in QWEN_RUNS:

@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Mapping
 
 from relaylens.errors import RelaylensError
+from relaylens.results.shards import parse_shard
 
 __all__ = ["ShardAssignment", "LauncherError", "detect_shard", "resolve_shard", "shard_dir", "LAUNCHER_VARIABLES"]
 
@@ -118,8 +119,9 @@ def _slurm_array(env: Mapping[str, str]) -> tuple[int, int] | None:
     offset, rest = divmod(task - low, step)
     if task < low or rest or offset >= count:
         raise LauncherError(f"--shard auto: SLURM_ARRAY_TASK_ID={task} is not one of the {count} ids of the array "
-                            f"(from {low}, step {step}); relaylens needs an evenly spaced array such as --array=0-{count - 1}. "
-                            "Fix: use a contiguous --array range, or pass --shard i/n explicitly")
+                            f"(from {low}, step {step}); relaylens needs an evenly spaced array such as "
+                            f"--array=0-{count - 1}. Fix: use a contiguous --array range, or pass --shard i/n "
+                            "explicitly")
     return offset, count
 
 
@@ -166,7 +168,8 @@ def detect_shard(environ: Mapping[str, str] | None = None) -> ShardAssignment:
     else:
         if "LOCAL_RANK" in env:
             raise LauncherError("--shard auto: LOCAL_RANK is set but RANK and WORLD_SIZE are not; torchrun and "
-                                "accelerate set all three. Fix: start the command with the launcher, or pass --shard i/n")
+                                "accelerate set all three. Fix: start the command with the launcher, or pass --shard "
+                                "i/n")
         inner, inner_name = None, ""
     if array is None and inner is None:
         raise LauncherError("--shard auto found no launcher variables (looked for " + ", ".join(LAUNCHER_VARIABLES)
@@ -185,8 +188,6 @@ def resolve_shard(text: str, environ: Mapping[str, str] | None = None) -> tuple[
     >>> resolve_shard("1/3")
     (1, 3)
     """
-    from relaylens.results.shards import parse_shard
-
     if text.strip().lower() == "auto":
         assignment = detect_shard(environ)
         return assignment.index, assignment.count

@@ -48,9 +48,19 @@ from pathlib import Path
 
 import torch
 
-from relaylens.conditions.family import LEARNED_FILE, PARAMETERS, SHARING, Learned, family_coordinates
-from relaylens.errors import RelaylensError, shown
-from relaylens.results.tables import ANSWER_LOGLIK, TRAINING_UNIT
+from relaylens.conditions.family import (
+    LEARNED_FILE,
+    PARAMETERS,
+    POSITION_RANGE,
+    RANGES,
+    SHARING,
+    Learned,
+    family_coordinates,
+)
+from relaylens.conditions.scoped import Scoped, get_condition
+from relaylens.errors import NonFiniteError, RelaylensError, shown
+from relaylens.results.atomic import write_atomic
+from relaylens.results.store import manifest_section
 
 #: the Adam hyperparameters besides the learning rate
 BETAS, EPS = (0.9, 0.999), 1e-8
@@ -83,10 +93,12 @@ class LearnOptions:
         checks = [(isinstance(self.steps, int) and self.steps >= 0, "steps must be a whole number >= 0"),
                   (math.isfinite(self.learning_rate) and self.learning_rate > 0, "learning_rate must be positive"),
                   (self.sharing in SHARING, f"sharing must be one of {', '.join(SHARING)}"),
-                  (isinstance(self.batch_records, int) and self.batch_records >= 0, "batch_records must be >= 0 (0: all)"),
+                  (isinstance(self.batch_records, int) and self.batch_records >= 0,
+                   "batch_records must be >= 0 (0: all)"),
                   (isinstance(self.eval_every, int) and self.eval_every >= 1, "eval_every must be >= 1"),
                   (0.0 < self.train_fraction < 1.0, "train_fraction must lie strictly between 0 and 1"),
-                  (isinstance(self.max_answer_tokens, int) and self.max_answer_tokens >= 1, "max_answer_tokens must be >= 1")]
+                  (isinstance(self.max_answer_tokens, int) and self.max_answer_tokens >= 1,
+                   "max_answer_tokens must be >= 1")]
         for ok, what in checks:
             if not ok:
                 raise RelaylensError(f"learned_geometry: {what}; got {asdict(self)}")
@@ -113,8 +125,8 @@ def split_records(records: list, seed: int, train_fraction: float) -> tuple[list
     seen: set[str] = set()
     for record in records:
         if record.record_id in seen:
-            raise RelaylensError(f"learned_geometry: the data holds record id {record.record_id!r} twice, so it could sit "
-                                 "in train and test at once. Fix: give every record its own id")
+            raise RelaylensError(f"learned_geometry: the data holds record id {record.record_id!r} twice, so it could "
+                                 "sit in train and test at once. Fix: give every record its own id")
         seen.add(record.record_id)
     if len(records) < 2:
         raise RelaylensError(f"learned_geometry needs at least 2 records (one to train on, one to test); got "
@@ -185,11 +197,13 @@ def parameter_rows(values: dict[str, torch.Tensor], step: int, key: dict, prefix
         for index, value in enumerate(flat):
             layer = -1 if tensor.dim() == 0 else (index // tensor.shape[1] if tensor.dim() == 2 else index)
             head = index % tensor.shape[1] if tensor.dim() == 2 else -1
-            rows.append(key | {"step": step, "layer": layer, "head": head, "metric": prefix + name, "value": float(value)})
+            rows.append(key | {"step": step, "layer": layer, "head": head, "metric": prefix + name,
+                               "value": float(value)})
     return rows
 
 
-def rows_to_tensors(rows: list[dict], step: int, shape_of: dict[str, tuple], prefix: str = "") -> dict[str, torch.Tensor]:
+def rows_to_tensors(rows: list[dict], step: int, shape_of: dict[str, tuple], prefix: str = "") -> dict[str,
+                                                                                                       torch.Tensor]:
     """The inverse of :func:`parameter_rows` for one step (missing: KeyError)."""
     out = {}
     for name in PARAMETERS:
@@ -217,14 +231,14 @@ class Prepared:
     record: object
     prompt: object
     prefill: object  # a compacted PrefillResult (kept states only)
-    unit: object  # relaylens.experiments.runner.UnitWork
+    unit: object  # relaylens.experiments.units.UnitWork
     prefill_s: float
     answer_ids: torch.Tensor  # [A] (empty for records without a reference answer)
 
 
 def record_loglik(model, item: Prepared, values: dict, factors, window_mode: str) -> torch.Tensor:
     """Mean per-token log-likelihood of the record's answer under the family at ``values`` (keeps the graph)."""
-    from relaylens.generation.single import answer_log_probs
+    from relaylens.generation.single import answer_log_probs  # noqa: PLC0415 - import cost: huggingface_hub, jinja2, safetensors, scipy, transformers load on first use
 
     coords = family_coordinates(item.unit.selection, values["b"], values["s"], values["alpha"], label="learned")
     return answer_log_probs(model, item.prefill, item.unit.selection, coords, item.prompt.question_ids, item.answer_ids,
@@ -234,10 +248,12 @@ def record_loglik(model, item: Prepared, values: dict, factors, window_mode: str
 def mean_loglik(model, items: list[Prepared], values: dict, factors, window_mode: str) -> float:
     with torch.no_grad():
         detached = {k: v.detach() for k, v in values.items()}
-        return float(sum(float(record_loglik(model, item, detached, factors, window_mode)) for item in items) / len(items))
+        return float(sum(float(record_loglik(model, item, detached, factors,
+                                             window_mode)) for item in items) / len(items))
 
 
-def evaluation_rows(model, train_items, test_items, values, factors, window_mode: str, key: dict, step: int) -> list[dict]:
+def evaluation_rows(model, train_items, test_items, values, factors, window_mode: str, key: dict,
+                    step: int) -> list[dict]:
     """``test_loglik`` and ``train_all_loglik`` (every test / train record) at ``values``, as geometry rows."""
     return [scalar_row(key, step, "test_loglik", mean_loglik(model, test_items, values, factors, window_mode)),
             scalar_row(key, step, "train_all_loglik", mean_loglik(model, train_items, values, factors, window_mode))]
@@ -268,9 +284,6 @@ def check_step(step: int, loglik: float, grads: dict, values: dict, options: Lea
     left their ranges (``0 < b, s < 2**24``: ``exp`` of a huge logarithm overflows or underflows). The run keeps the
     last good step, and a re-run with a lower learning rate (and ``--force``) trains again from RoPERelay
     (:func:`relaylens.experiments.learned_run.run_learned_geometry` restarts when the learning rate changes)."""
-    from relaylens.conditions.family import POSITION_RANGE, RANGES
-    from relaylens.errors import NonFiniteError
-
     problems = [] if math.isfinite(loglik) else [f"the batch's answer log-likelihood is {loglik}"]
     problems += [f"the gradient of {name} is not finite" for name in PARAMETERS
                  if not bool(torch.isfinite(grads[name]).all())]
@@ -293,7 +306,7 @@ def train(model, factors, train_items: list[Prepared], test_items: list[Prepared
           key: dict, rows: list[dict], window_mode: str, commit, tick=None) -> dict[str, torch.Tensor]:
     """Run (or resume from ``rows``, the training unit's geometry rows) the Adam ascent; ``commit(rows)`` rewrites the
     training unit after every step; ``tick(step, text)`` reports progress. Returns the final family values."""
-    from relaylens.generation.single import frozen_weights
+    from relaylens.generation.single import frozen_weights  # noqa: PLC0415 - import cost: huggingface_hub, jinja2, safetensors, scipy, transformers load on first use
 
     selection = train_items[0].unit.selection
     raw = initial_raw(options.sharing, selection.num_layers, selection.num_kv_heads)
@@ -364,9 +377,6 @@ def learned_file(out: Path, values: dict, options: LearnOptions, manifest: dict,
                  seed: int, num_layers: int, num_kv_heads: int) -> Path:
     """Write ``RUN_DIR/learned_geometry.json`` (atomically): what ``learned:RUN_DIR`` reads; ``fit`` holds the
     settings the fit depended on (:func:`fit_settings`)."""
-    from relaylens.results.atomic import write_atomic
-    from relaylens.results.store import manifest_section
-
     fit = fit_settings(spec, manifest_section(manifest, "config", "run"))
     doc = {"format": 2, "analysis": "learned_geometry", "sharing": options.sharing,
            "parameters": {name: values[name].detach().tolist() for name in PARAMETERS},
@@ -379,8 +389,6 @@ def learned_file(out: Path, values: dict, options: LearnOptions, manifest: dict,
 
 def learned_parts(condition) -> list[Learned]:
     """The ``learned:RUN_DIR`` parts of a parsed condition (itself, or a scoped condition's inside and base)."""
-    from relaylens.conditions.scoped import Scoped
-
     parts = [condition.inner, condition.base] if isinstance(condition, Scoped) else [condition]
     return [p for p in parts if isinstance(p, Learned)]
 
@@ -391,8 +399,6 @@ def pin_learned_conditions(spec, manifest: dict):
     once units exist: :meth:`relaylens.results.store.RunStore.create_or_open`), and the returned spec carries the
     parsed conditions, so every record of the run uses exactly those parameters, whatever happens to the file.
     A spec without learned conditions is returned as it is and the manifest is left unchanged."""
-    from relaylens.conditions.scoped import get_condition
-
     pinned, pins = [], {}
     for entry in spec.conditions:
         condition = get_condition(entry)
@@ -452,8 +458,6 @@ def _check_model(part: Learned, manifest: dict) -> None:
 def _check_fit(part: Learned, spec, manifest: dict) -> None:
     """Every :data:`FIT_FIELDS` setting of the fit equals this run's, or the condition is refused naming each
     difference (a setting the learned file does not record counts as a difference)."""
-    from relaylens.results.store import manifest_section
-
     learned, here = _learned_fit(part), fit_settings(spec, manifest_section(manifest, "config", "run"))
     if isinstance(here["selector"], list) or isinstance(here["budget"], list) or learned.get("budget") is None \
             or here["selector"] != learned.get("selector") or float(here["budget"]) != float(learned["budget"]):
@@ -462,8 +466,8 @@ def _check_fit(part: Learned, spec, manifest: dict) -> None:
             else f"{learned.get('selector')} @ an unrecorded budget"
         raise RelaylensError(f"condition {part.label} was learned on {shown}; this run sweeps "
                              f"{', '.join(f'{s} @ {b:g}' for s, b in sorted(swept))}. Fix: run it with --selector "
-                             f"{learned.get('selector')} --budget {learned.get('budget')} only, or learn a geometry for "
-                             "that selector and budget")
+                             f"{learned.get('selector')} --budget {learned.get('budget')} only, or learn a geometry "
+                             "for that selector and budget")
     differ = [f"{name} (learned with {learned.get(name)!r}, this run {here[name]!r})"
               for name in FIT_FIELDS[2:] if learned.get(name) != here[name]]
     if differ:

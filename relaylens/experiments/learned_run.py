@@ -9,74 +9,54 @@ again only when something still needs them (a prefill per record is the run's la
 Example (the CLI: ``relaylens run learned_geometry --limit 16 --steps 20 --out runs/learned``; from Python):
     >>> from relaylens.experiments.specs import load_analysis
     >>> from relaylens.experiments.config import RunConfig
-    >>> module = load_analysis("learned_geometry")
-    >>> run_learned_geometry(module.SPEC, RunConfig(limit=16, out="runs/learned"), module.OPTIONS)  # doctest: +SKIP
+    >>> analysis = load_analysis("learned_geometry")
+    >>> run_learned_geometry(analysis.spec, RunConfig(limit=16, out="runs/learned"), analysis.options)  # doctest: +SKIP
     PosixPath('runs/learned')
 """
 
 from __future__ import annotations
 
+import json
+import math
 import time
+from contextlib import nullcontext
 from dataclasses import asdict
 from pathlib import Path
 
 import torch
 
+from relaylens.conditions.family import LEARNED_FILE, Learned
+from relaylens.conditions.scoped import expand_conditions, unit_position_problem
+from relaylens.datasets.prompting import render_prompt
 from relaylens.errors import RelaylensError, shown
 from relaylens.experiments.config import RunConfig, check_config
-from relaylens.experiments.learned import LearnOptions, Prepared, learned_file, split_records, train
+from relaylens.experiments.learned import LearnOptions, Prepared, fit_settings, learned_file, split_records, train
+from relaylens.experiments.run_setup import open_run
 from relaylens.experiments.specs import ExperimentSpec
+from relaylens.experiments.units import prefill_record, select_units, selector_objects
+from relaylens.results.store import UnitKey, manifest_diff, manifest_section
 from relaylens.results.tables import ANSWER_LOGLIK, TRAINING_UNIT
+
+# The runner and generation are imported inside the functions that use them, on purpose: they load transformers,
+# and relaylens/analyses/learned_geometry.py imports this module for its RUN whenever the analysis is only listed.
 
 
 def run_learned_geometry(spec: ExperimentSpec, config: RunConfig, options: LearnOptions | None = None,
                          progress: bool = True, model_and_tokenizer=None) -> Path:
-    """Run (or resume) ``learned_geometry``; returns the run directory (tables consolidated, the learned file written)."""
-    from relaylens.datasets import SAMPLE, load_records, resolve_data
-    from relaylens.geometry.rotary import RotaryFactors
-    from relaylens.model.hf import rope_summary
-    from relaylens.model.loading import load_model, model_files_fingerprint, model_fingerprint
-    from relaylens.results.locks import run_lock
-    from relaylens.results.store import RunStore, UnitKey, build_manifest, prepare_run_dir
-    from relaylens.experiments.judges import make_judge
-
+    """Run (or resume) ``learned_geometry``; returns the run directory (tables consolidated, learned file written)."""
     options = options or LearnOptions()
     check_config(config)
-    if config.shard:
-        raise RelaylensError("learned_geometry trains one geometry on all its train records; it does not run in shards. "
-                             "Fix: drop --shard (and use relaylens run, not sweep)")
-    others = [c for c in spec.conditions + spec.replay_conditions if c not in ("original", "relay")]
-    if others:  # it evaluates original, relay and its own learned map only: another condition would be ignored
-        raise RelaylensError(f"learned_geometry evaluates original, relay and the learned map on its test records; it "
-                             f"does not run {', '.join(map(str, others))}. Fix: drop --condition here, and run those "
-                             "(or learned:RUN_DIR) with another analysis, e.g. relaylens run coordinate_ablation")
-    if len(spec.selectors) != 1 or len(spec.budgets) != 1:
-        raise RelaylensError(f"learned_geometry learns one geometry for one selector and one budget; got selectors "
-                             f"{list(spec.selectors)} and budgets {list(spec.budgets)}. Fix: pass one --selector and "
-                             "one --budget")
-    data_path = resolve_data(spec.data if config.data == SAMPLE else config.data)
-    records = load_records(data_path, format=config.data_format)
-    limit = config.limit if config.limit is not None else spec.limit
-    records = records[:limit] if limit else records
-    train_records, test_records = split_records(records, config.seed, options.train_fraction)
-    out = Path(config.out or f"runs/{spec.name}")
-    model, tokenizer = model_and_tokenizer or load_model(config.model, **config.placement().load_kwargs())
-    if spec.prompt_mode == "auto":
-        spec = spec.replace(prompt_mode="chat" if getattr(tokenizer, "chat_template", None) else "completion")
-    factors = RotaryFactors.from_model(model)
-    run = vars(config) | {"out": None, "force": None, "shard": None, "retry_skipped": None, "batch_rows": None,
-                          "view_records": None, "judge_url": None}
+    _refuse_unsupported(spec, config)
+    opened = open_run(spec, config, model_and_tokenizer)
+    model, tokenizer, factors, out = opened.model, opened.tokenizer, opened.factors, opened.out
+    train_records, test_records = split_records(opened.records, config.seed, options.train_fraction)
     plan = {"record_ids": [r.record_id for r in test_records], "units": len(test_records),
             "train_ids": [r.record_id for r in train_records]}
-    manifest = build_manifest(spec.name, {"spec": spec.to_dict(), "run": run, "learn": asdict(options),
-                                          "rope": rope_summary(model)},
-                              config.model, model_fingerprint(model), data_path, None,
-                              model_info=model_files_fingerprint(model, tokenizer), plan=plan)
-    prepare_run_dir(out)
-    with run_lock(out, "run"):
-        judge = make_judge(config, out)
-        previous = _previous_manifest(out)
-        store = RunStore.create_or_open(out, manifest, force=config.force)
+    # the manifests of this run never recorded the placement or the judge URL: kept so, so resumes still match
+    opened = opened.with_manifest(plan, {"learn": asdict(options)}, placement=False, judge_url=False)
+    spec, manifest = opened.spec, opened.manifest
+    with opened.session(previous=True) as session:
+        store, judge, previous = session.store, session.judge, session.previous
         selector, budget = spec.selectors[0], float(spec.budgets[0])
         key = {"record_id": TRAINING_UNIT, "selector": selector, "budget": budget}
         training_key = UnitKey(TRAINING_UNIT, selector, budget)
@@ -98,12 +78,13 @@ def run_learned_geometry(spec: ExperimentSpec, config: RunConfig, options: Learn
                           and prepared[r.record_id].answer_ids.numel()]
             if not finished:
                 if not train_items or not test_items:
-                    raise RelaylensError(f"learned_geometry: {len(train_items)} train and {len(test_items)} test records "
-                                         "have a reference answer and fit the model; it needs at least one of each. Fix: "
-                                         "pass more records (--limit) or other data")
+                    raise RelaylensError(f"learned_geometry: {len(train_items)} train and {len(test_items)} test "
+                                         "records have a reference answer and fit the model; it needs at least one of "
+                                         "each. Fix: pass more records (--limit) or other data")
 
                 def commit(new_rows):
-                    store.write_unit(training_key, [], [], [], replace=store.is_done(training_key), geometry_rows=new_rows)
+                    store.write_unit(training_key, [], [], [], replace=store.is_done(training_key),
+                                     geometry_rows=new_rows)
 
                 task = bar.add_task("train", total=options.steps, stage="") if bar else None
 
@@ -119,16 +100,31 @@ def run_learned_geometry(spec: ExperimentSpec, config: RunConfig, options: Learn
                 learned_file(out, values, options, manifest, spec, [r.record_id for r in train_records],
                              [r.record_id for r in test_records], config.seed, selection.num_layers,
                              selection.num_kv_heads)
-            _evaluate(model, tokenizer, factors, [prepared[r.record_id] for r in pending_test if r.record_id in prepared],
-                      spec, config, store, judge, out, bar)
+            ready = [prepared[r.record_id] for r in pending_test if r.record_id in prepared]
+            _evaluate(model, tokenizer, factors, ready, spec, config, store, judge, out, bar)
         store.consolidate()
     return out
 
 
-def _bar(progress: bool):
-    from contextlib import nullcontext
+def _refuse_unsupported(spec: ExperimentSpec, config: RunConfig) -> None:
+    """Refuse what this run cannot do, before any record or model loads: shards, other conditions, several
+    selectors or budgets."""
+    if config.shard:
+        raise RelaylensError("learned_geometry trains one geometry on all its train records; it does not run in "
+                             "shards. Fix: drop --shard (and use relaylens run, not sweep)")
+    others = [c for c in spec.conditions + spec.replay_conditions if c not in ("original", "relay")]
+    if others:  # it evaluates original, relay and its own learned map only: another condition would be ignored
+        raise RelaylensError(f"learned_geometry evaluates original, relay and the learned map on its test records; it "
+                             f"does not run {', '.join(map(str, others))}. Fix: drop --condition here, and run those "
+                             "(or learned:RUN_DIR) with another analysis, e.g. relaylens run coordinate_ablation")
+    if len(spec.selectors) != 1 or len(spec.budgets) != 1:
+        raise RelaylensError(f"learned_geometry learns one geometry for one selector and one budget; got selectors "
+                             f"{list(spec.selectors)} and budgets {list(spec.budgets)}. Fix: pass one --selector and "
+                             "one --budget")
 
-    from relaylens.experiments.runner import progress_bar
+
+def _bar(progress: bool):
+    from relaylens.experiments.runner import progress_bar  # noqa: PLC0415 - import cost: huggingface_hub, jinja2, safetensors, scipy, transformers load on first use (transformers (see the imports))
 
     return progress_bar(progress) if progress else nullcontext(None)
 
@@ -138,26 +134,10 @@ def _bar(progress: bool):
 _TRAINING_KEEPS = {"config.learn.steps", "config.learn.eval_every", "source", "versions", "git_commit"}
 
 
-def _previous_manifest(out: Path) -> dict | None:
-    """The manifest a run directory already holds (None: a new directory, or one ``create_or_open`` will refuse)."""
-    from relaylens.results.store import RunStore
-
-    if not (out / "manifest.json").is_file():
-        return None
-    try:
-        return RunStore.open(out).manifest
-    except RelaylensError:
-        return None
-
-
 def _must_retrain(previous: dict | None, manifest: dict, rows: list[dict], options: LearnOptions) -> bool:
     """Whether the committed training unit cannot be continued: the run was forced onto other settings that training
     depends on (split, seed, data, model, selector, learning rate, sharing, ...: anything but the step counts), it
     went past ``options.steps``, or it holds non-finite parameters (a diverged step committed by an older version)."""
-    import math
-
-    from relaylens.results.store import manifest_diff
-
     if not rows:
         return False
     if previous is not None and manifest_diff(previous, manifest, ignore=_TRAINING_KEEPS):
@@ -169,8 +149,6 @@ def _must_retrain(previous: dict | None, manifest: dict, rows: list[dict], optio
 
 def _discard_all(store, out: Path) -> None:
     """Delete the training unit, every evaluated (or skipped) record and the learned file: the run starts again."""
-    from relaylens.conditions.family import LEARNED_FILE
-
     store.invalidate()
     for path in store.unit_paths():
         path.unlink(missing_ok=True)
@@ -190,12 +168,6 @@ def _discard_evaluations(store, training_key) -> None:
 def _finished(out: Path, rows: list[dict], options: LearnOptions, manifest: dict, spec, seed: int, split) -> bool:
     """Training is done and ``learned_geometry.json`` is this run's: parameters at ``options.steps``, and a file
     whose options, seed, split and fit settings are the ones this run trains with."""
-    import json
-
-    from relaylens.conditions.family import LEARNED_FILE
-    from relaylens.experiments.learned import fit_settings
-    from relaylens.results.store import manifest_section
-
     if not any(r["metric"] == "b" and r["step"] == options.steps for r in rows):
         return False
     try:
@@ -210,8 +182,7 @@ def _finished(out: Path, rows: list[dict], options: LearnOptions, manifest: dict
 def _skipped_unplaceable(item: Prepared, conditions, spec, factors, store) -> bool:
     """Commit ``item`` as skipped (and say so) when a condition cannot place its selection (e.g. a learned ``b`` whose
     question start passes the model's rotary range), as the runner does (``unit_position_problem``)."""
-    from relaylens.conditions.scoped import unit_position_problem
-    from relaylens.experiments.runner import skip_unit
+    from relaylens.experiments.runner import skip_unit  # noqa: PLC0415 - import cost: huggingface_hub, jinja2, safetensors, scipy, transformers load on first use (transformers (see the imports))
 
     tail = int(item.prompt.question_ids.numel()) + max(spec.max_new_tokens, 1) + 1
     problem = unit_position_problem(conditions, item.unit.selection, tail, factors.position_limit)
@@ -231,14 +202,12 @@ def _training_rows(store, key) -> list[dict]:
     return [dict(zip(columns, values)) for values in zip(*columns.values())]
 
 
-def _prepare(model, tokenizer, factors, records, spec, config, store, options: LearnOptions, bar) -> dict[str, Prepared]:
+def _prepare(model, tokenizer, factors, records, spec, config, store, options: LearnOptions,
+             bar) -> dict[str, Prepared]:
     """Prefill and select each record once and keep only its kept states; records that cannot run are committed as
     skipped units (``too_long`` / ``too_short``) and left out."""
-    from relaylens.datasets.prompting import render_prompt
-    from relaylens.experiments.runner import (answer_tokens, history_problem, prefill_record, select_units,
-                                              selector_objects, skip_unit)
-    from relaylens.generation.cache import keep_selected
-    from relaylens.results.store import UnitKey
+    from relaylens.experiments.runner import answer_tokens, history_problem, skip_unit  # noqa: PLC0415 - import cost: huggingface_hub, jinja2, safetensors, scipy, transformers load on first use (transformers)
+    from relaylens.generation.cache import keep_selected  # noqa: PLC0415 - import cost: huggingface_hub, jinja2, safetensors, scipy, transformers load on first use (transformers)
 
     selectors = selector_objects(spec, config.seed)
     name, budget = spec.selectors[0], float(spec.budgets[0])
@@ -274,12 +243,9 @@ def _prepare(model, tokenizer, factors, records, spec, config, store, options: L
 def _evaluate(model, tokenizer, factors, items: list[Prepared], spec, config, store, judge, out: Path, bar) -> None:
     """Every pending test record under original, relay and the learned map: the runner's answers, scores and probes
     (and sensitivity) plus ``answer_loglik`` scores, committed per record."""
-    from relaylens.conditions.family import Learned
-    from relaylens.conditions.scoped import expand_conditions
-    from relaylens.experiments.runner import process_record
-    from relaylens.generation.cache import coordinates_of
-    from relaylens.generation.single import answer_log_probs
-    from relaylens.results.store import UnitKey
+    from relaylens.experiments.runner import process_record  # noqa: PLC0415 - import cost: huggingface_hub, jinja2, safetensors, scipy, transformers load on first use (transformers (see the imports))
+    from relaylens.generation.cache import coordinates_of  # noqa: PLC0415 - import cost: huggingface_hub, jinja2, safetensors, scipy, transformers load on first use
+    from relaylens.generation.single import answer_log_probs  # noqa: PLC0415 - import cost: huggingface_hub, jinja2, safetensors, scipy, transformers load on first use
 
     learned = Learned.from_run_dir(out, display="learned")
     trained_on = set(learned.info.get("train_records") or ())
@@ -296,8 +262,9 @@ def _evaluate(model, tokenizer, factors, items: list[Prepared], spec, config, st
             bar.update(task, stage=f"{shown(record.record_id)}: decoding")
         if _skipped_unplaceable(item, conditions, eval_spec, factors, store):
             continue
-        for unit, answers, scores, probes, _ in process_record(model, tokenizer, factors, record, item.prompt, item.prefill,
-                                                               item.prefill_s, [item.unit], eval_spec, config, judge):
+        for unit, answers, scores, probes, _ in process_record(model, tokenizer, factors, record, item.prompt,
+                                                               item.prefill, item.prefill_s, [item.unit], eval_spec,
+                                                               config, judge):
             meta = {"record_id": record.record_id, "selector": unit.selector, "budget": float(unit.budget),
                     "question_type": record.question_type, "is_abstention": bool(record.is_abstention),
                     "cluster_id": record.cluster_id or record.record_id}
@@ -309,9 +276,11 @@ def _evaluate(model, tokenizer, factors, items: list[Prepared], spec, config, st
             if item.answer_ids.numel():
                 with torch.no_grad():
                     for condition in conditions:
-                        value = answer_log_probs(model, item.prefill, unit.selection, condition, item.prompt.question_ids,
-                                                 item.answer_ids, factors, config.window_mode).mean()
-                        scores.append(meta | {"condition": condition.label, "metric": ANSWER_LOGLIK, "value": float(value)})
+                        value = answer_log_probs(model, item.prefill, unit.selection, condition,
+                                                 item.prompt.question_ids, item.answer_ids, factors,
+                                                 config.window_mode).mean()
+                        scores.append(meta | {"condition": condition.label, "metric": ANSWER_LOGLIK,
+                                              "value": float(value)})
             store.write_unit(UnitKey(record.record_id, unit.selector, unit.budget), answers, scores, probes)
         if bar:
             bar.update(task, advance=1, stage=f"{shown(record.record_id)}: committed")

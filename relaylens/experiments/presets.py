@@ -1,10 +1,10 @@
 """Named configurations of an analysis: ``--preset paper`` runs an analysis as the paper ran it.
 
-Every analysis module in ``relaylens/analyses/`` keeps a CPU-sized ``SPEC`` and a ``PRESETS`` dict; a preset changes spec
-fields only (selectors, budgets, conditions, decoding, gold granularity, selector hyperparameters) and says which
-model and data size the paper used (documentation: the model, data and device stay command-line choices, so
-``--preset paper --limit 2`` runs on a CPU with the embedded model). Source of the paper's settings:
-``reference/paper-settings.md``.
+Every analysis in ``relaylens/analyses/`` keeps a CPU-sized ``spec`` and a ``presets`` dict (its
+:class:`~relaylens.experiments.analysis.Analysis` record); a preset changes spec fields only (selectors, budgets,
+conditions, decoding, gold granularity, selector hyperparameters) and says which model and data size the paper used
+(documentation: the model, data and device stay command-line choices, so ``--preset paper --limit 2`` runs on a CPU
+with the embedded model). Source of the paper's settings: ``reference/paper-settings.md``.
 
 Example:
     >>> from relaylens.experiments.specs import load_analysis
@@ -18,6 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from relaylens.errors import RelaylensError
+from relaylens.experiments.analysis import Analysis
 
 __all__ = ["Preset", "PAPER_DECODING", "SIX_SELECTORS", "apply_preset", "preset_rows", "preset_markdown"]
 
@@ -52,17 +53,20 @@ class Preset:
     figures: tuple[str, ...] = field(default=())
 
 
-def apply_preset(module, name: str | None):
-    """The analysis's ``SPEC`` with preset ``name`` applied and named in its ``preset`` field, so the manifest records
-    which preset ran (``None``: the CPU-sized default)."""
-    spec = module.SPEC
+def apply_preset(analysis: Analysis, name: str | None):
+    """The analysis's spec with preset ``name`` applied and named in its ``preset`` field, so the manifest records
+    which preset ran (``None``: the CPU-sized default). ``analysis`` is the record of
+    :func:`~relaylens.experiments.specs.load_analysis` (an analysis module, which holds it as ``ANALYSIS``, also
+    works)."""
+    if not isinstance(analysis, Analysis):
+        analysis = analysis.ANALYSIS
+    spec = analysis.spec
     if name is None or name == "default":
         return spec
-    presets = getattr(module, "PRESETS", {})
-    if name not in presets:
+    if name not in analysis.presets:
         raise RelaylensError(f"analysis {spec.name!r} has no preset {name!r}; available: "
-                             f"{', '.join(['default', *sorted(presets)])}")
-    return spec.replace(**presets[name].changes, preset=name)
+                             f"{', '.join(['default', *sorted(analysis.presets)])}")
+    return spec.replace(**analysis.presets[name].changes, preset=name)
 
 
 def _describe(spec) -> str:
@@ -76,14 +80,14 @@ def _describe(spec) -> str:
 
 def preset_rows() -> list[dict]:
     """One row per analysis: CPU default vs paper preset vs the model and data the paper used."""
-    from relaylens.experiments.specs import available_analyses, load_analysis
+    from relaylens.experiments.specs import available_analyses, load_analysis  # noqa: PLC0415 - late binding (tests swap specs.load_analysis)
 
     rows = []
     for name in available_analyses():
-        module = load_analysis(name)
-        preset = getattr(module, "PRESETS", {}).get("paper")
-        rows.append({"analysis": name, "default": _describe(module.SPEC),
-                     "paper preset": _describe(apply_preset(module, "paper")) if preset else "(none)",
+        analysis = load_analysis(name)
+        preset = analysis.presets.get("paper")
+        rows.append({"analysis": name, "default": _describe(analysis.spec),
+                     "paper preset": _describe(apply_preset(analysis, "paper")) if preset else "(none)",
                      "paper scale": f"{preset.paper_model}; {preset.paper_data}" if preset else "",
                      "metric": preset.metric if preset else ""})
     return rows

@@ -25,6 +25,7 @@ import socket
 import threading
 from pathlib import Path
 
+import relaylens
 from relaylens.errors import RelaylensError
 
 __all__ = ["RAY_MISSING", "CONNECT_PROBE_S", "LOOPBACK_ONLY", "SweepError", "import_ray", "address_parts", "start_ray"]
@@ -45,7 +46,7 @@ class SweepError(RelaylensError):
 def import_ray():
     """The ``ray`` module, or a :class:`SweepError` saying how to install it."""
     try:
-        import ray
+        import ray  # noqa: PLC0415 - optional/platform: imported inside try/except ImportError
     except ImportError:
         raise SweepError(RAY_MISSING) from None
     return ray
@@ -141,8 +142,6 @@ def _join(ray, address: str | None, timeout_s: float) -> None:
 def _start_local(ray, dashboard: bool = False) -> None:
     """A local instance in Ray's single-machine mode (loopback only; the dashboard only when asked for, on
     127.0.0.1), refused when Ray did not bind it to the loopback address."""
-    import relaylens
-
     root = str(Path(relaylens.__file__).resolve().parent.parent)  # the workers import this process's relaylens
     runtime_env = {"env_vars": {"PYTHONPATH": os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)}}
     for attempt in (1, 2, 3):  # a local start can time out on a loaded machine (the node's agents start slowly)
@@ -165,8 +164,9 @@ def _start_local(ray, dashboard: bool = False) -> None:
     if not loopback:
         ray.shutdown()
         raise SweepError(f"the local Ray instance bound to {node}, not to the loopback address, so its servers would "
-                         f"listen on the network; relaylens refuses it (this Ray ignores {LOOPBACK_ONLY}=0). Fix: start "
-                         "Ray yourself as you want it (ray start --head --node-ip-address ...) and pass --ray-address")
+                         f"listen on the network; relaylens refuses it (this Ray ignores {LOOPBACK_ONLY}=0). Fix: "
+                         "start Ray yourself as you want it (ray start --head --node-ip-address ...) and pass "
+                         "--ray-address")
 
 
 def start_ray(ray, options) -> bool:

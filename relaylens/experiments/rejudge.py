@@ -2,14 +2,14 @@
 
 Each answer of the run is judged (blinded, :mod:`relaylens.scoring.judge`) and two score rows are added per answer:
 ``judge_<name>`` (1/0, NaN on failure) and ``judge_<name>_failed`` (1/0); summaries (HelloBench records) are judged
-by checklist instead (:mod:`relaylens.scoring.checklist`; give ``--max-tokens 2048``: the reply lists every item) and add
-``quality_<name>``, ``factuality_<name>``, ``coverage_<name>`` and ``checklist_failed_<name>``. Rows of an earlier pass with the same name
-are replaced; answers, probes and every other score are rewritten unchanged (so ``answers.parquet`` is
-byte-identical). Malformed replies count as failures and are listed (``RUN_DIR/judge_<name>_failures.json``). The
-judge's settings go to ``RUN_DIR/judges.json``; its verdicts are cached in ``RUN_DIR/judge_cache_<name>.jsonl``, so
-an interrupted pass resumes without new calls. The pass is recorded there as incomplete before the first unit is
-rewritten and as complete after the last (:mod:`relaylens.results.passes`): until then its scores are not shown,
-and reports name the interrupted pass.
+by checklist instead (:mod:`relaylens.scoring.checklist`; give ``--max-tokens 2048``: the reply lists every item) and
+add ``quality_<name>``, ``factuality_<name>``, ``coverage_<name>`` and ``checklist_failed_<name>``. Rows of an earlier
+pass with the same name are replaced; answers, probes and every other score are rewritten unchanged (so
+``answers.parquet`` is byte-identical). Malformed replies count as failures and are listed
+(``RUN_DIR/judge_<name>_failures.json``). The judge's settings go to ``RUN_DIR/judges.json``; its verdicts are cached in
+``RUN_DIR/judge_cache_<name>.jsonl``, so an interrupted pass resumes without new calls. The pass is recorded there as
+incomplete before the first unit is rewritten and as complete after the last (:mod:`relaylens.results.passes`): until
+then its scores are not shown, and reports name the interrupted pass.
 
 Example:
     $ relaylens judge runs/main_table --judge-url http://127.0.0.1:8000/v1 --judge-model gpt-oss-20b \\
@@ -21,12 +21,22 @@ from __future__ import annotations
 import datetime
 import json
 import re
+import warnings
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from relaylens.errors import RelaylensError
+from relaylens.datasets import load_records, resolve_data
+from relaylens.errors import RelaylensError, shown
+from relaylens.results.atomic import write_atomic
+from relaylens.results.passes import begin_pass, finish_pass
+from relaylens.results.store import RunStore, UnitKey, file_sha256
+from relaylens.scoring import judge as judge_module
+from relaylens.scoring import longmemeval_judge as lme
+from relaylens.scoring.checklist import CHECKLIST_MAX_TOKENS, CHECKLIST_METRICS, ChecklistJudge, is_checklist_record
+from relaylens.scoring.judge import Judge
+from relaylens.scoring.longmemeval_judge import TEMPLATE, LongMemEvalJudge, pass_name
 
 __all__ = ["RejudgeResult", "rejudge_run", "judge_name", "check_judge_name", "records_of_run", "check_template_records"]
 
@@ -53,8 +63,6 @@ def check_judge_name(name: str) -> str:
     'gpt_oss_20b'
     """
     if not isinstance(name, str) or not _NAME.fullmatch(name):
-        from relaylens.errors import shown
-
         raise RelaylensError(f"judge name {shown(repr(name))} must be lowercase letters, digits and _ only, starting "
                              "with a letter or digit (it becomes the metric judge_NAME). Fix: pass --name with only "
                              "those characters, e.g. --name gpt_oss_20b")
@@ -77,9 +85,6 @@ class RejudgeResult:
 def records_of_run(manifest: dict, data: str | Path | None = None) -> dict:
     """``{record_id: Record}`` of the dataset a run used (``data`` overrides the manifest's path; its checksum must
     match the one the run recorded)."""
-    from relaylens.datasets import load_records, resolve_data
-    from relaylens.results.store import file_sha256
-
     dataset = manifest.get("dataset") or {}
     path = resolve_data(str(data)) if data is not None else Path(dataset.get("path", ""))
     if not path.is_file():
@@ -100,9 +105,6 @@ def check_template_records(run_dir: str | Path, template: str, data: str | Path 
     """``{record_id: Record}`` of the run (:func:`records_of_run`), refused for the ``longmemeval`` template when a
     record the run planned has no LongMemEval question type -- before any judge call (and, from the command line,
     before the judge model loads)."""
-    from relaylens.results.store import RunStore
-    from relaylens.scoring import longmemeval_judge as lme
-
     manifest = RunStore.open(run_dir).manifest
     records = records_of_run(manifest, data)
     if lme.check_template(template) == lme.TEMPLATE:
@@ -118,19 +120,12 @@ def rejudge_run(run_dir: str | Path, backend, name: str, data: str | Path | None
     ``template="longmemeval"``: LongMemEval's own prompts (:mod:`relaylens.scoring.longmemeval_judge`; give the backend
     10 tokens); the pass is named ``lme_<name>`` (scores ``judge_lme_<name>``), and the run's records must all be
     LongMemEval's."""
-    from relaylens.scoring.judge import Judge
-    from relaylens.scoring.longmemeval_judge import TEMPLATE, LongMemEvalJudge, pass_name
-    from relaylens.results.store import RunStore, UnitKey
-
     check_judge_name(name)
     name = pass_name(template, name)
     run_dir = Path(run_dir)
     store = RunStore.open(run_dir)
     records = check_template_records(run_dir, template, data)
     _warn_short_checklist_replies(records, backend)
-    from relaylens.scoring.checklist import CHECKLIST_METRICS, ChecklistJudge, is_checklist_record
-
-    from relaylens.results.passes import begin_pass, finish_pass
 
     metric, failed_metric = f"judge_{name}", f"judge_{name}_failed"
     checklist_metrics = [f"{m}_{name}" for m in (*CHECKLIST_METRICS, "checklist_failed")]
@@ -153,8 +148,8 @@ def rejudge_run(run_dir: str | Path, backend, name: str, data: str | Path | None
             for row in answers:
                 record = records.get(row["record_id"])
                 if record is None:
-                    raise RelaylensError(f"record {row['record_id']} of the run is not in the dataset. Fix: pass --data "
-                                         "with the file the run used")
+                    raise RelaylensError(f"record {row['record_id']} of the run is not in the dataset. Fix: pass "
+                                         "--data with the file the run used")
                 meta = {k: row[k] for k in ("record_id", "selector", "budget", "condition", "question_type",
                                             "is_abstention", "cluster_id")}
                 if is_checklist_record(record):  # summaries: HelloEval checklist scores, suffixed with the name
@@ -188,9 +183,6 @@ def rejudge_run(run_dir: str | Path, backend, name: str, data: str | Path | None
 
 def _warn_short_checklist_replies(records: dict, backend) -> None:
     """Checklist replies list every item: a judge limited to a few dozen output tokens cuts them off (failures)."""
-    import warnings
-
-    from relaylens.scoring.checklist import CHECKLIST_MAX_TOKENS, is_checklist_record
 
     limit = getattr(backend, "max_tokens", None)
     if limit is not None and limit < 512 and any(is_checklist_record(r) for r in records.values()):
@@ -201,15 +193,13 @@ def _warn_short_checklist_replies(records: dict, backend) -> None:
 
 def _lock(run_dir: Path):
     try:
-        from relaylens.results.locks import run_lock
+        from relaylens.results.locks import run_lock  # noqa: PLC0415 - optional/platform: imported inside try/except ImportError
     except ImportError:  # the run-directory lock module is not present in this checkout
         return nullcontext()
     return run_lock(run_dir, "judge")
 
 
 def _write_json(path: Path, obj) -> None:
-    from relaylens.results.atomic import write_atomic
-
     write_atomic(path, json.dumps(obj, indent=2, sort_keys=True, default=str) + "\n")
 
 
@@ -221,8 +211,6 @@ def _judge_settings(name: str, backend) -> dict:
     """What ``judges.json`` records about a judge: its metric, model, URL (credentials removed) and settings."""
     url = getattr(backend, "shown_url", None) or getattr(backend, "url", None)
     if url:
-        from relaylens.scoring import judge as judge_module
-
         redact = getattr(judge_module, "redact_url", None)
         url = redact(url) if redact else url.split("?", 1)[0]
     return {"metric": f"judge_{name}", "model_id": backend.model_id, "url": url,

@@ -3,13 +3,15 @@
 For each record: render the prompt, prefill the history once, then for each (selector, budget) select once; the rows
 (selector x budget x condition) of the record then run in batches of ``batch_rows`` rows (default: all of them in one
 batch; ``1``: one row at a time) sharing the prefill (question pass with probes, greedy generation, scoring; see
-:mod:`relaylens.generation.rows`). One (record, selector, budget) is one unit of work, committed atomically to the run directory; re-running the same command skips committed
-units, so a killed run resumes where it stopped.
+:mod:`relaylens.generation.rows`). One (record, selector, budget) is one unit of work, committed atomically to the
+run directory; re-running the same command skips committed units, so a killed run resumes where it stopped. After a
+unit's rows, every probe kind its spec enables adds its rows (:mod:`relaylens.probes.registry`); the run is opened
+by the one recipe every runner shares (:mod:`relaylens.experiments.run_setup`).
 
 Example (the CLI: ``relaylens run coordinate_ablation --limit 4 --out runs/ablation``; from Python):
     >>> from relaylens.experiments.specs import load_analysis
     >>> config = RunConfig(limit=4, out="runs/ablation")
-    >>> run_analysis(load_analysis("coordinate_ablation").SPEC, config)  # doctest: +SKIP
+    >>> run_analysis(load_analysis("coordinate_ablation").spec, config)  # doctest: +SKIP
     PosixPath('runs/ablation')
     >>> config.model, config.data, config.chunk_size
     ('smollm2-135m-instruct', 'sample', 2048)
@@ -18,21 +20,30 @@ Example (the CLI: ``relaylens run coordinate_ablation --limit 4 --out runs/ablat
 from __future__ import annotations
 
 import json
+import sys
 import time
 from contextlib import contextmanager, nullcontext
-from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
 import torch
 
-from relaylens.errors import BudgetError, RelaylensError, TooShortError, shown
-from relaylens.datasets import SAMPLE, resolve_data
+from relaylens.conditions.scoped import expand_conditions, unit_position_problem
+from relaylens.datasets import SAMPLE, Record, resolve_data  # noqa: F401 - SAMPLE, resolve_data: imported from here
+from relaylens.datasets.prompting import encode_data_text, render_prompt
+from relaylens.errors import RelaylensError, shown
 from relaylens.experiments.config import RunConfig, check_config
-from relaylens.experiments.judges import make_judge
+from relaylens.experiments.judges import make_judge  # noqa: F401 - re-exported (relaylens.runner.make_judge)
+from relaylens.experiments.run_setup import analysis_plan, open_run
 from relaylens.experiments.specs import ExperimentSpec, split_unit_selector
-from relaylens.datasets.records import Record
-from relaylens.generation.rows import default_eos_ids
+from relaylens.experiments.units import UnitWork, prefill_record, query_window, select_units, selector_objects  # noqa: F401 - the old home
+from relaylens.generation.rows import Row, default_eos_ids, run_rows
+from relaylens.probes.readouts import probe_condition, probe_rows
+from relaylens.probes.registry import UnitContext, run_probes
+from relaylens.progress import progress_view
+from relaylens.results.store import UnitKey
+from relaylens.results.views import has_view, write_view
+from relaylens.scoring.metrics import score_answer
 
 
 def first_answer_token(tokenizer, record: Record, mode: str) -> int | None:
@@ -46,32 +57,8 @@ def answer_tokens(tokenizer, record: Record, mode: str) -> list[int]:
     if not record.answers or record.is_abstention:
         return []
     prefix = " " if mode == "completion" else ""
-    from relaylens.datasets.prompting import encode_data_text
-
     ids, _ = encode_data_text(tokenizer, prefix + record.answers[0])  # special-token strings in data stay text
     return [int(i) for i in ids]
-
-
-def selector_objects(spec: ExperimentSpec, seed: int) -> dict:
-    import dataclasses
-
-    from relaylens.selectors import make_selector, selector_class
-
-    objects = {}
-    for name in spec.selectors:
-        options = dict(spec.selector_options.get(name, {}))
-        cls_fields = {f.name for f in dataclasses.fields(selector_class(name))}
-        if "seed" in cls_fields:
-            options.setdefault("seed", seed)
-        objects[name] = make_selector(name, **options)
-    return objects
-
-
-def query_window(config: RunConfig, selectors, history_length: int) -> int:
-    """Window queries the prefill captures: ``config.window_size``, or more when a selector votes with a longer
-    window of history queries (Scissorhands' ``query_window``), capped at the history length."""
-    extra = max([getattr(s, "query_window", 0) for s in selectors] + [0])
-    return max(config.window_size, min(extra, history_length))
 
 
 def first_token_end_probability(last_logits: torch.Tensor, end_ids: list[int]) -> float:
@@ -95,55 +82,6 @@ def _gold_units(prompt, selection, granularity: str) -> tuple[int, int]:
     return len(units), sum(bool(kept_set[u.start : u.end].any()) for u in units)
 
 
-@dataclass
-class UnitWork:
-    """One (record, selector, budget) of a record: its selection and how long selecting took."""
-
-    selector: str
-    budget: float
-    selection: object  # relaylens.geometry.selection.Selection
-    selection_s: float
-
-
-def select_units(prefill, prompt, pending: list[tuple[str, float]], selectors: dict,
-                 protect: bool = False) -> tuple[list[UnitWork], list]:
-    """Select once per pending (selector, budget); every condition of that unit shares the selection.
-
-    ``selectors``: selector name -> the object whose ``select`` runs (prepared for this record). ``protect``: keep
-    the instruction and template states outside the budget (:func:`relaylens.selectors.protection.select_protected`).
-    Returns the units and ``(selector, budget, error)`` for budgets the record's history is too short for.
-    ``kvpress:`` units share their history passes (:func:`relaylens.selectors.kvpress_pass.share_press_passes`);
-    each one's ``selection_s`` carries an equal share of the shared passes' time.
-    """
-    from relaylens.selectors.kvpress_pass import share_press_passes
-    from relaylens.selectors.protection import framing_mask, select_protected
-
-    shared_s, served = 0.0, set()
-    cells = any(split_unit_selector(name)[1] is not None for name, _ in pending)
-    if not protect and not cells:  # every kvpress unit of the record scored in one history pass per kernel
-        _, shared_s, served = share_press_passes(selectors, prefill, pending)
-    share = shared_s / max(1, sum(name in served for name, _ in pending))
-    units, too_short = [], []
-    for name, budget in pending:
-        started = time.perf_counter()
-        base, cell = split_unit_selector(name)
-        try:
-            if cell is not None:  # the framing analysis: the cell's kept set on top of the sessions' budget
-                sessions = prompt.history_length - int(prompt.protected_mask().sum())
-                selection = select_protected(selectors[base], prefill, prompt, budget, framing_mask(prompt, cell),
-                                             source_length=sessions)
-            elif protect:
-                selection = select_protected(selectors[base], prefill, prompt, budget)
-            else:
-                selection = selectors[base].select(prefill, prompt, budget)
-        except (BudgetError, TooShortError) as err:  # the budget or the history is too small for the selector
-            too_short.append((name, budget, err))
-            continue
-        spent = time.perf_counter() - started + (share if name in served else 0.0)
-        units.append(UnitWork(name, budget, selection, spent))
-    return units, too_short
-
-
 def process_record(model, tokenizer, factors, record: Record, prompt, prefill, prefill_s: float, units: list[UnitWork],
                    spec: ExperimentSpec, config: RunConfig, judge=None, views: bool = False):
     """Every row (unit x condition) of one record, decoded in batches of ``config.batch_rows`` rows (None: all).
@@ -152,18 +90,17 @@ def process_record(model, tokenizer, factors, record: Record, prompt, prefill, p
     the unit's token view when ``views`` and probes ran, else None). Attribution probes (``spec.attribution``) need
     autograd and run one row at a time.
     """
-    from relaylens.probes.readouts import probe_condition, probe_rows
-    from relaylens.generation.rows import Row, run_rows
-    from relaylens.conditions.scoped import expand_conditions
-
     evidence = prompt.evidence_mask(spec.granularity)
     do_probes = spec.probes and bool(evidence.any())
     answer_ids = answer_tokens(tokenizer, record, spec.prompt_mode)
     teacher = answer_ids[0] if spec.teacher_forcing and answer_ids else None
     attribution = dict(grad=True, next_answer_token=answer_ids[1] if len(answer_ids) > 1 else None) \
         if spec.attribution and teacher is not None else {}
-    common = dict(max_new_tokens=spec.max_new_tokens, tokenizer=tokenizer, stop_at_newline=spec.stops_at_newline(spec.prompt_mode),
-                  window_mode=config.window_mode, factors=factors, eos_token_ids=set() if spec.stop == "none" else None)
+    common = dict(max_new_tokens=spec.max_new_tokens, tokenizer=tokenizer,
+                  stop_at_newline=spec.stops_at_newline(spec.prompt_mode), window_mode=config.window_mode,
+                  factors=factors, eos_token_ids=set() if spec.stop == "none" else None)
+    shared = dict(model=model, tokenizer=tokenizer, record=record, prompt=prompt, prefill=prefill, evidence=evidence,
+                  spec=spec, config=config, factors=factors, answer_ids=tuple(answer_ids), views=views)  # every unit's
     units = list(units)
     conditions = expand_conditions(spec.conditions, model)  # scoped conditions learn the model's layer types
     rows = [(unit, condition) for unit in units for condition in conditions]
@@ -191,33 +128,25 @@ def process_record(model, tokenizer, factors, record: Record, prompt, prefill, p
         while len(outcomes) >= width:  # a unit's rows are consecutive: commit each unit as soon as it is complete
             mine, outcomes = outcomes[:width], outcomes[width:]
             unit = units.pop(0)
-            yield (unit, *_unit_tables(model, tokenizer, record, prompt, prefill, prefill_s, unit, mine, spec, config,
-                                        factors, evidence, do_probes, judge, views))
+            key = {"record_id": record.record_id, "selector": unit.selector, "budget": float(unit.budget)}
+            context = UnitContext(key=key, selection=unit.selection, **shared,
+                                  probed={g.condition: p for g, p, _, _ in mine if p is not None})
+            yield (unit, *_unit_tables(context, unit, mine, prefill_s, judge))
 
 
-def _unit_tables(model, tokenizer, record, prompt, prefill, prefill_s, unit: UnitWork, outcomes: list, spec, config,
-                 factors, evidence, do_probes, judge, views: bool) -> tuple:
-    """The answers, scores and probes rows of one unit from its conditions' outcomes (plus its layer sweep and token
-    view, if any)."""
-    from relaylens.probes.layer_sweep import layer_sweep
-    from relaylens.probes.readouts import replay_conditions
-    from relaylens.conditions.scoped import expand_conditions
-    from relaylens.scoring.metrics import score_answer
-
-    selection = unit.selection
+def _unit_tables(context: UnitContext, unit: UnitWork, outcomes: list, prefill_s: float, judge) -> tuple:
+    """The answers, scores and probes rows of one unit from its conditions' outcomes, plus what every enabled probe
+    kind adds (:mod:`relaylens.probes.registry`: replay, sensitivity, layer sweep, token view)."""
+    record, prompt, selection, spec, key = context.record, context.prompt, context.selection, context.spec, context.key
     gold_total, gold_kept = _gold_units(prompt, selection, spec.granularity)
-    key = {"record_id": record.record_id, "selector": unit.selector, "budget": float(unit.budget)}
     meta = {"question_type": record.question_type, "is_abstention": bool(record.is_abstention),
             "cluster_id": record.cluster_id or record.record_id}
-    answers, scores, probe_frames, reference, recorders = [], [], [], None, {}
-    end_ids = sorted(default_eos_ids(model, tokenizer))  # what ends an answer, whatever the run's --stop
+    answers, scores, probe_frames, view = [], [], [], None
+    end_ids = sorted(default_eos_ids(context.model, context.tokenizer))  # ends an answer, whatever the run's --stop
     for generation, probed, elapsed, batch_rows in outcomes:
         label = generation.condition
         if probed is not None:
-            recorders[label] = probed.question_recorder
             probe_frames.append(probed.readouts.assign(condition=label, source="forward"))
-            if label == "original":
-                reference = probed
         answers.append({
             **key, "condition": label, **meta, "prompt_mode": spec.prompt_mode, "answer": generation.text,
             "stop_reason": generation.stop_reason, "hit_limit": generation.hit_limit,
@@ -233,46 +162,13 @@ def _unit_tables(model, tokenizer, record, prompt, prefill, prefill_s, unit: Uni
             metrics.update(judge.judge(record, generation.text).scores())
         for metric, value in metrics.items():
             scores.append({**key, "condition": label, **meta, "metric": metric, "value": float(value)})
-    if do_probes and reference is not None and spec.replay_conditions:
-        replay = replay_conditions(reference, prefill, selection, evidence, expand_conditions(spec.replay_conditions, model),
-                                   int(prompt.question_ids.numel()), factors)
-        probe_frames.append(replay.assign(source="replay"))
-    if spec.sensitivity:
-        sensitivity = sensitivity_frames(model, tokenizer, record, prompt, prefill, selection, spec, config, factors)
-        probe_frames.extend(frame.assign(source="forward") for frame in sensitivity)
-    if spec.sweep == "layers":
-        sweep_scores, sweep_probes = layer_sweep(model, prefill, selection, prompt.question_ids, evidence if do_probes else None,
-                                                 first_answer_token(tokenizer, record, spec.prompt_mode), factors,
-                                                 config.window_mode)
+    for tables in run_probes(context):  # in registry order: the tables' row order
+        probe_frames.extend(tables.probes)
         scores.extend({**key, "condition": row["condition"], **meta, "metric": row["metric"], "value": row["value"]}
-                      for row in sweep_scores)
-        if len(sweep_probes):
-            probe_frames.append(sweep_probes)
+                      for row in tables.scores)
+        view = tables.view if tables.view is not None else view
     probes = pd.concat(probe_frames, ignore_index=True).assign(**key) if probe_frames else pd.DataFrame()
-    view = None
-    if views and recorders:
-        from relaylens.probes.token_view import token_view
-
-        view = token_view(prompt, tokenizer, selection, spec.granularity, recorders, key)
     return answers, scores, probes, view
-
-
-def sensitivity_frames(model, tokenizer, record, prompt, prefill, selection, spec: ExperimentSpec, config: RunConfig,
-                       factors, conditions=None) -> list[pd.DataFrame]:
-    """The positional sensitivity readout (:mod:`relaylens.probes.sensitivity`) of every condition of ``spec`` (or
-    ``conditions``) on one unit, as probe frames with a ``condition`` column; none for records without an answer."""
-    from relaylens.conditions.scoped import expand_conditions
-    from relaylens.probes.sensitivity import positional_sensitivity
-
-    target = first_answer_token(tokenizer, record, spec.prompt_mode)
-    if target is None:
-        return []
-    frames = []
-    for condition in conditions or expand_conditions(spec.conditions, model):
-        frame = positional_sensitivity(model, prefill, selection, condition, prompt.question_ids, target, factors,
-                                       config.window_mode)
-        frames.append(frame.assign(condition=condition.label, probe_point="question_final"))
-    return frames
 
 
 def run_analysis(spec: ExperimentSpec, config: RunConfig, progress: bool = True, model_and_tokenizer=None) -> Path:
@@ -281,63 +177,18 @@ def run_analysis(spec: ExperimentSpec, config: RunConfig, progress: bool = True,
     Records that cannot run (history over ``max_history_tokens`` or the rotary range, or too short for a selector's
     window or budget) are committed as ``skipped`` rows naming the record and the reason; the run goes on.
     """
-    from relaylens.geometry.rotary import RotaryFactors
-    from relaylens.model.hf import rope_summary
-    from relaylens.scoring.judge import redact_url
-    from relaylens.results.locks import run_lock
-    from relaylens.model.loading import load_model, model_files_fingerprint, model_fingerprint
-    from relaylens.datasets import load_records
-    from relaylens.experiments.launch import detect_shard, shard_dir
-    from relaylens.experiments.learned import check_learned_conditions
-    from relaylens.results.store import RunStore, build_manifest, prepare_run_dir
-    from relaylens.results.shards import parse_shard, shard_records
-
     check_config(config)
-    auto = bool(config.shard) and config.shard.strip().lower() == "auto"
-    launcher = detect_shard() if auto else None  # torchrun / accelerate / SLURM: the shard and the local rank
-    placement = config.placement(local_rank=launcher.local_rank if launcher else None)
-    data_path = resolve_data(spec.data if config.data == SAMPLE else config.data)  # an analysis may bring its own sample
-    records = load_records(data_path, format=config.data_format)
-    if not records:
-        raise RelaylensError(f"{data_path} holds no records")
-    limit = config.limit if config.limit is not None else spec.limit
-    records = records[:limit] if limit else records
-    shard = (launcher.index, launcher.count) if launcher else parse_shard(config.shard) if config.shard else None
-    if shard:
-        chosen = set(shard_records([r.record_id for r in records], *shard))
-        records = [r for r in records if r.record_id in chosen]
-    out = Path(config.out or f"runs/{spec.name}")
-    if launcher:  # one run directory, one shard directory per process
-        out = shard_dir(out, *shard)
-    model, tokenizer = model_and_tokenizer or load_model(config.model, **placement.load_kwargs())
-    if spec.prompt_mode == "auto":
-        spec = spec.replace(prompt_mode="chat" if getattr(tokenizer, "chat_template", None) else "completion")
-    factors = RotaryFactors.from_model(model)
-    run = vars(config) | {"out": None, "force": None, "shard": None, "retry_skipped": None, "batch_rows": None, "view_records": None,
-                          "judge_url": redact_url(config.judge_url) if config.judge_url else None}
-    plan = {"record_ids": [r.record_id for r in records], "units": len(spec.units([r.record_id for r in records]))}
-    # the device kind, not its index: shards on cuda:0 and cuda:1 (or a resumed shard on another GPU) still agree
-    recorded = placement.to_dict() | {"device": placement.device and placement.device.split(":")[0]}
-    manifest = build_manifest(spec.name, {"spec": spec.to_dict(), "run": run, "placement": recorded,
-                                          "rope": rope_summary(model)},
-                              config.model, model_fingerprint(model), data_path, shard,
-                              model_info=model_files_fingerprint(model, tokenizer), plan=plan)
-    spec = check_learned_conditions(spec, manifest, plan["record_ids"])  # learned:RUN_DIR checked, pinned by content
-    prepare_run_dir(out)
-    with run_lock(out, "run"):
-        judge = make_judge(config, out, records)  # a bad judge setting or template fails before the manifest
-        store = RunStore.create_or_open(out, manifest, force=config.force)
-        _run_units(model, tokenizer, factors, records, spec, config, store, judge, progress)
-        store.consolidate()
-    return out
+    opened = open_run(spec, config, model_and_tokenizer)
+    opened = opened.with_manifest(analysis_plan(opened))  # learned:RUN_DIR conditions pinned by content
+    with opened.session() as session:
+        _run_units(opened.model, opened.tokenizer, opened.factors, opened.records, opened.spec, config, session.store,
+                   session.judge, progress)
+        session.store.consolidate()
+    return opened.out
 
 
 def _run_units(model, tokenizer, factors, records, spec: ExperimentSpec, config: RunConfig, store, judge,
                progress: bool) -> None:
-    from relaylens.datasets.prompting import render_prompt
-    from relaylens.results.store import UnitKey
-    from relaylens.results.views import write_view
-
     selectors = selector_objects(spec, config.seed)
     units = spec.units([r.record_id for r in records])
     bar = progress_bar(progress)
@@ -403,15 +254,6 @@ def _naming_record(record_id: str):
         raise type(err)(f"record {record_id}: {err}") from err
 
 
-def prefill_record(model, prompt, config: RunConfig, selectors):
-    from relaylens.model.prefill import prefill_history
-
-    needs_columns = any(getattr(s, "needs_column_sums", False) for s in selectors)
-    return prefill_history(model, prompt.history_ids, window_size=query_window(config, selectors, prompt.history_length),
-                           chunk_size=config.chunk_size, attn_implementation=config.attn_implementation,
-                           column_sums=needs_columns)
-
-
 def history_problem(prompt, spec: ExperimentSpec, config: RunConfig, factors) -> tuple[str, str] | None:
     """``(reason, detail)`` when a record cannot run at all, else None.
 
@@ -427,9 +269,9 @@ def history_problem(prompt, spec: ExperimentSpec, config: RunConfig, factors) ->
     if needed > factors.position_limit:
         limit = (f"max_position_embeddings={factors.max_position}" if factors.position_limit == factors.max_position
                  else "of 2**24 positions (float32 phases cannot tell larger positions apart)")
-        return "too_long", (f"record {rid}: history of {L} tokens needs positions up to {needed - 1} (largest condition "
-                            f"shift {spec.max_shift}, question and {spec.max_new_tokens} new tokens), past the model's "
-                            f"rotary range {limit}")
+        return "too_long", (f"record {rid}: history of {L} tokens needs positions up to {needed - 1} (largest "
+                            f"condition shift {spec.max_shift}, question and {spec.max_new_tokens} new tokens), "
+                            f"past the model's rotary range {limit}")
     if L <= config.window_size:
         return "too_short", (f"record {rid}: history of {L} tokens is not longer than the {config.window_size}-token "
                              "observation window")
@@ -440,8 +282,6 @@ def _skip_unplaceable(store, record, prompt, units, redo, spec: ExperimentSpec, 
     """The units every condition can place; the others are committed as skipped (``too_long``: a question start
     past the rotary range, e.g. a large ``geometry`` b; ``position``: a ``move=`` past the question), as
     :func:`history_problem` skips a ``query_only`` shift past the range (issue 41, item 13)."""
-    from relaylens.conditions.scoped import expand_conditions, unit_position_problem
-
     conditions = expand_conditions(spec.conditions, model)
     tail = int(prompt.question_ids.numel()) + max(spec.max_new_tokens, 1) + 1
     kept = []
@@ -458,9 +298,8 @@ def _skip_unplaceable(store, record, prompt, units, redo, spec: ExperimentSpec, 
     return kept
 
 
-def skip_unit(store, record_id: str, selector: str, budget: float, history_length: int, reason: str, detail: str) -> None:
-    from relaylens.results.store import UnitKey
-
+def skip_unit(store, record_id: str, selector: str, budget: float, history_length: int, reason: str,
+              detail: str) -> None:
     row = {"record_id": record_id, "selector": selector, "budget": float(budget), "reason": reason,
            "history_length": int(history_length), "detail": detail}
     store.write_unit(UnitKey(record_id, selector, budget), [], [], [], skipped_rows=[row])
@@ -478,8 +317,6 @@ def _missing_views(store, keys) -> list[tuple[str, float]]:
     """``(selector, budget)`` of the committed units whose probes ran (a token view was due) but whose view is
     missing or damaged (a write that failed after the commit): the resumed run computes them again for the view
     only."""
-    from relaylens.results.views import has_view
-
     missing = []
     for key in keys:
         if store.is_done(key) and not has_view(store.run_dir, key):
@@ -492,19 +329,15 @@ def _missing_views(store, keys) -> list[tuple[str, float]]:
 def progress_bar(enabled: bool):
     if not enabled or _jupyter_without_widgets():
         return nullcontext(None)  # in Jupyter without ipywidgets rich would warn once per refresh: no bar instead
-    from relaylens.progress import progress_view
-
     return progress_view()
 
 
 def _jupyter_without_widgets() -> bool:
     """True inside a Jupyter kernel where ipywidgets cannot be imported (rich's live display needs it there)."""
-    import sys
-
     if "ipykernel" not in sys.modules:
         return False
     try:
-        import ipywidgets  # noqa: F401
+        import ipywidgets  # noqa: F401, PLC0415 - lazy on purpose: an optional package, probed only inside Jupyter
     except ImportError:
         return True
     return False

@@ -1,8 +1,9 @@
 """Experiment specifications: which selectors, budgets and conditions an analysis sweeps, and how.
 
-An analysis module in ``relaylens/analyses/`` exposes ``SPEC`` (an :class:`ExperimentSpec`) and the names of the figures and
-tables it feeds. Defaults are CPU-sized (SmolLM2, the bundled sample); every size knob is a field, so the paper's
-scale runs unchanged on a GPU machine (``--model``, ``--data``, ``--limit``, ``--budget``).
+An analysis module in ``relaylens/analyses/`` declares ``SPEC`` (an :class:`ExperimentSpec`, naming the figures and
+tables it feeds) in its record ``ANALYSIS`` (:class:`~relaylens.experiments.analysis.Analysis`). Defaults are
+CPU-sized (SmolLM2, the bundled sample); every size knob is a field, so the paper's scale runs unchanged on a GPU
+machine (``--model``, ``--data``, ``--limit``, ``--budget``).
 
 Example:
     >>> spec = ExperimentSpec("demo", selectors=("snapkv",), budgets=(0.1,), conditions=("original", "relay"))
@@ -14,10 +15,13 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import pkgutil
 from dataclasses import dataclass, field
 
 from relaylens.conditions.scoped import get_condition
+from relaylens.datasets.prompting import STOP_ON_NEWLINE
 from relaylens.errors import RelaylensError
+from relaylens.experiments.analysis import Analysis
 from relaylens.results.tables import split_unit_label, unit_labels
 
 PROMPT_MODES = ("chat", "completion", "auto")
@@ -43,7 +47,8 @@ class ExperimentSpec:
         probes: record evidence-reading probes (needs evidence annotations).
         teacher_forcing: also probe the teacher-forced first answer token.
         attribution: also attribute the answer to the evidence (gradient x input, direct logit attribution; needs
-            ``probes`` and ``teacher_forcing``): the question pass runs with autograd, see :mod:`relaylens.probes.attribution`.
+            ``probes`` and ``teacher_forcing``): the question pass runs with autograd, see
+            :mod:`relaylens.probes.attribution`.
         max_new_tokens: greedy decoding limit; 512 by default, the paper's (memory QA decodes until EOS, and the
             ``answering`` table reports how often the limit cut an answer).
         prompt_mode: ``"completion"``, ``"chat"`` or ``"auto"`` (the default: chat where the tokenizer has a chat
@@ -100,26 +105,27 @@ class ExperimentSpec:
     framing_cells: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
-        from relaylens.selectors import REGISTRY, is_selector_name
+        from relaylens.selectors import REGISTRY, is_selector_name  # noqa: PLC0415 - import cost: torch load on first use
 
         for name in self.selectors:
             if not is_selector_name(name):
                 raise RelaylensError(f"analysis {self.name!r}: unknown selector {name!r}; known: {sorted(REGISTRY)} or "
                                      "kvpress:<PressName>")
-        from relaylens.model.hf import POSITION_LIMIT
+        from relaylens.model.hf import POSITION_LIMIT  # noqa: PLC0415 - import cost: torch load on first use
 
         for condition in self.conditions + self.replay_conditions:
             shift = int(getattr(get_condition(condition), "shift", 0))
             if shift >= POSITION_LIMIT:  # every record would need positions float32 phases cannot tell apart
-                raise RelaylensError(f"analysis {self.name!r}: condition {condition!r} shifts the question by {shift:,} "
-                                     f"positions, at or past 2**24 = {POSITION_LIMIT:,}, where the rotary embedding's "
-                                     "float32 positions collapse (distinct positions share one phase). Fix: a shift "
-                                     "below the model's context (e.g. query_only(2048))")
+                raise RelaylensError(f"analysis {self.name!r}: condition {condition!r} shifts the question by "
+                                     f"{shift:,} positions, at or past 2**24 = {POSITION_LIMIT:,}, where the rotary "
+                                     "embedding's float32 positions collapse (distinct positions share one phase). "
+                                     "Fix: a shift below the model's context (e.g. query_only(2048))")
         if "original" not in self.conditions:
             raise RelaylensError(f"analysis {self.name!r}: conditions must include 'original' (the paired reference)")
         for budget in self.budgets:
             if not (0 < budget <= 1 or (budget > 1 and float(budget).is_integer())):
-                raise RelaylensError(f"analysis {self.name!r}: budget {budget} must be a ratio in (0, 1] or a whole number of states")
+                raise RelaylensError(f"analysis {self.name!r}: budget {budget} must be a ratio in (0, 1] or a whole "
+                                     "number of states")
         # a whole number > 1 arriving as a float (``--budget 64``) is a state count: selectors read floats as ratios
         object.__setattr__(self, "budgets", tuple(int(b) if b > 1 else b for b in self.budgets))
         if self.prompt_mode not in PROMPT_MODES:
@@ -128,7 +134,7 @@ class ExperimentSpec:
             raise RelaylensError(f"stop must be one of {STOPS}; got {self.stop!r}")
         if self.granularity not in ("turn", "session"):
             raise RelaylensError(f"granularity must be 'turn' or 'session'; got {self.granularity!r}")
-        from relaylens.selectors import make_selector
+        from relaylens.selectors import make_selector  # noqa: PLC0415 - import cost: torch load on first use
 
         for name, options in self.selector_options.items():
             if name not in self.selectors:
@@ -141,7 +147,7 @@ class ExperimentSpec:
             raise RelaylensError(f"max_new_tokens must be >= 0; got {self.max_new_tokens}")
         if self.sweep not in ("", "layers"):
             raise RelaylensError(f"sweep must be 'layers' or empty (none); got {self.sweep!r}")
-        from relaylens.selectors.protection import FRAMING_CELLS
+        from relaylens.selectors.protection import FRAMING_CELLS  # noqa: PLC0415 - import cost: torch load on first use
 
         unknown = [c for c in self.framing_cells if c not in FRAMING_CELLS]
         if unknown or len(set(self.framing_cells)) != len(self.framing_cells):
@@ -151,8 +157,6 @@ class ExperimentSpec:
     def stops_at_newline(self, prompt_mode: str) -> bool:
         """Whether decoding stops at the first newline under ``prompt_mode`` (the resolved one): ``newline`` always,
         ``auto`` where the prompt mode does (:data:`relaylens.datasets.prompting.STOP_ON_NEWLINE`)."""
-        from relaylens.datasets.prompting import STOP_ON_NEWLINE
-
         return self.stop == "newline" or (self.stop == "auto" and STOP_ON_NEWLINE.get(prompt_mode, False))
 
     @property
@@ -211,18 +215,17 @@ Nothing imports a top-level ``analyses``, so a foreign
 
 def available_analyses() -> list[str]:
     """Names of the analyses shipped with relaylens (``relaylens/analyses/NAME.py``), sorted."""
-    import pkgutil
-
     package = importlib.import_module(ANALYSES_PACKAGE)
     return sorted(m.name for m in pkgutil.iter_modules(package.__path__) if not m.name.startswith("_"))
 
 
-def load_analysis(name: str):
-    """Import ``relaylens.analyses.<name>`` and return the module (it has ``SPEC``); only shipped names load (a
-    name that is not a Python identifier, e.g. ``.``, ``..`` or ``../x``, never reaches the import system).
+def load_analysis(name: str) -> Analysis:
+    """Import ``relaylens.analyses.<name>`` and return its :class:`~relaylens.experiments.analysis.Analysis` record
+    (``ANALYSIS``: spec, presets, its own runner and flags if any); only shipped names load (a name that is not a
+    Python identifier, e.g. ``.``, ``..`` or ``../x``, never reaches the import system).
 
     Example:
-        >>> load_analysis("ordering").SPEC.figures
+        >>> load_analysis("ordering").spec.figures
         ('figure5',)
     """
     if not isinstance(name, str) or not name.isidentifier():
@@ -232,9 +235,15 @@ def load_analysis(name: str):
     if name not in known:
         raise RelaylensError(f"unknown analysis {name!r}; available: {', '.join(known)}")
     module = importlib.import_module(f"{ANALYSES_PACKAGE}.{name}")
-    if not isinstance(getattr(module, "SPEC", None), ExperimentSpec):
-        raise RelaylensError(f"relaylens/analyses/{name}.py defines no SPEC = ExperimentSpec(...)")
-    return module
+    record = getattr(module, "ANALYSIS", None)
+    if not isinstance(record, Analysis) or not isinstance(record.spec, ExperimentSpec):
+        raise RelaylensError(f"relaylens/analyses/{name}.py defines no ANALYSIS = Analysis(SPEC, PRESETS, "
+                             "doc=__doc__) with SPEC = ExperimentSpec(...). Fix: end the module with that line "
+                             "(relaylens.experiments.analysis.Analysis)")
+    if record.name != name:
+        raise RelaylensError(f"relaylens/analyses/{name}.py declares an analysis named {record.name!r}. Fix: name its "
+                             f"ExperimentSpec {name!r}, like its file")
+    return record
 
 
 def _value(text: str):
@@ -250,7 +259,8 @@ def _value(text: str):
 
 
 split_unit_selector = split_unit_label
-"""``(selector, framing cell or None)`` of a unit's selector label (:func:`relaylens.results.tables.split_unit_label`)."""
+"""``(selector, framing cell or None)`` of a unit's selector label
+(:func:`relaylens.results.tables.split_unit_label`)."""
 
 
 def parse_selector_arg(text: str) -> tuple[str, dict]:
@@ -263,7 +273,7 @@ def parse_selector_arg(text: str) -> tuple[str, dict]:
     >>> parse_selector_arg("kvpress:snapkvpress:window_size=64")
     ('kvpress:SnapKVPress', {'window_size': 64})
     """
-    from relaylens.selectors.kvpress_adapter import PREFIX, canonical_name, is_press_selector
+    from relaylens.selectors.kvpress_adapter import PREFIX, canonical_name, is_press_selector  # noqa: PLC0415 - import cost: torch load on first use
 
     if is_press_selector(text):
         press, _, rest = text.strip()[len(PREFIX):].partition(":")

@@ -8,6 +8,10 @@ from pathlib import Path
 import pandas as pd
 
 from relaylens.errors import shown
+from relaylens.reporting.crossrun import choose_metrics
+from relaylens.reporting.retention import retention_lines
+from relaylens.reporting.summaries import run_overview
+from relaylens.results.store import load_tables
 
 
 def skipped_summary(tables: dict[str, pd.DataFrame]) -> str:
@@ -25,11 +29,6 @@ def skipped_summary(tables: dict[str, pd.DataFrame]) -> str:
 def run_summary(run_dir: str | Path) -> str:
     """The accuracy table (the paper's metric when the run has it), evidence retention and skipped records of a
     finished run, as printed by ``relaylens run``."""
-    from relaylens.reporting.crossrun import choose_metrics
-    from relaylens.reporting.retention import retention_lines
-    from relaylens.reporting.summaries import run_overview
-    from relaylens.results.store import load_tables
-
     tables = load_tables(run_dir)
     lines = []
     if len(tables["answers"]):

@@ -2,9 +2,9 @@
 
 ``relaylens sweep ANALYSIS --shards N [--gpus-per-shard G] [--ray-address ADDR] [run options]`` starts (or joins) a
 Ray cluster, runs shard ``i`` as a task that calls the ordinary runner with ``--shard i/N`` into
-``RUN_DIR/shards/i-of-N`` (:func:`relaylens.experiments.launch.shard_dir`), shows one progress view over all shards, and when
-every shard has finished merges them into ``RUN_DIR`` (:func:`relaylens.results.shards.merge_run_dir`), then draws the
-figures and writes the HTML report.
+``RUN_DIR/shards/i-of-N`` (:func:`relaylens.experiments.launch.shard_dir`), shows one progress view over all shards, and
+when every shard has finished merges them into ``RUN_DIR`` (:func:`relaylens.results.shards.merge_run_dir`), then draws
+the figures and writes the HTML report.
 
 **The contract is the run directory.** ``RUN_DIR`` must be on storage that the driver and every worker see under
 the same path (NFS, Lustre, a shared disk; any directory on a single machine). Workers commit each finished unit
@@ -37,9 +37,13 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from relaylens.datasets import SAMPLE, load_records, resolve_data
 from relaylens.errors import RelaylensError
+from relaylens.experiments.config import check_config
 from relaylens.experiments.launch import shard_dir
 from relaylens.experiments.ray_connect import RAY_MISSING, SweepError, address_parts, import_ray, start_ray
+from relaylens.progress import progress_view
+from relaylens.results.shards import merge_run_dir, shard_records
 
 __all__ = ["SweepOptions", "SweepError", "RAY_MISSING", "import_ray", "run_sweep", "run_shard", "attempts_path"]
 
@@ -100,7 +104,7 @@ class SweepOptions:
 def run_shard(spec, config, index: int, count: int, run_dir: str) -> dict:
     """Body of one shard task (runs in a Ray worker): the ordinary runner on shard ``index`` of ``count``, writing
     into ``RUN_DIR/shards/index-of-count``; a retried attempt resumes from the units committed there."""
-    from relaylens.experiments.runner import run_analysis
+    from relaylens.experiments.runner import run_analysis  # noqa: PLC0415 - import cost: huggingface_hub, jinja2, safetensors, scipy, torch, transformers load on first use
 
     out = shard_dir(run_dir, index, count)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -113,8 +117,6 @@ def run_shard(spec, config, index: int, count: int, run_dir: str) -> dict:
 
 def _absolute(config):
     """Paths a worker on another machine (or in another directory) must read the same way."""
-    from relaylens.datasets import SAMPLE
-
     data = config.data if config.data == SAMPLE else str(Path(config.data).resolve())
     model = str(Path(config.model).resolve()) if Path(config.model).exists() else config.model
     return dataclasses.replace(config, data=data, model=model)
@@ -122,12 +124,6 @@ def _absolute(config):
 
 def _unit_totals(spec, config, count: int) -> list[int]:
     """Units per shard, as the runner will plan them (for the progress view only)."""
-    from relaylens.datasets import load_records
-    from relaylens.datasets import resolve_data
-    from relaylens.results.shards import shard_records
-
-    from relaylens.datasets import SAMPLE
-
     data = getattr(spec, "data", None) if config.data == SAMPLE else config.data  # as the runner resolves it
     records = load_records(resolve_data(data or config.data), format=config.data_format)
     limit = config.limit if config.limit is not None else spec.limit
@@ -162,9 +158,6 @@ def run_sweep(spec, config, options: SweepOptions, console=None, report: bool = 
     Returns the run directory (``config.out``, default ``runs/ANALYSIS``). Raises :class:`SweepError` naming every
     failed shard; finished units stay in the shard directories, so re-running the same call resumes.
     """
-    from relaylens.experiments.config import check_config
-    from relaylens.results.shards import merge_run_dir
-
     if config.shard:
         raise SweepError(f"relaylens sweep assigns the shards itself; drop --shard {config.shard}")
     check_config(config)
@@ -187,17 +180,18 @@ def run_sweep(spec, config, options: SweepOptions, console=None, report: bool = 
         by_cause: dict[str, list[str]] = {}
         for i, msg in sorted(failures.items()):
             by_cause.setdefault(msg.rstrip("."), []).append(f"{i}-of-{options.shards}")
-        lines = "; ".join(f"shard{'s' if len(names) > 1 else ''} {', '.join(names)}: {msg}" for msg, names in by_cause.items())
+        lines = "; ".join(f"shard{'s' if len(names) > 1 else ''} {', '.join(names)}: {msg}" for msg,
+                          names in by_cause.items())
         raise SweepError(f"{len(failures)} of {options.shards} shards failed ({lines}). Nothing was merged; finished "
                          f"units are kept in {run_dir / 'shards'}. Fix the cause, then re-run the same command: it "
                          "resumes every shard")
     merge_run_dir(run_dir)
     if report:
-        import matplotlib
+        import matplotlib  # noqa: PLC0415 - import cost: matplotlib load on first use
 
         matplotlib.use("Agg")
-        from relaylens.reporting.figures import write_figures
-        from relaylens.reporting.report import write_report
+        from relaylens.reporting.figures import write_figures  # noqa: PLC0415 - import cost: IPython, ipywidgets, matplotlib, scipy, seaborn load on first use
+        from relaylens.reporting.report import write_report  # noqa: PLC0415 - import cost: IPython, ipywidgets, matplotlib, scipy, seaborn load on first use
 
         write_figures(run_dir)
         write_report(run_dir)
@@ -207,8 +201,6 @@ def run_sweep(spec, config, options: SweepOptions, console=None, report: bool = 
 def _watch(ray, refs: dict, run_dir: Path, totals: list[int], options: SweepOptions, console) -> dict[int, str]:
     """Wait for every shard task, showing one progress view (units committed per shard, read from the run
     directory, and each shard's attempt); returns ``{shard: failure message}``."""
-    from relaylens.progress import progress_view
-
     n = options.shards
     view = progress_view(console, remaining=False)
     failures: dict[int, str] = {}
@@ -218,7 +210,8 @@ def _watch(ray, refs: dict, run_dir: Path, totals: list[int], options: SweepOpti
         bars = {i: view.add_task(f"shard {i}-of-{n}", total=totals[i], stage="queued") for i in range(n)}
         pending = list(refs)
         while True:
-            ready, pending = ray.wait(pending, num_returns=len(pending), timeout=options.poll_s) if pending else ([], [])
+            ready, pending = ray.wait(pending, num_returns=len(pending), timeout=options.poll_s) if pending else ([],
+                                                                                                                  [])
             for ref in ready:
                 i = refs[ref]
                 try:

@@ -15,10 +15,19 @@ stop reason, the cache for probes). Axes: :mod:`relaylens.geometry`.
 May import: :mod:`relaylens.errors`, :mod:`relaylens.model`, :mod:`relaylens.geometry`, :mod:`relaylens.conditions`.
 Never probes, scoring, results or anything above.
 
-The former module ``relaylens.generation`` is now :mod:`relaylens.generation.single`; its names are importable from
-here.
+Exports the stage contract: :func:`build_cache`, :func:`run_rows` (every row of a record, batched) and
+:func:`run_condition` (one condition), both returning :class:`GenerationResult`. The other names of the former module
+``relaylens.generation`` (now :mod:`relaylens.generation.single`) still resolve here, with a warning, until relaylens
+0.3.0 (:data:`relaylens.MOVED_NAMES`).
 """
 
-from relaylens.generation.single import prefill_from_cache, run_condition
+from relaylens import moved_name
+from relaylens.generation.cache import build_cache
+from relaylens.generation.rows import GenerationResult, run_rows
+from relaylens.generation.single import run_condition
 
-__all__ = ["prefill_from_cache", "run_condition"]
+__all__ = ["GenerationResult", "build_cache", "run_condition", "run_rows"]
+
+
+def __getattr__(name: str):  # names of the flat module this package replaced, until relaylens.REMOVED_IN
+    return moved_name(__name__, name)

@@ -5,8 +5,8 @@ Registered with ``transformers.AttentionInterface`` under the name ``"relaylens"
 registered under that name, transformers passes ``attention_mask=None`` and this function builds its own mask from
 the key length of every call (ragged layer widths work; a ``None`` mask is never forwarded to sdpa).
 
-Axes: ``q_head``, ``kv_head``, ``query``, ``key`` (:mod:`relaylens.geometry`). History slot ``j`` of kv head ``h`` is visible iff
-``valid[l][h, j]``; new token keys are causal among themselves.
+Axes: ``q_head``, ``kv_head``, ``query``, ``key`` (:mod:`relaylens.geometry`). History slot ``j`` of kv head ``h`` is
+visible iff ``valid[l][h, j]``; new token keys are causal among themselves.
 
 Example:
     >>> import torch
@@ -28,11 +28,11 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 
 import torch
-from transformers import AttentionInterface
 
-from relaylens.model.hf import attention_kernel
+from relaylens.model.hf import attention_kernel, attention_layer_index, attention_window, register_attention_function
 
 ATTENTION_NAME = "relaylens"
+FUSED_UNOBSERVED = True  # unobserved passes use the fused kernel (:func:`_attend_fused`); False: always :func:`_attend`
 WINDOW_MODES = ("condition", "source", "none")
 
 #: observer(layer, query, key, value, probs, state); query [B, q_head, query, D] post-rotary, key/value
@@ -97,7 +97,8 @@ def _batched(tensor: torch.Tensor | None, dims: int) -> torch.Tensor | None:
     return tensor if tensor is None or tensor.dim() > dims else tensor[None]
 
 
-def window_allow(state: AttentionState, layer: int, history: int, total: int, q_len: int, window: int, device) -> torch.Tensor | None:
+def window_allow(state: AttentionState, layer: int, history: int, total: int, q_len: int, window: int,
+                 device) -> torch.Tensor | None:
     """Bool mask of the keys inside the sliding window of each query.
 
     Shape ``[kv_head or 1, query, key]`` for an unbatched state, ``[B, kv_head or 1, query, key]`` for a batched one.
@@ -135,8 +136,9 @@ def relaylens_attention(module, query, key, value, attention_mask, dropout=0.0, 
     """
     state = _ACTIVE.get()
     if state is None:
-        raise RuntimeError("the 'relaylens' attention implementation runs only inside relaylens.attention_context(...)")
-    layer = module.layer_idx
+        raise RuntimeError("the 'relaylens' attention implementation runs only inside "
+                           "relaylens.generation.attention.attention_context(...)")
+    layer = attention_layer_index(module)
     _, q_heads, q_len, head_dim = query.shape
     kv_heads, total = key.shape[1], key.shape[-2]
     groups = q_heads // kv_heads
@@ -149,8 +151,9 @@ def relaylens_attention(module, query, key, value, attention_mask, dropout=0.0, 
     allow = (cols <= total - q_len + rows)[None, None]  # [1, 1, query, key] causal among new tokens
     if valid is not None:
         history_allow = valid.to(query.device)[:, :, None, :].expand(-1, -1, q_len, -1)  # [B, kv_head, query, N]
-        allow = torch.cat((history_allow, allow[..., history:].expand(history_allow.shape[0], kv_heads, -1, -1)), dim=-1)
-    window = kwargs.get("sliding_window") or getattr(module, "sliding_window", None)
+        allow = torch.cat((history_allow, allow[..., history:].expand(history_allow.shape[0], kv_heads, -1, -1)),
+                          dim=-1)
+    window = attention_window(module, kwargs)
     if window:
         inside = window_allow(state, layer, history, total, q_len, int(window), query.device)
         allow = allow & (inside if inside.dim() == 4 else inside[None])
@@ -161,13 +164,17 @@ def relaylens_attention(module, query, key, value, attention_mask, dropout=0.0, 
         kv_of = torch.arange(q_heads, device=key.device) // groups
         per_head = (key[:, kv_of], value[:, kv_of])  # [B, q_head, key, D] each
         state.head_inputs.setdefault(layer, []).append(per_head)
-        output, probs = _attend(query, *per_head, allow.expand(-1, kv_heads, -1, -1)[:, kv_of], scale, kwargs.get("softcap"))
+        output, probs = _attend(query, *per_head, allow.expand(-1, kv_heads, -1, -1)[:, kv_of], scale,
+                                kwargs.get("softcap"))
+    elif FUSED_UNOBSERVED and not state.observers and not kwargs.get("softcap"):
+        # nobody reads the probabilities: the fused kernel
+        output, probs = _attend_fused(query, key, value, allow, scale), None
     else:
         output, probs = _attend(query, key, value, allow, scale, kwargs.get("softcap"))
     for observer in state.observers:
         observer(layer, query, key, value, probs, state)
     output = output.transpose(1, 2).contiguous()  # [B, query, q_head, D]
-    return output, probs.to(query.dtype)
+    return output, None if probs is None else probs.to(query.dtype)
 
 
 def _attend(query, key, value, allow, scale: float, softcap: float | None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -181,7 +188,8 @@ def _attend(query, key, value, allow, scale: float, softcap: float | None) -> tu
     groups = q_heads // kv_heads
     compute = torch.float64 if query.dtype == torch.float64 else torch.float32  # float64 for gradcheck
     grouped = query.reshape(batch, kv_heads, groups * q_len, head_dim)  # q_head h*groups+g → kv_head h
-    scores = torch.matmul(grouped.to(compute), key.to(compute).transpose(-1, -2)) * scale  # [B, kv_head, groups*query, key]
+    scores = torch.matmul(grouped.to(compute),
+                          key.to(compute).transpose(-1, -2)) * scale  # [B, kv_head, groups*query, key]
     scores = scores.view(batch, kv_heads, groups, q_len, total)
     if softcap:
         scores = torch.tanh(scores / softcap) * softcap
@@ -189,6 +197,23 @@ def _attend(query, key, value, allow, scale: float, softcap: float | None) -> tu
     probs = torch.softmax(scores, dim=-1)  # float32 (float64) [B, kv_head, groups, query, key]
     output = torch.matmul(probs.view(batch, kv_heads, groups * q_len, total).to(value.dtype), value)
     return output.view(batch, q_heads, q_len, head_dim), probs.view(batch, q_heads, q_len, total)
+
+
+def _attend_fused(query, key, value, allow, scale: float) -> torch.Tensor:
+    """:func:`_attend` without its probabilities (decoding steps, unobserved passes): ``torch``'s fused
+    scaled-dot-product kernel in the tensors' own dtype (float32 accumulation inside), no upcast copy of the cache.
+
+    The ``groups`` query heads of a kv head ride as ``groups * query`` query rows of that kv head, so the kernel reads
+    each kv head's keys once (its ``enable_gqa`` path copies them per query head). Output ``[B, q_head, query, D]``.
+    """
+    batch, q_heads, q_len, head_dim = query.shape
+    kv_heads, total = key.shape[1], key.shape[-2]
+    groups = q_heads // kv_heads
+    grouped = query.reshape(batch, kv_heads, groups * q_len, head_dim)  # q_head h*groups+g → kv_head h
+    mask = allow[:, :, None].expand(allow.shape[0], allow.shape[1], groups, q_len, total)  # [B|1, kv|1, g, query, key]
+    mask = mask.reshape(allow.shape[0], allow.shape[1], groups * q_len, total)
+    output = torch.nn.functional.scaled_dot_product_attention(grouped, key, value, attn_mask=mask, scale=scale)
+    return output.view(batch, q_heads, q_len, head_dim)
 
 
 def _attend_rows(state: AttentionState, layer: int, history: int, query, key, value, allow, scale: float,
@@ -230,7 +255,7 @@ def _attend_rows(state: AttentionState, layer: int, history: int, query, key, va
     return torch.cat(outputs), probs
 
 
-AttentionInterface.register(ATTENTION_NAME, relaylens_attention)
+register_attention_function(ATTENTION_NAME, relaylens_attention)
 
 
 @contextlib.contextmanager

@@ -3,10 +3,11 @@
 Axes: ``layer``, ``kv_head``, ``slot``, ``head_dim`` (:mod:`relaylens.geometry`).
 
 :func:`build_cache` gathers the kept keys/values of the prefill, relocates keys to the condition's positions
-(:func:`relaylens.geometry.rotary.relocate_keys`) and pads every layer to its own widest head, the validity mask alongside
-(:class:`~relaylens.generation.attention.AttentionState`). :func:`relocate_selection` does the same work without the cache
-object, for :mod:`relaylens.generation.rows` to stack rows. The question pass and decoding over such a cache live in
-:mod:`relaylens.generation.rows` (batched) and :mod:`relaylens.generation.single` (one condition, optionally with autograd).
+(:func:`relaylens.geometry.rotary.relocate_keys`) and pads every layer to its own widest head, the validity mask
+alongside (:class:`~relaylens.generation.attention.AttentionState`). :func:`relocate_selection` does the same work
+without the cache object, for :mod:`relaylens.generation.rows` to stack rows. The question pass and decoding over such a
+cache live in :mod:`relaylens.generation.rows` (batched) and :mod:`relaylens.generation.single` (one condition,
+optionally with autograd).
 
 Example:
     >>> import torch
@@ -25,18 +26,19 @@ Example:
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import torch
 
-from relaylens.generation.attention import AttentionState
 from relaylens.conditions.catalogue import Condition, Coordinates, check_coordinates
+from relaylens.conditions.scoped import get_condition
 from relaylens.errors import NonFiniteError, PositionError, ShapeError
+from relaylens.generation.attention import AttentionState
 from relaylens.geometry.rotary import RotaryFactors, relocate_keys
+from relaylens.geometry.selection import Selection
 from relaylens.model.hf import cache_from_tensors
 from relaylens.model.prefill import PrefillResult
-from relaylens.conditions.scoped import get_condition
-from relaylens.geometry.selection import Selection
 
 
 @dataclass
@@ -47,7 +49,8 @@ class RelocatedCache:
     state: AttentionState
     coordinates: Coordinates
     widths: list[int]  # per layer: slots kept in the cache (the layer's widest head)
-    inputs: list[tuple[torch.Tensor, torch.Tensor]] | None = None  # grad=True: per layer (keys, values) [kv_head, slot, D]
+    inputs: list[tuple[torch.Tensor,
+                       torch.Tensor]] | None = None  # grad=True: per layer (keys, values) [kv_head, slot, D]
 
 
 def keep_selected(prefill: PrefillResult, selection: Selection) -> PrefillResult:
@@ -56,8 +59,6 @@ def keep_selected(prefill: PrefillResult, selection: Selection) -> PrefillResult
 
     It serves this selection only (:attr:`PrefillResult.kept`): caches built from it equal those built from the
     whole prefill. Window queries and column sums are dropped (selection is done)."""
-    import dataclasses
-
     _check_selection(prefill, selection)
     keys, values = [], []
     for layer in range(prefill.num_layers):
@@ -82,10 +83,12 @@ def _check_selection(prefill: PrefillResult, selection: Selection) -> None:
         )
     if kept is None and selection.history_length != prefill.history_length:
         raise ShapeError(
-            f"selection indexes a history of {selection.history_length} tokens, the prefill has {prefill.history_length}"
+            f"selection indexes a history of {selection.history_length} tokens, the prefill has "
+            f"{prefill.history_length}"
         )
     if selection.values is not None and selection.values.shape[-1] != prefill.values[0].shape[-1]:
-        raise ShapeError(f"replacement values have head_dim {selection.values.shape[-1]}, the cache {prefill.values[0].shape[-1]}")
+        raise ShapeError(f"replacement values have head_dim {selection.values.shape[-1]}, the cache "
+                         f"{prefill.values[0].shape[-1]}")
 
 
 def build_cache(
@@ -152,8 +155,8 @@ def coordinates_of(condition: str | Condition | Coordinates, selection: Selectio
     if isinstance(condition, Coordinates):
         if tuple(condition.key_positions.shape) != tuple(selection.positions.shape):
             raise ShapeError(
-                f"coordinates {condition.condition!r} have key positions {tuple(condition.key_positions.shape)} but the "
-                f"selection is {tuple(selection.positions.shape)}; build them from the same selection"
+                f"coordinates {condition.condition!r} have key positions {tuple(condition.key_positions.shape)} but "
+                f"the selection is {tuple(selection.positions.shape)}; build them from the same selection"
             )
         check_coordinates(condition.condition, condition.key_positions, selection.valid, condition.question_start,
                           at_question=condition.at_question)  # a move= scope may put a key at the question start
@@ -226,5 +229,5 @@ def _tracked(condition) -> bool:
 def _check_finite(tensor: torch.Tensor, layer: int, what: str) -> None:
     if not bool(torch.isfinite(tensor).all()):
         raise NonFiniteError(f"layer {layer}: {what} contain NaN or inf; relaylens refuses to build a cache from them. "
-                             "Fix: check the prefill cache (a float16 forward pass that overflowed, or replacement values "
-                             "of a merging selector); run the model in float32 or bfloat16")
+                             "Fix: check the prefill cache (a float16 forward pass that overflowed, or replacement "
+                             "values of a merging selector); run the model in float32 or bfloat16")

@@ -1,11 +1,11 @@
 """Batched rows: every (selection, condition) of a record decoded together over one shared prefill.
 
 A *row* is one (selection, condition) pair, optionally with probe observers. :func:`run_rows` builds each row's
-relocated cache exactly as :func:`relaylens.generation.cache.build_cache` does, pads every layer to the widest row of the
-batch (padding slots are invalid and never receive probability mass), and runs the question pass, the optional
-teacher-forced token and greedy decoding for all rows in one batch. Each row keeps its own validity mask, key
-positions, question positions, sliding-window coordinates and stop state; a row that stops (EOS, newline, limit) is
-dropped from the batch, so it costs no further work. A batch of one row is the sequential path
+relocated cache exactly as :func:`relaylens.generation.cache.build_cache` does, pads every layer to the widest row of
+the batch (padding slots are invalid and never receive probability mass), and runs the question pass, the optional
+teacher-forced token and greedy decoding for all rows in one batch. Each row keeps its own validity mask, key positions,
+question positions, sliding-window coordinates and stop state; a row that stops (EOS, newline, limit) is dropped from
+the batch, so it costs no further work. A batch of one row is the sequential path
 (:func:`relaylens.generation.single.run_condition` calls :func:`run_rows` with one row).
 
 Exact readouts: a pass with observers (probes) computes attention row by row on each row's own slots, so every
@@ -43,15 +43,15 @@ from dataclasses import dataclass, field
 
 import torch
 
-from relaylens.generation.attention import AttentionState, Observer, attention_context
 from relaylens.conditions.catalogue import Condition, Coordinates
 from relaylens.errors import ShapeError
-from relaylens.geometry.rotary import RotaryFactors
-from relaylens.model.prefill import PrefillResult
+from relaylens.generation.attention import AttentionState, Observer, attention_context
 from relaylens.generation.cache import RelocatedLayers, relocate_selection
 from relaylens.generation.positions import new_token_phases, position_ids
+from relaylens.geometry.rotary import RotaryFactors
 from relaylens.geometry.selection import Selection
-from relaylens.model.hf import cache_from_tensors
+from relaylens.model.hf import cache_from_tensors, crop_cache, select_cache_rows
+from relaylens.model.prefill import PrefillResult
 
 _FAR = -(10**9)  # position of a padding slot: never inside a window, never attended (its validity is False)
 
@@ -133,7 +133,8 @@ def forward_rows(model, batch: RowBatch, ids: torch.Tensor, positions: torch.Ten
         own.new_positions = state.new_positions[row]
         own.new_source_positions = state.new_source_positions[row]
     device = model.device
-    factors = batch.factors if batch.factors is not None or not positions.is_floating_point() else RotaryFactors.from_model(model)
+    factors = (batch.factors if batch.factors is not None or not positions.is_floating_point()
+               else RotaryFactors.from_model(model))
     with torch.no_grad(), attention_context(model, state), new_token_phases(model, factors, positions):
         out = model(input_ids=ids.to(device), position_ids=position_ids(positions).to(device), cache=batch.cache,
                     use_cache=True, logits_to_keep=keep_logits)
@@ -142,8 +143,7 @@ def forward_rows(model, batch: RowBatch, ids: torch.Tensor, positions: torch.Ten
 
 def _rewind(batch: RowBatch, tokens: int) -> None:
     """Forget the last ``tokens`` new tokens of every row (after a teacher-forced probe)."""
-    for layer in batch.cache.layers:
-        layer.crop(-tokens)
+    crop_cache(batch.cache, tokens)
     state = batch.state
     state.new_positions = state.new_positions[:, :-tokens]
     state.new_source_positions = state.new_source_positions[:, :-tokens]
@@ -152,8 +152,7 @@ def _rewind(batch: RowBatch, tokens: int) -> None:
 def _keep(batch: RowBatch, keep: list[int]) -> None:
     """Drop every row not in ``keep`` from the cache and the state (stopped rows cost nothing afterwards)."""
     index = torch.tensor(keep, dtype=torch.long)
-    for layer in batch.cache.layers:
-        layer.batch_select_indices(index.to(layer.keys.device))
+    select_cache_rows(batch.cache, index)
     state = batch.state
     for table in (state.valid, state.key_positions, state.source_positions):
         for layer, tensor in table.items():
@@ -212,7 +211,8 @@ def run_rows(
     if teacher_token is not None:  # fed right after the question in the same pass (see the module docstring)
         state.row_teacher_observers = [list(row.teacher_observers) for row in rows]
         ids = torch.cat((ids, torch.full((count, 1), int(teacher_token))), dim=-1)  # [row, Q + 1]
-        fed, fed_source = torch.cat((fed, fed[:, -1:] + 1), dim=-1), torch.cat((fed_source, fed_source[:, -1:] + 1), dim=-1)
+        fed, fed_source = torch.cat((fed, fed[:, -1:] + 1), dim=-1), torch.cat((fed_source, fed_source[:, -1:] + 1),
+                                                                               dim=-1)
     keep_logits = 0 if keep_question_logits else 1 + (teacher_token is not None)
     logits = forward_rows(model, batch, ids, fed, fed_source, keep_logits)  # [row, Q or 1 (+ 1), vocab]
     state.row_observers, state.row_teacher_observers, state.row_states = [], [], []
@@ -254,7 +254,8 @@ def default_eos_ids(model, tokenizer=None) -> set[int]:
     return {int(i) for i in ids}
 
 
-def decode_rows(model, batch: RowBatch, results: list[GenerationResult], current: torch.Tensor, next_position: torch.Tensor,
+def decode_rows(model, batch: RowBatch, results: list[GenerationResult], current: torch.Tensor,
+                next_position: torch.Tensor,
             next_source: torch.Tensor, max_new_tokens: int, eos: set[int], tokenizer, stop_at_newline: bool) -> None:
     """Greedy decoding of every row until it stops; ``current`` ``[row, vocab]`` holds each row's next-token logits."""
     for _ in decode_steps(model, batch, results, current, next_position, next_source, max_new_tokens, eos, tokenizer,
@@ -262,7 +263,8 @@ def decode_rows(model, batch: RowBatch, results: list[GenerationResult], current
         pass
 
 
-def decode_steps(model, batch: RowBatch, results: list[GenerationResult], current: torch.Tensor, next_position: torch.Tensor,
+def decode_steps(model, batch: RowBatch, results: list[GenerationResult], current: torch.Tensor,
+                 next_position: torch.Tensor,
                  next_source: torch.Tensor, max_new_tokens: int, eos: set[int], tokenizer, stop_at_newline: bool):
     """:func:`decode_rows` one forward pass at a time: a generator that yields after each decoding step's forward.
 

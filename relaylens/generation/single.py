@@ -2,10 +2,10 @@
 
 Axes: ``layer``, ``kv_head``, ``slot``, ``head_dim``; ``Q`` question tokens (:mod:`relaylens.geometry`).
 
-Flow for one (record, selection, condition): :func:`relaylens.generation.cache.build_cache` gathers the kept keys/values of
-the prefill, relocates keys to the condition's positions and pads every layer to its own widest head (validity mask
-alongside); :func:`run_condition` runs the question at ``question_start .. question_start + Q - 1`` and decodes greedily, the
-first generated token fed at ``question_start + Q`` and one position more per token.
+Flow for one (record, selection, condition): :func:`relaylens.generation.cache.build_cache` gathers the kept keys/values
+of the prefill, relocates keys to the condition's positions and pads every layer to its own widest head (validity mask
+alongside); :func:`run_condition` runs the question at ``question_start .. question_start + Q - 1`` and decodes
+greedily, the first generated token fed at ``question_start + Q`` and one position more per token.
 
 Example:
     >>> import torch
@@ -30,16 +30,16 @@ from collections.abc import Iterator
 
 import torch
 
-from relaylens.generation.attention import attention_context
 from relaylens.conditions.catalogue import Condition, Coordinates
 from relaylens.errors import ShapeError
-from relaylens.geometry.rotary import RotaryFactors
-from relaylens.model.hf import attention_constants, cache_from_tensors, cache_tensors
-from relaylens.model.prefill import PrefillResult
+from relaylens.generation.attention import attention_context
 from relaylens.generation.cache import RelocatedCache, build_cache
 from relaylens.generation.positions import new_token_phases, position_ids
 from relaylens.generation.rows import GenerationResult, Row, run_rows
+from relaylens.geometry.rotary import RotaryFactors
 from relaylens.geometry.selection import Selection
+from relaylens.model.hf import attention_constants, cache_data, cache_from_tensors, cache_tensors
+from relaylens.model.prefill import PrefillResult
 
 
 def prefill_from_cache(history_ids: torch.Tensor, cache, model) -> PrefillResult:
@@ -57,7 +57,8 @@ def prefill_from_cache(history_ids: torch.Tensor, cache, model) -> PrefillResult
     )
 
 
-def _forward(model, ids: torch.Tensor, positions: torch.Tensor, relocated: RelocatedCache, source_positions: torch.Tensor,
+def _forward(model, ids: torch.Tensor, positions: torch.Tensor, relocated: RelocatedCache,
+             source_positions: torch.Tensor,
              grad: bool = False, factors: RotaryFactors | None = None, keep_logits: int | torch.Tensor = 0):
     """Feed ``ids`` ``[T]`` at ``positions`` ``[T]`` (long, or float64 possibly carrying autograd) over the relocated
     cache; logits ``[T or keep_logits, vocab]`` (``keep_logits``: a count of last tokens, or their indices)."""
@@ -68,7 +69,8 @@ def _forward(model, ids: torch.Tensor, positions: torch.Tensor, relocated: Reloc
     device = model.device
     if positions.is_floating_point() and factors is None:
         factors = RotaryFactors.from_model(model)
-    with torch.set_grad_enabled(grad), attention_context(model, state), new_token_phases(model, factors, positions[None]):
+    with torch.set_grad_enabled(grad), attention_context(model, state), new_token_phases(model, factors,
+                                                                                         positions[None]):
         out = model(
             input_ids=ids[None].to(device),
             position_ids=position_ids(positions)[None].to(device),
@@ -82,7 +84,7 @@ def _forward(model, ids: torch.Tensor, positions: torch.Tensor, relocated: Reloc
 
 def _fork(relocated: RelocatedCache) -> RelocatedCache:
     """A copy sharing the tensors (and their graph): cache updates concatenate, so neither side sees the other's."""
-    layers = [(layer.keys, layer.values) for layer in relocated.cache.layers]
+    layers = cache_data(relocated.cache)
     state = dataclasses.replace(relocated.state, observers=[], valid=dict(relocated.state.valid),
                                 key_positions=dict(relocated.state.key_positions),
                                 source_positions=dict(relocated.state.source_positions))
@@ -120,9 +122,9 @@ def run_condition(
         grad: run the question pass (and the teacher-forced token) with autograd on the retained keys and values:
             ``result.question_logits`` / ``result.teacher_logits`` carry the graph back to
             ``result.inputs`` (per layer ``(keys, values)``) and to per-query-head views of them
-            (``result.head_inputs``, see :class:`~relaylens.generation.attention.AttentionState`). Decoding still runs without
-            autograd, as one row of :func:`relaylens.generation.rows.run_rows` (a second question pass, no graph).
-            Default: no autograd.
+            (``result.head_inputs``, see :class:`~relaylens.generation.attention.AttentionState`). Decoding still runs
+            without autograd, as one row of :func:`relaylens.generation.rows.run_rows` (a second question pass, no
+            graph). Default: no autograd.
 
     Without ``grad`` this is :func:`relaylens.generation.rows.run_rows` with one row; batch a record's conditions with
     ``run_rows``.
@@ -131,7 +133,8 @@ def run_condition(
         row = Row(selection, condition, tuple(observers or ()), tuple(teacher_observers or ()))
         return run_rows(model, prefill, [row], question_ids, max_new_tokens=max_new_tokens, factors=factors,
                         eos_token_ids=eos_token_ids, tokenizer=tokenizer, stop_at_newline=stop_at_newline,
-                        window_mode=window_mode, keep_question_logits=keep_question_logits, teacher_token=teacher_token)[0]
+                        window_mode=window_mode, keep_question_logits=keep_question_logits,
+                        teacher_token=teacher_token)[0]
     factors = factors or RotaryFactors.from_model(model)
     question_ids = torch.as_tensor(question_ids, dtype=torch.long).reshape(-1)
     if question_ids.numel() == 0:
@@ -141,7 +144,8 @@ def run_condition(
     positions = coords.question_positions(question_ids.numel())
     label = str(coords.condition)
     fix = ("Fix: use a smaller shift, a shorter history or fewer --max-new-tokens, or a model with a longer context"
-           if "shift" in label else "Fix: use shorter records or fewer --max-new-tokens, or a model with a longer context "
+           if "shift" in label else "Fix: use shorter records or fewer --max-new-tokens, or a model with a longer "
+                                    "context "
            "(this condition has no shift to reduce)")
     factors.check_any_positions(positions[-1:].detach() + max(max_new_tokens, 0),
                                 f"condition {label}: question/generation positions", fix=fix)
@@ -153,7 +157,8 @@ def run_condition(
     if teacher_token is not None:
         forked = _fork(relocated)
         forked.state.observers = list(teacher_observers or [])
-        teacher_logits = _forward(model, torch.tensor([int(teacher_token)]), positions[-1:] + 1, forked, source[-1:] + 1, grad,
+        teacher_logits = _forward(model, torch.tensor([int(teacher_token)]), positions[-1:] + 1, forked,
+                                  source[-1:] + 1, grad,
                                   factors)[-1]
         del forked
     result = GenerationResult(coords.condition, coords.question_start, positions, logits[-1].detach().clone(),
@@ -217,7 +222,8 @@ def answer_log_probs(
     # the scored rows by index: transformers gathers them into a contiguous tensor, so the unembedding is one matrix
     # product (a count would slice a strided view, and matmul would copy the whole [vocab, hidden] weight for it)
     rows = torch.arange(ids.numel() - answer_ids.numel(), ids.numel(), device=model.device)
-    logits = _forward(model, ids, positions, relocated, source, grad=tracked, factors=factors, keep_logits=rows)  # [A, vocab]
+    logits = _forward(model, ids, positions, relocated, source, grad=tracked, factors=factors,
+                      keep_logits=rows)  # [A, vocab]
     logits = logits[-answer_ids.numel():]
     log_probs = torch.log_softmax(logits if logits.dtype == torch.float64 else logits.float(), dim=-1)
     return log_probs.gather(-1, answer_ids[:, None].to(log_probs.device))[:, 0]

@@ -2,9 +2,9 @@
 
 Owns: :mod:`~relaylens.geometry.selection` (:class:`Selection`: kept source positions per layer and kv head),
 :mod:`~relaylens.geometry.rotary` (:class:`RotaryFactors`, the model's own rotary factors; rotation maths;
-:func:`relocate_keys`), :mod:`~relaylens.geometry.real` (relocation to real-valued positions, differentiable in them), :mod:`~relaylens.geometry.fused` (the dispatcher of the fused CPU relocation kernel: tables,
-threads, fallbacks) and :mod:`~relaylens.geometry.numba_source` (the kernel's numba source, imported only when numba
-is installed).
+:func:`relocate_keys`), :mod:`~relaylens.geometry.real` (relocation to real-valued positions, differentiable in them),
+:mod:`~relaylens.geometry.fused` (the dispatcher of the fused CPU relocation kernel: tables, threads, fallbacks) and
+:mod:`~relaylens.geometry.numba_source` (the kernel's numba source, imported only when numba is installed).
 
 In: keys ``[..., n, head_dim]`` with source and target positions; a loaded model (for its rotary factors).
 Out: relocated keys (``K' = R(target) R(source)^-1 K``, float32 arithmetic, cast back to the cache dtype). Positions
@@ -49,12 +49,17 @@ a coordinate condition assigns (RoPERelay: ``M - m + i``, right-aligned at ``M -
 ``source_positions`` (where a key was computed), ``compact_positions`` / ``key_positions`` (where a condition puts
 it), ``question_start`` (the first question token's position), ``evidence_mask``.
 
-The former module ``relaylens.geometry`` is now :mod:`relaylens.geometry.rotary`; its names are importable from here.
+Exports the stage contract: :class:`Selection`, :class:`RotaryFactors` and :func:`relocate_keys`. The other names of
+the former module ``relaylens.geometry`` (now :mod:`relaylens.geometry.rotary`) still resolve here, with a warning,
+until relaylens 0.3.0 (:data:`relaylens.MOVED_NAMES`).
 """
 
-from relaylens.geometry.rotary import (DYNAMIC_ROPE_TYPES, NOPE, STATIC_ROPE_TYPES, RotaryFactors, multiply_planes,
-                                       relocate_keys, rotate_keys, unrotate_keys)
-from relaylens.geometry.selection import PAD_POSITION, Selection
+from relaylens import moved_name
+from relaylens.geometry.rotary import RotaryFactors, relocate_keys
+from relaylens.geometry.selection import Selection
 
-__all__ = ["DYNAMIC_ROPE_TYPES", "NOPE", "PAD_POSITION", "STATIC_ROPE_TYPES", "RotaryFactors", "Selection",
-           "multiply_planes", "relocate_keys", "rotate_keys", "unrotate_keys"]
+__all__ = ["RotaryFactors", "Selection", "relocate_keys"]
+
+
+def __getattr__(name: str):  # names of the flat module this package replaced, until relaylens.REMOVED_IN
+    return moved_name(__name__, name)

@@ -3,14 +3,14 @@
 Eager PyTorch needs about a dozen passes per chunk of slots to relocate keys (gather four phase rows, combine them
 into one relative rotation, rotate both halves of every plane, check finiteness), each pass streaming ``[slot, plane]``
 buffers through the cache and paying a per-operator cost; on a SmolLM2-sized cache that is about 20x a float32 copy.
-This kernel (:mod:`relaylens.geometry.numba_source`, compiled by numba once per plane layout and plane count, cached on disk)
-reads each key once, reads two phase rows (``[cos | sin]`` at ``p'`` and the inverse phase at ``p``, from tables laid
-out so that each row is one contiguous read), writes the relocated key once and sums ``0 * output`` (0 when every entry
-is finite, NaN otherwise), so one flag says whether anything became NaN/inf. It also checks every position against the
-tables as it goes, so a call makes no separate pass over the positions. It is used for float32 and bfloat16 CPU
-keys without autograd (bfloat16 keys are widened to float32 feature by feature as they are read and rounded back to
-nearest even as they are written: the paper's "relocate in float32, cast back" in one pass over half the bytes);
-every other case (CUDA, float16, float64, autograd) keeps the eager path in ``geometry``.
+This kernel (:mod:`relaylens.geometry.numba_source`, compiled by numba once per plane layout and plane count, cached on
+disk) reads each key once, reads two phase rows (``[cos | sin]`` at ``p'`` and the inverse phase at ``p``, from tables
+laid out so that each row is one contiguous read), writes the relocated key once and sums ``0 * output`` (0 when every
+entry is finite, NaN otherwise), so one flag says whether anything became NaN/inf. It also checks every position against
+the tables as it goes, so a call makes no separate pass over the positions. It is used for float32 and bfloat16 CPU keys
+without autograd (bfloat16 keys are widened to float32 feature by feature as they are read and rounded back to nearest
+even as they are written: the paper's "relocate in float32, cast back" in one pass over half the bytes); every other
+case (CUDA, float16, float64, autograd) keeps the eager path in ``geometry``.
 
 The arithmetic is the eager path's: ``cos = c' * c_inv - s' * s_inv`` and ``sin = c' * s_inv + s' * c_inv`` (the phase
 at ``p'`` times the exact inverse phase at ``p``) and ``(x_1 cos - x_2 sin, x_1 sin + x_2 cos)`` per plane, in float32,
@@ -42,19 +42,23 @@ Example:
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import os
 import threading
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import torch
 
-_KERNEL_FACTORY = None  # the kernel factory once numba is found (kernels compile per layout and plane count); False without numba
+# the kernel factory once numba is found (kernels compile per layout and plane count); False without numba
+_KERNEL_FACTORY = None
 _LOCK = threading.Lock()
 _STATE = threading.local()
 
 
 def fused_available() -> bool:
-    """Whether the fused kernel runs (numba importable and not disabled by ``RELAYLENS_NO_FUSED=1``/:func:`disabled`)."""
+    """Whether the fused kernel runs (numba importable and not disabled by ``RELAYLENS_NO_FUSED=1`` /
+    :func:`disabled`)."""
     if os.environ.get("RELAYLENS_NO_FUSED", "") not in ("", "0") or getattr(_STATE, "disabled", False):
         return False
     return _kernel() is not False
@@ -112,14 +116,15 @@ def relocate_key_rows(flat_keys: torch.Tensor, source: torch.Tensor, target: tor
     forward, inverse = (t.contiguous().numpy() for t in tables)  # [P, 2 * plane] each
     slots = keys.shape[0]
     if src.shape != (slots,) or dst.shape != (slots,) or src.dtype != np.int64 or dst.dtype != np.int64:
-        raise ValueError(f"relocate_key_rows needs one int64 source and one int64 target position per key row ({slots}); "
-                         f"got {tuple(source.shape)} {source.dtype} and {tuple(target.shape)} {target.dtype}")
+        raise ValueError("relocate_key_rows needs one int64 source and one int64 target position per key row "
+                         f"({slots}); got {tuple(source.shape)} {source.dtype} and {tuple(target.shape)} "
+                         f"{target.dtype}")
     if (forward.shape != inverse.shape or forward.shape[1] != rotary_dim or keys.shape[1] < rotary_dim
             or keys.dtype != (np.uint16 if bfloat16 else np.float32)
             or not forward.dtype == inverse.dtype == np.float32):  # the OpenMP entry reads raw memory
-        raise ValueError(f"relocate_key_rows needs float32 or bfloat16 keys [slots, >= {rotary_dim}] and float32 phase tables "
-                         f"[P, {rotary_dim}]; got keys {keys.shape} {keys.dtype}, tables {forward.shape} {forward.dtype} "
-                         f"/ {inverse.shape} {inverse.dtype}")
+        raise ValueError(f"relocate_key_rows needs float32 or bfloat16 keys [slots, >= {rotary_dim}] and float32 phase "
+                         f"tables [P, {rotary_dim}]; got keys {keys.shape} {keys.dtype}, tables {forward.shape} "
+                         f"{forward.dtype} / {inverse.shape} {inverse.dtype}")
     threads = max(1, min(torch.get_num_threads(), slots // PARALLEL_SLOTS))
     if threads == 1:  # small inputs: one call on this thread (starting a team would cost more than it saves)
         poison, outside = kernel.rows(keys, src, dst, forward, inverse, result, 0, slots)
@@ -149,7 +154,8 @@ def _python_pool(rows, keys, src, dst, forward, inverse, result, threads: int) -
     def drain() -> None:
         while (start := claims.claim()) is not None:
             try:
-                results.append(rows(keys, src, dst, forward, inverse, result, start, min(start + CHUNK_SLOTS, keys.shape[0])))
+                results.append(rows(keys, src, dst, forward, inverse, result, start,
+                                    min(start + CHUNK_SLOTS, keys.shape[0])))
             except BaseException as error:  # raised again by the calling thread (nobody waits on a helper's future)
                 errors.append(error)
             finally:
@@ -192,7 +198,8 @@ class _Claims:
 
 PARALLEL_SLOTS = 8192  # fewer slots per thread than this: one thread (starting threads would cost more than they save)
 CHUNK_SLOTS = 4096  # the Python pool's unit of work: small enough to balance, large enough that a call's cost vanishes
-BLOCK_FEATURES = 65536  # the OpenMP team's unit of work, in key features (1,024 rows of head_dim 64): 36 blocks on a SmolLM2 cache
+# the OpenMP team's unit of work, in key features (1,024 rows of head_dim 64): 36 blocks on a SmolLM2 cache
+BLOCK_FEATURES = 65536
 _OPENMP = None  # PyTorch's OpenMP runtime (a ctypes handle) once looked up; False when there is none to use
 _FORKED = False  # True in a process forked from the one that imported this module
 _POOLS: dict = {}
@@ -200,8 +207,6 @@ _COMPILED_KERNELS: dict = {}
 
 
 def _pool(workers: int):
-    from concurrent.futures import ThreadPoolExecutor
-
     key = (os.getpid(), workers)  # a forked child gets its own pool (the parent's worker threads do not survive a fork)
     with _LOCK:
         if key not in _POOLS:
@@ -216,7 +221,7 @@ def _kernel():
         with _LOCK:
             if _KERNEL_FACTORY is None:
                 try:
-                    import numba  # noqa: F401
+                    import numba  # noqa: F401, PLC0415 - 
                 except ImportError:  # the eager path stays correct, only slower
                     _KERNEL_FACTORY = False
                 else:
@@ -233,7 +238,7 @@ def _specialised(split_half: bool, planes: int, bfloat16: bool = False):
         with _LOCK:
             kernel = _COMPILED_KERNELS.get(key)
             if kernel is None:
-                from relaylens.geometry.numba_source import compile_kernel
+                from relaylens.geometry.numba_source import compile_kernel  # noqa: PLC0415 - import cycle: relaylens.geometry.numba_source imports this module
 
                 kernel = _COMPILED_KERNELS[key] = compile_kernel(*key)
     return kernel
@@ -265,8 +270,6 @@ def _find_openmp():
     """The GNU OpenMP library PyTorch ships and this process has loaded (``torch/lib`` or the wheel's
     ``torch.libs``), exporting ``GOMP_parallel`` (what GCC compiles ``#pragma omp parallel`` to); None otherwise
     (non-Linux, a PyTorch on another threading runtime, or one linked against the system's libgomp)."""
-    import ctypes
-
     if not getattr(torch._C, "has_openmp", False):
         return None
     package = os.path.realpath(os.path.dirname(torch.__file__))

@@ -1,4 +1,5 @@
-"""The numba code of the fused relocation kernel (imported only when numba is; :mod:`relaylens.geometry.fused` dispatches).
+"""The numba code of the fused relocation kernel (imported only when numba is; :mod:`relaylens.geometry.fused`
+dispatches).
 
 Two entry points per plane layout and plane count, both running the same row loop (:func:`compile_kernel`):
 
@@ -29,9 +30,9 @@ from typing import Any
 
 import numba
 import numpy as np
+from llvmlite import ir
 from numba import types
 from numba.core import cgutils
-from llvmlite import ir
 from numba.extending import intrinsic, overload
 
 

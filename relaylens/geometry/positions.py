@@ -1,6 +1,7 @@
 """The position rule: which rotary positions relaylens accepts. One function, :func:`check_positions`, used by every
 relocation path (the fused CPU kernel, the eager path, the float64 / autograd path, phase replay), by the question
-and generation positions, and by every condition's coordinates (:func:`relaylens.conditions.catalogue.make_coordinates`).
+and generation positions, and by every condition's coordinates
+(:func:`relaylens.conditions.catalogue.make_coordinates`).
 
 * **Integers only, any width.** ``int8`` .. ``int64`` and ``uint8`` .. ``uint64`` tensors are read as ``int64`` (so a
   ``uint8`` tensor never indexes a phase table as a boolean mask); bool, float and complex tensors are refused.
@@ -21,7 +22,7 @@ Example:
     Traceback (most recent call last):
     ...
     relaylens.errors.PositionError: key positions reach position 16777216 (at kv_head 1, slot 0), at or past 2**24 = 16,777,216: the rotary embedding computes phases from float32 positions, which cannot tell positions apart from there on. Fix: use a smaller shift or a shorter history, or a model with a longer context
-"""
+"""  # noqa: E501 - doctest: an exception message is matched on one line
 
 from __future__ import annotations
 
@@ -32,7 +33,8 @@ from relaylens.model.hf import POSITION_LIMIT
 
 __all__ = ["POSITION_LIMIT", "check_positions", "check_real_dtype"]
 
-_PAST = "use a smaller shift or a shorter history, or a model with a longer context"  # advice for positions past the range
+# advice for positions past the range
+_PAST = "use a smaller shift or a shorter history, or a model with a longer context"
 
 
 def check_positions(positions, what: str, limit: int | None = None, fix: str | None = None, *,
@@ -103,7 +105,7 @@ def check_real_dtype(positions, what: str) -> None:
     Traceback (most recent call last):
     ...
     relaylens.errors.PositionError: target positions are torch.bfloat16, whose 8-bit mantissa cannot tell neighbouring positions apart (300.0 and 301.0 both read 300.0): distinct keys would share one position. Fix: pass real-valued positions as torch.float64 (or float32)
-    """
+    """  # noqa: E501 - doctest: an exception message is matched on one line
     if not isinstance(positions, torch.Tensor) or not positions.is_floating_point():
         return
     info = torch.finfo(positions.dtype)

@@ -59,8 +59,9 @@ def relocate_real(keys: torch.Tensor, source_positions: torch.Tensor, target_pos
         target = torch.broadcast_to(torch.as_tensor(target_positions), lead)
     except RuntimeError as err:
         raise ShapeError(
-            f"positions {tuple(torch.as_tensor(source_positions).shape)} / {tuple(torch.as_tensor(target_positions).shape)}"
-            f" do not broadcast to the keys' slots {tuple(lead)} (keys {tuple(keys.shape)}); give one position per slot"
+            f"positions {tuple(torch.as_tensor(source_positions).shape)} / "
+            f"{tuple(torch.as_tensor(target_positions).shape)} do not broadcast to the keys' slots {tuple(lead)} (keys "
+            f"{tuple(keys.shape)}); give one position per slot"
         ) from err
     factors.check_any_positions(source, "source positions")
     factors.check_any_positions(target, "target positions")
@@ -82,7 +83,8 @@ def relocate_real(keys: torch.Tensor, source_positions: torch.Tensor, target_pos
     else:
         x1, x2 = x[:, 0::2], x[:, 1::2]
         turned = torch.stack((x1 * turn_c - x2 * turn_s, x1 * turn_s + x2 * turn_c), dim=-1).reshape(x.shape)
-    out = torch.cat((turned.to(keys.dtype), flat[:, rotary:]), dim=-1) if rotary < flat.shape[-1] else turned.to(keys.dtype)
+    out = torch.cat((turned.to(keys.dtype), flat[:, rotary:]),
+                    dim=-1) if rotary < flat.shape[-1] else turned.to(keys.dtype)
     if not bool(torch.isfinite(out.detach()).all()):
         where = "the keys" if not bool(torch.isfinite(flat.detach()).all()) else f"the relocated keys ({keys.dtype})"
         raise NonFiniteError(f"{where} {tuple(keys.shape)} contain NaN or inf; relocation refuses to propagate them. "

@@ -22,18 +22,24 @@ Example:
 
 from __future__ import annotations
 
-import inspect
 import math
 from dataclasses import dataclass, field
 
 import torch
 from torch import nn
 
+from relaylens.errors import NonFiniteError, PositionError, RopeError, ShapeError
 from relaylens.geometry import fused as kernels
 from relaylens.geometry.positions import POSITION_LIMIT, check_positions, check_real_dtype
 from relaylens.geometry.real import is_real, relocate_real
-from relaylens.errors import NonFiniteError, PositionError, RopeError, ShapeError
-from relaylens.model.hf import call_rotary, detect_layout, find_rotary_embedding, nope_layers, rotary_frequencies
+from relaylens.model.hf import (
+    call_rotary,
+    detect_layout,
+    find_rotary_embedding,
+    nope_layers,
+    rotary_frequencies,
+    rotary_types,
+)
 
 STATIC_ROPE_TYPES = ("default", "linear", "yarn", "llama3")
 """Rope types whose frequencies do not depend on the sequence length: relocation is exact for them."""
@@ -80,14 +86,7 @@ class RotaryFactors:
         config = getattr(model, "config", None)
         text_config = config.get_text_config() if hasattr(config, "get_text_config") else config
         rotary = find_rotary_embedding(model)
-        takes_layer_type = "layer_type" in inspect.signature(rotary.forward).parameters
-        num_layers = int(text_config.num_hidden_layers)
-        if takes_layer_type:
-            layer_types = tuple(text_config.layer_types)
-            raw_types = rotary.rope_type if isinstance(rotary.rope_type, dict) else {t: rotary.rope_type for t in set(layer_types)}
-        else:
-            layer_types = (None,) * num_layers
-            raw_types = {None: getattr(rotary, "rope_type", "default")}
+        layer_types, raw_types = rotary_types(model)
         for layer_type, rope_type in raw_types.items():
             where = f" (layer type {layer_type})" if layer_type else ""
             if rope_type in DYNAMIC_ROPE_TYPES:
@@ -150,7 +149,8 @@ class RotaryFactors:
             capacity = max(size, 4096, 0 if cached is None else 2 * cached[0].shape[0])
             capacity = max(size, min(capacity, self.position_limit))  # never a row the position rule refuses
             device = next(self.rotary_emb.buffers(), torch.zeros(0)).device
-            cos, sin = call_rotary(self.rotary_emb, torch.arange(capacity, device=device)[None], layer_type)  # [1, P, rotary_dim]
+            cos, sin = call_rotary(self.rotary_emb, torch.arange(capacity, device=device)[None],
+                                   layer_type)  # [1, P, rotary_dim]
             half = self.rotary_dim // 2
             pick = slice(0, half) if self.cat_form else slice(0, None, 2)
             cached = (cos[0][:, pick].contiguous(), sin[0][:, pick].contiguous())  # [P, plane]
@@ -190,8 +190,10 @@ class RotaryFactors:
             self._tables[key] = cached
         return cached
 
-    def real_plane_factors(self, positions: torch.Tensor, layer: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """Per-plane ``(c, s)`` float64 ``[*positions.shape, plane]`` at real-valued ``positions`` (differentiable in them).
+    def real_plane_factors(self, positions: torch.Tensor, layer: int | None = None) -> tuple[torch.Tensor,
+                                                                                             torch.Tensor]:
+        """Per-plane ``(c, s)`` float64 ``[*positions.shape, plane]`` at real-valued ``positions`` (differentiable in
+        them).
 
         With ``n`` the nearest integer (``floor(p + 0.5)``) and ``f = p - n`` (in ``[-1/2, 1/2)``), the phase is the
         model's own table entry at ``n`` (amplitude included, exactly what :meth:`plane_factors` gives) rotated by
@@ -218,10 +220,12 @@ class RotaryFactors:
         for index, kind in enumerate(self.layer_types):
             if kind == layer_type and index not in self.nope_layers:
                 return index
-        raise RopeError(f"no rotary layer of type {layer_type!r}; the model's layer types are {sorted(set(map(str, self.layer_types)))}")
+        raise RopeError(f"no rotary layer of type {layer_type!r}; the model's layer types are "
+                        f"{sorted(set(map(str, self.layer_types)))}")
 
     def phase_tables(self, size: int, layer: int | None = None) -> tuple[torch.Tensor, ...]:
-        """``(c, s, c / a^2, -s / a^2)`` float32 ``[P >= size, plane]``: phases and exact inverse phases per position."""
+        """``(c, s, c / a^2, -s / a^2)`` float32 ``[P >= size, plane]``: phases and exact inverse phases per
+        position."""
         cos, sin = self.tables(size, layer)  # [P, plane]
         key = ("phases", self._layer_type(layer))
         cached = self._tables.get(key)
@@ -232,8 +236,8 @@ class RotaryFactors:
         return cached
 
     def paired_phase_tables(self, size: int, layer: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """:meth:`phase_tables` side by side, float32 ``[P >= size, 2 * plane]``: ``[c | s]`` and ``[c / a^2 | -s / a^2]``
-        (one contiguous row per position: what the fused CPU kernel reads)."""
+        """:meth:`phase_tables` side by side, float32 ``[P >= size, 2 * plane]``: ``[c | s]`` and ``[c / a^2 | -s /
+        a^2]`` (one contiguous row per position: what the fused CPU kernel reads)."""
         cos, sin, inv_cos, inv_sin = self.phase_tables(size, layer)  # [P, plane] each
         key = ("paired", self._layer_type(layer))
         cached = self._tables.get(key)
@@ -333,12 +337,12 @@ def _check_phases(cos: torch.Tensor, sin: torch.Tensor, layer_type: str | None) 
     in every plane (no positional encoding at all: an infinite rope factor, say)."""
     where = f" (layer type {layer_type})" if layer_type else ""
     if not bool(torch.isfinite(cos).all() and torch.isfinite(sin).all()):
-        raise RopeError(f"the model's rotary embedding{where} gives non-finite phases (NaN or inf in cos/sin). Fix: check "
-                        "the rope parameters of its config (--rope-scaling: finite values, factor >= 1)")
+        raise RopeError(f"the model's rotary embedding{where} gives non-finite phases (NaN or inf in cos/sin). Fix: "
+                        "check the rope parameters of its config (--rope-scaling: finite values, factor >= 1)")
     if torch.equal(cos[0, 0], cos[0, 1]) and torch.equal(sin[0, 0], sin[0, 1]):
-        raise RopeError(f"the model's rotary embedding{where} gives positions 1 and 2 the same phase in every plane: it "
-                        "encodes no position, so there is nothing to relocate. Fix: check the rope parameters of its "
-                        "config (a factor of inf or a zero inv_freq)")
+        raise RopeError(f"the model's rotary embedding{where} gives positions 1 and 2 the same phase in every plane: "
+                        "it encodes no position, so there is nothing to relocate. Fix: check the rope parameters of "
+                        "its config (a factor of inf or a zero inv_freq)")
 
 
 def relocate_keys(
@@ -373,7 +377,7 @@ def relocate_keys(
     :meth:`RotaryFactors.real_plane_factors` (float64; the model's table entry at the nearest integer rotated by the
     fraction) and the map runs through :func:`relaylens.geometry.real.relocate_real`, differentiable in the keys and
     in the positions whenever they require grad. At integer positions it equals the integer path within float32
-    rounding (``tests/geometry/test_real_positions.py``). Integer positions never take that path.
+    rounding (``tests/geometry/test_real.py``). Integer positions never take that path.
 
     Raises:
         NonFiniteError: the keys hold NaN/inf, or the result would overflow the keys' dtype (never propagated).
@@ -428,8 +432,10 @@ def _relocate(keys, source_positions, target_positions, factors: RotaryFactors, 
         src, dst = flat_src[rows], flat_dst[rows]
         multiplier = torch.where((src == dst)[:, None], one, forward[dst] * inverse[src])  # [chunk, plane]
         out[rows, :rotary] = _multiply_planes(flat_keys[rows, :rotary], multiplier, factors.layout)
-        if not math.isfinite(float(out[rows].detach().sum(dtype=torch.float32))):  # one pass while the chunk is in cache
-            _raise_non_finite(flat_keys[rows].detach(), out[rows].detach(), start, keys.shape)  # (a finite sum proves every entry finite)
+        # one pass while the chunk is in cache
+        if not math.isfinite(float(out[rows].detach().sum(dtype=torch.float32))):
+            _raise_non_finite(flat_keys[rows].detach(), out[rows].detach(), start,
+                              keys.shape)  # (a finite sum proves every entry finite)
     return out.reshape(keys.shape)
 
 
@@ -549,13 +555,14 @@ def _raise_non_finite(flat_keys: torch.Tensor, out: torch.Tensor, start: int, sh
     slot = start + int(bad_out[0])
     raise NonFiniteError(
         f"relocated keys {tuple(shape)} overflow {out.dtype} (first at flattened slot {slot}, largest input magnitude "
-        f"{float(flat_keys.abs().max()):g}): a rotated feature exceeds the dtype's range although the input was finite. "
-        "Fix: keep the cache in float32 or bfloat16"
+        f"{float(flat_keys.abs().max()):g}): a rotated feature exceeds the dtype's range although the input was "
+        "finite. Fix: keep the cache in float32 or bfloat16"
     )
 
 
 def _multiply_planes(x: torch.Tensor, multiplier: torch.Tensor, layout: str) -> torch.Tensor:
-    """Multiply every plane of ``x`` ``[rows, rotary_dim]`` (read as ``x_1 + i x_2``) by ``multiplier`` ``[rows, plane]``.
+    """Multiply every plane of ``x`` ``[rows, rotary_dim]`` (read as ``x_1 + i x_2``) by ``multiplier`` ``[rows,
+    plane]``.
 
     Runs in float32, or float64 (complex128) when ``x`` is float64; differentiable in ``x``.
     """
@@ -571,7 +578,8 @@ def _multiply_planes(x: torch.Tensor, multiplier: torch.Tensor, layout: str) -> 
     return torch.view_as_real(z).reshape(x.shape[0], -1)
 
 
-def rotate_keys(keys: torch.Tensor, positions: torch.Tensor, factors: RotaryFactors, layer: int | None = None) -> torch.Tensor:
+def rotate_keys(keys: torch.Tensor, positions: torch.Tensor, factors: RotaryFactors,
+                layer: int | None = None) -> torch.Tensor:
     """Apply ``R_a(p)`` to *un-rotated* key or query content ``[..., n, head_dim]`` (used by phase replay).
 
     Differentiable in ``keys`` when they require grad (float64 keys are computed in float64); no graph otherwise.
@@ -580,7 +588,8 @@ def rotate_keys(keys: torch.Tensor, positions: torch.Tensor, factors: RotaryFact
         return _apply_phases(keys, positions, factors, layer, inverse=False)
 
 
-def unrotate_keys(keys: torch.Tensor, positions: torch.Tensor, factors: RotaryFactors, layer: int | None = None) -> torch.Tensor:
+def unrotate_keys(keys: torch.Tensor, positions: torch.Tensor, factors: RotaryFactors,
+                  layer: int | None = None) -> torch.Tensor:
     """Apply ``R_a(p)^-1``: recover the un-rotated content of post-rotary keys or queries ``[..., n, head_dim]``.
 
     Differentiable in ``keys`` like :func:`rotate_keys`.
@@ -589,7 +598,8 @@ def unrotate_keys(keys: torch.Tensor, positions: torch.Tensor, factors: RotaryFa
         return _apply_phases(keys, positions, factors, layer, inverse=True)
 
 
-def _apply_phases(keys: torch.Tensor, positions: torch.Tensor, factors: RotaryFactors, layer: int | None, inverse: bool) -> torch.Tensor:
+def _apply_phases(keys: torch.Tensor, positions: torch.Tensor, factors: RotaryFactors, layer: int | None,
+                  inverse: bool) -> torch.Tensor:
     """``R_a(p)`` or its exact inverse ``(c - is) / (c^2 + s^2)`` on every plane; pass-through features copied.
     Real-valued positions (a floating-point tensor: a geometry condition in phase replay) take the phases of
     :meth:`RotaryFactors.real_plane_factors`, checked by :meth:`RotaryFactors.check_real_positions`."""
@@ -598,17 +608,20 @@ def _apply_phases(keys: torch.Tensor, positions: torch.Tensor, factors: RotaryFa
         factors.check_real_positions(positions, "positions")
         cos, sin = (t.float() for t in factors.real_plane_factors(positions.reshape(-1).detach(), layer))
     else:
-        cos, sin = factors.plane_factors(positions.reshape(-1), layer)  # [slots, plane] on the rotary's device (checked)
+        cos, sin = factors.plane_factors(positions.reshape(-1),
+                                         layer)  # [slots, plane] on the rotary's device (checked)
     cos, sin = cos.to(keys.device), sin.to(keys.device)
     multiplier = torch.complex(cos, sin)
     if inverse:
         multiplier = multiplier.conj() / (cos * cos + sin * sin)
     flat = keys.reshape(-1, keys.shape[-1])  # [slots, head_dim]
     out = flat.clone()
-    out[:, : factors.rotary_dim] = _multiply_planes(flat[:, : factors.rotary_dim], multiplier, factors.layout).to(keys.dtype)
+    out[:, : factors.rotary_dim] = _multiply_planes(flat[:, : factors.rotary_dim], multiplier,
+                                                    factors.layout).to(keys.dtype)
     return out.reshape(keys.shape)
 
 
-multiply_planes = _multiply_planes  # public name: relaylens.bench.geometry multiplies rotary planes by a phase (delta-rotation peer)
+# public name: relaylens.bench.geometry multiplies rotary planes by a phase (delta-rotation peer)
+multiply_planes = _multiply_planes
 """Multiply every rotary plane of ``x`` ``[rows, rotary_dim]`` (read as ``x_1 + i x_2``) by ``multiplier``
 ``[rows, plane]``, in float32 (float64 for float64 input); differentiable in ``x``."""

@@ -103,7 +103,8 @@ class Selection:
         if len(num_heads) != 1 or 0 in num_heads:
             raise ShapeError(f"every layer must list the same (non-zero) number of kv heads; got {sorted(num_heads)}")
         (kv_heads,) = num_heads
-        lists = [[torch.as_tensor(keep[l][h], dtype=torch.long).flatten() for h in range(kv_heads)] for l in range(num_layers)]
+        lists = [[torch.as_tensor(keep[l][h],
+                                  dtype=torch.long).flatten() for h in range(kv_heads)] for l in range(num_layers)]
         width = max(int(t.numel()) for layer in lists for t in layer)
         positions = torch.full((num_layers, kv_heads, width), PAD_POSITION, dtype=torch.long)
         valid = torch.zeros((num_layers, kv_heads, width), dtype=torch.bool)

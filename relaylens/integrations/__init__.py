@@ -27,8 +27,15 @@ Example:
     'relay'
 """
 
-from relaylens.integrations.hf_generate import (RelayInputs, condition_shift, generation_condition, relay_generate,
-                                                relay_inputs, require_rotary, select_history)
+from relaylens.integrations.hf_generate import (
+                                                RelayInputs,
+                                                condition_shift,
+                                                generation_condition,
+                                                relay_generate,
+                                                relay_inputs,
+                                                require_rotary,
+                                                select_history,
+)
 
 __all__ = ["RelayInputs", "condition_shift", "generation_condition", "relay_generate", "relay_inputs", "require_rotary",
            "select_history"]

@@ -38,12 +38,14 @@ import torch
 
 from relaylens.conditions.catalogue import Condition, Coordinates
 from relaylens.conditions.scoped import get_condition
+from relaylens.datasets.spans import RenderedPrompt
 from relaylens.errors import PositionError, RelaylensError, RopeError, ShapeError
 from relaylens.generation.attention import AttentionState, attention_context
 from relaylens.generation.cache import relocate_selection
 from relaylens.generation.rows import stack_rows
 from relaylens.geometry.rotary import RotaryFactors
 from relaylens.geometry.selection import Selection
+from relaylens.model.hf import hook_cache
 from relaylens.model.prefill import PrefillResult, prefill_history
 from relaylens.selectors import Selector, make_selector
 from relaylens.selectors.base import Budget
@@ -87,7 +89,7 @@ def generation_condition(condition: str | Condition, model=None) -> Condition:
     Traceback (most recent call last):
     ...
     relaylens.errors.RelaylensError: condition 'RandomMean' needs probes, not generate(): RandomMean is a mean of random_order(seed) scores over seeds, not one cache; generate under random_order(0), random_order(1), ... and average the scores
-    """
+    """  # noqa: E501 - doctest: an exception message is matched on one line
     if isinstance(condition, str):
         key = condition.strip().lower()
         reason = PROBE_ONLY.get(key) or (PROBE_ONLY["replay"] if key.startswith(("replay:", "phase_replay:")) else None)
@@ -264,7 +266,7 @@ def _recorded_positions(model, inputs: RelayInputs) -> Iterator[None]:
 
     def record(module, args, kwargs):
         positions = kwargs.get("position_ids")
-        cache = kwargs.get("cache", kwargs.get("past_key_values"))
+        cache = hook_cache(kwargs)
         if cache is not inputs.cache:
             raise RelaylensError("inside relay_inputs(...) the model runs over the relocated cache only; pass "
                                  "**inputs.generate_kwargs() to model.generate (one call per with-block)")
@@ -326,7 +328,6 @@ def relay_generate(model, tokenizer, history, question=None, selector: str | Sel
     if tokenizer is None:
         raise ShapeError("relay_generate decodes the answer with the tokenizer; pass the model's tokenizer (or call "
                          "model.generate inside relay_inputs(...) to work with token ids)")
-    from relaylens.datasets.spans import RenderedPrompt
 
     prompt = history if isinstance(history, RenderedPrompt) else None
     if prompt is not None:

@@ -40,7 +40,6 @@ import weakref
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
-
 import torch
 from kvpress import AdaKVPress, KeyRerotationPress, PyramidKVPress, ScorerPress
 from kvpress.presses.criticalkv_press import CriticalAdaKVPress

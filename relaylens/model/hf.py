@@ -1,17 +1,23 @@
 """Hugging Face internals in one room: every place relaylens reaches inside a ``transformers`` model or cache.
 
 * layer access: :func:`decoder_layers` (``model.model.layers[i]`` with ``self_attn``), :func:`attention_module`,
-  :func:`attention_constants` (scaling, query heads per kv head);
-* rotary lookup and layout: :data:`POSITION_LIMIT`, :func:`find_rotary_embedding`, :func:`call_rotary`, :func:`rotary_function` (the modeling
-  module's own ``apply_rotary_pos_emb``), :func:`detect_layout` (split-half vs interleaved ``rotate_half``),
-  :func:`nope_layers` (layers that apply no rotary), :func:`rotary_frequencies` (the inverse-frequency buffer),
+  :func:`attention_constants` (scaling, query heads per kv head), :func:`attention_layer_index`,
+  :func:`attention_window` (what an attention module knows of itself), :func:`query_key_projections`;
+* norms: :func:`final_norm` (the norm before the unembedding), :func:`rms_norm_gain`, :func:`rms_norms`;
+* rotary lookup and layout: :data:`POSITION_LIMIT`, :func:`find_rotary_embedding`, :func:`call_rotary`,
+  :func:`rotary_function` (the modeling module's own ``apply_rotary_pos_emb``), :func:`detect_layout` (split-half vs
+  interleaved ``rotate_half``), :func:`nope_layers` (layers that apply no rotary), :func:`rotary_frequencies` (the
+  inverse-frequency buffer), :func:`rotary_types` (the argument the rotary takes per layer, and its rope type),
   :func:`rotary_override` (a ``with`` block in which the rotary module's ``(cos, sin)`` are replaced: real-valued
   positions of new tokens);
 * query/key rebuild recipes: :data:`QUERY_RECIPES`, :func:`rebuild_query_key` (post-rotary q/k of one attention
   module from its inputs, exactly as its forward computes them);
-* the attention-kernel switch: :func:`attention_kernel` (a ``with`` block, restored on exit);
-* cache conversion: :func:`cache_tensors` (``DynamicCache`` -> per-layer keys/values), :func:`new_cache`, :func:`cache_from_tensors`,
-  :func:`cached_keys`, :func:`cached_values`, :func:`cache_lengths`;
+* the attention kernel: :func:`register_attention_function` (a new kernel name), :func:`attention_kernel` (a
+  ``with`` block switching to it, restored on exit);
+* cache conversion: :func:`cache_tensors` (``DynamicCache`` -> per-layer keys/values), :func:`new_cache`,
+  :func:`cache_from_tensors`, :func:`cached_keys`, :func:`cached_values`, :func:`cache_lengths`;
+* cache surgery: :func:`cache_data` (every layer's batched keys and values), :func:`crop_cache` (forget the last
+  tokens), :func:`select_cache_rows` (keep some batch rows);
 * pre-rotary capture: :func:`pre_rotary_keys` (keys after ``k_proj`` / ``k_norm``, before rotary);
 * what kvpress presses expect: :func:`hook_cache` (the cache an attention hook received), :func:`attached_rotary`
   (``self_attn.rotary_emb`` for the duration of a block), :func:`preserved_attention_functions` (undo global
@@ -28,24 +34,35 @@ Example:
     >>> keys, values = cache_tensors(out.cache)
     >>> tuple(keys[0].shape)                                          # [kv_head, L, head_dim]
     (2, 10, 16)
+    >>> crop_cache(out.cache, 4); cache_lengths(out.cache)             # the last 4 positions forgotten
+    [6, 6]
+    >>> [attention_layer_index(a) for a in attention_modules(model)], attention_window(attention_module(model))
+    ([0, 1], None)
 """
 
 from __future__ import annotations
 
 import contextlib
+import inspect
 import sys
 from collections.abc import Callable, Iterator
 
 import torch
 from torch import nn
 
-from relaylens.errors import RopeError
+from relaylens.errors import RelaylensError, RopeError
 
-__all__ = ["POSITION_LIMIT", "decoder_layers", "attention_module", "attention_constants", "find_rotary_embedding", "call_rotary",
+__all__ = ["POSITION_LIMIT", "decoder_layers", "attention_module", "attention_constants", "find_rotary_embedding",
+           "call_rotary",
            "rotary_function", "detect_layout", "nope_layers", "rotary_frequencies", "rotary_override", "QUERY_RECIPES",
-           "rebuild_query_key", "attention_kernel", "layer_attention", "attention_modules", "rope_summary", "output_projection",
-           "cache_tensors", "new_cache", "cache_from_tensors", "cached_keys", "cached_values", "cache_lengths", "pre_rotary_keys",
-           "hook_cache", "attached_rotary", "exposed_head_dim", "preserved_attention_functions"]
+           "rebuild_query_key", "attention_kernel", "layer_attention", "attention_modules", "rope_summary",
+           "output_projection",
+           "cache_tensors", "new_cache", "cache_from_tensors", "cached_keys", "cached_values", "cache_lengths",
+           "pre_rotary_keys",
+           "hook_cache", "attached_rotary", "exposed_head_dim", "preserved_attention_functions",
+           "attention_layer_index", "attention_window", "query_key_projections", "final_norm", "rms_norm_gain",
+           "rms_norms", "rotary_types", "register_attention_function", "attention_kernel_name", "cache_data",
+           "crop_cache", "select_cache_rows"]
 
 
 # ------------------------------------------------------------------------------------------------- layer access
@@ -55,8 +72,8 @@ def decoder_layers(model) -> list:
     inner = getattr(model, "model", None)
     layers = getattr(inner, "layers", None)
     if layers is None or not all(hasattr(layer, "self_attn") for layer in layers):
-        raise RopeError(f"{type(model).__name__} has no model.model.layers[i].self_attn; relaylens supports decoder-only "
-                        "Hugging Face causal LMs laid out like Llama.")
+        raise RopeError(f"{type(model).__name__} has no model.model.layers[i].self_attn; relaylens supports "
+                        "decoder-only Hugging Face causal LMs laid out like Llama.")
     return list(layers)
 
 
@@ -84,6 +101,26 @@ def attention_module(model: nn.Module) -> nn.Module:
     return layers[0].self_attn
 
 
+def attention_layer_index(attn: nn.Module, default: int | None = None) -> int:
+    """The index of the decoder layer an attention module belongs to (its ``layer_idx``; ``default`` if it has none)."""
+    index = getattr(attn, "layer_idx", default)
+    if index is None:
+        raise RopeError(f"{type(attn).__name__} has no layer_idx; relaylens supports Hugging Face attention modules "
+                        "that know their decoder layer")
+    return index
+
+
+def attention_window(attn: nn.Module, kwargs: dict | None = None) -> int | None:
+    """The sliding window of an attention module (None: full attention). ``kwargs``: those an attention function was
+    called with, whose ``sliding_window`` takes precedence over the module's own."""
+    return (kwargs or {}).get("sliding_window") or getattr(attn, "sliding_window", None)
+
+
+def query_key_projections(attn: nn.Module) -> tuple[nn.Module, nn.Module]:
+    """``(q_proj, k_proj)``: the linear maps from the hidden state to one attention module's queries and keys."""
+    return attn.q_proj, attn.k_proj
+
+
 def attention_constants(model) -> tuple[float, int]:
     """``(scaling, num_key_value_groups)`` of the model's attention (``q @ k^T`` scale; query heads per kv head)."""
     attn = model.model.layers[0].self_attn
@@ -96,6 +133,39 @@ def rope_summary(model) -> dict:
     config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
     return {"rope_parameters": getattr(config, "rope_parameters", None),
             "max_position_embeddings": getattr(config, "max_position_embeddings", None)}
+
+
+# ------------------------------------------------------------------------------------------------------- norms
+
+def final_norm(model) -> nn.Module:
+    """The final norm before the unembedding (``model.model.norm``)."""
+    norm = getattr(getattr(model, "model", model), "norm", None)
+    if norm is None:
+        raise RelaylensError(f"{type(model).__name__} has no model.norm; direct logit attribution needs the final norm")
+    return norm
+
+
+def rms_norm_gain(module: nn.Module) -> tuple[torch.Tensor, float]:
+    """``(gain [hidden] float32, eps)`` of an RMSNorm computing ``gain * x / sqrt(mean(x^2) + eps)``.
+
+    The gain is read off the module itself (its output on a vector of ones is ``gain / sqrt(1 + eps)``), so
+    Llama-style ``weight`` and Gemma-style ``1 + weight`` norms both work. Other norms are refused.
+    """
+    eps = getattr(module, "variance_epsilon", None)
+    eps = getattr(module, "eps", None) if eps is None else eps
+    weight = getattr(module, "weight", None)
+    if eps is None or weight is None or getattr(module, "bias", None) is not None:
+        raise RelaylensError(f"final norm {type(module).__name__} is not an RMSNorm (gain * x / rms(x)); direct logit "
+                             "attribution with a frozen norm scale supports RMSNorm models only")
+    ones = torch.ones(1, weight.shape[-1], dtype=weight.dtype, device=weight.device)
+    with torch.no_grad():
+        gain = module(ones).float()[0] * (1.0 + float(eps)) ** 0.5
+    return gain.detach(), float(eps)
+
+
+def rms_norms(model: nn.Module) -> list[nn.Module]:
+    """Every RMSNorm module of the model (its ``*RMSNorm`` classes), in module order."""
+    return [m for m in model.modules() if type(m).__name__.endswith("RMSNorm")]
 
 
 # ----------------------------------------------------------------------------------------------- rotary lookup
@@ -133,6 +203,20 @@ def call_rotary(rotary: nn.Module, position_ids: torch.Tensor, layer_type: str |
     return cos.float(), sin.float()
 
 
+def rotary_types(model: nn.Module) -> tuple[tuple[str | None, ...], dict]:
+    """``(layer_types, rope_types)`` of the model's rotary embedding: per decoder layer the argument its rotary call
+    takes (``None`` for every layer of a single-rotary model; Gemma-3: the layer type), and the rope type per such
+    argument (``{None: "yarn"}``), read off the rotary module itself (its ``rope_type``)."""
+    config = getattr(model, "config", None)
+    text_config = config.get_text_config() if hasattr(config, "get_text_config") else config
+    rotary = find_rotary_embedding(model)
+    if "layer_type" in inspect.signature(rotary.forward).parameters:
+        layer_types = tuple(text_config.layer_types)
+        kind = rotary.rope_type
+        return layer_types, kind if isinstance(kind, dict) else {t: kind for t in set(layer_types)}
+    return (None,) * int(text_config.num_hidden_layers), {None: getattr(rotary, "rope_type", "default")}
+
+
 def rotary_frequencies(rotary: nn.Module, layer_type: str | None) -> torch.Tensor:
     """The inverse frequencies ``[rotary_dim // 2]`` (float32, as stored) the rotary module multiplies positions by.
 
@@ -150,10 +234,12 @@ def rotary_frequencies(rotary: nn.Module, layer_type: str | None) -> torch.Tenso
 
 
 @contextlib.contextmanager
-def rotary_override(model: nn.Module, phases: Callable[[str | None], tuple[torch.Tensor, torch.Tensor]]) -> Iterator[None]:
-    """``with rotary_override(model, phases):`` every call of the model's rotary embedding returns ``phases(layer_type)``
-    (``(cos, sin)`` ``[B, n, rotary_dim]`` in any float dtype, possibly carrying autograd) instead of its own output,
-    cast to the dtype and device the module returns. The hook is removed on exit, also on errors."""
+def rotary_override(model: nn.Module,
+                    phases: Callable[[str | None], tuple[torch.Tensor, torch.Tensor]]) -> Iterator[None]:
+    """``with rotary_override(model, phases):`` every call of the model's rotary embedding returns
+    ``phases(layer_type)`` (``(cos, sin)`` ``[B, n, rotary_dim]`` in any float dtype, possibly carrying autograd)
+    instead of its own output, cast to the dtype and device the module returns. The hook is removed on exit, also on
+    errors."""
     rotary = find_rotary_embedding(model)
     busy = []  # ``phases`` may call the rotary itself (to build its tables): those calls keep the module's output
 
@@ -238,7 +324,8 @@ def detect_layout(model: nn.Module) -> str:
         return "split_half"
     if landed == 1:
         return "interleaved"
-    raise RopeError(f"{module.__name__}.rotate_half maps feature 0 to feature {landed}; expected 4 (split-half) or 1 (interleaved)")
+    raise RopeError(f"{module.__name__}.rotate_half maps feature 0 to feature {landed}; expected 4 (split-half) or 1 "
+                    "(interleaved)")
 
 
 # ---------------------------------------------------------------------------------------- query / key rebuild
@@ -299,7 +386,16 @@ def rebuild_query_key(
     return QUERY_RECIPES[name](module, hidden_states, cos, sin)
 
 
-# -------------------------------------------------------------------------------------- attention-kernel switch
+# -------------------------------------------------------------------------------------------- attention kernel
+
+def register_attention_function(name: str, function: Callable) -> None:
+    """Make ``function`` selectable as attention kernel ``name`` (``transformers.AttentionInterface``): it is called
+    as ``function(module, query, key, value, attention_mask, dropout, scaling, **kwargs)`` and returns
+    ``(output [B, query, q_head, D], weights or None)``. Select it with :func:`attention_kernel`."""
+    from transformers import AttentionInterface  # noqa: PLC0415 - import cost: transformers load on first use
+
+    AttentionInterface.register(name, function)
+
 
 def attention_kernel_name(model) -> str:
     """The attention kernel the model runs now (``"sdpa"``, ``"eager"``, ``"relaylens"`` inside a relaylens pass)."""
@@ -342,16 +438,34 @@ def cache_lengths(cache) -> list[int]:
     return [int(layer.keys.shape[-2]) for layer in cache.layers]
 
 
+def cache_data(cache) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Per layer ``(keys, values)``, each ``[B, kv_head, n, head_dim]`` (the cache's own tensors, graph included):
+    ``cache_from_tensors(cache_data(cache))`` is a copy whose updates the original does not see."""
+    return [(layer.keys, layer.values) for layer in cache.layers]
+
+
+def crop_cache(cache, tokens: int) -> None:
+    """Forget the last ``tokens`` positions of every layer of the cache (in place)."""
+    for layer in cache.layers:
+        layer.crop(-tokens)
+
+
+def select_cache_rows(cache, index: torch.Tensor) -> None:
+    """Keep only the batch rows ``index`` ``[B']`` (long) of every layer of the cache, in that order (in place)."""
+    for layer in cache.layers:
+        layer.batch_select_indices(index.to(layer.keys.device))
+
+
 def new_cache():
     """An empty plain ``DynamicCache`` (a model-config cache would keep only the window in sliding layers)."""
-    from transformers import DynamicCache
+    from transformers import DynamicCache  # noqa: PLC0415 - import cost: transformers load on first use
 
     return DynamicCache()
 
 
 def cache_from_tensors(data: list[tuple[torch.Tensor, torch.Tensor]]):
     """A ``DynamicCache`` holding per layer ``(keys, values)``, each ``[B, kv_head, slot, head_dim]``."""
-    from transformers import DynamicCache
+    from transformers import DynamicCache  # noqa: PLC0415 - import cost: transformers load on first use
 
     return DynamicCache(ddp_cache_data=data)
 
@@ -360,7 +474,7 @@ def cache_from_tensors(data: list[tuple[torch.Tensor, torch.Tensor]]):
 
 def pre_rotary_keys(model, ids: torch.Tensor) -> dict[int, torch.Tensor]:
     """Per layer ``[1, kv_head, T, head_dim]``: keys after ``k_proj`` (and ``k_norm``), before rotary, for ``ids``."""
-    from transformers import DynamicCache
+    from transformers import DynamicCache  # noqa: PLC0415 - import cost: transformers load on first use
 
     captured, handles = {}, []
     for index, layer in enumerate(model.model.layers):
@@ -386,8 +500,8 @@ def pre_rotary_keys(model, ids: torch.Tensor) -> dict[int, torch.Tensor]:
 # ------------------------------------------------------------------------------------- what kvpress presses expect
 
 def hook_cache(kwargs: dict):
-    """The cache an attention module's forward hook received (``cache``; ``past_key_values`` before transformers
-    renamed it), or None."""
+    """The cache a forward hook of the model or of an attention module received (``cache``; ``past_key_values``
+    before transformers renamed it), or None."""
     return kwargs.get("cache", kwargs.get("past_key_values"))
 
 
@@ -432,7 +546,7 @@ def preserved_attention_functions() -> Iterator[None]:
     """Restore transformers' attention-function table on exit: whatever code inside the block wrapped or replaced
     in ``ALL_ATTENTION_FUNCTIONS`` (``import kvpress`` wraps every entry for AdaKV's decode-time key masking) is
     undone, so relaylens's own passes run the kernels transformers ships."""
-    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS  # noqa: PLC0415 - import cost: transformers load on first use
 
     local = dict(ALL_ATTENTION_FUNCTIONS._local_mapping)
     shared = type(ALL_ATTENTION_FUNCTIONS)._global_mapping

@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 
@@ -19,6 +20,8 @@ import torch
 
 from relaylens.errors import ModelError
 from relaylens.model.embedded import DEFAULT_MODEL, EMBEDDED, cache_for, load_gguf, pull, verify_cached
+from relaylens.model.placement import apply_rope_override, check_attn_implementation, parse_rope_scaling, resolve_dtype
+from relaylens.model.placement import resolve_device as _resolve
 
 # ----------------------------------------------------------------------------------------------------------------
 # load
@@ -37,13 +40,13 @@ def load_model(spec: str | os.PathLike = DEFAULT_MODEL, dtype: torch.dtype | str
 
     Example:
         >>> model, tok = load_model("smollm2-135m-instruct", attn_implementation="eager")  # doctest: +SKIP
-        >>> model, tok = load_model("/data/Llama-3.1-8B-Instruct", dtype="bfloat16", device_map="auto")  # doctest: +SKIP
+        >>> model, tok = load_model("/data/Llama-3.1-8B-Instruct", dtype="bfloat16",
+        ...                         device_map="auto")  # doctest: +SKIP
         >>> model, tok = load_model("/data/Qwen2-7B-Instruct", dtype="bfloat16", device="cuda",
         ...                         rope_scaling="yarn:4:32768", max_position=131072)  # doctest: +SKIP
     """
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoConfig, AutoModelForCausalLM  # noqa: PLC0415 - import cost: transformers load on first use
 
-    from relaylens.model.placement import apply_rope_override, check_attn_implementation, parse_rope_scaling, resolve_dtype
 
     if device is not None and device_map is not None:
         raise ModelError(f"pass either device ({device!r}) or device_map ({device_map!r}), not both")
@@ -99,8 +102,6 @@ def resolve_device(spec: str | None = "auto", local_rank: int | None = None) -> 
     >>> resolve_device("cpu")
     'cpu'
     """
-    from relaylens.model.placement import resolve_device as _resolve
-
     return _resolve(spec, local_rank)
 
 
@@ -108,7 +109,7 @@ def load_tokenizer(spec: str | os.PathLike = DEFAULT_MODEL, progress: Callable[[
     """Only the tokenizer of ``spec`` (fast: embedded models read it from the cached copy, pulling if needed)."""
     kind, path = resolve_spec(spec, progress=progress)
     if kind == "gguf":
-        from transformers import AutoTokenizer
+        from transformers import AutoTokenizer  # noqa: PLC0415 - import cost: transformers load on first use
 
         return AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name, trust_remote_code=False)
     return _auto_tokenizer(path)
@@ -130,8 +131,6 @@ def resolve_spec(spec: str | os.PathLike, progress: Callable[[str], None] | None
             pull(text, progress=progress)
             cached = "float32"
         if cached == "bfloat16" and wanted != "bfloat16":
-            import warnings
-
             warnings.warn(f"{text}: loading {wanted} weights from the bfloat16 cache (the float32 values rounded to "
                           f"bfloat16). Fix: pull the float32 copy (relaylens model pull {text}) for the GGUF's exact "
                           "values", stacklevel=3)
@@ -156,7 +155,7 @@ def resolve_spec(spec: str | os.PathLike, progress: Callable[[str], None] | None
 
 
 def _auto_tokenizer(path):
-    from transformers import AutoTokenizer
+    from transformers import AutoTokenizer  # noqa: PLC0415 - import cost: transformers load on first use
 
     try:
         return AutoTokenizer.from_pretrained(str(path), trust_remote_code=False)

@@ -13,7 +13,8 @@ exists and can run here (:func:`check_attn_implementation`).
 Example:
     >>> parse_rope_scaling("yarn:4:32768")
     {'rope_type': 'yarn', 'factor': 4.0, 'original_max_position_embeddings': 32768}
-    >>> parse_rope_scaling("llama3:factor=8,low_freq_factor=1,high_freq_factor=4,original_max_position_embeddings=8192")["rope_type"]
+    >>> spec = "llama3:factor=8,low_freq_factor=1,high_freq_factor=4,original_max_position_embeddings=8192"
+    >>> parse_rope_scaling(spec)["rope_type"]
     'llama3'
     >>> resolve_device("cpu"), resolve_dtype(None, "cpu")
     ('cpu', torch.float32)
@@ -23,6 +24,7 @@ from __future__ import annotations
 
 import math
 import os
+import warnings
 from dataclasses import asdict, dataclass
 
 import torch
@@ -120,7 +122,8 @@ def choose_dtype(name: str | torch.dtype | None, device: str) -> tuple[torch.dty
         return (torch.bfloat16 if str(device).startswith("cuda") else torch.float32), None
     else:
         key = str(name).strip().lower().removeprefix("torch.")
-        key = {"bf16": "bfloat16", "fp16": "float16", "half": "float16", "fp32": "float32", "float": "float32"}.get(key, key)
+        aliases = {"bf16": "bfloat16", "fp16": "float16", "half": "float16", "fp32": "float32", "float": "float32"}
+        key = aliases.get(key, key)
         if key == "auto":
             native, why = bfloat16_native(device)
             return (torch.bfloat16 if native else torch.float32), f"auto: {'bfloat16' if native else 'float32'}, {why}"
@@ -130,7 +133,8 @@ def choose_dtype(name: str | torch.dtype | None, device: str) -> tuple[torch.dty
     if dtype == torch.bfloat16 and str(device).startswith("cpu"):
         native, why = bfloat16_native(device)
         if not native:
-            _warn_once("bfloat16-cpu", f"--dtype bfloat16 on this CPU runs without native bfloat16 instructions ({why}): "
+            _warn_once("bfloat16-cpu",
+                       f"--dtype bfloat16 on this CPU runs without native bfloat16 instructions ({why}): "
                        "results are correct but matrix products are emulated and slower than float32. Fix: --dtype "
                        "float32, or --dtype auto (bfloat16 only where the hardware runs it)")
     return dtype, None
@@ -142,7 +146,6 @@ _WARNED: set[str] = set()
 def _warn_once(key: str, message: str) -> None:
     if key not in _WARNED:
         _WARNED.add(key)
-        import warnings
 
         warnings.warn(message, RuntimeWarning, stacklevel=4)
 
@@ -197,7 +200,7 @@ def parse_rope_scaling(text: str | dict | None) -> dict | None:
     Traceback (most recent call last):
     ...
     relaylens.model.placement.PlacementError: --rope-scaling 'linear:inf': factor=inf is not a finite number. Fix: give a finite factor (e.g. linear:4)
-    """
+    """  # noqa: E501 - doctest: an exception message is matched on one line
     if text is None or isinstance(text, dict):
         return _checked_rope(dict(text), text) if text else None
     rope_type, _, rest = str(text).strip().partition(":")
@@ -217,7 +220,8 @@ def parse_rope_scaling(text: str | dict | None) -> dict | None:
         key, value = part.split("=", 1) if "=" in part else (names[i], part)
         key = key.strip()
         if key not in names:
-            raise PlacementError(f"--rope-scaling {text!r}: {rope_type} has no parameter {key!r}; it takes {', '.join(names)}")
+            raise PlacementError(f"--rope-scaling {text!r}: {rope_type} has no parameter {key!r}; it takes "
+                                 f"{', '.join(names)}")
         try:
             params[key] = float(value)
         except ValueError:
@@ -275,7 +279,7 @@ def check_attn_implementation(name: str | None, device: str | None = None) -> st
                              f"one of {', '.join(ATTENTION_KERNELS)}. {fix}")
     if name in ("sdpa", "eager"):
         return name
-    from transformers import utils as hf_utils
+    from transformers import utils as hf_utils  # noqa: PLC0415 - import cost: transformers load on first use
 
     available = {"flash_attention_2": hf_utils.is_flash_attn_2_available, "flash_attention_3":
                  hf_utils.is_flash_attn_3_available, "flex_attention": hf_utils.is_torch_flex_attn_available}[name]
@@ -300,7 +304,8 @@ def apply_rope_override(config, rope_scaling: dict | None = None, max_position: 
     text = config.get_text_config() if hasattr(config, "get_text_config") else config
     if rope_scaling:
         params = getattr(text, "rope_parameters", None) or {}
-        per_type = isinstance(params, dict) and "full_attention" in params and isinstance(params["full_attention"], dict)
+        per_type = isinstance(params, dict) and "full_attention" in params and isinstance(params["full_attention"],
+                                                                                          dict)
         base = params["full_attention"] if per_type else params
         new = {"rope_theta": base.get("rope_theta", getattr(text, "rope_theta", 10000.0)), **rope_scaling}
         if "partial_rotary_factor" in base:

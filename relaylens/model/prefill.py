@@ -10,10 +10,17 @@ from dataclasses import dataclass
 
 import torch
 
-from relaylens.model.attention_stats import capture_column_sums
 from relaylens.errors import PositionError, RopeError, ShapeError
-from relaylens.model.hf import (QUERY_RECIPES, attention_constants, attention_kernel, cache_tensors, decoder_layers,
-                                layer_attention, new_cache)
+from relaylens.model.attention_stats import capture_column_sums
+from relaylens.model.hf import (
+    QUERY_RECIPES,
+    attention_constants,
+    attention_kernel,
+    cache_tensors,
+    decoder_layers,
+    layer_attention,
+    new_cache,
+)
 
 
 @dataclass
@@ -128,7 +135,8 @@ class PrefillPieces:
     def __init__(self, model, history_ids: torch.Tensor, window_size: int = 32, chunk_size: int | None = None,
                  capture_window_queries: bool = True, allow_long: bool = False,
                  attn_implementation: str | None = "sdpa", column_sums: bool = False, column_block_size: int = 256):
-        self.ids = _check_history(model, history_ids, window_size, chunk_size, capture_window_queries, allow_long)  # [L]
+        self.ids = _check_history(model, history_ids, window_size, chunk_size, capture_window_queries,
+                                  allow_long)  # [L]
         self.model, self.window_size, self.capture_window_queries = model, window_size, capture_window_queries
         self.chunk_size, self.attn_implementation = chunk_size, attn_implementation
         self.column_sums, self.column_block_size = column_sums, column_block_size
@@ -235,8 +243,8 @@ class _WindowQueryCapture:
             name = type(layer_attention(layer)).__name__
             if name not in QUERY_RECIPES:
                 raise RopeError(f"cannot rebuild window queries for attention class {name}; supported: "
-                                f"{', '.join(sorted(QUERY_RECIPES))}. Fix: add a recipe to relaylens.model.hf.QUERY_RECIPES "
-                                "or pass capture_window_queries=False.")
+                                f"{', '.join(sorted(QUERY_RECIPES))}. Fix: add a recipe to "
+                                "relaylens.model.hf.QUERY_RECIPES or pass capture_window_queries=False.")
             self.recipes.append(QUERY_RECIPES[name])
         self.queries: list[list[torch.Tensor]] = [[] for _ in layers]  # per layer, pieces [q_head, n, head_dim]
         self.keys: list[list[torch.Tensor]] = [[] for _ in layers]  # per layer, pieces [kv_head, n, head_dim]
@@ -281,9 +289,9 @@ class _WindowQueryCapture:
             # Same ops on a slice: equal up to kernel blocking, i.e. a few ulps of the model dtype.
             tol = max(1e-4, 8 * torch.finfo(ref.dtype).eps) * (1.0 + ref.float().abs().max().item())
             if k.shape != ref.shape or not err <= tol:
-                raise RopeError(f"layer {i}: keys rebuilt by the {type(layer_attention(self.layers[i])).__name__} recipe differ "
-                                f"from the cached keys (max abs {err:.3g}, tolerance {tol:.3g}), so its rebuilt queries "
-                                "cannot be trusted. Fix: correct relaylens.model.hf.QUERY_RECIPES for this class or pass "
-                                "capture_window_queries=False.")
+                raise RopeError(f"layer {i}: keys rebuilt by the {type(layer_attention(self.layers[i])).__name__} "
+                                f"recipe differ from the cached keys (max abs {err:.3g}, tolerance {tol:.3g}), so its "
+                                "rebuilt queries cannot be trusted. Fix: correct relaylens.model.hf.QUERY_RECIPES for "
+                                "this class or pass capture_window_queries=False.")
             out.append(q.clone())
         return out

@@ -27,8 +27,16 @@ from collections.abc import Callable
 import torch
 
 from relaylens.errors import ShapeError
-from relaylens.model.hf import (attached_rotary, attention_kernel, attention_modules, cached_keys, cached_values,
-                                exposed_head_dim, hook_cache, new_cache)
+from relaylens.model.hf import (
+    attached_rotary,
+    attention_kernel,
+    attention_modules,
+    cached_keys,
+    cached_values,
+    exposed_head_dim,
+    hook_cache,
+    new_cache,
+)
 
 #: ``fn(layer, module, hidden_states, keys, values, attentions, kwargs) -> result``: hidden states ``[1, L, hidden]``
 #: (the attention module's input), keys and values ``[1, kv_head, L, head_dim]`` as cached, attentions

@@ -1,7 +1,7 @@
 """Evidence attribution to the answer: gradient x input and direct logit attribution, per layer and query head.
 
-Axes: ``layer``, ``q_head``, ``slot``, ``head_dim``, ``hidden`` (:mod:`relaylens.geometry`). The *target* of a probe point is the
-reference-answer token it predicts: the first answer token at ``question_final``, the next answer token at
+Axes: ``layer``, ``q_head``, ``slot``, ``head_dim``, ``hidden`` (:mod:`relaylens.geometry`). The *target* of a probe
+point is the reference-answer token it predicts: the first answer token at ``question_final``, the next answer token at
 ``first_answer_token`` (teacher-forced).
 
 Readouts (``i`` runs over the retained states of the query head's kv head; ``gold``: those inside gold evidence):
@@ -19,7 +19,7 @@ Readouts (``i`` runs over the retained states of the query head's kv head; ``gol
 Example:
     >>> import torch
     >>> from relaylens.testing import tiny_model
-    >>> gain, eps = rms_norm_gain(tiny_model("llama").model.norm)
+    >>> gain, eps = rms_norm_gain(final_norm(tiny_model("llama")))
     >>> gain.shape, bool((gain == 1).all())
     (torch.Size([64]), True)
 """
@@ -32,37 +32,11 @@ from collections.abc import Iterator
 import pandas as pd
 import torch
 
-from relaylens.errors import RelaylensError
+from relaylens.model.hf import final_norm, output_projection, rms_norm_gain  # norms keep this old home
 
 GRAD_READOUTS = ("evidence_grad_x_input", "history_grad_x_input", "evidence_grad_x_input_share")
 LOGIT_READOUTS = ("evidence_logit_contribution", "history_logit_contribution")
 ATTRIBUTION_READOUTS = GRAD_READOUTS + LOGIT_READOUTS
-
-
-def rms_norm_gain(module) -> tuple[torch.Tensor, float]:
-    """``(gain [hidden] float32, eps)`` of an RMSNorm computing ``gain * x / sqrt(mean(x^2) + eps)``.
-
-    The gain is read off the module itself (its output on a vector of ones is ``gain / sqrt(1 + eps)``), so
-    Llama-style ``weight`` and Gemma-style ``1 + weight`` norms both work. Other norms are refused.
-    """
-    eps = getattr(module, "variance_epsilon", None)
-    eps = getattr(module, "eps", None) if eps is None else eps
-    weight = getattr(module, "weight", None)
-    if eps is None or weight is None or getattr(module, "bias", None) is not None:
-        raise RelaylensError(f"final norm {type(module).__name__} is not an RMSNorm (gain * x / rms(x)); direct logit "
-                             "attribution with a frozen norm scale supports RMSNorm models only")
-    ones = torch.ones(1, weight.shape[-1], dtype=weight.dtype, device=weight.device)
-    with torch.no_grad():
-        gain = module(ones).float()[0] * (1.0 + float(eps)) ** 0.5
-    return gain.detach(), float(eps)
-
-
-def final_norm(model) -> torch.nn.Module:
-    """The final norm before the unembedding (``model.model.norm``)."""
-    norm = getattr(getattr(model, "model", model), "norm", None)
-    if norm is None:
-        raise RelaylensError(f"{type(model).__name__} has no model.norm; direct logit attribution needs the final norm")
-    return norm
 
 
 @contextlib.contextmanager
@@ -93,8 +67,6 @@ def logit_direction(model, target: int, residual: torch.Tensor) -> torch.Tensor:
 def logit_attribution(model, recorder, selection, gold: torch.Tensor, groups: int, target: int,
                       residual: torch.Tensor) -> pd.DataFrame:
     """Direct logit attribution per (layer, q_head) from a :class:`~relaylens.probes.readouts.FinalTokenRecorder`."""
-    from relaylens.model.hf import output_projection
-
     direction = logit_direction(model, target, residual)  # [hidden]
     records = []
     for layer in sorted(recorder.rows):
@@ -117,7 +89,8 @@ def logit_attribution(model, recorder, selection, gold: torch.Tensor, groups: in
 
 def target_log_prob(logits: torch.Tensor, target: int) -> torch.Tensor:
     """Scalar log-probability of ``target`` under ``logits`` ``[vocab]`` (keeps the graph)."""
-    return torch.log_softmax(logits.to(torch.float64 if logits.dtype == torch.float64 else torch.float32), -1)[int(target)]
+    return torch.log_softmax(logits.to(torch.float64 if logits.dtype == torch.float64 else torch.float32),
+                             -1)[int(target)]
 
 
 def grad_x_input(objective: torch.Tensor, head_inputs: dict, widths: dict[int, int], selection,

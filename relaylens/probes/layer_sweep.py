@@ -24,11 +24,14 @@ Example:
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import pandas as pd
 import torch
 
 from relaylens.conditions.catalogue import Condition, Original, Relay
 from relaylens.conditions.scoped import Scoped
+from relaylens.probes.unit import ProbeTables, UnitContext
 from relaylens.results.tables import FIRST_ANSWER_LOGPROB as LOGPROB_METRIC
 from relaylens.results.tables import SWEEP_SOURCE
 
@@ -50,8 +53,8 @@ def layer_sweep(model, prefill, selection, question_ids: torch.Tensor, evidence_
     reference answer token); probe rows carry ``condition, probe_point, source, layer, head, metric, value`` with
     ``metric = evidence_share`` (none without evidence annotations). The caller adds the unit's key columns.
     """
-    from relaylens.generation.single import run_condition
-    from relaylens.probes.readouts import FinalTokenRecorder, gold_slots, readouts
+    from relaylens.generation.single import run_condition  # noqa: PLC0415 - import cost: huggingface_hub, jinja2, safetensors, scipy, transformers load on first use
+    from relaylens.probes.readouts import FinalTokenRecorder, gold_slots, readouts  # noqa: PLC0415 - import cycle: relaylens.probes.readouts imports this module
 
     gold = gold_slots(selection, evidence_mask) if evidence_mask is not None else None
     scores, frames = [], []
@@ -68,3 +71,24 @@ def layer_sweep(model, prefill, selection, question_ids: torch.Tensor, evidence_
                 condition=condition.label, probe_point="question_final", source=SWEEP_SOURCE))
     probes = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
     return scores, probes
+
+
+@dataclass(frozen=True)
+class LayerSweepProbe:
+    """The probe kind ``layer_sweep`` (:mod:`relaylens.probes.registry`; ``spec.sweep == "layers"``): its
+    ``first_answer_logprob`` score rows and its ``source = "sweep"`` probe rows (evidence share only when the
+    forward probes ran)."""
+
+    name: str = "layer_sweep"
+
+    def enabled(self, spec, config) -> bool:
+        return spec.sweep == "layers"
+
+    def run(self, unit: UnitContext) -> ProbeTables:
+        scores, probes = layer_sweep(unit.model, unit.prefill, unit.selection, unit.prompt.question_ids,
+                                     unit.evidence if unit.probing else None, unit.first_answer_token, unit.factors,
+                                     unit.config.window_mode)
+        return ProbeTables(probes=(probes,) if len(probes) else (), scores=tuple(scores))
+
+
+LAYER_SWEEP = LayerSweepProbe()

@@ -1,8 +1,8 @@
 """Evidence-reading probes: how the final question token reads the retained gold evidence under each condition.
 
-Axes: ``layer``, ``q_head``, ``slot``, ``head_dim`` (:mod:`relaylens.geometry`). Memory is O(layers x heads x retained states):
-only the final token's attention row, the retained values and un-rotated query/key contents are kept, never a full
-attention matrix.
+Axes: ``layer``, ``q_head``, ``slot``, ``head_dim`` (:mod:`relaylens.geometry`). Memory is O(layers x heads x retained
+states): only the final token's attention row, the retained values and un-rotated query/key contents are kept, never a
+full attention matrix.
 
 Readouts per layer and query head (``a_i``: the final token's softmax weight on retained history state ``i``):
 
@@ -29,11 +29,12 @@ import pandas as pd
 import torch
 
 from relaylens.conditions.catalogue import Condition
-from relaylens.conditions.scoped import get_condition
+from relaylens.conditions.scoped import expand_conditions, get_condition
 from relaylens.errors import RelaylensError
 from relaylens.geometry.rotary import RotaryFactors, rotate_keys, unrotate_keys
-from relaylens.model.prefill import PrefillResult
 from relaylens.geometry.selection import Selection
+from relaylens.model.prefill import PrefillResult
+from relaylens.probes.unit import ProbeTables, UnitContext
 
 READOUTS = ("evidence_share", "history_share", "evidence_value_norm", "evidence_weighted_value", "best_gold_rank")
 """The forward-pass readouts per (layer, query head): the ``metric`` values of ``source == "forward"`` probe rows."""
@@ -118,9 +119,9 @@ def replay_content(recorder: FinalTokenRecorder, reference_position: int, prefil
                    factors: RotaryFactors) -> ReplayContent:
     """Strip the phases: the query at ``reference_position`` and the cached keys at their source positions."""
     if prefill.kept is not None:
-        raise RelaylensError("phase replay reads the cached keys at their source positions from the whole prefill; this "
-                             "one was compacted to one selection's kept states (keep_selected). Fix: pass the whole "
-                             "prefill")
+        raise RelaylensError("phase replay reads the cached keys at their source positions from the whole prefill; "
+                             "this one was compacted to one selection's kept states (keep_selected). Fix: pass the "
+                             "whole prefill")
     queries, keys = {}, {}
     for layer, query in recorder.queries.items():
         layer_arg = layer if factors.per_layer else None
@@ -152,7 +153,8 @@ def phase_replay(content: ReplayContent, selection: Selection, gold: torch.Tenso
         other = head_valid & ~head_gold
         gold_mean = (logits * head_gold).sum(-1) / head_gold.sum(-1).clamp_min(1)
         other_mean = (logits * other).sum(-1) / other.sum(-1).clamp_min(1)
-        gap = torch.where(head_gold.any(-1) & other.any(-1), gold_mean - other_mean, torch.full_like(gold_mean, float("nan")))
+        gap = torch.where(head_gold.any(-1) & other.any(-1), gold_mean - other_mean,
+                          torch.full_like(gold_mean, float("nan")))
         for head in range(query.shape[0]):
             records.append((layer, head, "replay_gold_share", float(share[head])))
             records.append((layer, head, "replay_gold_logit_gap", float(gap[head])))
@@ -164,7 +166,7 @@ class ProbedCondition:
     """One condition's generation plus its readouts at the final question token and the teacher-forced token."""
 
     condition: str
-    generation: object  # relaylens.generation.single.GenerationResult
+    generation: object  # relaylens.generation.rows.GenerationResult
     readouts: pd.DataFrame  # columns: probe_point, layer, head, metric, value
     question_recorder: FinalTokenRecorder
 
@@ -175,13 +177,14 @@ def probe_condition(model, prefill: PrefillResult, selection: Selection, conditi
                     **generation_kwargs) -> ProbedCondition:
     """Run one condition (question pass, optional teacher-forced first answer token, greedy decoding) with probes.
 
-    ``generation_kwargs`` go to :func:`relaylens.generation.single.run_condition` (``max_new_tokens``, ``tokenizer``, ...).
-    ``grad=True`` runs the question pass with autograd and adds the attribution readouts of
-    :mod:`relaylens.probes.attribution` towards ``teacher_token`` (the correct first answer token, required) at the final
-    question token, and towards ``next_answer_token`` (the answer's next token, if given) at the teacher-forced token.
+    ``generation_kwargs`` go to :func:`relaylens.generation.single.run_condition` (``max_new_tokens``, ``tokenizer``,
+    ...). ``grad=True`` runs the question pass with autograd and adds the attribution readouts of
+    :mod:`relaylens.probes.attribution` towards ``teacher_token`` (the correct first answer token, required) at the
+    final question token, and towards ``next_answer_token`` (the answer's next token, if given) at the teacher-forced
+    token.
     """
-    from relaylens.probes.attribution import final_residuals, grad_x_input, logit_attribution, target_log_prob
-    from relaylens.generation.single import run_condition
+    from relaylens.generation.single import run_condition  # noqa: PLC0415 - import cost: huggingface_hub, jinja2, safetensors, scipy, transformers load on first use
+    from relaylens.probes.attribution import final_residuals, grad_x_input, logit_attribution, target_log_prob  # noqa: PLC0415 - import cycle: relaylens.probes.attribution imports this module
 
     if grad and teacher_token is None:
         raise RelaylensError("probe_condition(grad=True) attributes the correct first answer token's log-probability; "
@@ -200,18 +203,21 @@ def probe_condition(model, prefill: PrefillResult, selection: Selection, conditi
     if grad:
         points = [("question_final", question_recorder, generation.question_logits[-1], teacher_token, residuals[0])]
         if next_answer_token is not None:
-            points.append(("first_answer_token", teacher_recorder, generation.teacher_logits, next_answer_token, residuals[1]))
+            points.append(("first_answer_token", teacher_recorder, generation.teacher_logits, next_answer_token,
+                           residuals[1]))
         for point, recorder, logits, target, residual in points:
             objective = target_log_prob(logits, target)
             frames.append(grad_x_input(objective, generation.head_inputs, question_recorder.widths, selection, gold,
                                        groups).assign(probe_point=point))
-            frames.append(logit_attribution(model, recorder, selection, gold, groups, target, residual).assign(probe_point=point))
+            frames.append(logit_attribution(model, recorder, selection, gold, groups, target,
+                                            residual).assign(probe_point=point))
         generation.question_logits = generation.question_logits.detach()  # free the graph
         generation.teacher_logits = generation.head_inputs = generation.inputs = None
     return ProbedCondition(generation.condition, generation, pd.concat(frames, ignore_index=True), question_recorder)
 
 
-def replay_conditions(reference: ProbedCondition, prefill: PrefillResult, selection: Selection, evidence_mask: torch.Tensor,
+def replay_conditions(reference: ProbedCondition, prefill: PrefillResult, selection: Selection,
+                      evidence_mask: torch.Tensor,
                       conditions: list[str], num_question_tokens: int, factors: RotaryFactors) -> pd.DataFrame:
     """Phase replay of ``conditions`` with content from the ``reference`` pass (normally ``original``)."""
     gold = gold_slots(selection, evidence_mask)
@@ -220,10 +226,34 @@ def replay_conditions(reference: ProbedCondition, prefill: PrefillResult, select
     frames = []
     for condition in conditions:
         label = get_condition(condition).label
-        frames.append(phase_replay(content, selection, gold, condition, num_question_tokens, factors).assign(condition=label))
+        frames.append(phase_replay(content, selection, gold, condition, num_question_tokens,
+                                   factors).assign(condition=label))
     if not frames:  # e.g. relay@layer_type=* on a model with one layer type expands to no condition
         return pd.DataFrame(columns=["layer", "head", "metric", "value", "condition", "probe_point"])
     return pd.concat(frames, ignore_index=True).assign(probe_point="question_final")
+
+
+@dataclass(frozen=True)
+class ReplayProbe:
+    """The probe kind ``replay`` (:mod:`relaylens.probes.registry`): phase replay of ``spec.replay_conditions`` with
+    content from the unit's ``original`` forward pass; probe rows with ``source = "replay"``."""
+
+    name: str = "replay"
+
+    def enabled(self, spec, config) -> bool:
+        return bool(spec.probes) and bool(spec.replay_conditions)
+
+    def run(self, unit: UnitContext) -> ProbeTables:
+        reference = unit.probed.get("original")
+        if not unit.probing or reference is None:  # no forward pass to take the content from
+            return ProbeTables()
+        conditions = expand_conditions(unit.spec.replay_conditions, unit.model)
+        frame = replay_conditions(reference, unit.prefill, unit.selection, unit.evidence, conditions,
+                                  int(unit.prompt.question_ids.numel()), unit.factors)
+        return ProbeTables(probes=(frame.assign(source="replay"),))
+
+
+REPLAY = ReplayProbe()
 
 
 def probe_rows(model, prefill: PrefillResult, rows: list[tuple[Selection, str | Condition]], question_ids: torch.Tensor,
@@ -234,12 +264,14 @@ def probe_rows(model, prefill: PrefillResult, rows: list[tuple[Selection, str | 
     Every row gets the readouts a sequential :func:`probe_condition` call gives (its observers see the row alone);
     ``generation_kwargs`` go to :func:`relaylens.generation.rows.run_rows`.
     """
-    from relaylens.generation.rows import Row, run_rows
+    from relaylens.generation.rows import Row, run_rows  # noqa: PLC0415 - import cost: huggingface_hub, jinja2, safetensors, scipy, transformers load on first use
 
     factors = factors or RotaryFactors.from_model(model)
     recorders = [(FinalTokenRecorder(), FinalTokenRecorder()) for _ in rows]
-    batch = [Row(selection, condition, (question,), (teacher,)) for (selection, condition), (question, teacher) in zip(rows, recorders)]
-    generations = run_rows(model, prefill, batch, question_ids, factors=factors, teacher_token=teacher_token, **generation_kwargs)
+    batch = [Row(selection, condition, (question,), (teacher,)) for (selection, condition),
+             (question, teacher) in zip(rows, recorders)]
+    generations = run_rows(model, prefill, batch, question_ids, factors=factors, teacher_token=teacher_token,
+                           **generation_kwargs)
     groups, probed = prefill.num_key_value_groups, []
     for (selection, _), (question, teacher), generation in zip(rows, recorders, generations):
         gold = gold_slots(selection, evidence_mask)

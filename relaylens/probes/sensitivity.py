@@ -36,15 +36,18 @@ Example:
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import pandas as pd
 import torch
 
 from relaylens.conditions.catalogue import Condition, Coordinates
 from relaylens.conditions.family import Geometry, family_coordinates
-from relaylens.conditions.scoped import Scoped, get_condition
+from relaylens.conditions.scoped import Scoped, expand_conditions, get_condition
 from relaylens.geometry.rotary import RotaryFactors
 from relaylens.geometry.selection import Selection
 from relaylens.model.prefill import PrefillResult
+from relaylens.probes.unit import ProbeTables, UnitContext
 from relaylens.results.tables import SENSITIVITY_METRICS
 
 SENSITIVITY_READOUTS = SENSITIVITY_METRICS
@@ -70,8 +73,8 @@ def positional_sensitivity(model, prefill: PrefillResult, selection: Selection, 
                            window_mode: str = "condition") -> pd.DataFrame:
     """``d log p(target_token) / d b`` and ``d / d s`` per (layer, kv head) at ``condition``: one question pass and one
     backward pass (no weight gradients). Columns ``layer, head, metric, value`` (``head``: the kv head)."""
-    from relaylens.generation.cache import coordinates_of
-    from relaylens.generation.single import answer_log_probs, frozen_weights
+    from relaylens.generation.cache import coordinates_of  # noqa: PLC0415 - import cost: huggingface_hub, jinja2, safetensors, scipy, transformers load on first use
+    from relaylens.generation.single import answer_log_probs, frozen_weights  # noqa: PLC0415 - import cost: huggingface_hub, jinja2, safetensors, scipy, transformers load on first use
 
     factors = factors or RotaryFactors.from_model(model)
     condition = get_condition(condition)
@@ -94,13 +97,44 @@ def positional_sensitivity(model, prefill: PrefillResult, selection: Selection, 
     return pd.DataFrame(records, columns=["layer", "head", "metric", "value"])
 
 
+def sensitivity_frames(unit: UnitContext, conditions=None) -> list[pd.DataFrame]:
+    """The readout of every condition of ``unit.spec`` (or ``conditions``) on one unit, as probe frames with
+    ``condition`` and ``probe_point`` columns; none for a record without a reference answer."""
+    target = unit.first_answer_token
+    if target is None:
+        return []
+    frames = []
+    for condition in conditions or expand_conditions(unit.spec.conditions, unit.model):
+        frame = positional_sensitivity(unit.model, unit.prefill, unit.selection, condition, unit.prompt.question_ids,
+                                       target, unit.factors, unit.config.window_mode)
+        frames.append(frame.assign(condition=condition.label, probe_point="question_final"))
+    return frames
+
+
+@dataclass(frozen=True)
+class SensitivityProbe:
+    """The probe kind ``sensitivity`` (:mod:`relaylens.probes.registry`; ``spec.sensitivity``): probe rows with
+    ``source = "forward"``, ``head`` the kv head."""
+
+    name: str = "sensitivity"
+
+    def enabled(self, spec, config) -> bool:
+        return bool(spec.sensitivity)
+
+    def run(self, unit: UnitContext) -> ProbeTables:
+        return ProbeTables(probes=tuple(frame.assign(source="forward") for frame in sensitivity_frames(unit)))
+
+
+SENSITIVITY = SensitivityProbe()
+
+
 def finite_shift_slopes(model, prefill: PrefillResult, selection: Selection, condition: str | Condition,
                         question_ids: torch.Tensor, target_token: int, heads, factors: RotaryFactors | None = None,
                         window_mode: str = "condition") -> dict[tuple[int, int], float]:
     """Per ``(layer, kv_head)`` of ``heads``: ``(log p(move=-1) - log p(move=+1)) / 2``, the central finite
     difference in ``b`` from exact integer shifts of that head's keys (``Scoped(condition, heads=..., move=+-1,
     base=condition)``; the other heads stay where ``condition`` puts them)."""
-    from relaylens.generation.single import answer_log_probs
+    from relaylens.generation.single import answer_log_probs  # noqa: PLC0415 - import cost: huggingface_hub, jinja2, safetensors, scipy, transformers load on first use
 
     factors = factors or RotaryFactors.from_model(model)
     condition = get_condition(condition)

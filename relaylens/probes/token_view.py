@@ -9,10 +9,16 @@ them (the report embeds them; ``show_view`` displays them in a notebook). Axes: 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
+from relaylens.probes.unit import ProbeTables, UnitContext
+
+
 def final_token_attention(recorder, selection, history_length: int) -> dict[int, torch.Tensor]:
-    """``layer -> [L]`` float32: the final question token's attention on each history position, mean over query heads."""
+    """``layer -> [L]`` float32: the final question token's attention on each history position, mean over query
+    heads."""
     out = {}
     for layer in sorted(recorder.rows):
         width = recorder.widths[layer]
@@ -45,6 +51,28 @@ def token_view(prompt, tokenizer, selection, granularity: str, recorders: dict[s
         attention[condition] = [[float(f"{float(per_layer[l][p]):.4g}") for p in kept[l]] for l in sorted(per_layer)]
     gold = prompt.evidence_mask(granularity)
     return {
-        **key, "tokens": token_strings(tokenizer, prompt.history_ids), "gold": [int(i) for i in gold.nonzero().flatten()],
+        **key, "tokens": token_strings(tokenizer, prompt.history_ids),
+        "gold": [int(i) for i in gold.nonzero().flatten()],
         "kept": kept, "attention": attention, "granularity": granularity,
     }
+
+
+@dataclass(frozen=True)
+class TokenViewProbe:
+    """The probe kind ``token_view`` (:mod:`relaylens.probes.registry`): the unit's view, for the records whose view
+    is due (``unit.views``) and whose forward probes ran (their recorders hold the attention rows)."""
+
+    name: str = "token_view"
+
+    def enabled(self, spec, config) -> bool:
+        return bool(spec.probes)
+
+    def run(self, unit: UnitContext) -> ProbeTables:
+        if not unit.views or not unit.probed:
+            return ProbeTables()
+        recorders = {label: probed.question_recorder for label, probed in unit.probed.items()}
+        return ProbeTables(view=token_view(unit.prompt, unit.tokenizer, unit.selection, unit.spec.granularity,
+                                           recorders, dict(unit.key)))
+
+
+TOKEN_VIEW = TokenViewProbe()

@@ -1,8 +1,8 @@
 """TransformerLens backend for the evidence-reading probes: the same readouts, read from ``blocks.{l}.attn`` hooks.
 
-Backend (a), :func:`relaylens.probes.readouts.probe_condition`, records the final question token inside the ``relaylens``
-attention function. This backend runs the same question pass through a TransformerLens 4.3 ``TransformerBridge``
-and reads the hook names interpretability users know:
+Backend (a), :func:`relaylens.probes.readouts.probe_condition`, records the final question token inside the
+``relaylens`` attention function. This backend runs the same question pass through a TransformerLens 4.3
+``TransformerBridge`` and reads the hook names interpretability users know:
 
 * ``blocks.{l}.attn.hook_attn_scores`` ``[batch, q_head, query, key]`` (pre-softmax): per-(layer, kv_head)
   validity of the relocated history is applied here (``-inf`` on padded slots, kv heads repeated to query heads);
@@ -13,7 +13,8 @@ The history values are read from the relocated cache the pass attended over (``h
 :func:`question_pass_with_cache` runs the same pass through ``run_with_cache`` and also returns TransformerLens's
 ``ActivationCache`` (:mod:`relaylens.integrations.tl_export` builds its exports on it).
 Both backends feed one :class:`~relaylens.probes.readouts.FinalTokenRecorder` into the one
-:func:`~relaylens.probes.readouts.readouts` definition, so the numbers agree by construction of the inputs, not by copying.
+:func:`~relaylens.probes.readouts.readouts` definition, so the numbers agree by construction of the inputs, not by
+copying.
 
 Two things are needed to make the bridge run a relocated cache, both scoped to a ``with`` block:
 
@@ -49,16 +50,23 @@ from types import SimpleNamespace
 import pandas as pd
 import torch
 
-from relaylens.generation.attention import ATTENTION_NAME, AttentionState, window_allow
 from relaylens.conditions.catalogue import Condition
 from relaylens.errors import RelaylensError
-from relaylens.geometry.rotary import RotaryFactors
-from relaylens.model.hf import attention_kernel, cache_lengths, cached_values, decoder_layers, layer_attention
-from relaylens.model.prefill import PrefillResult
-from relaylens.probes.readouts import FinalTokenRecorder, ProbedCondition, gold_slots, readouts
+from relaylens.generation.attention import ATTENTION_NAME, AttentionState, window_allow
 from relaylens.generation.cache import RelocatedCache, build_cache
 from relaylens.generation.rows import GenerationResult
+from relaylens.geometry.rotary import RotaryFactors
 from relaylens.geometry.selection import Selection
+from relaylens.model.hf import (
+    attention_kernel,
+    attention_window,
+    cache_lengths,
+    cached_values,
+    decoder_layers,
+    layer_attention,
+)
+from relaylens.model.prefill import PrefillResult
+from relaylens.probes.readouts import FinalTokenRecorder, ProbedCondition, gold_slots, readouts
 
 HOOK_SCORES = "blocks.{layer}.attn.hook_attn_scores"
 HOOK_PATTERN = "blocks.{layer}.attn.hook_pattern"
@@ -70,7 +78,7 @@ HOOK_ROT_Q = "blocks.{layer}.attn.hook_rot_q"
 
 
 def _attention_bridge_class():
-    from transformer_lens.model_bridge.generalized_components.attention import AttentionBridge
+    from transformer_lens.model_bridge.generalized_components.attention import AttentionBridge  # noqa: PLC0415 - import cost: transformer_lens load on first use
 
     return AttentionBridge
 
@@ -147,8 +155,8 @@ def cache_kwarg_shim(enable: bool | None = None) -> Iterator[bool]:
 def _placeholder_tokenizer():
     """A minimal fast tokenizer (three special tokens, word level): TransformerLens needs a tokenizer object even
     when it is driven with token ids only."""
-    from tokenizers import Tokenizer, models
-    from transformers import PreTrainedTokenizerFast
+    from tokenizers import Tokenizer, models  # noqa: PLC0415 - import cost: tokenizers load on first use
+    from transformers import PreTrainedTokenizerFast  # noqa: PLC0415 - import cost: it loads tokenizers
 
     vocab = {"<|endoftext|>": 0, "<|im_start|>": 1, "<|im_end|>": 2}
     return PreTrainedTokenizerFast(tokenizer_object=Tokenizer(models.WordLevel(vocab, unk_token="<|endoftext|>")),
@@ -174,7 +182,7 @@ def bridge_model(model, tokenizer=None, copy_model: bool = True):
     ``tokenizer`` only matters for the bridge's string helpers (``to_tokens``, text ``generate``); the probes pass
     token ids, and without one a tiny placeholder tokenizer is attached.
     """
-    from transformer_lens.model_bridge import TransformerBridge
+    from transformer_lens.model_bridge import TransformerBridge  # noqa: PLC0415 - import cost: transformer_lens load on first use
 
     factors = RotaryFactors.from_model(model)  # before wrapping: the bridge's modules hide the rotary layout
     hf_model = copy.deepcopy(model) if copy_model else model
@@ -229,15 +237,16 @@ class _BridgeRecorder:
         history = 0 if valid is None else valid.shape[-1]
         if scores.shape[-1] < history + scores.shape[-2]:
             raise RelaylensError(
-                f"layer {layer}: the bridge attended over {scores.shape[-1]} keys for {scores.shape[-2]} new tokens but the "
-                f"relocated cache holds {history} history slots: it ignored transformers' cache= keyword; run the "
-                "pass inside relaylens.probes.transformer_lens.cache_kwarg_shim()"
+                f"layer {layer}: the bridge attended over {scores.shape[-1]} keys for {scores.shape[-2]} new tokens "
+                f"but the relocated cache holds {history} history slots: it ignored transformers' cache= keyword; run "
+                "the pass inside relaylens.probes.transformer_lens.cache_kwarg_shim()"
             )
         allow = torch.ones(scores.shape[1:], dtype=torch.bool, device=scores.device)  # [q_head, query, key]
         if valid is not None:
             allow[..., :history] = valid.to(scores.device).repeat_interleave(self.groups, 0)[:, None, :]
         if layer in self.windows:
-            window = window_allow(state, layer, history, scores.shape[-1], scores.shape[-2], self.windows[layer], scores.device)
+            window = window_allow(state, layer, history, scores.shape[-1], scores.shape[-2], self.windows[layer],
+                                  scores.device)
             allow &= window.repeat_interleave(self.groups, 0) if window.shape[0] > 1 else window
         return scores.masked_fill(~allow[None], float("-inf"))
 
@@ -261,7 +270,7 @@ def _sliding_windows(bridge) -> dict[int, int]:
     for index, layer in enumerate(decoder_layers(bridge.original_model)):
         attn = layer_attention(layer)
         hf_attn = getattr(attn, "original_component", attn)  # bridge component -> HF module
-        window = getattr(hf_attn, "sliding_window", None)
+        window = attention_window(hf_attn)
         if window:
             windows[index] = int(window)
     return windows
@@ -328,8 +337,9 @@ def probe_condition_tl(bridge_or_model, prefill: PrefillResult, selection: Selec
                        question_ids: torch.Tensor, evidence_mask: torch.Tensor, factors: RotaryFactors | None = None,
                        teacher_token: int | None = None, tokenizer=None, window_mode: str = "condition",
                        shim: bool | None = None) -> ProbedCondition:
-    """Backend (b) of :func:`relaylens.probes.readouts.probe_condition`: the question pass (and optional teacher-forced token)
-    through a TransformerLens bridge, readouts from its hooks. No greedy decoding (``generation.token_ids`` is empty).
+    """Backend (b) of :func:`relaylens.probes.readouts.probe_condition`: the question pass (and optional teacher-forced
+    token) through a TransformerLens bridge, readouts from its hooks. No greedy decoding (``generation.token_ids`` is
+    empty).
 
     Args:
         bridge_or_model: a ``TransformerBridge`` (boot it once with :func:`bridge_model`), or a Hugging Face model,
@@ -346,7 +356,8 @@ def probe_condition_tl(bridge_or_model, prefill: PrefillResult, selection: Selec
     bridge = bridge_or_model if _is_bridge(bridge_or_model) else bridge_model(bridge_or_model, tokenizer)
     factors = factors or getattr(bridge, "relaylens_factors", None)
     if factors is None:
-        raise RelaylensError("pass factors=RotaryFactors.from_model(hf_model) for a bridge not booted by bridge_model()")
+        raise RelaylensError("pass factors=RotaryFactors.from_model(hf_model) for a bridge not booted by "
+                             "bridge_model()")
     question_ids = torch.as_tensor(question_ids, dtype=torch.long).reshape(-1)
     if question_ids.numel() == 0:
         raise RelaylensError("the question has no tokens; render the prompt with a question block")

@@ -14,4 +14,39 @@ In: the tables of a run directory (:func:`relaylens.results.store.load_tables`) 
 
 May import: :mod:`relaylens.errors`, :mod:`relaylens.results`, :mod:`relaylens.scoring` (agreement statistics) and
 :mod:`relaylens.conditions` (labels, bands). Importing this package imports no torch.
+
+Exports the stage contract, each name loaded on first use (importing this package imports no matplotlib either):
+:func:`build` (one registered figure or table by name from a run's tables), :func:`write_figures` (every figure of a
+run into its directory), :func:`render_report` and :func:`write_report` (the HTML report), :func:`show_view` (the
+token view in a notebook), :func:`accuracy_table` and :func:`layer_table` (the summaries figures are drawn from).
+
+Example:
+    >>> from relaylens.reporting import build
+    >>> build.__module__
+    'relaylens.reporting.figures.registry'
 """
+
+import importlib
+
+_HOMES = {
+    "figures": ("build", "write_figures"),
+    "report": ("render_report", "write_report"),
+    "token_view": ("show_view",),
+    "summaries": ("accuracy_table", "layer_table"),
+}
+_EXPORTS = {name: f"{__name__}.{module}" for module, names in _HOMES.items() for name in names}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str):
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # later lookups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

@@ -12,7 +12,8 @@ interval of those means. Pairs whose value is NaN in either condition (judge fai
 Example:
     >>> import pandas as pd
     >>> rows = [dict(record_id=f"r{i}", selector="bm25", budget=0.1, condition=c, metric="f1", cluster_id=None,
-    ...              value=float(i % 2) + (0.2 if c == "relay" else 0.0)) for i in range(40) for c in ("original", "relay")]
+    ...              value=float(i % 2) + (0.2 if c == "relay" else 0.0))
+    ...         for i in range(40) for c in ("original", "relay")]
     >>> res = paired_difference(pd.DataFrame(rows), "f1", n_resamples=2000)
     >>> round(res.mean, 3), res.low <= 0.2 <= res.high, res.n_clusters
     (0.2, True, 40)
@@ -79,7 +80,8 @@ def cluster_bootstrap(values: np.ndarray, clusters: np.ndarray, n_resamples: int
         stats[start:stop] = sums[draw].sum(axis=1) / counts[draw].sum(axis=1)
     alpha = (1 - level) / 2
     low, high = np.quantile(stats, [alpha, 1 - alpha])
-    return BootstrapResult(float(values.mean()), float(low), float(high), int(n_clusters), int(values.size), level=level)
+    return BootstrapResult(float(values.mean()), float(low), float(high), int(n_clusters), int(values.size),
+                           level=level)
 
 
 def missing_cluster(cluster_id: pd.Series) -> pd.Series:

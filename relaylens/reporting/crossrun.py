@@ -22,7 +22,7 @@ Example:
     [['bm25', 0.5, 1.0, 0.5, '+']]
     >>> settings_count(t)  # six records: six clusters, flagged
     '1 of 1 settings improve (1 positive, 0 negative, 0 zero); 1 setting(s) with fewer than 10 clusters (intervals unreliable)'
-"""
+"""  # noqa: E501 - doctest: the expected output stays on one line
 
 from __future__ import annotations
 
@@ -32,6 +32,8 @@ import numpy as np
 import pandas as pd
 
 from relaylens.errors import RelaylensError
+from relaylens.reporting.bootstrap import MIN_CLUSTERS, cluster_bootstrap, few_clusters, missing_cluster, paired_values
+from relaylens.results.store import RunStore, load_tables, manifest_section
 
 __all__ = ["METRIC_NAMES", "choose_metrics", "run_label", "load_runs", "paired_settings_table", "settings_count",
            "SETTING_COLUMNS"]
@@ -79,7 +81,8 @@ def choose_metrics(scores: pd.DataFrame, requested: str | None = None) -> tuple[
     if _has(scores, "choice_accuracy") and not _has(scores, "judge"):
         return ("choice_accuracy",), ""
     judges = ["judge"] if _has(scores, "judge") else sorted(
-        m for m in scores["metric"].unique() if m.startswith("judge_") and not m.endswith("_failed") and _has(scores, m))
+        m for m in scores["metric"].unique() if m.startswith("judge_") and not m.endswith("_failed") and _has(scores,
+                                                                                                              m))
     if judges:  # the run's inline judge, else the first judge added by `relaylens judge`
         if _has(scores, "choice_accuracy"):  # a grid of judged and multiple-choice datasets: each its own metric
             return (judges[0], "choice_accuracy"), ""
@@ -90,8 +93,6 @@ def choose_metrics(scores: pd.DataFrame, requested: str | None = None) -> tuple[
 def run_label(manifest: dict) -> dict[str, str]:
     """``{"model", "dataset"}`` labels of a run from its manifest (file names, not full paths; a dataset loses its
     format and compression suffixes: ``data/lme_qwen_2048.json.gz`` is ``lme_qwen_2048``)."""
-    from relaylens.results.store import manifest_section
-
     model = str(manifest_section(manifest, "model").get("spec") or "?").rstrip("/")
     dataset = manifest_section(manifest, "dataset").get("path") or "?"
     name = Path(str(dataset)).name
@@ -103,8 +104,6 @@ def run_label(manifest: dict) -> dict[str, str]:
 def load_runs(run_dirs) -> tuple[dict[str, pd.DataFrame], list[dict]]:
     """Tables of several run directories, each row labelled with its run's ``model`` and ``dataset`` (record ids
     are prefixed with the label when runs share a record id, so pairs never mix runs); returns ``(tables, labels)``."""
-    from relaylens.results.store import RunStore, load_tables
-
     frames: dict[str, list[pd.DataFrame]] = {}
     labels = []
     for run_dir in run_dirs:
@@ -122,8 +121,6 @@ def load_runs(run_dirs) -> tuple[dict[str, pd.DataFrame], list[dict]]:
         if len(run_dirs) > 1 and "record_id" in df.columns:
             df["record_id"] = df["model"] + "|" + df["dataset"] + "|" + df["record_id"].astype(str)
             if "cluster_id" in df.columns:
-                from relaylens.reporting.bootstrap import missing_cluster
-
                 cid = df["cluster_id"].astype(object)
                 df["cluster_id"] = np.where(missing_cluster(cid), None,
                                             df["model"] + "|" + df["dataset"] + "|" + cid.astype(str))
@@ -139,8 +136,6 @@ def paired_settings_table(scores: pd.DataFrame, metric: str, treatment: str = "r
     ``delta`` = treatment - reference of the printed means) and its 95% cluster-bootstrap interval, the counts,
     ``sign`` (``+``, ``-``, ``0``; ``""`` for a setting without a valid pair) and ``flag`` (a setting with fewer than
     :data:`~relaylens.reporting.bootstrap.MIN_CLUSTERS` clusters, or without a valid pair)."""
-    from relaylens.reporting.bootstrap import cluster_bootstrap, few_clusters, paired_values
-
     by = [c for c in SETTING_COLUMNS if c in scores.columns]
     df = scores[(scores["metric"] == metric) & scores["condition"].isin([treatment, reference])]
     rows = []
@@ -162,8 +157,6 @@ def paired_settings_table(scores: pd.DataFrame, metric: str, treatment: str = "r
 def settings_count(table: pd.DataFrame) -> str:
     """``"N of M settings improve (P positive, Q negative, Z zero)"`` from :func:`paired_settings_table`, over the
     settings with a valid pair (the others are named, not counted), and how many rest on few clusters."""
-    from relaylens.reporting.bootstrap import MIN_CLUSTERS
-
     counted = table[table["sign"] != ""]
     pos, neg = int((counted["sign"] == "+").sum()), int((counted["sign"] == "-").sum())
     zero = int((counted["sign"] == "0").sum())

@@ -1,8 +1,8 @@
 """Shared figure style, byte-stable saving, plotting primitives and the panels several figures share
 (matplotlib Agg + seaborn), torch-free and byte-deterministic. Numbers come from :mod:`relaylens.reporting.summaries`.
 
-Every figure of :mod:`relaylens.reporting.figures` is drawn inside :func:`style` and written by :func:`save_figure`, which
-fixes everything that would otherwise change between runs: PNG/PDF/SVG metadata (no software version, no dates),
+Every figure of :mod:`relaylens.reporting.figures` is drawn inside :func:`style` and written by :func:`save_figure`,
+which fixes everything that would otherwise change between runs: PNG/PDF/SVG metadata (no software version, no dates),
 ``svg.hashsalt`` (ids of clip paths), ``SOURCE_DATE_EPOCH`` (PDF dates) and the font. Running the same figure twice
 gives byte-identical files.
 
@@ -28,10 +28,11 @@ import numpy as np
 import pandas as pd
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
 
-from relaylens.results.atomic import write_atomic
 from relaylens.conditions.bands import bands
 from relaylens.reporting.summaries import band_table, budget_label, condition_family, metric_list
+from relaylens.results.atomic import write_atomic
 
 __all__ = ["style", "save_figure", "figure_png_base64", "condition_color", "shade_bands", "interval_bars",
            "layer_lines", "heatmap", "note_axis", "FORMATS", "BAND_SHADES", "metric_label", "units_note",
@@ -91,7 +92,7 @@ def condition_color(condition: str) -> str:
 
 def rc() -> dict:
     """The shared style: seaborn ``whitegrid`` axes and ``paper`` context, then :data:`RC` on top."""
-    import seaborn as sns
+    import seaborn as sns  # noqa: PLC0415 - import cost: seaborn load on first use
 
     return {**sns.axes_style("whitegrid"), **sns.plotting_context("paper"), **RC}
 
@@ -254,8 +255,6 @@ def condition_bars(ax: Axes, means: pd.DataFrame, metric: str, conditions: list[
 
 def delta_points(ax: Axes, deltas: pd.DataFrame, conditions: list[str], reference: str) -> None:
     """Paired differences vs ``reference`` with intervals, one marker per metric (``summaries.paired_deltas``)."""
-    from matplotlib.lines import Line2D
-
     shapes = ("o", "s", "D", "^", "v")
     order = [c for c in conditions if c in set(deltas["condition"])]
     present = metric_list(deltas)

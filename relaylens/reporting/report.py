@@ -22,32 +22,43 @@ Example:
 from __future__ import annotations
 
 import json
-import math
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pandas as pd
-from markupsafe import Markup, escape
+from markupsafe import Markup
 from matplotlib.figure import Figure
 
 from relaylens.reporting import plots
-from relaylens.results.atomic import write_atomic
 from relaylens.reporting.figures import REGISTRY, build
 from relaylens.reporting.figures.heatmap import HEATMAP_METRIC, evidence_heatmap
 from relaylens.reporting.figures.layer_scope import report_rows
 from relaylens.reporting.figures.paired_settings import table8_lines
-from relaylens.reporting.figures.registry import (FigureError, check_not_empty, cross_run_entries, figure_plan,
-                                                  needs_probes)
+from relaylens.reporting.figures.registry import (
+    FigureError,
+    check_not_empty,
+    cross_run_entries,
+    figure_plan,
+    needs_probes,
+)
 from relaylens.reporting.figures.writer import load_run_tables, skipped_tables, status_rows, warn_not_drawn
-from relaylens.reporting.htmlsafe import clean, defang, finalize, interval, json_script, num, records
+from relaylens.reporting.htmlsafe import clean, finalize, interval, json_script, num, records
 from relaylens.reporting.retention import retention_lines
-from relaylens.reporting.summaries import (REFERENCE, accuracy_scores, accuracy_table, budget_label, condition_order, layer_table,
-                                 metric_list, table_cells)
+from relaylens.reporting.summaries import (
+    REFERENCE,
+    accuracy_scores,
+    accuracy_table,
+    budget_label,
+    condition_order,
+    layer_table,
+    metric_list,
+    table_cells,
+)
+from relaylens.reporting.token_view import view_html
+from relaylens.results.atomic import write_atomic
 from relaylens.results.locks import output_lock
 from relaylens.results.store import manifest_section
 from relaylens.results.tables import get_table
-from relaylens.reporting.token_view import view_html
 from relaylens.results.views import load_views
 
 __all__ = ["render_report", "write_report", "report_context", "TEMPLATE"]
@@ -278,7 +289,7 @@ def report_context(tables: dict, manifest: dict, figure_names: list[str] | None 
 
 
 def _environment():
-    import jinja2
+    import jinja2  # noqa: PLC0415 - import cost: jinja2 load on first use
 
     return jinja2.Environment(loader=jinja2.PackageLoader("relaylens.reporting", "templates"), autoescape=True,
                               finalize=finalize, undefined=jinja2.StrictUndefined, keep_trailing_newline=True)

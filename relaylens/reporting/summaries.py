@@ -20,7 +20,6 @@ import pandas as pd
 
 from relaylens.conditions.bands import band_of
 from relaylens.reporting.bootstrap import cluster_bootstrap, cluster_ids, condition_means
-from relaylens.errors import RelaylensError
 from relaylens.results.tables import SWEEP_SOURCE, get_table
 
 FALLBACK_METRICS = ("contains", "f1")  # read when a run has no judge or choice metric
@@ -70,7 +69,8 @@ def band_table(frame: pd.DataFrame, num_layers: int, keys: list[str], boundaries
     metric's units, ``delta_pp`` = 100 x delta for share metrics (NaN otherwise).
     """
     data = frame.assign(band=frame["layer"].map(band_of(num_layers, boundaries)))
-    per_layer = data.groupby(keys + ["condition", "metric", "band", "layer"], dropna=False)["value"].mean().reset_index()
+    per_layer = data.groupby(keys + ["condition", "metric", "band", "layer"],
+                             dropna=False)["value"].mean().reset_index()
     table = per_layer.groupby(keys + ["condition", "metric", "band"], dropna=False)["value"].mean().reset_index()
     base = table[table["condition"] == reference].drop(columns="condition").rename(columns={"value": "reference_value"})
     table = table.merge(base, on=keys + ["metric", "band"], how="left")
@@ -95,8 +95,8 @@ def metric_list(scores: pd.DataFrame) -> list[str]:
 
 def accuracy_scores(tables: dict, metrics: Sequence[str] | None = None) -> pd.DataFrame:
     """The ``scores`` rows of the metrics the tables report: ``metrics``, else ``tables["metrics"]`` (the
-    ``--metric`` choice, :func:`relaylens.reporting.crossrun.choose_metrics`), else :data:`FALLBACK_METRICS`; empty, with the schema's
-    columns, when none."""
+    ``--metric`` choice, :func:`relaylens.reporting.crossrun.choose_metrics`), else :data:`FALLBACK_METRICS`; empty,
+    with the schema's columns, when none."""
     scores = get_table(tables, "scores")
     chosen = metrics or tables.get("metrics") or FALLBACK_METRICS
     return scores[scores["metric"].isin(chosen)]
@@ -147,7 +147,8 @@ def accuracy_means(scores: pd.DataFrame, by: Sequence[str], metrics: Sequence[st
 def paired_deltas(scores: pd.DataFrame, by: Sequence[str], reference: str = REFERENCE,
                   metrics: Sequence[str] | None = None) -> pd.DataFrame:
     """``condition - reference`` per group of ``by`` and metric, paired by (record, selector, budget) and
-    cluster-bootstrapped with :func:`relaylens.reporting.bootstrap.cluster_bootstrap` (pairs with a NaN side are dropped).
+    cluster-bootstrapped with :func:`relaylens.reporting.bootstrap.cluster_bootstrap` (pairs with a NaN side are
+    dropped).
 
     Same statistic as :func:`relaylens.reporting.bootstrap.paired_difference`, pivoted once instead of once per pair."""
     by = list(by)
@@ -301,8 +302,8 @@ def accuracy_table(tables: dict, by: Sequence[str] = ("selector", "budget")) -> 
 
 
 def run_overview(tables: dict[str, pd.DataFrame], metric: str = "contains") -> pd.DataFrame:
-    """Plain means of ``metric`` and ``f1`` (when scored) per (selector, budget, condition), with the answer-limit rate (the
-    quick summary ``relaylens run`` prints; no intervals)."""
+    """Plain means of ``metric`` and ``f1`` (when scored) per (selector, budget, condition), with the answer-limit rate
+    (the quick summary ``relaylens run`` prints; no intervals)."""
     scores = tables["scores"]
     chosen = scores[scores.metric == metric].groupby(["selector", "budget", "condition"])["value"].mean().rename(metric)
     f1 = scores[scores.metric == "f1"].groupby(["selector", "budget", "condition"])["value"].mean().rename("f1")

@@ -26,7 +26,8 @@ VIEW_CONDITIONS = ("original", "relay")  # shown first, side by side
 
 
 def _layer_options(num_layers: int) -> list[dict]:
-    options = [{"label": f"band: {name} (layers {ls[0]}-{ls[-1]})", "layers": ls} for name, ls in bands(num_layers).items() if ls]
+    options = [{"label": f"band: {name} (layers {ls[0]}-{ls[-1]})", "layers": ls} for name,
+               ls in bands(num_layers).items() if ls]
     return options + [{"label": f"layer {l}", "layers": [l]} for l in range(num_layers)]
 
 
@@ -52,9 +53,11 @@ _SCRIPT = """
   views.forEach(function(v,i){var o=document.createElement('option');o.value=i;
     o.textContent=v.record_id+' / '+v.selector+' @ '+v.budget;unitSel.appendChild(o);});
   function conditions(v){var names=Object.keys(v.attention).sort(),first=['original','relay'];
-    return first.filter(function(c){return names.indexOf(c)>=0;}).concat(names.filter(function(c){return first.indexOf(c)<0;}));}
+    return first.filter(function(c){return names.indexOf(c)>=0;}).concat(names.filter(function(c){return
+    first.indexOf(c)<0;}));}
   function fillLayers(){var v=views[+unitSel.value||0];var keep=layerSel.value;layerSel.innerHTML='';
-    v.options.forEach(function(o,i){var e=document.createElement('option');e.value=i;e.textContent=o.label;layerSel.appendChild(e);});
+    v.options.forEach(function(o,i){var
+    e=document.createElement('option');e.value=i;e.textContent=o.label;layerSel.appendChild(e);});
     if(keep&&+keep<layerSel.options.length)layerSel.value=keep;}
   function render(){
     var v=views[+unitSel.value||0],opt=v.options[+layerSel.value||0],conds=conditions(v);
@@ -72,7 +75,8 @@ _SCRIPT = """
       var box=document.createElement('div');box.className='rl-tv-text';box.setAttribute('data-condition',c);
       for(var i=0;i<n;i++){var s=document.createElement('span');s.textContent=v.tokens[i];
         var cls=kept[i]?'kp':'ev';if(gold[i])cls+=' gd';s.className=cls;
-        if(kept[i]&&scale>0){var t=Math.min(1,Math.sqrt(w[i]/scale));s.style.backgroundColor='rgba(235,110,0,'+(0.9*t).toFixed(3)+')';}
+        if(kept[i]&&scale>0){var
+        t=Math.min(1,Math.sqrt(w[i]/scale));s.style.backgroundColor='rgba(235,110,0,'+(0.9*t).toFixed(3)+')';}
         s.title=i+': '+w[i].toPrecision(3);box.appendChild(s);}
       col.appendChild(box);cols.appendChild(col);
       var first=box.querySelector('.gd');if(first)box.scrollTop=Math.max(0,first.offsetTop-box.offsetTop-60);});
@@ -93,8 +97,8 @@ def view_html(views: list[dict], element_id: str = "relaylens-token-view") -> st
     """
     if not views:
         return ""
-    legend = ('<div class="rl-tv-legend"><span>shading: final question token attention (mean over heads; full colour at the 98th percentile)</span>'
-              '<span style="text-decoration:underline 2px #c0392b">gold evidence</span>'
+    legend = ('<div class="rl-tv-legend"><span>shading: final question token attention (mean over heads; full colour '
+              'at the 98th percentile)</span><span style="text-decoration:underline 2px #c0392b">gold evidence</span>'
               '<span style="outline:1px solid #5b7fb8">retained</span><span style="color:#9a9a9a">evicted</span></div>')
     script = _SCRIPT.replace("ROOT_ID", json.dumps(element_id))
     payload = [dict(v, options=_layer_options(len(v["kept"]))) for v in views]
@@ -107,7 +111,7 @@ def view_html(views: list[dict], element_id: str = "relaylens-token-view") -> st
 
 def show_view(run_dir: str | Path, records: int = 3):
     """Display the token view of a run inline in Jupyter (returns an ``IPython.display.HTML``)."""
-    from IPython.display import HTML
+    from IPython.display import HTML  # noqa: PLC0415 - optional extra: IPython (Jupyter only)
 
     return HTML(view_html(load_views(run_dir, records)))
 

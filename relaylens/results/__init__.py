@@ -13,12 +13,16 @@ In: rows from the runner (and from re-judging). Out: a run directory and the tab
 May import: :mod:`relaylens.errors` and :mod:`relaylens.fileio` (atomic writes, lock files) only; importing this
 package imports no torch.
 
-The former module ``relaylens.results`` is now :mod:`relaylens.results.store`; its names are importable from here.
+Exports the stage contract: :class:`RunStore`, :func:`build_manifest` and :func:`load_tables` (a run directory's
+tables read back). The other names of the former module ``relaylens.results`` (now :mod:`relaylens.results.store`)
+still resolve here, with a warning, until relaylens 0.3.0 (:data:`relaylens.MOVED_NAMES`).
 """
 
-from relaylens.results.store import (FORMAT_VERSION, UNITS, ResultStoreError, RunStore, StoreWriteError, UnitKey,
-                                     build_manifest, file_sha256, load_run, load_tables, manifest_diff, manifest_section,
-                                     prepare_run_dir, source_state)
+from relaylens import moved_name
+from relaylens.results.store import RunStore, build_manifest, load_tables
 
-__all__ = ["FORMAT_VERSION", "UNITS", "ResultStoreError", "RunStore", "StoreWriteError", "UnitKey", "build_manifest",
-           "file_sha256", "load_run", "load_tables", "manifest_diff", "manifest_section", "prepare_run_dir", "source_state"]
+__all__ = ["RunStore", "build_manifest", "load_tables"]
+
+
+def __getattr__(name: str):  # names of the flat module this package replaced, until relaylens.REMOVED_IN
+    return moved_name(__name__, name)

@@ -106,7 +106,8 @@ def failed_passes(passes: dict[str, dict]) -> set[str]:
     """Names of the complete passes whose every verdict failed: their rows stay in the scores table (NaN verdicts,
     every failure counted, so a table built on them shows ``n = 0`` and the failures), and :func:`hidden_passes`
     names them as failed, never as a judge the run lacks."""
-    return {name for name, entry in passes.items() if entry.get("status") == "complete" and _every_verdict_failed(entry)}
+    return {name for name,
+            entry in passes.items() if entry.get("status") == "complete" and _every_verdict_failed(entry)}
 
 
 def _every_verdict_failed(entry: dict) -> bool:

@@ -14,13 +14,22 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import warnings
 from pathlib import Path
 
 import pandas as pd
 
+from relaylens.results.locks import run_lock
 from relaylens.results.passes import pass_metrics, read_passes
-from relaylens.results.store import ResultStoreError, RunStore, UnitKey, manifest_diff, manifest_section
+from relaylens.results.store import (
+    ResultStoreError,
+    RunStore,
+    UnitKey,
+    manifest_diff,
+    manifest_section,
+    prepare_run_dir,
+)
 from relaylens.results.tables import unit_labels
 from relaylens.results.views import view_files, write_view
 
@@ -99,7 +108,8 @@ def plan_progress(manifest: dict, unit_hashes) -> tuple[int, int] | None:
     return None if not want else (len(want & set(unit_hashes)), len(want))
 
 
-def merge_runs(shard_dirs: list[str | Path], out_dir: str | Path, allow_incomplete: bool = False) -> dict[str, pd.DataFrame]:
+def merge_runs(shard_dirs: list[str | Path], out_dir: str | Path, allow_incomplete: bool = False) -> dict[str,
+                                                                                                          pd.DataFrame]:
     """Combine shard run directories into ``out_dir`` and consolidate it. Manifests must agree except ``shard``
     and ``plan``; a unit present in two shards must have identical content.
 
@@ -107,9 +117,6 @@ def merge_runs(shard_dirs: list[str | Path], out_dir: str | Path, allow_incomple
     and, with ``allow_incomplete=False``, cover every shard and hold every unit their plan lists; otherwise the
     merge is refused with the missing shards / units named. ``allow_incomplete=True`` merges anyway, warns, and
     records the missing units under ``manifest["incomplete"]``. Returns the merged tables."""
-    from relaylens.results.locks import run_lock
-    from relaylens.results.store import prepare_run_dir
-
     if not shard_dirs:
         raise ValueError("merge_runs needs at least one shard directory")
     stores = [RunStore.open(d) for d in shard_dirs]
@@ -121,9 +128,9 @@ def merge_runs(shard_dirs: list[str | Path], out_dir: str | Path, allow_incomple
                                    "Fix: merge only shards of one command (same analysis, config, model, data, code)")
     problems = _completeness(stores)
     if problems and not allow_incomplete:
-        raise ResultStoreError(f"merging {len(stores)} directories would give incomplete tables: {'; '.join(problems)}. "
-                               "Fix: finish the missing shards (re-running a shard's command resumes it), or pass "
-                               "--allow-incomplete to merge what is there")
+        raise ResultStoreError(f"merging {len(stores)} directories would give incomplete tables: "
+                               f"{'; '.join(problems)}. Fix: finish the missing shards (re-running a shard's command "
+                               "resumes it), or pass --allow-incomplete to merge what is there")
     if problems:
         warnings.warn(f"merging incomplete shards: {'; '.join(problems)}", stacklevel=2)
     plans = [s.manifest.get("plan") for s in stores]
@@ -237,8 +244,6 @@ def merge_run_dir(run_dir: str | Path, allow_incomplete: bool = False) -> list[P
     Refuses, naming the shard and the fix: no shards, shards of different sweeps (two values of N), a missing shard
     or missing units (unless ``allow_incomplete``), a shard directory holding another shard, and shards of
     different configurations (:func:`merge_runs`)."""
-    import re
-
     run_dir = Path(run_dir)
     found = {}
     for path in sorted((run_dir / SHARDS).glob("*-of-*")):
@@ -256,10 +261,10 @@ def merge_run_dir(run_dir: str | Path, allow_incomplete: bool = False) -> list[P
     count = counts[0]
     missing = sorted(set(range(count)) - {i for i, _ in found.values()})
     if missing and not allow_incomplete:
-        raise ResultStoreError(f"shard(s) {', '.join(f'{i}-of-{count}' for i in missing)} missing in {run_dir / SHARDS}: "
-                               "that process never started, or wrote to storage this machine does not see (the run "
-                               "directory must be on storage every process shares). Fix: run the missing ranks with "
-                               "the same command (finished units are kept), then merge again")
+        raise ResultStoreError(f"shard(s) {', '.join(f'{i}-of-{count}' for i in missing)} missing in "
+                               f"{run_dir / SHARDS}: that process never started, or wrote to storage this machine does "
+                               "not see (the run directory must be on storage every process shares). Fix: run the "
+                               "missing ranks with the same command (finished units are kept), then merge again")
     for path, (index, _) in found.items():
         shard = RunStore.open(path).manifest.get("shard")
         if shard != {"index": index, "count": count}:

@@ -39,16 +39,21 @@ Example:
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import errno
 import gzip
 import hashlib
+import importlib
 import io
 import json
 import math
 import numbers
 import os
+import platform
 import re
 import subprocess
+import warnings
+from importlib import metadata
 from pathlib import Path
 from typing import Any, Callable, NamedTuple
 
@@ -58,8 +63,19 @@ import pandas as pd
 from relaylens.errors import RelaylensError
 from relaylens.results.atomic import fsync_dir, write_atomic
 from relaylens.results.passes import failed_passes, hidden_passes, pass_metrics, read_passes
-from relaylens.results.tables import (BOOL, DTYPES, FLOAT, INT, KEY_COLUMNS, OPT_STR, OPTIONAL_TABLES, SORT_COLUMNS, TABLES,
-                              coerce_table, get_table, sort_table)
+from relaylens.results.tables import (
+    BOOL,
+    DTYPES,
+    FLOAT,
+    INT,
+    OPT_STR,
+    OPTIONAL_TABLES,
+    SORT_COLUMNS,
+    TABLES,
+    coerce_table,
+    get_table,
+    sort_table,
+)
 
 __all__ = ["UnitKey", "RunStore", "ResultStoreError", "StoreWriteError", "build_manifest", "file_sha256",
            "load_tables", "load_run", "manifest_section", "SORT_COLUMNS", "DTYPES"]
@@ -76,7 +92,8 @@ _IGNORED_ON_COMPARE = {"created_at", "merged_from", "forced", "replaced", "datas
 # Settings added after runs existed, compared as the value their absence stands for: a run started before one was
 # recorded resumes (and merges) as the same run when the setting is still its default.
 _ABSENT_MEANS = {"config.run.judge_template": "memory_judge_v1"}
-_OWN_TEMP = re.compile(r"\.tmp-(manifest\.json|consolidated\.json|judges\.json|(" + "|".join(TABLES) + r")\.parquet)-\d+")
+_OWN_TEMP = re.compile(r"\.tmp-(manifest\.json|consolidated\.json|judges\.json|("
+                       + "|".join(TABLES) + r")\.parquet)-\d+")
 _OWN_UNIT_TEMP = re.compile(r"\.tmp-[0-9a-f]{24}\.json\.gz-\d+")
 _OWN_VIEW_TEMP = re.compile(r"\.tmp-[0-9a-f]{24}\.json-\d+|[^/]+\.json\.tmp")  # views/ (and the older temp name)
 _UNIT_NAME = re.compile(r"[0-9a-f]{24}\.json\.gz")
@@ -117,9 +134,6 @@ def file_sha256(path: str | Path, chunk: int = 1 << 20) -> str:
 
 
 def _versions() -> dict[str, str | None]:
-    import platform
-    from importlib import metadata
-
     out: dict[str, str | None] = {"python": platform.python_version()}
     for name in ("relaylens", "torch", "transformers", "accelerate", "numpy", "pandas", "pyarrow"):
         try:
@@ -155,8 +169,6 @@ def source_state() -> dict:
     >>> len(s["source_sha256"]), set(s) == {"source_sha256", "commit", "dirty", "diff_sha256"}
     (64, True)
     """
-    import importlib
-
     pkg = Path(__file__).resolve().parents[1]  # the relaylens package
     # the analyses: relaylens.analyses only (relaylens/analyses/); never a top-level `analyses` import
     roots = [pkg] + [Path(p).resolve() for p in importlib.import_module("relaylens.analyses").__path__]
@@ -190,8 +202,6 @@ def build_manifest(analysis: str, config: dict, model_spec: str | None = None, w
     >>> m["model"], m["dataset"], m["shard"]
     ({'spec': 'smollm2-135m-instruct', 'weights_hash': 'ab12'}, None, None)
     """
-    import datetime
-
     dataset = None
     if dataset_path is not None:
         dataset = {"path": str(dataset_path), "sha256": file_sha256(dataset_path)}
@@ -237,10 +247,10 @@ def _refuse_repinned(run_dir: Path, old: dict, new: dict, has_units: bool) -> No
     if changed and has_units:
         first = changed[0]
         raise ResultStoreError(f"run directory {run_dir}: condition {first} now reads another learned geometry (sha256 "
-                               f"{str(before[first].get('sha256'))[:12]} -> {str(after[first].get('sha256'))[:12]}) than "
-                               "the one its committed units used; continuing would mix two geometries under one label, "
-                               "so not even --force continues. Fix: restore that learned_geometry.json, or write the new "
-                               "geometry's run to a new --out")
+                               f"{str(before[first].get('sha256'))[:12]} -> {str(after[first].get('sha256'))[:12]}) "
+                               "than the one its committed units used; continuing would mix two geometries under one "
+                               "label, so not even --force continues. Fix: restore that learned_geometry.json, or "
+                               "write the new geometry's run to a new --out")
 
 
 def _flatten(d: Any, prefix: str = "") -> dict[str, Any]:
@@ -258,7 +268,8 @@ def manifest_diff(a: dict, b: dict, ignore: set[str] = frozenset()) -> list[str]
     skip = _IGNORED_ON_COMPARE | set(ignore)
     absent = {k: _ABSENT_MEANS.get(k, "<absent>") for k in set(fa) | set(fb)}
     return sorted(k for k in absent
-                  if fa.get(k, absent[k]) != fb.get(k, absent[k]) and not any(k == s or k.startswith(s + ".") for s in skip))
+                  if fa.get(k, absent[k]) != fb.get(k, absent[k])
+                  and not any(k == s or k.startswith(s + ".") for s in skip))
 
 
 # ------------------------------------------------------------------------------------------------ atomic write
@@ -371,20 +382,24 @@ class RunStore:
             diff = manifest_diff(old, manifest)
             _refuse_repinned(run_dir, old, manifest, bool(store.unit_paths()))
             if diff and not store.unit_paths():
-                manifest = {**manifest, "replaced": old.get("replaced", []) + [{"keys": diff, "at": manifest.get("created_at")}]}
+                manifest = {**manifest,
+                            "replaced": old.get("replaced", []) + [{"keys": diff, "at": manifest.get("created_at")}]}
                 store.manifest = manifest
             elif diff and not force:
-                shown = ", ".join(f"{k}: {_flatten(old).get(k, '<absent>')!r} -> {_flatten(manifest).get(k, '<absent>')!r}"
+                shown = ", ".join(f"{k}: {_flatten(old).get(k, '<absent>')!r} -> "
+                                  f"{_flatten(manifest).get(k, '<absent>')!r}"
                                   for k in diff[:8])
-                raise ResultStoreError(f"run directory {run_dir} was started with a different manifest; differing keys: "
-                                       f"{shown}{' ...' if len(diff) > 8 else ''}. Fix: re-run with the original settings, "
-                                       "choose a new --out, or pass --force to continue with the new settings")
+                raise ResultStoreError(f"run directory {run_dir} was started with a different manifest; differing "
+                                       f"keys: {shown}{' ...' if len(diff) > 8 else ''}. Fix: re-run with the original "
+                                       "settings, choose a new --out, or pass --force to continue with the new "
+                                       "settings")
             elif not diff:
                 store.manifest = old
                 store._clean_temp()
                 return store
             else:
-                manifest = {**manifest, "forced": old.get("forced", []) + [{"keys": diff, "at": manifest.get("created_at")}]}
+                manifest = {**manifest,
+                            "forced": old.get("forced", []) + [{"keys": diff, "at": manifest.get("created_at")}]}
                 store.manifest = manifest
         store._clean_temp()
         _atomic_write(path, _dumps(manifest, indent=2), run_dir, writer)
@@ -434,7 +449,8 @@ class RunStore:
         doc = {"unit": list(key), "sha256": checksum, "tables": tables}
         if replace:
             self.invalidate()  # rewritten in place: same name, so the marker's unit list would not tell
-        _atomic_write(self.unit_path(key), gzip.compress(_dumps(doc), compresslevel=6, mtime=0), self.run_dir, self.writer)
+        _atomic_write(self.unit_path(key), gzip.compress(_dumps(doc), compresslevel=6, mtime=0), self.run_dir,
+                      self.writer)
 
     def copy_unit(self, path: Path) -> None:
         """Commit a unit file of another run directory into this one, byte for byte (atomically)."""
@@ -467,7 +483,8 @@ class RunStore:
         except (OSError, EOFError, ValueError, KeyError, TypeError) as exc:
             raise ResultStoreError(f"corrupt unit file {path}: {type(exc).__name__}: {exc}. Fix: {fix}") from None
         if hashlib.sha256(payload).hexdigest() != doc.get("sha256") or f"{key.hash}.json.gz" != path.name:
-            raise ResultStoreError(f"corrupt unit file {path}: checksum or unit key does not match its content. Fix: {fix}")
+            raise ResultStoreError(f"corrupt unit file {path}: checksum or unit key does not match its content. Fix: "
+                                   f"{fix}")
         for name in OPTIONAL_TABLES:
             tables.setdefault(name, {c: [] for c in TABLES[name]})
         for name, cols in TABLES.items():
@@ -536,7 +553,7 @@ def prepare_run_dir(run_dir: Path) -> None:
     A directory is accepted when it is new, empty, or a relaylens run (its ``manifest.json`` written by relaylens);
     an existing directory without a manifest may hold only what relaylens itself leaves there (an empty
     ``units/``, the lock file, relaylens temp files, the ``shards/`` of ``--shard auto`` and ``sweep``)."""
-    from relaylens.results.locks import LOCK_NAME
+    from relaylens.results.locks import LOCK_NAME  # noqa: PLC0415 - import cycle: relaylens.results.locks imports this module
 
     run_dir = Path(run_dir)
     if run_dir.exists() and not run_dir.is_dir():
@@ -549,14 +566,16 @@ def prepare_run_dir(run_dir: Path) -> None:
             foreign = []
             for p in sorted(run_dir.iterdir()):
                 if p.name == UNITS and p.is_dir() and not p.is_symlink():
-                    foreign += [f"{UNITS}/{q.name}" for q in sorted(p.iterdir()) if not _OWN_UNIT_TEMP.fullmatch(q.name)]
-                elif p.name not in (LOCK_NAME, "shards") and not _OWN_TEMP.fullmatch(p.name):  # shards/: --shard auto, sweep
+                    foreign += [f"{UNITS}/{q.name}" for q in sorted(p.iterdir())
+                                if not _OWN_UNIT_TEMP.fullmatch(q.name)]
+                elif p.name not in (LOCK_NAME,
+                                    "shards") and not _OWN_TEMP.fullmatch(p.name):  # shards/: --shard auto, sweep
                     foreign.append(p.name)
             if foreign:
                 shown = ", ".join(foreign[:5]) + (f" and {len(foreign) - 5} more" if len(foreign) > 5 else "")
-                raise ResultStoreError(f"{run_dir} is not empty and is not a relaylens run directory (no manifest.json; "
-                                       f"it holds {shown}); relaylens will not write into it. Fix: choose a new or "
-                                       "empty --out directory")
+                raise ResultStoreError(f"{run_dir} is not empty and is not a relaylens run directory (no "
+                                       f"manifest.json; it holds {shown}); relaylens will not write into it. Fix: "
+                                       "choose a new or empty --out directory")
     try:
         (run_dir / UNITS).mkdir(parents=True, exist_ok=True)
     except OSError as exc:
@@ -651,8 +670,6 @@ def _exported_tables(run_dir: Path) -> tuple[dict[str, pd.DataFrame], dict[str, 
 def load_run(run_dir: str | Path) -> tuple[dict[str, pd.DataFrame], dict[str, str]]:
     """``(tables, hidden)``: the run's tables (:func:`load_tables`) and ``{judge pass: why its scores are not
     shown}`` (:mod:`relaylens.results.passes`)."""
-    import warnings
-
     store = RunStore.open(run_dir)
     run_dir = store.run_dir
     units = [p.stem for p in store.unit_paths()]

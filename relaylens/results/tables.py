@@ -7,17 +7,14 @@ conditions of one (record, selector, budget) share one prefill and one selection
 
 | column | type | meaning |
 |---|---|---|
-| record_id, selector, budget, condition | str, str, float, str | the key (``budget``: retention ratio, or states when > 1) |
-| question_type, is_abstention, cluster_id | str, bool, str | from the record (cluster: bootstrap unit) |
-| prompt_mode | str | ``chat`` / ``completion`` |
-| answer | str | decoded greedy answer |
-| stop_reason, hit_limit | str, bool | ``eos`` / ``newline`` / ``limit``; whether ``max_new_tokens`` cut the answer |
-| new_tokens | int | generated tokens |
-| history_length, max_count, mean_count | int, int, float | ``L``, ``M``, mean kept states per (layer, kv_head) |
-| question_start | int | first question position under the condition |
-| gold_units_total, gold_units_kept | int, int | gold units of the record, and those with at least one retained token |
-| references | str | JSON list of reference answers |
-| elapsed_s | float | question pass + decoding of this row (a batch's wall time split evenly over its rows) |
+| record_id, selector, budget, condition | str, str, float, str | the key (``budget``: retention ratio, or states when >
+1) | | question_type, is_abstention, cluster_id | str, bool, str | from the record (cluster: bootstrap unit) | |
+prompt_mode | str | ``chat`` / ``completion`` | | answer | str | decoded greedy answer | | stop_reason, hit_limit | str,
+bool | ``eos`` / ``newline`` / ``limit``; whether ``max_new_tokens`` cut the answer | | new_tokens | int | generated
+tokens | | history_length, max_count, mean_count | int, int, float | ``L``, ``M``, mean kept states per (layer, kv_head)
+| | question_start | int | first question position under the condition | | gold_units_total, gold_units_kept | int, int
+| gold units of the record, and those with at least one retained token | | references | str | JSON list of reference
+answers | | elapsed_s | float | question pass + decoding of this row (a batch's wall time split evenly over its rows) |
 | prefill_s, selection_s | float | the record's history prefill, and this unit's selection (shared by its conditions) |
 | batch_rows | int | rows decoded together with this one (``--batch-rows``; 1: sequential, complete-request timing) |
 
@@ -37,9 +34,9 @@ condition, probe_point, source, layer, head, metric, value``; ``probe_point`` is
 ``relay@layers=l`` and ``relay@layers=0-l``; their ``first_answer_logprob`` scores sit in ``scores``, and they have
 no ``answers`` rows).
 With ``sensitivity`` the forward readouts add ``positional_sensitivity_b`` and ``positional_sensitivity_s`` at
-``question_final`` (their ``head`` column holds the **kv head**). With ``attribution`` (the ``evidence_reading`` analysis) the forward readouts add ``evidence_grad_x_input``,
-``history_grad_x_input``, ``evidence_grad_x_input_share``, ``evidence_logit_contribution`` and
-``history_logit_contribution`` (:mod:`relaylens.probes.attribution`).
+``question_final`` (their ``head`` column holds the **kv head**). With ``attribution`` (the ``evidence_reading``
+analysis) the forward readouts add ``evidence_grad_x_input``, ``history_grad_x_input``, ``evidence_grad_x_input_share``,
+``evidence_logit_contribution`` and ``history_logit_contribution`` (:mod:`relaylens.probes.attribution`).
 
 ``skipped`` — one row per (record, selector, budget) unit that was not run: columns ``record_id, selector, budget,
 reason, history_length, detail``; ``reason`` is ``too_long`` (history over ``--max-history-tokens``, or positions a
@@ -174,7 +171,8 @@ EXAMPLE_REPLAY = ("original", "half_gap", "relay", "compaction(0)", "compaction(
                   "compaction(0.75)", "compaction(1)")
 
 
-def example_tables(records: int = 6, selectors: Sequence[str] = ("bm25", "snapkv"), budgets: Sequence[float] = (0.1, 0.2),
+def example_tables(records: int = 6, selectors: Sequence[str] = ("bm25", "snapkv"),
+                   budgets: Sequence[float] = (0.1, 0.2),
                    conditions: Sequence[str] = EXAMPLE_CONDITIONS, replay: Sequence[str] = EXAMPLE_REPLAY,
                    layers: int = 6, heads: int = 2, probes: bool = True, teacher: bool = True,
                    seed: int = 0) -> dict[str, pd.DataFrame]:

@@ -16,13 +16,17 @@ In: a record (:mod:`relaylens.datasets.records`) and an answer. Out: metric valu
 May import: :mod:`relaylens.errors` only; importing this package imports no torch (a local judge model is built by
 the caller and passed in as a backend).
 
-The former module ``relaylens.scoring`` is now :mod:`relaylens.scoring.metrics`; its names are importable from here.
+Exports the stage contract: :func:`score_answer` and :func:`normalize_answer` (what the datasets stage uses to refuse
+a reference that normalises to nothing). The other names of the former module ``relaylens.scoring`` (now
+:mod:`relaylens.scoring.metrics`) still resolve here, with a warning, until relaylens 0.3.0
+(:data:`relaylens.MOVED_NAMES`).
 """
 
-from relaylens.scoring.metrics import (METRICS, contains, exact_match, extract_choice_personamem, f1,
-                                       infinitebench_choice_correct, infinitebench_dialogue_correct, is_abstention,
-                                       normalize_answer, personamem_choice_correct, score_answer)
+from relaylens import moved_name
+from relaylens.scoring.metrics import normalize_answer, score_answer
 
-__all__ = ["METRICS", "contains", "exact_match", "extract_choice_personamem", "f1", "infinitebench_choice_correct",
-           "infinitebench_dialogue_correct", "is_abstention", "normalize_answer", "personamem_choice_correct",
-           "score_answer"]
+__all__ = ["normalize_answer", "score_answer"]
+
+
+def __getattr__(name: str):  # names of the flat module this package replaced, until relaylens.REMOVED_IN
+    return moved_name(__name__, name)

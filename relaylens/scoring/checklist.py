@@ -21,7 +21,8 @@ settings), so re-running costs nothing. :class:`StubChecklistBackend` is a deter
 CPU demos (``--judge-model stub``): it is not a quality measure.
 
 Example:
-    >>> items = ({"text": "a", "weight": 3.0, "aspect": "factuality"}, {"text": "b", "weight": 1.0, "aspect": "coverage"})
+    >>> items = ({"text": "a", "weight": 3.0, "aspect": "factuality"},
+    ...          {"text": "b", "weight": 1.0, "aspect": "coverage"})
     >>> checklist_metrics([1.0, 0.5], items)
     {'quality': 0.875, 'factuality': 1.0, 'coverage': 0.5}
     >>> parse_reply('[{"checklist_id": 1, "evaluation_score": 0.5}, {"checklist_id": 0, "evaluation_score": "1"}]', 2)
@@ -39,9 +40,10 @@ from pathlib import Path
 from typing import Any
 
 from relaylens.errors import RelaylensError
-from relaylens.scoring.judge import strip_code_fence
+from relaylens.scoring.judge import JudgeCache, strip_code_fence
 
-__all__ = ["TEMPLATE_VERSION", "CHECKLIST_MAX_TOKENS", "CHECKLIST_METRICS", "METRICS", "ChecklistReplyError", "build_payload",
+__all__ = ["TEMPLATE_VERSION", "CHECKLIST_MAX_TOKENS", "CHECKLIST_METRICS", "METRICS", "ChecklistReplyError",
+           "build_payload",
            "user_message", "parse_reply", "checklist_metrics", "ChecklistVerdict", "ChecklistJudge",
            "StubChecklistBackend", "RoutedJudge", "is_checklist_record"]
 
@@ -78,7 +80,8 @@ def build_payload(record: Any, candidate: str) -> dict:
     source = record.sessions[0].turns[0].content
     instruction = meta.get("prompt_head", "") + source + meta.get("prompt_tail", "")
     questions = [{"checklist_id": i, "checklist_content": item["text"]} for i, item in enumerate(meta["checklist"])]
-    return {"instruction": instruction, "response": "" if candidate is None else str(candidate), "checklists": questions}
+    return {"instruction": instruction, "response": "" if candidate is None else str(candidate),
+            "checklists": questions}
 
 
 def user_message(payload: dict) -> str:
@@ -115,7 +118,8 @@ def parse_reply(text: str, count: int) -> list[float]:
         if isinstance(cid, str) and cid.strip().isdigit():
             cid = int(cid)
         if isinstance(cid, bool) or not isinstance(cid, int) or not 0 <= cid < count or cid in scores:
-            raise ChecklistReplyError(f"reply has a missing, repeated or unknown checklist_id {cid!r} (ids 0..{count - 1})")
+            raise ChecklistReplyError(f"reply has a missing, repeated or unknown checklist_id {cid!r} (ids "
+                                      f"0..{count - 1})")
         try:
             number = float(value) if not isinstance(value, bool) else math.nan
         except (TypeError, ValueError):
@@ -172,8 +176,6 @@ class ChecklistJudge:
     stats: dict = field(default_factory=lambda: {"calls": 0, "cache_hits": 0, "failures": 0})
 
     def __post_init__(self):
-        from relaylens.scoring.judge import JudgeCache
-
         self.cache = JudgeCache(self.cache_path) if self.cache_path is not None else None
 
     def judge(self, record: Any, candidate: str) -> ChecklistVerdict:
@@ -219,8 +221,8 @@ class StubChecklistBackend:
 
 @dataclass(frozen=True)
 class NoVerdict:
-    """The verdict shape (``raw``, ``key``, ``cached``, ``error``, ``failed``, ``scores()``) for a record no judge of the
-    run covers: it adds no scores."""
+    """The verdict shape (``raw``, ``key``, ``cached``, ``error``, ``failed``, ``scores()``) for a record no judge of
+    the run covers: it adds no scores."""
 
     raw: str = ""
     key: str = ""

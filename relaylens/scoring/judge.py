@@ -36,12 +36,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from relaylens.datasets.prompting import encode_data_text
 from relaylens.errors import RelaylensError
 from relaylens.scoring import transport
 from relaylens.scoring.metrics import record_field, record_references
 
 __all__ = ["TEMPLATE_VERSION", "SYSTEM_PROMPT", "RUBRIC", "MAX_NEW_TOKENS", "build_payload", "user_message",
-           "cache_key", "strip_code_fence", "parse_verdict", "Verdict", "JudgeCache", "Judge", "OpenAIBackend", "HFBackend",
+           "cache_key", "strip_code_fence", "parse_verdict", "Verdict", "JudgeCache", "Judge", "OpenAIBackend",
+           "HFBackend",
            "JudgeBackendError", "redact_url", "chat_completions_url", "DEADLINE_S", "MAX_REPLY_BYTES"]
 
 TEMPLATE_VERSION = "memory_judge_v1"
@@ -77,7 +79,8 @@ def build_payload(record: Any, candidate: str) -> dict:
         refs = [refs]
     return {"question": record_field(record, "question", ""), "references": [str(r) for r in (refs or [])],
             "candidate": "" if candidate is None else str(candidate),
-            "question_type": record_field(record, "question_type"), "question_date": record_field(record, "question_date")}
+            "question_type": record_field(record, "question_type"),
+            "question_date": record_field(record, "question_date")}
 
 
 def user_message(payload: dict) -> str:
@@ -257,7 +260,8 @@ class Judge:
         if correct is None:
             if not cached:
                 self.stats["failures"] += 1
-            return Verdict(None, raw, key, cached, error=f"verdict is not a JSON object with a boolean 'correct': {raw[:80]!r}")
+            return Verdict(None, raw, key, cached,
+                           error=f"verdict is not a JSON object with a boolean 'correct': {raw[:80]!r}")
         return Verdict(correct, raw, key, cached)
 
 
@@ -315,9 +319,9 @@ class OpenAIBackend:
         if api_key_env is not None:
             self.api_key = os.environ.get(api_key_env)
             if not self.api_key:
-                raise JudgeBackendError(f"judge API key variable {api_key_env} is not set. Fix: export {api_key_env}=... "
-                                        "or, for an endpoint without authentication, leave the key out (api_key_env="
-                                        "None; on the command line: no --judge-key-env)")
+                raise JudgeBackendError(f"judge API key variable {api_key_env} is not set. Fix: export "
+                                        f"{api_key_env}=... or, for an endpoint without authentication, leave the key "
+                                        "out (api_key_env=None; on the command line: no --judge-key-env)")
         self._basic = None
         if any(self._userinfo) and not self.api_key:  # urllib cannot send userinfo: a Basic Authorization header
             self._basic = base64.b64encode(":".join(self._userinfo).encode()).decode()
@@ -326,7 +330,8 @@ class OpenAIBackend:
         """The reply's ``choices[0].message.content`` with every secret replaced by ``***`` (an endpoint may echo
         the key: nothing it sends reaches a cache, a failure list or the terminal unredacted)."""
         request = {"model": self.model, "temperature": 0, "max_tokens": self.max_tokens,
-                   "messages": [{"role": "system", "content": system}] * bool(system) + [{"role": "user", "content": user}]}
+                   "messages": [{"role": "system", "content": system}] * bool(system) + [{"role": "user",
+                                                                                          "content": user}]}
         if self.reasoning_effort is not None:
             request["reasoning_effort"] = self.reasoning_effort
         body = json.dumps(request).encode("utf-8")
@@ -373,11 +378,11 @@ class OpenAIBackend:
                 content = json.loads(data)["choices"][0]["message"]["content"] or ""
             except (ValueError, KeyError, IndexError, TypeError):
                 shown = self._redact(data.decode("utf-8", "replace"))[:200]
-                raise JudgeBackendError(f"judge endpoint {self.shown_url} did not answer in the chat-completions format "
-                                        f"(choices[0].message.content): {shown!r}") from None
+                raise JudgeBackendError(f"judge endpoint {self.shown_url} did not answer in the chat-completions "
+                                        f"format (choices[0].message.content): {shown!r}") from None
             return self._redact(content if isinstance(content, str) else json.dumps(content))  # not text: a failure
-        raise JudgeBackendError(f"judge endpoint failed after {tried} attempt{'s' if tried != 1 else ''}; last: {last}. "
-                                "Fix: check that the server is up, or raise timeout/retries/deadline")
+        raise JudgeBackendError(f"judge endpoint failed after {tried} attempt{'s' if tried != 1 else ''}; last: "
+                                f"{last}. Fix: check that the server is up, or raise timeout/retries/deadline")
 
     def _redact(self, text: str) -> str:
         """``text`` with the API key and the URL's secrets (password, its Basic token, query values) replaced by
@@ -420,7 +425,7 @@ class HFBackend:
         """A judge from a Hugging Face directory or hub id, loaded with ``trust_remote_code=False``: a judge model
         that needs custom code (an ``auto_map`` in its config or tokenizer config) is refused with one line before
         its weights load, never run. ``kwargs`` go to the model's ``from_pretrained``."""
-        from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+        from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer  # noqa: PLC0415 - torch-free room
 
         if kwargs.pop("trust_remote_code", False):
             raise JudgeBackendError(_custom_code(path, "trust_remote_code=True was passed"))
@@ -438,7 +443,7 @@ class HFBackend:
         return cls(model, tok, model_id=path)
 
     def complete(self, system: str, user: str) -> str:
-        import torch
+        import torch  # noqa: PLC0415 - torch-free room
 
         device = next(self.model.parameters()).device
         input_ids = torch.tensor([self.prompt_ids(system, user)], device=device)
@@ -455,15 +460,14 @@ class HFBackend:
         (:func:`relaylens.datasets.prompting.encode_data_text`, as for the model under study), so no candidate can
         close the user turn or forge a verdict; only the template's own markers are control tokens. Text without
         such strings tokenises exactly as ``apply_chat_template`` would."""
-        from relaylens.datasets.prompting import encode_data_text
-
         text, start = self._render(system, user)
         return encode_data_text(self.tokenizer, text, start, start + len(user))[0]
 
     def _render(self, system: str, user: str) -> tuple[str, int]:
         """``(prompt text, where the user message starts in it)``: the template is rendered around a placeholder,
         so the message's own text can never change what the template emits."""
-        extra = {} if self.reasoning_effort is None else {"reasoning_effort": self.reasoning_effort}  # gpt-oss templates
+        # gpt-oss templates
+        extra = {} if self.reasoning_effort is None else {"reasoning_effort": self.reasoning_effort}
 
         def render(messages: list[dict]) -> str:
             return self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False,

@@ -109,9 +109,9 @@ def check_template(name: str) -> str:
     'longmemeval'
     """
     if name not in TEMPLATES:
-        raise RelaylensError(f"unknown judge template {shown(repr(name))}; expected one of {', '.join(TEMPLATES)}. Fix: "
-                             "--judge-template memory_judge_v1 (the paper's judge, the default) or --judge-template "
-                             "longmemeval (LongMemEval's own per-type yes/no prompts)")
+        raise RelaylensError(f"unknown judge template {shown(repr(name))}; expected one of {', '.join(TEMPLATES)}. "
+                             "Fix: --judge-template memory_judge_v1 (the paper's judge, the default) or "
+                             "--judge-template longmemeval (LongMemEval's own per-type yes/no prompts)")
     return name
 
 
@@ -217,7 +217,8 @@ class LongMemEvalVerdict:
 
     def scores(self) -> dict[str, float]:
         """``{metric: 1/0 (NaN on failure), metric_failed: 1/0}``."""
-        return {self.metric: math.nan if self.failed else float(self.correct), f"{self.metric}_failed": float(self.failed)}
+        return {self.metric: math.nan if self.failed else float(self.correct),
+                f"{self.metric}_failed": float(self.failed)}
 
 
 class LongMemEvalCache(JudgeCache):

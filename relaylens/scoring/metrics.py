@@ -145,11 +145,14 @@ def contains(answer: str, references: Sequence[str] | str, numbers: bool = True)
 
 
 _ABSTAIN_PATTERNS = [
-    r"\bnot (?:been |ever )?(?:mentioned|specified|provided|stated|discussed|shared|included|given|available|recorded)\b",
-    r"\b(?:never|did ?n[o']?t|didnt|have ?n[o']?t|haven't|has ?n[o']?t) (?:ever )?(?:mention|specif|provid|stat|discuss|shar|tell|told|say|said)",
+    r"\bnot (?:been |ever "
+    r")?(?:mentioned|specified|provided|stated|discussed|shared|included|given|available|recorded)\b",
+    r"\b(?:never|did ?n[o']?t|didnt|have ?n[o']?t|haven't|has ?n[o']?t) (?:ever "
+    r")?(?:mention|specif|provid|stat|discuss|shar|tell|told|say|said)",
     r"\bno (?:information|info|mention|record|details?|data|evidence|indication|reference)\b",
     r"\b(?:not|n't) (?:enough|sufficient|any) (?:information|info|details?|context|data)\b",
-    r"\b(?:cannot|can ?not|can't|cant|unable to|not able to|impossible to) (?:answer|determine|tell|say|know|find|provide|confirm|recall|identify)\b",
+    r"\b(?:cannot|can ?not|can't|cant|unable to|not able to|impossible to) "
+    r"(?:answer|determine|tell|say|know|find|provide|confirm|recall|identify)\b",
     r"\bi (?:do ?n[o']?t|don't|dont) (?:know|have (?:any |that |this |the )?(?:information|info|details?|record))\b",
     r"\b(?:information|info|details?) (?:is|are) (?:not |un)available\b",
     r"\b(?:unanswerable|not answerable)\b",
@@ -197,7 +200,8 @@ def personamem_choice_correct(answer: str, correct: str) -> bool:
 def infinitebench_choice_correct(answer: str, option_text: str, letter: str) -> bool:
     """InfiniteBench En.MC (``longbook_choice_eng``), the rule of upstream ``compute_scores.py`` step for step.
 
-    >>> infinitebench_choice_correct("B. The dog", "The dog", "B"), infinitebench_choice_correct("So the answer is: B", "x", "B")
+    >>> (infinitebench_choice_correct("B. The dog", "The dog", "B"),
+    ...  infinitebench_choice_correct("So the answer is: B", "x", "B"))
     (True, True)
     >>> infinitebench_choice_correct("The CD was in the drawer, so B", "x", "B")  # "CD" is a piece of "ABCD": scan ends
     False

@@ -3,19 +3,22 @@
 Each selector is a small frozen dataclass of hyperparameters (defaults documented on the class). Only BM25 and
 FINCH read ``prompt`` (BM25 the question text; FINCH the question tokens, run once over the full cache by
 :meth:`Selector.prepare`); the attention-based selectors read the prefill's window queries (SnapKV, PyramidKV,
-AdaKV, ChunkKV, CaM, Scissorhands) or its captured column sums (H2O, see :func:`relaylens.model.attention_stats.capture_column_sums`). The
-specification is ``reference/selectors.md``.
+AdaKV, ChunkKV, CaM, Scissorhands) or its captured column sums (H2O, see
+:func:`relaylens.model.attention_stats.capture_column_sums`). The specification is ``reference/selectors.md``.
 
 Owns: one file per selector (``bm25.py``, ``snapkv.py``, ...; the shared scoring in ``base.py``), the
 :data:`REGISTRY` and :func:`make_selector`, :mod:`~relaylens.selectors.protection` (instruction and template
 states kept outside the budget), and :mod:`~relaylens.selectors.kvpress_adapter` (every kvpress scorer press as the
-selector ``kvpress:<PressName>``; its arguments' ranges in :mod:`~relaylens.selectors.kvpress_ranges`). In: a :class:`~relaylens.model.prefill.PrefillResult`, the rendered prompt and a
-budget. Out: a sorted :class:`~relaylens.geometry.selection.Selection` (per-state scores, replacement values for
-merging selectors).
+selector ``kvpress:<PressName>``; its arguments' ranges in :mod:`~relaylens.selectors.kvpress_ranges`). In: a
+:class:`~relaylens.model.prefill.PrefillResult`, the rendered prompt and a budget. Out: a sorted
+:class:`~relaylens.geometry.selection.Selection` (per-state scores, replacement values for merging selectors).
 
 May import: :mod:`relaylens.errors`, :mod:`relaylens.datasets`, :mod:`relaylens.model`, :mod:`relaylens.geometry`;
 never conditions, generation or probes (one declared exception: FINCH's question pass, see
 :mod:`~relaylens.selectors.finch`).
+
+Writing a selector of your own takes :class:`Selector`, :class:`Budget` and :func:`resolve_budget` (a budget as a
+kept count); :func:`random_prefill` is a synthetic prefill to try one on without a model.
 
 Example:
     >>> from relaylens.selectors.synthetic import random_prefill
@@ -24,7 +27,7 @@ Example:
     [[24, 24], [24, 24]]
     >>> sorted(REGISTRY)
     ['adakv', 'bm25', 'cam', 'chunkkv', 'finch', 'full', 'h2o', 'pyramidkv', 'random', 'scissorhands', 'snapkv', 'streaming']
-"""
+"""  # noqa: E501 - doctest: the expected output stays on one line
 
 from __future__ import annotations
 
@@ -32,7 +35,7 @@ import dataclasses
 
 from relaylens.errors import RelaylensError
 from relaylens.selectors.adakv import AdaKV
-from relaylens.selectors.base import Budget, Selector, WindowScore
+from relaylens.selectors.base import Budget, Selector, WindowScore, resolve_budget
 from relaylens.selectors.bm25 import BM25
 from relaylens.selectors.cam import CaM
 from relaylens.selectors.chunkkv import ChunkKV
@@ -45,6 +48,7 @@ from relaylens.selectors.random_selector import RandomSelector
 from relaylens.selectors.scissorhands import Scissorhands
 from relaylens.selectors.snapkv import SnapKV
 from relaylens.selectors.streaming import StreamingLLM
+from relaylens.selectors.synthetic import random_prefill
 
 REGISTRY: dict[str, type[Selector]] = {
     "bm25": BM25,
@@ -104,6 +108,8 @@ __all__ = [
     "PressError",
     "Budget",
     "Selector",
+    "resolve_budget",
+    "random_prefill",
     "WindowScore",
     "BM25",
     "SnapKV",

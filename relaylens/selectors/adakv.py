@@ -12,8 +12,8 @@ from typing import ClassVar
 import torch
 
 from relaylens.errors import RelaylensError
-from relaylens.model.prefill import PrefillResult
 from relaylens.geometry.selection import Selection
+from relaylens.model.prefill import PrefillResult
 from relaylens.selectors.base import (
     Budget,
     WindowSelector,

@@ -1,6 +1,7 @@
 """Shared pieces of every selector: the budget, input checks, the SnapKV window score, GQA reduction, pooling, top-k.
 
-Axes: ``layer``, ``kv_head``, ``q_head``, ``group``, ``pos``, ``prefix``, ``window``, ``head_dim`` (:mod:`relaylens.geometry`).
+Axes: ``layer``, ``kv_head``, ``q_head``, ``group``, ``pos``, ``prefix``, ``window``, ``head_dim``
+(:mod:`relaylens.geometry`).
 
 Conventions (``reference/selectors.md`` §0-§1):
 
@@ -28,8 +29,8 @@ import torch
 import torch.nn.functional as F
 
 from relaylens.errors import BudgetError, RelaylensError, ShapeError, TooShortError
-from relaylens.model.prefill import PrefillResult
 from relaylens.geometry.selection import Selection
+from relaylens.model.prefill import PrefillResult
 
 GQA_REDUCTIONS = ("mean", "max", "sum")
 POOLINGS = ("max", "avg", "none")
@@ -56,9 +57,11 @@ class Budget:
         if self.ratio is None and self.states is None:
             object.__setattr__(self, "ratio", 0.10)
         if self.ratio is not None and self.states is not None:
-            raise BudgetError(f"give a budget as ratio or as states, not both; got ratio={self.ratio}, states={self.states}")
+            raise BudgetError(f"give a budget as ratio or as states, not both; got ratio={self.ratio}, "
+                              f"states={self.states}")
         if self.ratio is not None:
-            if isinstance(self.ratio, bool) or not isinstance(self.ratio, (int, float)) or not math.isfinite(self.ratio):
+            if isinstance(self.ratio, bool) or not isinstance(self.ratio,
+                                                              (int, float)) or not math.isfinite(self.ratio):
                 raise BudgetError(f"budget ratio must be a number in (0, 1]; got {self.ratio!r}")
             if not 0.0 < float(self.ratio) <= 1.0:
                 raise BudgetError(
@@ -141,8 +144,8 @@ class Selector:
 
     def protected_request(self, source_budget: int, protected: int) -> int:
         """States to ask :meth:`select` for when ``protected`` instruction/template states are kept outside a
-        ``source_budget`` (:func:`relaylens.selectors.protection.select_protected`): ``source_budget + protected``, so that
-        the selector's own ranking picks the source states; a selector that never keeps a protected state returns
+        ``source_budget`` (:func:`relaylens.selectors.protection.select_protected`): ``source_budget + protected``, so
+        that the selector's own ranking picks the source states; a selector that never keeps a protected state returns
         ``source_budget``."""
         return source_budget + protected
 
@@ -159,7 +162,8 @@ def _field_types(cls: type) -> dict[str, tuple[type, ...]]:
     out = {}
     for f in dataclasses.fields(cls):
         hint = hints.get(f.name)
-        allowed = typing.get_args(hint) if isinstance(hint, types.UnionType) or typing.get_origin(hint) is typing.Union \
+        allowed = typing.get_args(hint) if isinstance(hint,
+                                                      types.UnionType) or typing.get_origin(hint) is typing.Union \
             else (hint,)
         if all(t in _PLAIN or t is type(None) for t in allowed):
             out[f.name] = tuple(allowed)
@@ -176,7 +180,7 @@ def check_hyperparameters(selector: Selector) -> None:
     Traceback (most recent call last):
     ...
     relaylens.errors.RelaylensError: selector 'random': seed=1.5 must be a whole number (a float arrived). Fix: e.g. random:seed=0
-    """
+    """  # noqa: E501 - doctest: an exception message is matched on one line
     for name, allowed in _field_types(type(selector)).items():
         value = getattr(selector, name)
         if value is None and type(None) in allowed:
@@ -216,7 +220,8 @@ def check_choice(name: str, value, choices) -> None:
 def check_kernel(kernel_size: int, pooling: str) -> None:
     check_choice("pooling", pooling, POOLINGS)
     if pooling != "none" and (not isinstance(kernel_size, int) or kernel_size < 1 or kernel_size % 2 == 0):
-        raise RelaylensError(f"kernel_size must be a positive odd int (stride-1 pooling keeps length); got {kernel_size!r}")
+        raise RelaylensError("kernel_size must be a positive odd int (stride-1 pooling keeps length); got "
+                             f"{kernel_size!r}")
 
 
 def resolve_budget(budget: Budget | float | int | str, history_length: int, window: int = 0, what: str = "") -> int:
@@ -258,7 +263,8 @@ def window_fill(prefix_scores: torch.Tensor) -> torch.Tensor:
 
 
 def selection_from_keep(
-    keep: list[list[torch.Tensor]], scores: list[list[torch.Tensor]], history_length: int, info: dict | None = None, values=None
+    keep: list[list[torch.Tensor]], scores: list[list[torch.Tensor]], history_length: int, info: dict | None = None,
+    values=None
 ) -> Selection:
     """Pad ragged ``keep[layer][kv_head]`` (sorted long) and matching scores into a :class:`Selection`."""
     keep = [[t.detach().cpu() for t in layer] for layer in keep]
@@ -324,7 +330,8 @@ def window_attention_sums(prefill: PrefillResult, layer: int, window: int) -> to
     ``s_q(j) = sum_{i in window} a_q[i, j]`` as ``[kv_head, group, L]`` float32 (window columns included).
     """
     if prefill.window_queries is None:
-        raise ShapeError("this selector needs the window queries of the prefill; run the prefill with window capture on")
+        raise ShapeError("this selector needs the window queries of the prefill; run the prefill with window "
+                         "capture on")
     queries = prefill.window_queries[layer]  # [q_head, w_captured, head_dim]
     keys = prefill.keys[layer]  # [kv_head, L, head_dim]
     length = keys.shape[1]

@@ -15,12 +15,12 @@ from typing import ClassVar
 
 import torch
 
+from relaylens.datasets.spans import RenderedPrompt, Span
 from relaylens.errors import BudgetError, RecordError, RelaylensError, ShapeError
-from relaylens.model.prefill import PrefillResult
 from relaylens.geometry.selection import Selection
+from relaylens.model.prefill import PrefillResult
 from relaylens.selectors.base import Budget, Selector, resolve_budget
 from relaylens.selectors.streaming import uniform_selection
-from relaylens.datasets.spans import RenderedPrompt, Span
 
 GRANULARITIES = ("session", "turn")
 PACKINGS = ("first_fit", "truncate")
@@ -41,7 +41,7 @@ def bm25_scores(query: str, documents: list[str], k1: float = 1.5, b: float = 0.
         >>> bm25_scores("my dog", ["my dog is Biscuit", "cats are nice", "dog dog walk"]).gt(0).tolist()
         [True, False, True]
     """
-    import bm25s
+    import bm25s  # noqa: PLC0415 - import cost: bm25s load on first use
 
     corpus = [word_tokens(d) for d in documents]
     query_tokens = word_tokens(query)
@@ -120,14 +120,16 @@ class BM25(Selector):
         if self.granularity == "turn":
             return [u.text if u.role == "user" else "" for u in units]
         if not prompt.turns:
-            raise RecordError(f"record {prompt.record_id}: indexed_text='user' needs turn spans, but the prompt has none")
+            raise RecordError(f"record {prompt.record_id}: indexed_text='user' needs turn spans, but the prompt has "
+                              "none")
         user = {}
         for t in prompt.turns:
             if t.role == "user":
                 user.setdefault(t.session_id, []).append(t.text)
         return ["\n".join(user.get(u.session_id, [])) for u in units]
 
-    def select(self, prefill: PrefillResult, prompt: RenderedPrompt | None = None, budget: Budget | float | int | str = 0.10) -> Selection:
+    def select(self, prefill: PrefillResult, prompt: RenderedPrompt | None = None,
+               budget: Budget | float | int | str = 0.10) -> Selection:
         if prompt is None:
             raise RecordError("BM25 needs the rendered prompt (its unit spans and question); got prompt=None")
         length = prefill.history_length
@@ -136,18 +138,20 @@ class BM25(Selector):
         units = prompt.units(self.granularity)
         if not units:
             raise RecordError(
-                f"record {prompt.record_id} has no {self.granularity} spans; use the granularity the prompt was rendered "
-                f"with (sessions: {len(prompt.sessions)}, turns: {len(prompt.turns)})"
+                f"record {prompt.record_id} has no {self.granularity} spans; use the granularity the prompt was "
+                f"rendered with (sessions: {len(prompt.sessions)}, turns: {len(prompt.turns)})"
             )
         for u in units:
             if not 0 <= u.start < u.end <= length:
-                raise ShapeError(f"record {prompt.record_id}: {u.kind} {u.index} span [{u.start}, {u.end}) is outside [0, {length})")
+                raise ShapeError(f"record {prompt.record_id}: {u.kind} {u.index} span [{u.start}, {u.end}) is outside "
+                                 f"[0, {length})")
         k = resolve_budget(budget, length)
         scores = bm25_scores(prompt.question, self.unit_texts(prompt, units), self.k1, self.b)  # [n_units]
         prefix = min(u.start for u in units) if self.keep_prefix else 0
         capacity = k - prefix
         if capacity < 0:
-            raise BudgetError(f"BM25 budget K={k} is smaller than the force-kept {prefix}-token prefix; raise the budget")
+            raise BudgetError(f"BM25 budget K={k} is smaller than the force-kept {prefix}-token prefix; raise the "
+                              "budget")
         order = sorted(range(len(units)), key=lambda i: (-float(scores[i]), -units[i].start))  # score, then recency
         chosen, used, partial = [], 0, []
         for i in order:
@@ -169,8 +173,8 @@ class BM25(Selector):
                 )
             shortest = min(u.length for u in units)
             raise BudgetError(
-                f"BM25 budget K={k} tokens fits no whole {self.granularity} (the shortest has {shortest} tokens); raise "
-                "the budget or use turn granularity"
+                f"BM25 budget K={k} tokens fits no whole {self.granularity} (the shortest has {shortest} tokens); "
+                "raise the budget or use turn granularity"
             )
         state_scores = torch.full((length,), float("nan"))
         if prefix:

@@ -13,9 +13,17 @@ from typing import ClassVar
 import torch
 
 from relaylens.errors import RelaylensError
-from relaylens.model.prefill import PrefillResult
 from relaylens.geometry.selection import Selection
-from relaylens.selectors.base import Budget, WindowSelector, check_seed, reduce_gqa, resolve_budget, selection_with_window, top_positions
+from relaylens.model.prefill import PrefillResult
+from relaylens.selectors.base import (
+    Budget,
+    WindowSelector,
+    check_seed,
+    reduce_gqa,
+    resolve_budget,
+    selection_with_window,
+    top_positions,
+)
 from relaylens.selectors.h2o import column_sums_of
 
 ATTENTION_SOURCES = ("window", "column_sums")

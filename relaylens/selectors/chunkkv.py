@@ -12,8 +12,8 @@ from typing import ClassVar
 import torch
 
 from relaylens.errors import RelaylensError
-from relaylens.model.prefill import PrefillResult
 from relaylens.geometry.selection import Selection
+from relaylens.model.prefill import PrefillResult
 from relaylens.selectors.base import Budget, WindowSelector, resolve_budget, selection_from_keep
 
 
@@ -28,7 +28,8 @@ def chunk_scores(token_scores: torch.Tensor, chunk_size: int) -> torch.Tensor:
     n = token_scores.numel()
     ids = torch.arange(n, device=token_scores.device) // chunk_size  # [prefix] chunk of each position
     n_chunks = -(-n // chunk_size)
-    sums = torch.zeros(n_chunks, dtype=torch.float64, device=token_scores.device).index_add_(0, ids, token_scores.double())
+    sums = torch.zeros(n_chunks, dtype=torch.float64, device=token_scores.device).index_add_(0, ids,
+                                                                                             token_scores.double())
     sizes = torch.bincount(ids, minlength=n_chunks).double()
     return (sums / sizes).float()
 
@@ -102,5 +103,6 @@ class ChunkKV(WindowSelector):
             keep.append([layer_keep] * prefill.num_kv_heads)
             scores.append([layer_scores] * prefill.num_kv_heads)
             sources.append(source)
-        info = {"selector": self.name, "budget": k, "window": w, "chunk_size": self.chunk_size, "index_source_layer": sources}
+        info = {"selector": self.name, "budget": k, "window": w, "chunk_size": self.chunk_size,
+                "index_source_layer": sources}
         return selection_from_keep(keep, scores, length, info)

@@ -26,7 +26,8 @@ What FINCH does here, for a history of ``L`` tokens and a question of ``Q`` toke
    generated token at ``K+Q``. That is the ``rank_sync`` condition; with equal counts it coincides with ``relay``
    (``M - m + i = i`` when ``m = M``). :attr:`Finch.coordinates` names it and ``Selection.info`` reports it.
 
-Axes: ``layer``, ``kv_head``, ``q_head``, ``pos`` (:mod:`relaylens.geometry`); ``row`` is one question token's attention row.
+Axes: ``layer``, ``kv_head``, ``q_head``, ``pos`` (:mod:`relaylens.geometry`); ``row`` is one question token's attention
+row.
 """
 
 from __future__ import annotations
@@ -37,8 +38,8 @@ from typing import ClassVar
 import torch
 
 from relaylens.errors import RelaylensError, ShapeError
-from relaylens.model.prefill import PrefillResult
 from relaylens.geometry.selection import Selection
+from relaylens.model.prefill import PrefillResult
 from relaylens.selectors.base import (
     GQA_REDUCTIONS,
     Budget,
@@ -68,7 +69,7 @@ def question_attention(model, prefill: PrefillResult, question_ids: torch.Tensor
     """Run the question once at ``L .. L+Q-1`` over the full cache (the ``original`` condition of a keep-everything
     selection, through the same attention function as every question pass) and average the question tokens'
     softmax rows over the history keys, read from an attention observer."""
-    from relaylens.generation.single import run_condition
+    from relaylens.generation.single import run_condition  # noqa: PLC0415 - import cost: huggingface_hub, jinja2, safetensors, scipy, transformers load on first use
 
     length = prefill.history_length
     question_ids = torch.as_tensor(question_ids, dtype=torch.long).reshape(-1)
@@ -82,10 +83,12 @@ def question_attention(model, prefill: PrefillResult, question_ids: torch.Tensor
         weighted[layer] = (rows * weights.to(rows.device)[None, :, None]).mean(1).cpu()  # [q_head, L]
 
     full = Selection.full(length, prefill.num_layers, prefill.num_kv_heads)
-    run_condition(model, prefill, full, "original", question_ids, max_new_tokens=0, factors=factors, observers=[observe])
+    run_condition(model, prefill, full, "original", question_ids, max_new_tokens=0, factors=factors,
+                  observers=[observe])
     if sorted(plain) != list(range(prefill.num_layers)):
         raise ShapeError(f"the question pass reported attention for layers {sorted(plain)} of {prefill.num_layers}")
-    return QuestionAttention([plain[l] for l in range(prefill.num_layers)], [weighted[l] for l in range(prefill.num_layers)])
+    return QuestionAttention([plain[l] for l in range(prefill.num_layers)],
+                             [weighted[l] for l in range(prefill.num_layers)])
 
 
 def chunk_quotas(history_length: int, chunk_size: int | None, budget: int) -> list[tuple[int, int, int]]:
@@ -168,7 +171,8 @@ class Finch(Selector):
         k = resolve_budget(budget, length)
         scores = self.scores(prefill)  # [layer, kv_head, L]
         quotas = chunk_quotas(length, self.chunk_size, k)
-        kept = torch.cat([a + top_positions(scores[..., a:b], kc) for a, b, kc in quotas], dim=-1)  # [layer, kv_head, K]
+        kept = torch.cat([a + top_positions(scores[..., a:b], kc) for a, b, kc in quotas],
+                         dim=-1)  # [layer, kv_head, K]
         keep = [list(layer) for layer in kept]
         kept_scores = [[scores[l, h][p] for h, p in enumerate(layer)] for l, layer in enumerate(keep)]
         info = {"selector": self.name, "budget": k, "chunk_size": self.chunk_size, "chunks": len(quotas),

@@ -7,8 +7,8 @@ from typing import ClassVar
 
 import torch
 
-from relaylens.model.prefill import PrefillResult
 from relaylens.geometry.selection import Selection
+from relaylens.model.prefill import PrefillResult
 from relaylens.selectors.base import Budget, Selector
 from relaylens.selectors.streaming import uniform_selection
 
@@ -27,7 +27,8 @@ class FullKV(Selector):
 
     name: ClassVar[str] = "full"
 
-    def select(self, prefill: PrefillResult, prompt=None, budget: Budget | float | int | str | None = None) -> Selection:
+    def select(self, prefill: PrefillResult, prompt=None,
+               budget: Budget | float | int | str | None = None) -> Selection:
         if budget is not None:
             Budget.coerce(budget)  # a malformed budget is still an error
         length = prefill.history_length

@@ -14,8 +14,8 @@ from typing import ClassVar
 import torch
 
 from relaylens.errors import BudgetError, RelaylensError, ShapeError
-from relaylens.model.prefill import PrefillResult
 from relaylens.geometry.selection import Selection
+from relaylens.model.prefill import PrefillResult
 from relaylens.selectors.base import (
     GQA_REDUCTIONS,
     Budget,
@@ -43,7 +43,8 @@ def column_sums_of(prefill: PrefillResult) -> list[torch.Tensor]:
         raise ShapeError(f"{len(sums)} layers of column sums for a {prefill.num_layers}-layer prefill")
     for l, s in enumerate(sums):
         if tuple(s.shape) != (q_heads, length):
-            raise ShapeError(f"layer {l}: column sums must be [{q_heads}, {length}] ([q_head, L]); got {tuple(s.shape)}")
+            raise ShapeError(f"layer {l}: column sums must be [{q_heads}, {length}] ([q_head, L]); "
+                             f"got {tuple(s.shape)}")
     return sums
 
 
@@ -112,7 +113,8 @@ class H2O(Selector):
         length = prefill.history_length
         k = resolve_budget(budget, length)
         r = self.recent(k)
-        scores = pool_scores(self.scores(prefill)[..., : length - r], self.kernel_size, self.pooling)  # [layer, kv_head, L-R]
+        scores = pool_scores(self.scores(prefill)[..., : length - r], self.kernel_size,
+                             self.pooling)  # [layer, kv_head, L-R]
         keep = top_positions(scores, k - r)  # [layer, kv_head, K-R]
         info = {"selector": self.name, "budget": k, "recent": r, "heavy": k - r}
         return selection_with_window([list(layer) for layer in keep], scores, length, r, info)

@@ -7,8 +7,8 @@ and the hook's keyword arguments; :func:`relaylens.model.press_inputs.press_laye
 ``ScorerPress.compress`` keeps, and returns a sorted :class:`~relaylens.geometry.selection.Selection`, so every
 condition, probe and table works unchanged. Only the press classes are used: kvpress's pipeline, hooks and cache
 surgery never run in relaylens, which is why kvpress's ``transformers<5.3`` pin does not apply (install it with
-``pip install --no-deps kvpress==0.5.5``; see the README). ``tests/selectors/test_kvpress_equality.py`` checks the
-kept states against kvpress's own pipeline in an environment with kvpress's pinned dependencies.
+``pip install --no-deps kvpress==0.5.5``; see the README). ``tests/selectors/test_kvpress_adapter_equality.py``
+checks the kept states against kvpress's own pipeline in an environment with kvpress's pinned dependencies.
 
 Budget (kvpress's compression-ratio semantics): at a ratio budget ``ρ`` the press runs with
 ``compression_ratio = 1 - ρ`` and every (layer, kv head) keeps kvpress's ``compute_n_kept(L, 1 - ρ)`` states, i.e.
@@ -46,6 +46,7 @@ import torch
 
 from relaylens.errors import TooShortError
 from relaylens.geometry.selection import Selection
+from relaylens.model.hf import preserved_attention_functions
 from relaylens.model.prefill import PrefillResult
 from relaylens.selectors.base import Budget, Selector
 from relaylens.selectors.kvpress_pass import PressError, PressScorer, memo_key, score_presses
@@ -142,11 +143,9 @@ def canonical_name(name: str) -> str:
 def import_kvpress(what: str = "kvpress"):
     """The ``kvpress`` module, imported without its global attention-function patch (kvpress wraps every attention
     kernel at import for AdaKV's decode-time masking; relaylens only uses press classes, so the patch is undone)."""
-    from relaylens.model.hf import preserved_attention_functions
-
     try:
         with preserved_attention_functions():
-            import kvpress
+            import kvpress  # noqa: PLC0415 - optional/platform: imported inside try/except ImportError
     except ImportError as err:
         raise PressError(f"{what} needs the kvpress package, which cannot be imported ({err}). Fix: {INSTALL_HINT} "
                          "(kvpress pins transformers<5.3, so install it without its dependencies)") from err

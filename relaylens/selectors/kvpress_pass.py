@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from relaylens.errors import BudgetError, RelaylensError, TooShortError
+from relaylens.model.press_inputs import press_layer_pass
 
 if TYPE_CHECKING:
     from relaylens.model.prefill import PrefillResult
@@ -119,8 +120,6 @@ def score_presses(requests: Iterable[tuple[object, float, int]], prefill: Prefil
 
 def run_scorers(scorers: Iterable[PressScorer], prefill: PrefillResult) -> int:
     """Run built scorers in one pass per kernel and store each result in its press's memo; returns the passes run."""
-    from relaylens.model.press_inputs import press_layer_pass
-
     todo: dict[tuple, PressScorer] = {}
     for scorer in scorers:
         key = memo_key(prefill, scorer.ratio, scorer.kept)

@@ -1,9 +1,9 @@
 """Protected spans: instruction and chat-template tokens that every selector keeps, outside the budget.
 
 The rule (the paper's summarization setting, ``--protect-instructions``): history tokens outside every *source unit*
-(the session spans of :class:`~relaylens.datasets.spans.RenderedPrompt`: the document of a summarization item, the sessions of
-a memory record) are *protected*: the task instruction, the chat template's head, and the separators between units
-(:meth:`RenderedPrompt.protected_mask`). The budget ratio applies to the ``n_src = L - P`` source tokens only:
+(the session spans of :class:`~relaylens.datasets.spans.RenderedPrompt`: the document of a summarization item, the
+sessions of a memory record) are *protected*: the task instruction, the chat template's head, and the separators between
+units (:meth:`RenderedPrompt.protected_mask`). The budget ratio applies to the ``n_src = L - P`` source tokens only:
 ``K_src = floor(ratio * n_src)`` (an absolute budget ``B`` gives ``min(B, n_src)``), and every head keeps all ``P``
 protected states on top.
 
@@ -77,7 +77,8 @@ def framing_mask(prompt, cell: str) -> torch.Tensor:
     >>> from relaylens.datasets.prompting import render_prompt
     >>> from relaylens.testing import tiny_tokenizer
     >>> p = render_prompt(load_records(bundled_sample_path())[0], tiny_tokenizer(), mode="completion")
-    >>> [int(framing_mask(p, c).sum()) for c in ("none", "sink4")], bool((framing_mask(p, "framing") == p.protected_mask()).all())
+    >>> ([int(framing_mask(p, c).sum()) for c in ("none", "sink4")],
+    ...  bool((framing_mask(p, "framing") == p.protected_mask()).all()))
     ([0, 4], True)
     """
     length = prompt.history_length

@@ -13,8 +13,8 @@ from typing import ClassVar
 import torch
 
 from relaylens.errors import BudgetError, RelaylensError
-from relaylens.model.prefill import PrefillResult
 from relaylens.geometry.selection import Selection
+from relaylens.model.prefill import PrefillResult
 from relaylens.selectors.base import (
     Budget,
     WindowSelector,
@@ -52,8 +52,9 @@ def pyramid_schedule(prefix_budget: int, prefix_length: int, num_layers: int, be
     rounded = largest_remainder(caps, total)  # the linear schedule's mean is B, so the float total is already N*B
     if int(rounded.sum()) != total or bool((rounded < 0).any()) or bool((rounded > prefix_length).any()):
         raise BudgetError(
-            f"PyramidKV schedule infeasible: per-layer prefix budgets {rounded.tolist()} must lie in [0, {prefix_length}] "
-            f"and sum to {total}; relaylens does not fall back to SnapKV silently — change the budget or beta"
+            f"PyramidKV schedule infeasible: per-layer prefix budgets {rounded.tolist()} must lie in [0, "
+            f"{prefix_length}] and sum to {total}; relaylens does not fall back to SnapKV silently — change the budget "
+            "or beta"
         )
     return rounded
 
@@ -95,5 +96,6 @@ class PyramidKV(WindowSelector):
         caps = pyramid_schedule(k - self.window, length - self.window, n, self.beta)  # [layer]
         scores = self.scorer.scores(prefill)  # [layer, kv_head, L-w]
         prefix_keep = [list(top_positions(scores[l], int(caps[l]))) for l in range(n)]
-        info = {"selector": self.name, "budget": k, "window": self.window, "layer_counts": (caps + self.window).tolist()}
+        info = {"selector": self.name, "budget": k, "window": self.window,
+                "layer_counts": (caps + self.window).tolist()}
         return selection_with_window(prefix_keep, scores, length, self.window, info)

@@ -7,8 +7,8 @@ from typing import ClassVar
 
 import torch
 
-from relaylens.model.prefill import PrefillResult
 from relaylens.geometry.selection import Selection
+from relaylens.model.prefill import PrefillResult
 from relaylens.selectors.base import Budget, Selector, check_seed, resolve_budget, top_positions
 from relaylens.selectors.streaming import uniform_selection
 

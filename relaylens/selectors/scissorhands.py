@@ -7,8 +7,8 @@ window of the last ``n`` history queries plays the role of the decode-time histo
 query ``i`` when its attention reaches the uniform level ``1 / t_i`` (``t_i = i + 1`` keys visible), importance is
 the fraction of observations in which a state is pivotal, and the last ``r`` tokens are protected.
 
-Axes: ``layer``, ``kv_head``, ``group``, ``pos`` (:mod:`relaylens.geometry`); ``row`` is the attention row of one query of the
-history window.
+Axes: ``layer``, ``kv_head``, ``group``, ``pos`` (:mod:`relaylens.geometry`); ``row`` is the attention row of one query
+of the history window.
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ from typing import ClassVar
 import torch
 
 from relaylens.errors import BudgetError, RelaylensError, ShapeError
-from relaylens.model.prefill import PrefillResult
 from relaylens.geometry.selection import Selection
+from relaylens.model.prefill import PrefillResult
 from relaylens.selectors.base import Budget, Selector, resolve_budget, selection_with_window
 
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from relaylens.model.prefill import PrefillResult
 from relaylens.geometry.selection import Selection
+from relaylens.model.prefill import PrefillResult
 from relaylens.selectors.base import Budget, WindowSelector, resolve_budget, selection_with_window, top_positions
 
 

@@ -13,8 +13,8 @@ from typing import ClassVar
 import torch
 
 from relaylens.errors import BudgetError, RelaylensError
-from relaylens.model.prefill import PrefillResult
 from relaylens.geometry.selection import Selection
+from relaylens.model.prefill import PrefillResult
 from relaylens.selectors.base import Budget, Selector, resolve_budget
 
 
@@ -46,7 +46,8 @@ class StreamingLLM(Selector):
         length = prefill.history_length
         k = resolve_budget(budget, length)
         if k < self.n_sink:
-            raise BudgetError(f"StreamingLLM budget K={k} is smaller than its {self.n_sink} sink tokens; raise the budget")
+            raise BudgetError(f"StreamingLLM budget K={k} is smaller than its {self.n_sink} sink tokens; raise the "
+                              "budget")
         keep = torch.cat([torch.arange(self.n_sink), torch.arange(length - (k - self.n_sink), length)])  # [K]
         return uniform_selection(keep, prefill, (keep + 1).float() / length, {"selector": self.name, "budget": k})
 
@@ -55,4 +56,5 @@ def uniform_selection(keep: torch.Tensor, prefill: PrefillResult, scores: torch.
     """The same kept positions ``[m]`` (sorted) and scores ``[m]`` for every (layer, kv head)."""
     shape = (prefill.num_layers, prefill.num_kv_heads, keep.numel())
     positions = keep.long().expand(shape).clone()
-    return Selection(positions, torch.ones(shape, dtype=torch.bool), prefill.history_length, scores.float().expand(shape).clone(), info=info)
+    return Selection(positions, torch.ones(shape, dtype=torch.bool), prefill.history_length,
+                     scores.float().expand(shape).clone(), info=info)

@@ -1,4 +1,5 @@
-"""Real-model tier of test_attribution.py: The differentiable path and evidence attribution, against finite differences and independent forward passes."""
+"""Real-model tier of test_attribution.py: the differentiable path and evidence attribution, against finite
+differences and independent forward passes."""
 
 from __future__ import annotations
 

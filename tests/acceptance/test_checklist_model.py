@@ -1,4 +1,5 @@
-"""Real-model tier of test_checklist.py: HelloEval-style checklist judging: the weighted score against a hand computation, malformed replies as recorded"""
+"""Real-model tier of test_checklist.py: HelloEval-style checklist judging: the weighted score against a hand
+computation, malformed replies as recorded."""
 
 from __future__ import annotations
 
@@ -35,7 +36,8 @@ def test_cli_paper_preset_with_the_stub_judge_and_the_report(tmp_path):
     cli("run", "summarization", "--preset", "paper", "--limit", "2", "--max-new-tokens", "3", "--model", model_dir,
         "--data", data, "--out", out, "--judge-model", "stub")
     spec = json.loads((out / "manifest.json").read_text())["config"]["spec"]
-    assert spec["protect_instructions"] is True and spec["max_new_tokens"] == 3 and spec["selectors"] == ["snapkv", "full"]
+    assert spec["protect_instructions"] is True and spec["max_new_tokens"] == 3
+    assert spec["selectors"] == ["snapkv", "full"]
     cli("report", out)
     html = (out / "report.html").read_text()
     assert "Table 10: summarization" in html and "Table 11: summarization per source category" in html

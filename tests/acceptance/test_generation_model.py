@@ -47,7 +47,8 @@ def test_keep_all_relay_equals_original_and_a_real_selection_moves_the_answer_lo
     relay = run_condition(model, prefill, full, "relay", question, max_new_tokens=0, factors=factors)
     original = run_condition(model, prefill, full, "original", question, max_new_tokens=0, factors=factors)
     assert float((relay.last_logits - original.last_logits).abs().max()) <= 1e-4
-    sparse = Selection.from_lists([[list(range(0, 1000, 9))] * prefill.num_kv_heads] * prefill.num_layers, prefill.history_length)
+    sparse = Selection.from_lists([[list(range(0, 1000, 9))] * prefill.num_kv_heads] * prefill.num_layers,
+                                  prefill.history_length)
     sparse_original = run_condition(model, prefill, sparse, "original", question, max_new_tokens=0, factors=factors)
     sparse_relay = run_condition(model, prefill, sparse, "relay", question, max_new_tokens=0, factors=factors)
     assert float((sparse_relay.last_logits - sparse_original.last_logits).abs().max()) > 1e-2

@@ -22,7 +22,8 @@ def unit(smollm2):
     record = [r for r in load_records(resolve_data("sample")) if r.answers and not r.is_abstention][3]
     prompt = render_prompt(record, tokenizer, mode="completion")
     pre = prefill_history(model, prompt.history_ids, window_size=32)
-    return model, pre, make_selector("bm25").select(pre, prompt, 0.1), prompt, answer_tokens(tokenizer, record, "completion")
+    return (model, pre, make_selector("bm25").select(pre, prompt, 0.1), prompt,
+            answer_tokens(tokenizer, record, "completion"))
 
 
 @pytest.mark.slow
@@ -70,7 +71,8 @@ def test_sensitivity_agrees_with_exact_shifts_on_smollm2(unit, condition):
             keys = torch.where(sel.valid, base.key_positions.double() + 0.5, -1.0)
             keys[r.layer, r.head] -= delta * sel.valid[r.layer, r.head]
             with torch.no_grad():
-                values.append(float(answer_log_probs(model, compact, sel, Coordinates("s", keys, base.question_start + 0.5),
+                values.append(float(answer_log_probs(model, compact, sel,
+                                                     Coordinates("s", keys, base.question_start + 0.5),
                                                      prompt.question_ids, torch.tensor([target]))[0]))
         slope = (values[1] - values[0]) / 0.1
         assert abs(slope - r.value) <= 0.05 * abs(r.value), (condition, r.layer, r.head, r.value, slope)

@@ -1,4 +1,5 @@
-"""Real-model tier of test_models.py: Model loading: spec resolution and errors, the pull machinery (offline, with fake wheels), fingerprints, and the"""
+"""Real-model tier of test_loading.py: model loading: spec resolution and errors, the pull machinery (offline, with
+fake wheels), fingerprints."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""Real-model tier of test_prefill.py: History prefill on tiny random models (every rope variant) and on the embedded SmolLM2 (``-m model``)."""
+"""Real-model tier of test_prefill.py: history prefill on tiny random models (every rope variant) and on the
+embedded SmolLM2 (``-m model``)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""Real-model tier of test_probes_tl.py: TransformerLens backend (b) against the default backend (a): same readouts; the cache= shim's effect and scope."""
+"""Real-model tier of test_transformer_lens.py: TransformerLens backend (b) against the default backend (a): same
+readouts; the cache= shim's effect and scope."""
 
 from __future__ import annotations
 

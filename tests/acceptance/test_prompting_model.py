@@ -1,10 +1,11 @@
-"""Real-model tier of test_prompting.py: Prompt rendering: exact joint tokenisation, unit spans over the right tokens, no gold leaks, both modes."""
+"""Real-model tier of test_prompting.py: prompt rendering: exact joint tokenisation, unit spans over the right
+tokens, no gold leaks, both modes."""
 
 from __future__ import annotations
 
 import pytest
 import torch
-from support.prompting_shared import MODES, tok  # noqa: F401 - shared with the model tier
+from support.prompting_shared import MODES, tok_fixture  # noqa: F401 - pytest fixture (named tok)
 
 from relaylens.datasets import load_records
 from relaylens.datasets.prompting import (

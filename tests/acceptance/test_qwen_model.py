@@ -77,7 +77,7 @@ def test_prompt_mode_auto_picks_chat_for_qwen(tmp_path):
     assert history.startswith("<|im_start|>system\n") and INSTRUCTION in history
     assert tok.decode(prompt.question_ids.tolist()).endswith("<|im_start|>assistant\n")
     model = tiny_model("qwen2", vocab_size=len(tok))  # Qwen's vocabulary, random weights
-    spec = load_analysis("full_kv").SPEC.replace(prompt_mode="auto", max_new_tokens=2)
+    spec = load_analysis("full_kv").spec.replace(prompt_mode="auto", max_new_tokens=2)
     out = run_analysis(spec, RunConfig(model="tiny-qwen", limit=1, out=str(tmp_path / "run")), progress=False,
                        model_and_tokenizer=(model, tok))
     import pandas as pd

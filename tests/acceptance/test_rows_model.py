@@ -1,4 +1,5 @@
-"""Batched rows on the real embedded SmolLM2: a record's selectors x conditions decode to the same tokens as one by one."""
+"""Batched rows on the real embedded SmolLM2: a record's selectors x conditions decode to the same tokens as one by
+one."""
 
 from __future__ import annotations
 
@@ -53,4 +54,5 @@ def test_smollm2_batched_readouts_equal_sequential(record_rows):
         difference = (one.readouts["value"] - many.readouts["value"]).abs().fillna(0)
         scale = one.readouts["value"].abs().fillna(0).clip(lower=1.0)  # value-weighted norms reach ~10
         assert float((difference / scale).max()) <= 1e-5, cond
-        assert one.readouts[["layer", "head", "metric", "probe_point"]].equals(many.readouts[["layer", "head", "metric", "probe_point"]])
+        assert one.readouts[["layer", "head", "metric",
+                             "probe_point"]].equals(many.readouts[["layer", "head", "metric", "probe_point"]])

@@ -1,11 +1,12 @@
-"""Real-model tier of test_runner_paper.py: Running as the paper ran: skipped records (too long, too short) recorded and not retried silently, CLI overrides"""
+"""Real-model tier of test_runner_paper.py: running as the paper ran: skipped records (too long, too short)
+recorded and not retried silently, CLI overrides."""
 
 from __future__ import annotations
 
 import json
 
 import pytest
-from support.runner_paper_shared import workspace  # noqa: F401 - shared with the model tier
+from support.runner_paper_shared import workspace_fixture  # noqa: F401 - pytest fixture (named workspace)
 from support.runs import cli  # tests/ is on sys.path under pytest (tests/conftest.py)
 
 from relaylens.results.store import load_tables

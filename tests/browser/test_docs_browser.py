@@ -89,7 +89,8 @@ def remote_assets(root: Path) -> list[str]:
             if REMOTE.match(value) and tag != "a":
                 problems.append(f"{page.relative_to(root)}: {tag} {attribute}={value!r} loads from the network")
     for sheet in root.rglob("*.css"):
-        for url in re.findall(r"url\(\s*['\"]?((?:https?:)?//[^)'\"]+)", sheet.read_text(encoding="utf-8", errors="replace")):
+        for url in re.findall(r"url\(\s*['\"]?((?:https?:)?//[^)'\"]+)",
+                              sheet.read_text(encoding="utf-8", errors="replace")):
             problems.append(f"{sheet.relative_to(root)}: url({url}) loads from the network")
     return problems
 
@@ -130,7 +131,8 @@ def test_nothing_loads_from_the_network(site):
 
 
 def test_link_checks_catch_planted_mistakes(tmp_path):
-    (tmp_path / "a.html").write_text('<a href="b.html#here">x</a><a href="gone.html">y</a><a href="b.html#nowhere">z</a>'
+    (tmp_path / "a.html").write_text('<a href="b.html#here">x</a><a href="gone.html">y</a>'
+                                     '<a href="b.html#nowhere">z</a>'
                                      '<a href="https://example.org/">out</a><script src="https://cdn.example/x.js"></script>'
                                      '<link rel="stylesheet" href="//cdn.example/x.css">')
     (tmp_path / "b.html").write_text('<h2 id="here">h</h2>')

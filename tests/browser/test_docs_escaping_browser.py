@@ -11,6 +11,7 @@ import pytest
 from support.browser import chromium, run_chromium  # tests/ helpers
 from support.docs_shared import PAYLOADS, hostile_run, site_markdown
 
+# isort: split
 import executed_notebooks  # noqa: E402 - docs/hooks/, put on the path by support.docs_shared
 import generate  # noqa: E402
 

@@ -1,4 +1,5 @@
-"""Browser tier of test_report.py: The per-layer HTML report from constructed tables: structure, exact per-layer data, offline-only content,"""
+"""Browser tier of test_report.py: the per-layer HTML report from constructed tables, rendered in headless
+Chromium."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from support.browser import (  # tests/ helpers
     not_blank,
     run_chromium,
 )
-from support.report_shared import LAYERS, MANIFEST, html, tables, views  # noqa: F401 - shared with the browser tier
+from support.report_shared import LAYERS, html_fixture, tables_fixture, views  # noqa: F401 - pytest fixtures
 
 pytestmark = pytest.mark.browser
 

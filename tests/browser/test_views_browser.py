@@ -1,4 +1,5 @@
-"""Browser tier of test_views.py: Token view: per-token attention against a manual per-head recomputation, storage, and the HTML fragment."""
+"""Browser tier of test_token_view.py: token view: per-token attention against a manual per-head recomputation, storage,
+and the HTML fragment."""
 
 from __future__ import annotations
 

@@ -12,8 +12,18 @@ import pytest
 import torch
 
 from relaylens.conditions.catalogue import Compaction
-from relaylens.conditions.family import (LEARNED_FILE, Geometry, Learned, anchor, expand, family_coordinates,
-                                         family_point, gaps, parse_family, sharing_of)
+from relaylens.conditions.family import (
+    LEARNED_FILE,
+    Geometry,
+    Learned,
+    anchor,
+    expand,
+    family_coordinates,
+    family_point,
+    gaps,
+    parse_family,
+    sharing_of,
+)
 from relaylens.conditions.scoped import Scoped, get_condition
 from relaylens.errors import NonFiniteError, PositionError, RelaylensError, ShapeError
 from relaylens.geometry.selection import Selection
@@ -135,7 +145,8 @@ def test_learned_condition_reads_its_run_directory(tmp_path):
                                                      "num_layers": 1, "num_kv_heads": 2, "model": {"spec": "tiny"}}))
     condition = get_condition(f"learned:{tmp_path}")
     assert isinstance(condition, Learned) and condition.label == f"learned:{tmp_path}"
-    assert torch.equal(condition.coordinates(WORKED).key_positions, Geometry(2.0, 0.5, 0.5).coordinates(WORKED).key_positions)
+    assert torch.equal(condition.coordinates(WORKED).key_positions,
+                       Geometry(2.0, 0.5, 0.5).coordinates(WORKED).key_positions)
     model_config = SimpleNamespace(num_hidden_layers=30, num_key_value_heads=3)
     with pytest.raises(RelaylensError, match="learned on tiny \\(1 layers x 2 kv heads\\); this model has 30 x 3"):
         get_condition(f"learned:{tmp_path}", model=SimpleNamespace(config=model_config))
@@ -152,7 +163,8 @@ def test_move_clause_moves_one_heads_keys():
     moved = closer.coordinates(sel)
     assert moved.question_start == relay.question_start
     assert torch.equal(moved.key_positions[1, 0], relay.key_positions[1, 0] + 1)
-    assert torch.equal(moved.key_positions[0], relay.key_positions[0]) and torch.equal(moved.key_positions[1, 1], relay.key_positions[1, 1])
+    assert torch.equal(moved.key_positions[0], relay.key_positions[0])
+    assert torch.equal(moved.key_positions[1, 1], relay.key_positions[1, 1])
     away = Scoped(get_condition("original"), heads=((0, 1),), move=-1, base=get_condition("original")).coordinates(sel)
     # head 0.1 keeps position 0: moving it away would go below 0, so everything shifts up by one (distances kept)
     assert away.question_start == 21 and away.key_positions[0, 1, :4].tolist() == [0, 9, 18, 19]

@@ -108,7 +108,8 @@ def test_personamem_context_cut_sessions_and_options(persona):
     assert first.sessions[1].turns[0].role == "system" and first.sessions[0].turns[1].content.startswith("User: ")
     assert second.question_type == "recall_user_shared_facts"  # alias normalised
     assert second.num_turns == 5 and second.correct_option == "a"
-    assert third.question_type == "generalize_to_new_scenarios" and third.sessions[0].turns[1].content.startswith("Patient:")
+    assert third.question_type == "generalize_to_new_scenarios"
+    assert third.sessions[0].turns[1].content.startswith("Patient:")
     assert first.meta["distance_to_ref_proportion_in_context"] == "45.20%" and first.meta["topic"] == "exercise"
     assert not first.has_evidence_annotations and first.question_date is None
 
@@ -202,7 +203,8 @@ def test_infinitebench_tasks():
     assert choice[0].options == ("A. Along the river", "B. Through the garden", "C. Into town", "D. Up the hill")
     assert [c.correct_option for c in choice] == ["b", "a"] and choice[0].cluster_id == choice[1].cluster_id
     (qa,) = load_records(FIXTURES / "longbook_qa_eng.jsonl")
-    assert qa.answers == ("Elizabeth", "Elizabeth Bennet") and qa.options is None and qa.record_id == "longbook_qa_eng_7"
+    assert qa.answers == ("Elizabeth",
+                          "Elizabeth Bennet") and qa.options is None and qa.record_id == "longbook_qa_eng_7"
     text = "\n\n".join(t.content for t in qa.sessions[0].turns)
     assert text == json.loads((FIXTURES / "longbook_qa_eng.jsonl").read_text())["context"]  # chunks lose nothing
     assert len(qa.sessions[0].turns) > 1 and all(len(t.content) <= 2000 for t in qa.sessions[0].turns)

@@ -72,7 +72,7 @@ def test_the_instruction_head_is_exactly_the_protected_part(tmp_path):
         prompt = render_prompt(record, tok, mode=mode)
         mask = prompt.protected_mask()
         head = tok.decode(prompt.history_ids[mask])
-        assert head.endswith("Summarize the news.\n[Text Start]: \n") or head.endswith("Summarize the news.\n[Text Start]:")
+        assert head.endswith(("Summarize the news.\n[Text Start]: \n", "Summarize the news.\n[Text Start]:"))
         assert "Ann" not in head and "Ann moved" in tok.decode(prompt.history_ids[~mask])
         assert prompt.question_text.lstrip().startswith("[Text End]") or "[Text End]" in prompt.question_text
         assert "<|im_start|>" in head if mode == "chat" else "<|im_start|>" not in head
@@ -112,7 +112,8 @@ def test_bad_weights_file_is_a_named_error(tmp_path):
         load_records(_write(tmp_path, _item()), format="hellobench")
 
 
-# --- HelloBench's own wording and weights (github.com/Quehry/HelloBench, named in relaylens/data/helloeval_summarization.json)
+# --- HelloBench's own wording and weights (github.com/Quehry/HelloBench, named in
+# relaylens/data/helloeval_summarization.json)
 
 def test_real_helloeval_checklists_keep_the_length_item_out_of_coverage():
     """Every category's item 1 ("Is the summary sufficiently long and complete? ... long enough to cover the key

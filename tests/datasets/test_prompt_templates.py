@@ -66,7 +66,8 @@ def test_layout_is_the_upstream_template(records, task, mode):
     assert layout.history_text == history
     assert layout.text[layout.question_start:] == question
     _, start, end = layout.sessions[0]
-    assert layout.text[start:end] == "\n\n".join(t.content for t in records[task].sessions[0].turns) == ROWS_BY_TASK[task]["context"]
+    context = "\n\n".join(t.content for t in records[task].sessions[0].turns)
+    assert layout.text[start:end] == context == ROWS_BY_TASK[task]["context"]
     assert [layout.text[a:b] for _, _, a, b in layout.turns] == [t.content for t in records[task].sessions[0].turns]
 
 
@@ -78,7 +79,8 @@ def test_rendered_tokens_split_at_the_context(records, mode):
         history, question = EXPECTED[(task, mode)]
         full = prompt.history_text + prompt.question_text
         at = full.index(history + question)  # the template text, contiguous (chat: inside the chat template)
-        assert 0 <= at + len(history) - len(prompt.history_text) < 4  # split at the context's end (a merged token at most)
+        # split at the context's end (a merged token at most)
+        assert 0 <= at + len(history) - len(prompt.history_text) < 4
         ids = tok(full, add_special_tokens=False)["input_ids"]
         assert prompt.history_ids.tolist() + prompt.question_ids.tolist() == ids
         assert "### Session" not in full and "History Chats" not in full  # no LongMemEval reader wrapping

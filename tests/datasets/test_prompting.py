@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from support.prompting_shared import MODES, tok  # noqa: F401 - shared with the model tier
+from support.prompting_shared import MODES, tok_fixture  # noqa: F401 - pytest fixture (named tok)
 
 from relaylens.datasets import load_records
 from relaylens.datasets.prompting import (
@@ -35,7 +35,8 @@ def straddling_tokenizer():
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=400, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), special_tokens=["<eos>"])
+    trainer = trainers.BpeTrainer(vocab_size=400, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+                                  special_tokens=["<eos>"])
     tok.train_from_iterator(["Biscuit.\n\nCurrent Date: 2023\nQuestion: x"] * 50, trainer=trainer)
     return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<eos>")
 
@@ -104,7 +105,8 @@ def test_no_gold_markers_in_prompt(tok, records, mode, fmt):
     for rec in records:
         p = render_prompt(rec, tok, mode=mode, history_format=fmt)
         text = p.history_text + p.question_text
-        for marker in ("has_answer", "answer_", "sharegpt_", "ultrachat_", "85a1be56", "answer_session_ids", rec.record_id):
+        for marker in ("has_answer", "answer_", "sharegpt_", "ultrachat_", "85a1be56", "answer_session_ids",
+                       rec.record_id):
             assert marker not in text
         if not rec.is_abstention:
             assert rec.answers[0] not in p.question_text
@@ -115,7 +117,8 @@ def test_sessions_sorted_by_date_and_numbered(tok, records):
     p = render_prompt(rec, tok, mode="completion")
     assert [s.session_id for s in p.sessions] == ["answer_4be1b6b4_1", "ultrachat_123456", "answer_4be1b6b4_2"]
     text = p.history_text
-    assert text.index("### Session 1:\nSession Date: 2023/05/28 (Sun) 11:15\nSession Content:\n") < text.index("### Session 3:")
+    assert (text.index("### Session 1:\nSession Date: 2023/05/28 (Sun) 11:15\nSession Content:\n")
+            < text.index("### Session 3:"))
     assert "\n\nuser: I picked up 2 plants" in text
 
 

@@ -75,7 +75,8 @@ def test_lenient_load_reports_every_skip():
     wheres = [w for w, _ in report.skipped]
     assert "gpt4_2655b836" in wheres[0] and "line 3" in wheres[1] and "7161e7e2" in wheres[2]
     reasons = [r for _, r in report.skipped]
-    assert "haystack_dates[0]" in reasons[0] and "not valid JSON" in reasons[1] and "answer_session_ids[0]" in reasons[2]
+    assert "haystack_dates[0]" in reasons[0] and "not valid JSON" in reasons[1]
+    assert "answer_session_ids[0]" in reasons[2]
     assert "skipped 3" in report.summary()
     with pytest.warns(UserWarning):
         assert len(load_records(path, lenient=True)) == 1

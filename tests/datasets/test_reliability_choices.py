@@ -43,7 +43,8 @@ def _set_options(options):
     return edit
 
 
-@pytest.mark.parametrize("options", [["Elizabeth", "Darcy", "Elizabeth", "Jane"], ["Elizabeth", "Darcy", "elizabeth ", "Jane"],
+@pytest.mark.parametrize("options",
+                         [["Elizabeth", "Darcy", "Elizabeth", "Jane"], ["Elizabeth", "Darcy", "elizabeth ", "Jane"],
                                      ["Elizabeth", "Darcy", "  ", "Jane"]])
 def test_infinitebench_choice_options_must_be_distinct_and_non_empty(tmp_path, options):
     path = _jsonl(tmp_path, "longbook_choice_eng.jsonl", _set_options(options))

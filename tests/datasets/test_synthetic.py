@@ -116,7 +116,8 @@ def test_distractors_and_near_misses(worlds):
             continue
         filler_facts = [f for sid in w.filler_ids for f in w.session_facts[sid]]
         slot_family = w.query.slots[0].split(":")[0]
-        assert any(f.slot.split(":")[0].startswith(slot_family) or f.slot.startswith(slot_family) for f in filler_facts) \
+        assert any(f.slot.split(":")[0].startswith(slot_family) or f.slot.startswith(slot_family)
+                   for f in filler_facts) \
             or w.query.op.startswith("days") or w.query.op == "first_of", w.query  # same-category distractors
         if w.query.op == "lookup":
             assert str(w.resolve_over(w.evidence_ids)) not in filler_text

@@ -19,13 +19,14 @@ def model_and_tokenizer():
 
 
 def test_infinitebench_runs_on_its_bundled_sample(tmp_path, model_and_tokenizer):
-    spec = load_analysis("infinitebench").SPEC.replace(max_new_tokens=3)
+    spec = load_analysis("infinitebench").spec.replace(max_new_tokens=3)
     assert spec.data == "sample:infinitebench" and spec.selectors == ("snapkv",) and spec.budgets == (0.01,)
     out = run_analysis(spec, RunConfig(out=str(tmp_path / "ib"), limit=3), progress=False,
                        model_and_tokenizer=model_and_tokenizer)
     tables = load_tables(out)
     answers, scores = tables["answers"], tables["scores"]
-    assert sorted(answers["question_type"].unique()) == ["longbook_choice_eng", "longbook_qa_eng", "longdialogue_qa_eng"]
+    assert sorted(answers["question_type"].unique()) == ["longbook_choice_eng", "longbook_qa_eng",
+                                                         "longdialogue_qa_eng"]
     assert set(answers["condition"]) == {"original", "relay"}
     choice = scores[(scores.question_type == "longbook_choice_eng") & (scores.metric == "choice_accuracy")]
     assert len(choice) == 2  # multiple-choice accuracy is scored for both conditions
@@ -39,7 +40,7 @@ def test_finch_comparison_runs_with_finch_coordinates(tmp_path, model_and_tokeni
 
     data = tmp_path / "records.json"
     data.write_text(json.dumps(generate_records(n=2, seed=3, history_tokens=600)))
-    spec = load_analysis("finch_comparison").SPEC.replace(max_new_tokens=4, budgets=(0.3,))  # whole BM25 sessions fit
+    spec = load_analysis("finch_comparison").spec.replace(max_new_tokens=4, budgets=(0.3,))  # whole BM25 sessions fit
     out = run_analysis(spec, RunConfig(out=str(tmp_path / "fc"), data=str(data), limit=2), progress=False,
                        model_and_tokenizer=model_and_tokenizer)
     answers = load_tables(out)["answers"]
@@ -59,7 +60,7 @@ def test_infinitebench_length_filter_skips_and_lists(tmp_path, model_and_tokeniz
     from relaylens.datasets.synthetic_infinitebench import bundled_infinitebench_path
 
     _, tokenizer = model_and_tokenizer
-    spec = load_analysis("infinitebench").SPEC.replace(max_new_tokens=2)
+    spec = load_analysis("infinitebench").spec.replace(max_new_tokens=2)
     lengths = {r.record_id: render_prompt(r, tokenizer, mode=spec.prompt_mode).history_length
                for r in load_records(bundled_infinitebench_path())[:3]}
     cut = sorted(lengths.values())[1]  # the shortest two fit, the longest does not

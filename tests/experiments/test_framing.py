@@ -45,7 +45,7 @@ def test_framing_parts_partition_the_non_turn_tokens(mode):
 
 def test_cells_keep_their_framing_on_one_source_budget(tmp_path):
     model, tok = tiny_model("llama", seed=0), tiny_tokenizer()
-    spec = load_analysis("framing").SPEC.replace(max_new_tokens=2, prompt_mode="completion", budgets=(0.2,))
+    spec = load_analysis("framing").spec.replace(max_new_tokens=2, prompt_mode="completion", budgets=(0.2,))
     assert spec.framing_cells == FRAMING_CELLS and spec.protect_instructions
     out = run_analysis(spec, RunConfig(limit=1, out=str(tmp_path / "run")), progress=False,
                        model_and_tokenizer=(model, tok))
@@ -102,7 +102,7 @@ def test_the_plan_counts_every_cell(tmp_path):
     from relaylens.results.store import RunStore, UnitKey
 
     model, tok = tiny_model("llama", seed=0), tiny_tokenizer()
-    spec = load_analysis("framing").SPEC.replace(max_new_tokens=1, prompt_mode="completion", budgets=(0.2,),
+    spec = load_analysis("framing").spec.replace(max_new_tokens=1, prompt_mode="completion", budgets=(0.2,),
                                                  framing_cells=("none", "sink4"))
     out = run_analysis(spec, RunConfig(limit=2, out=str(tmp_path / "run")), progress=False,
                        model_and_tokenizer=(model, tok))

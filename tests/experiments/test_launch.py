@@ -30,9 +30,11 @@ SLURM_JOB = {"SLURM_JOB_ID": "4242", "SLURM_PROCID": "0", "SLURM_NTASKS": "1", "
         ({**TORCHRUN, "RANK": "0", "WORLD_SIZE": "4", "LOCAL_RANK": "0"}, ShardAssignment(0, 4, 0, "torchrun")),
         ({**TORCHRUN, "RANK": "3", "WORLD_SIZE": "4", "LOCAL_RANK": "3"}, ShardAssignment(3, 4, 3, "torchrun")),
         # torchrun --nnodes 2 --nproc-per-node 4, second node's second process
-        ({**TORCHRUN, "GROUP_RANK": "1", "RANK": "5", "WORLD_SIZE": "8", "LOCAL_RANK": "1"}, ShardAssignment(5, 8, 1, "torchrun")),
+        ({**TORCHRUN, "GROUP_RANK": "1", "RANK": "5", "WORLD_SIZE": "8", "LOCAL_RANK": "1"},
+         ShardAssignment(5, 8, 1, "torchrun")),
         # torchrun inside an sbatch job: torchrun's world wins over the job's single SLURM task
-        ({**SLURM_JOB, **TORCHRUN, "RANK": "2", "WORLD_SIZE": "4", "LOCAL_RANK": "2"}, ShardAssignment(2, 4, 2, "torchrun")),
+        ({**SLURM_JOB, **TORCHRUN, "RANK": "2", "WORLD_SIZE": "4", "LOCAL_RANK": "2"},
+         ShardAssignment(2, 4, 2, "torchrun")),
         # sbatch --array=0-3: task 2
         ({**SLURM_JOB, "SLURM_ARRAY_TASK_ID": "2", "SLURM_ARRAY_TASK_COUNT": "4", "SLURM_ARRAY_TASK_MIN": "0",
           "SLURM_ARRAY_TASK_MAX": "3"}, ShardAssignment(2, 4, None, "slurm-array")),
@@ -102,7 +104,8 @@ def test_no_launcher_error_names_the_variables_and_the_alternatives():
 
 
 def test_empty_variables_count_as_unset():
-    assert detect_shard({"RANK": "1", "WORLD_SIZE": "2", "SLURM_ARRAY_TASK_ID": ""}) == ShardAssignment(1, 2, None, "torchrun")
+    assert (detect_shard({"RANK": "1", "WORLD_SIZE": "2", "SLURM_ARRAY_TASK_ID": ""})
+            == ShardAssignment(1, 2, None, "torchrun"))
 
 
 def test_explicit_shards_still_parse_and_shard_dirs_are_named_by_index_and_count():

@@ -21,8 +21,8 @@ from relaylens.experiments.specs import load_analysis
 from relaylens.results.store import load_tables
 from relaylens.results.tables import ANSWER_LOGLIK, SENSITIVITY_METRICS
 
-MODULE = load_analysis("learned_geometry")
-OPTIONS = MODULE.OPTIONS.replace(steps=3, batch_records=1, eval_every=2)
+ANALYSIS = load_analysis("learned_geometry")
+OPTIONS = ANALYSIS.options.replace(steps=3, batch_records=1, eval_every=2)
 
 
 def _records(n: int, clusters=None):
@@ -59,7 +59,8 @@ def test_adam_ascends_and_keeps_alpha_in_range():
     raw = {"b": torch.zeros(2), "s": torch.zeros(2), "alpha": torch.ones(2)}
     zeros = {k: torch.zeros(2) for k in raw}
     m, v = dict(zeros), dict(zeros)
-    adam_step(raw, {"b": torch.tensor([1.0, -1.0]), "s": torch.zeros(2), "alpha": torch.tensor([1.0, -1.0])}, m, v, 1, 0.1)
+    adam_step(raw, {"b": torch.tensor([1.0, -1.0]), "s": torch.zeros(2), "alpha": torch.tensor([1.0, -1.0])}, m, v, 1,
+              0.1)
     assert raw["b"].tolist() == pytest.approx([0.1, -0.1]) and raw["alpha"].tolist() == pytest.approx([1.0, 0.9])
 
 
@@ -76,9 +77,9 @@ def workspace(tmp_path_factory):
 
 def _run(workspace, out, options=OPTIONS, **config):
     root, data, model_and_tokenizer = workspace
-    spec = MODULE.SPEC.replace(max_new_tokens=2, budgets=(0.4,))
+    spec = ANALYSIS.spec.replace(max_new_tokens=2, budgets=(0.4,))
     config = RunConfig(model="tiny-llama", data=str(data), limit=4, out=str(root / out), window_size=4, **config)
-    return MODULE.RUN(spec, config, options, progress=False, model_and_tokenizer=model_and_tokenizer)
+    return ANALYSIS.run(spec, config, options, progress=False, model_and_tokenizer=model_and_tokenizer)
 
 
 @pytest.fixture(scope="module")
@@ -105,7 +106,8 @@ def test_run_trains_saves_and_evaluates(learned_run):
     assert set(scores[scores["metric"] == ANSWER_LOGLIK]["condition"]) == {"original", "relay", "learned"}
     assert set(SENSITIVITY_METRICS) <= set(probes["metric"]) and "evidence_share" in set(probes["metric"])
     relay_ll = scores[(scores["metric"] == ANSWER_LOGLIK) & (scores["condition"] == "relay")]["value"].mean()
-    assert relay_ll == pytest.approx(geometry[(geometry["metric"] == "test_loglik") & (geometry["step"] == 0)]["value"].item(), abs=1e-4)
+    at_start = geometry[(geometry["metric"] == "test_loglik") & (geometry["step"] == 0)]["value"].item()
+    assert relay_ll == pytest.approx(at_start, abs=1e-4)
 
 
 def test_training_resumes_at_its_last_step(workspace, learned_run):
@@ -122,7 +124,7 @@ def test_training_resumes_at_its_last_step(workspace, learned_run):
 def test_learned_condition_runs_elsewhere_and_refuses_mismatches(workspace, learned_run):
     root, data, model_and_tokenizer = workspace
     saved = json.loads((learned_run / "learned_geometry.json").read_text())
-    spec = load_analysis("coordinate_ablation").SPEC.replace(
+    spec = load_analysis("coordinate_ablation").spec.replace(
         conditions=("original", f"learned:{learned_run}"), max_new_tokens=2, budgets=(0.4,), probes=False)
     test_ids = saved["test_records"]
     records = [r for r in json.loads(data.read_text()) if r["question_id"] in test_ids]
@@ -196,10 +198,11 @@ def _copy_learned(learned_run, target):
 
 def _elsewhere(workspace, learned_dir, out, spec_changes=None, **config):
     root, data, model_and_tokenizer = workspace
-    spec = load_analysis("coordinate_ablation").SPEC.replace(
+    spec = load_analysis("coordinate_ablation").spec.replace(
         **{"conditions": ("original", f"learned:{learned_dir}"), "max_new_tokens": 2, "budgets": (0.4,),
            "probes": False, **(spec_changes or {})})
-    config = RunConfig(**{"model": "tiny-llama", "data": str(_test_data(workspace, learned_dir)), "out": str(root / out),
+    config = RunConfig(**{"model": "tiny-llama", "data": str(_test_data(workspace, learned_dir)),
+                          "out": str(root / out),
                           "window_size": 4, "limit": 4, **config})
     return run_analysis(spec, config, progress=False, model_and_tokenizer=model_and_tokenizer)
 
@@ -214,11 +217,11 @@ def _scale_b(learned_dir, factor):
 def test_learned_geometry_is_pinned_by_content(workspace, learned_run, tmp_path):
     """Item 5: the manifest records the learned file's hash and parameters; every record uses those (the parsed
     condition, not the file); a changed file under the same label is refused on resume (with --force too) and merge."""
-    from relaylens.experiments.learned import check_learned_conditions
     from relaylens.conditions.scoped import get_condition
+    from relaylens.experiments.learned import check_learned_conditions
     from relaylens.geometry.selection import Selection
     from relaylens.results.shards import merge_runs
-    from relaylens.results.store import RunStore, ResultStoreError
+    from relaylens.results.store import ResultStoreError, RunStore
 
     geo = _copy_learned(learned_run, tmp_path / "geo")
     label = f"learned:{geo}"
@@ -227,7 +230,7 @@ def test_learned_geometry_is_pinned_by_content(workspace, learned_run, tmp_path)
     saved = json.loads((geo / "learned_geometry.json").read_text())
     assert pinned["parameters"] == saved["parameters"] and len(pinned["sha256"]) == 64
     # the spec the runner uses holds the parsed condition: a later edit of the file changes no record
-    spec = load_analysis("coordinate_ablation").SPEC.replace(conditions=("original", label), budgets=(0.4,))
+    spec = load_analysis("coordinate_ablation").spec.replace(conditions=("original", label), budgets=(0.4,))
     manifest = {"model": RunStore.open(out).manifest["model"], "config": {"run": {"window_mode": "condition"}}}
     spec = spec.replace(prompt_mode=saved["prompt_mode"])
     pinned_spec = check_learned_conditions(spec, manifest, [])
@@ -249,7 +252,7 @@ def test_learned_geometry_is_pinned_by_content(workspace, learned_run, tmp_path)
 
 
 @pytest.mark.parametrize("changes, config, named", [
-    ({"protect_instructions": not MODULE.SPEC.protect_instructions}, {}, "protect_instructions"),
+    ({"protect_instructions": not ANALYSIS.spec.protect_instructions}, {}, "protect_instructions"),
     ({"granularity": "session"}, {}, "granularity"),
     ({"selector_options": {"bm25": {"b": 0.5}}}, {}, "selector_options"),
     ({"prompt_mode": "completion"}, {}, "prompt_mode"),  # the fit ran chat prompts (the tokenizer's template)
@@ -258,7 +261,8 @@ def test_learned_geometry_is_pinned_by_content(workspace, learned_run, tmp_path)
 ])
 def test_learned_condition_checks_every_fit_setting(workspace, learned_run, tmp_path, changes, config, named):
     """Item 7: selector options, budget, protected framing, prompt mode, granularity, window mode (and the model,
-    test_learned_condition_runs_elsewhere_and_refuses_mismatches) must match the fit, or the run is refused naming it."""
+    test_learned_condition_runs_elsewhere_and_refuses_mismatches) must match the fit, or the run is refused naming
+    it."""
     with pytest.raises(RelaylensError, match=named) as caught:
         _elsewhere(workspace, learned_run, tmp_path / "mismatch", changes, **config)
     assert "\n" not in str(caught.value)
@@ -328,8 +332,8 @@ def test_conditions_the_learned_run_would_ignore_are_refused(workspace, tmp_path
     """Item 11: learned_geometry evaluates original, relay and its own map; a --condition (scoped or not) it would
     silently drop is refused before the model loads, naming it."""
     root, data, model_and_tokenizer = workspace
-    spec = MODULE.SPEC.replace(conditions=("original", "relay@heads=0.0@move=1@base=relay"), budgets=(0.4,))
+    spec = ANALYSIS.spec.replace(conditions=("original", "relay@heads=0.0@move=1@base=relay"), budgets=(0.4,))
     config = RunConfig(model="tiny-llama", data=str(data), limit=4, out=str(tmp_path / "ignored"), window_size=4)
     with pytest.raises(RelaylensError, match=r"does not run relay@heads=0.0@move=1@base=relay\. Fix: drop --condition"):
-        MODULE.RUN(spec, config, OPTIONS, progress=False, model_and_tokenizer=model_and_tokenizer)
+        ANALYSIS.run(spec, config, OPTIONS, progress=False, model_and_tokenizer=model_and_tokenizer)
     assert not (tmp_path / "ignored").exists()

@@ -34,7 +34,7 @@ def judged_run(tmp_path_factory):
     tiny_tokenizer().save_pretrained(model_dir)
     data = root / "records.json"
     data.write_text(json.dumps(generate_records(n=2, seed=3, history_tokens=600)))
-    spec = load_analysis("ordering").SPEC.replace(budgets=(0.4,), max_new_tokens=2, conditions=("original", "relay"),
+    spec = load_analysis("ordering").spec.replace(budgets=(0.4,), max_new_tokens=2, conditions=("original", "relay"),
                                                   replay_conditions=())
     out = run_analysis(spec, RunConfig(model=str(model_dir), data=str(data), limit=2, out=str(root / "run")),
                        progress=False, model_and_tokenizer=(tiny_model("llama", seed=0), tiny_tokenizer()))

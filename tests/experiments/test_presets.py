@@ -88,10 +88,10 @@ def test_paper_preset_matches_the_paper_field_by_field(name):
 
 
 def test_default_spec_is_unchanged_without_a_preset_and_unknown_presets_fail():
-    module = load_analysis("main_table")
-    assert apply_preset(module, None) is module.SPEC
+    analysis = load_analysis("main_table")
+    assert apply_preset(analysis, None) is analysis.spec
     with pytest.raises(RelaylensError, match="no preset 'fast'"):
-        apply_preset(module, "fast")
+        apply_preset(analysis, "fast")
 
 
 def test_readme_table_lists_every_analysis():
@@ -110,11 +110,11 @@ def test_readme_table_lists_every_analysis():
 ])
 def test_bad_overrides_are_one_clear_error(kwargs, message):
     with pytest.raises(RelaylensError, match=message):
-        apply_overrides(load_analysis("main_table").SPEC, **kwargs)
+        apply_overrides(load_analysis("main_table").spec, **kwargs)
 
 
 def test_overrides_replace_selectors_and_add_original():
-    spec = apply_overrides(load_analysis("ordering").SPEC, selectors=["bm25:k1=1.2", "snapkv"],
+    spec = apply_overrides(load_analysis("ordering").spec, selectors=["bm25:k1=1.2", "snapkv"],
                            conditions=["relay", "compaction(0.5)"], granularity="session", stop="newline")
     assert spec.selectors == ("bm25", "snapkv") and spec.selector_options == {"bm25": {"k1": 1.2}}
     assert spec.conditions[0] == "original" and len(spec.conditions) == 3

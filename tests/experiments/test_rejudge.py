@@ -10,10 +10,10 @@ import pandas as pd
 import pytest
 
 from relaylens.errors import RelaylensError
+from relaylens.experiments.rejudge import judge_name, rejudge_run
 from relaylens.reporting.retention import retained_keys, retention_table
 from relaylens.results.store import load_tables
 from relaylens.scoring.agreement import cohen_kappa, cross_judge_table
-from relaylens.experiments.rejudge import judge_name, rejudge_run
 
 
 def test_cohen_kappa_textbook_table():
@@ -46,7 +46,7 @@ def finished_run(tmp_path_factory):
     root = tmp_path_factory.mktemp("rejudge")
     data = root / "records.json"
     data.write_text(json.dumps(generate_records(n=3, seed=4, history_tokens=800)))
-    spec = load_analysis("main_table").SPEC.replace(selectors=("snapkv", "bm25"), budgets=(0.4,), max_new_tokens=3)
+    spec = load_analysis("main_table").spec.replace(selectors=("snapkv", "bm25"), budgets=(0.4,), max_new_tokens=3)
     out = root / "run"
     run_analysis(spec, RunConfig(data=str(data), out=str(out)), progress=False,
                  model_and_tokenizer=(tiny_model("llama", seed=0, initializer_range=0.2), tiny_tokenizer()))
@@ -58,7 +58,8 @@ def test_rejudge_changes_only_judge_scores(finished_run):
     tables = load_tables(finished_run)
     answers = tables["answers"]
     relay = set(answers[answers.condition == "relay"].answer) - set(answers[answers.condition == "original"].answer)
-    assert relay, "a tiny model with larger weights answers differently under relay (needed for a judge that favours relay)"
+    assert relay, ("a tiny model with larger weights answers differently under relay (needed for a judge that "
+                   "favours relay)")
     malformed = sorted(relay)[0]
     replies = {text: '{"correct": true}' for text in relay} | {malformed: "Sure! It is correct."}
     result = rejudge_run(finished_run, Stub(replies, "stub-a"), "stub_a")
@@ -211,7 +212,7 @@ def test_longmemeval_template_adds_its_own_scores_beside_the_others(finished_run
 
 def test_longmemeval_template_inline_in_a_run(tmp_path, monkeypatch):
     from relaylens.datasets.synthetic import generate_records
-    from relaylens.experiments import runner
+    from relaylens.experiments import run_setup
     from relaylens.experiments.runner import RunConfig, run_analysis
     from relaylens.experiments.specs import load_analysis
     from relaylens.scoring.longmemeval_judge import LongMemEvalJudge
@@ -220,9 +221,9 @@ def test_longmemeval_template_inline_in_a_run(tmp_path, monkeypatch):
     data = tmp_path / "records.json"
     data.write_text(json.dumps(generate_records(n=2, seed=5, history_tokens=900)))
     stub = OfficialStub(set(), "stub-inline")
-    monkeypatch.setattr(runner, "make_judge",
+    monkeypatch.setattr(run_setup, "make_judge",
                         lambda config, out, records=None: LongMemEvalJudge(stub, out / "judge_cache_lme.jsonl"))
-    spec = load_analysis("main_table").SPEC.replace(selectors=("bm25",), budgets=(0.4,), max_new_tokens=2)
+    spec = load_analysis("main_table").spec.replace(selectors=("bm25",), budgets=(0.4,), max_new_tokens=2)
     out = tmp_path / "run"
     run_analysis(spec, RunConfig(data=str(data), out=str(out), judge_model="stub-inline", judge_template="longmemeval"),
                  progress=False, model_and_tokenizer=(tiny_model("llama", seed=0), tiny_tokenizer()))

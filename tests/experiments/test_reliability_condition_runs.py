@@ -28,7 +28,7 @@ def workspace(tmp_path_factory):
 
 def _run(workspace, out, conditions=("original",), replay=(), variant="llama", **changes):
     root, data, tokenizer, models = workspace
-    spec = load_analysis("evidence_reading").SPEC.replace(
+    spec = load_analysis("evidence_reading").spec.replace(
         **{"selectors": ("bm25",), "budgets": (0.4,), "max_new_tokens": 2, "conditions": conditions,
            "replay_conditions": replay, "sensitivity": True, "attribution": False, **changes})
     config = RunConfig(model="tiny", data=str(data), limit=1, out=str(root / out), window_size=4)

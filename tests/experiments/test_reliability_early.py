@@ -104,7 +104,7 @@ def test_run_analysis_refuses_bad_placement_before_loading(workspace, config, me
     root, data = workspace
     out = root / "runs" / "py"
     with pytest.raises(RelaylensError, match=message):
-        run_analysis(load_analysis("ordering").SPEC, RunConfig(model=str(root / "model"), data=str(data), out=str(out),
+        run_analysis(load_analysis("ordering").spec, RunConfig(model=str(root / "model"), data=str(data), out=str(out),
                                                               **config), progress=False)
     assert not out.exists()
 
@@ -120,8 +120,8 @@ def test_an_error_inside_a_record_names_the_record(workspace, monkeypatch, tmp_p
     def fail(*args, **kwargs):
         raise PositionError("condition relay, layer 1: target positions reach position 99")
 
-    monkeypatch.setattr("relaylens.generation.rows.run_rows", fail)
-    spec = load_analysis("ordering").SPEC.replace(budgets=(0.4,), max_new_tokens=2, probes=False, replay_conditions=(),
+    monkeypatch.setattr("relaylens.experiments.runner.run_rows", fail)  # the runner's own reference
+    spec = load_analysis("ordering").spec.replace(budgets=(0.4,), max_new_tokens=2, probes=False, replay_conditions=(),
                                                   teacher_forcing=False, attribution=False)
     config = RunConfig(model="tiny", data=str(workspace[1]), out=str(tmp_path / "run"), limit=1)
     with pytest.raises(PositionError, match=r"^record \S+: condition relay, layer 1: target positions"):

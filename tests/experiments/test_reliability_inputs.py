@@ -22,7 +22,8 @@ import torch
 
 from relaylens.errors import RelaylensError
 
-ERRORS = (RelaylensError, ValueError, OSError)  # OSError: StoreWriteError, FileNotFoundError (the CLI maps all to exit 2)
+# OSError: StoreWriteError, FileNotFoundError (the CLI maps all to exit 2)
+ERRORS = (RelaylensError, ValueError, OSError)
 
 
 # ---------------------------------------------------------------------------------------------------- fixtures
@@ -107,9 +108,10 @@ def _run(env: Env, out: Path, spec=None, model_and_tokenizer=None, **config):
     from relaylens.experiments.runner import RunConfig, run_analysis
     from relaylens.experiments.specs import load_analysis
 
-    spec = spec or load_analysis("ordering").SPEC.replace(budgets=(0.4,), max_new_tokens=2)
+    spec = spec or load_analysis("ordering").spec.replace(budgets=(0.4,), max_new_tokens=2)
     config = RunConfig(model=str(env.model_dir), data=str(config.pop("data", env.data)), out=str(out), **config)
-    return run_analysis(spec, config, progress=False, model_and_tokenizer=model_and_tokenizer or (env.model, env.tokenizer))
+    return run_analysis(spec, config, progress=False,
+                        model_and_tokenizer=model_and_tokenizer or (env.model, env.tokenizer))
 
 
 # ------------------------------------------------------------------------------------------ in-process cases
@@ -339,7 +341,8 @@ IN_PROCESS = [
     ("reader-infinitebench-int-and-str-id", lambda e, t: _infinitebench(e, "dupid", _same_int_and_str_id),
         ["already used by", "line 1", "line 2", "unique"]),
     ("reader-duplicate-haystack-session-id", lambda e, t: _load(e, "dupsess.json", [_record(
-        e, haystack_session_ids=[e.records[0]["haystack_session_ids"][0]] * len(e.records[0]["haystack_session_ids"]))]),
+        e, haystack_session_ids=[e.records[0]["haystack_session_ids"][0]]
+        * len(e.records[0]["haystack_session_ids"]))]),
         ["haystack_session_ids[1]", "also haystack_session_ids[0]", "Fix"]),
     ("reader-empty-reference", lambda e, t: _load(e, "emptyref.json", [_record(e, answer="")]),
         ["reference answer ''", "empty after answer normalisation", "Fix"]),
@@ -356,10 +359,12 @@ IN_PROCESS = [
         ["end_index_in_shared_context", "whole number", "'2.9'", "Fix"]),
     ("reader-personamem-inf-end-index", lambda e, t: _load_personamem(
         e, "inf", edit_row=_set("end_index_in_shared_context", "inf")), ["end_index_in_shared_context", "'inf'"]),
-    ("reader-personamem-context-not-a-list", lambda e, t: _load_personamem(e, "ctxobj", edit_context=_context_as_object),
+    ("reader-personamem-context-not-a-list", lambda e,
+     t: _load_personamem(e, "ctxobj", edit_context=_context_as_object),
         ["shared_contexts_32k.jsonl", "a list of messages", "Fix"]),
     ("reader-personamem-five-options", lambda e, t: _load_personamem(e, "five", edit_row=_set(
-        "all_options", "['(a) x', '(b) y', '(c) z', '(d) w', '(e) v']")), ["all_options", "at most 4 options", "5 options"]),
+        "all_options", "['(a) x', '(b) y', '(c) z', '(d) w', '(e) v']")),
+     ["all_options", "at most 4 options", "5 options"]),
     ("reader-infinitebench-27-options", lambda e, t: _infinitebench(e, "many", _many_options),
         ["'options'", "at most 4 options", "27 options", "A-D"]),
     ("reader-deeply-nested-json", lambda e, t: _load_text(e, "deep.json", _nested(100_000)),
@@ -367,7 +372,8 @@ IN_PROCESS = [
     ("reader-deeply-nested-jsonl-line", lambda e, t: _load_text(
         e, "deep.jsonl", json.dumps(e.records[0]) + "\n" + _nested(100_000) + "\n", fmt="longmemeval"),
         ["deep.jsonl", "nested too deeply"]),
-    ("reader-lone-surrogate", lambda e, t: _surrogate_question(e), ["surrogate.json", "'question'", "unpaired surrogate", "Fix"]),
+    ("reader-lone-surrogate", lambda e, t: _surrogate_question(e),
+     ["surrogate.json", "'question'", "unpaired surrogate", "Fix"]),
     ("reader-latin1-file", lambda e, t: _latin1(e), ["latin1.json", "not UTF-8", "re-encode", "Fix"]),
     # --- prompt rendering
     ("prompt-empty-history", lambda e, t: _render(e, dataclasses.replace(e.record, sessions=()), mode="completion"),
@@ -395,7 +401,8 @@ IN_PROCESS = [
     # --- geometry
     ("geometry-nan-keys", lambda e, t: _relocate(e, _nan_keys(float("nan")), torch.arange(5), torch.arange(5) + 3),
         ["NaN or inf", "flattened slot 8", "Fix"]),
-    ("geometry-inf-keys-identity-move", lambda e, t: _relocate(e, _nan_keys(float("inf")), torch.arange(5), torch.arange(5)),
+    ("geometry-inf-keys-identity-move", lambda e,
+     t: _relocate(e, _nan_keys(float("inf")), torch.arange(5), torch.arange(5)),
         ["NaN or inf", "Fix"]),
     ("geometry-float16-overflow", lambda e, t: _relocate(e, torch.full((1, 1, 16), 60000.0, dtype=torch.float16),
         torch.tensor([0]), torch.tensor([7])), ["overflow", "float16", "Fix", "float32 or bfloat16"]),
@@ -403,12 +410,14 @@ IN_PROCESS = [
         ["source positions", "negative position (-4)"]),
     ("geometry-position-past-rotary", lambda e, t: _relocate(e, _keys(), torch.arange(5), torch.arange(5) + 131070),
         ["target positions", "131074", "max_position_embeddings=131072"]),
-    # floating-point positions are real-valued positions (tests/geometry/test_real_positions.py): refused when not
+    # floating-point positions are real-valued positions (tests/geometry/test_real.py): refused when not
     # finite; other non-integer dtypes are refused as before
     ("geometry-bool-positions", lambda e, t: _relocate(e, _keys(), torch.ones(5, dtype=torch.bool), torch.arange(5)),
         ["integer positions", "torch.bool"]),
-    ("geometry-nan-float-positions", lambda e, t: _relocate(e, _keys(), torch.tensor([0.0, 1.0, float("nan"), 3.0, 4.0]),
-                                                             torch.arange(5)), ["source positions", "NaN or inf", "Fix"]),
+    ("geometry-nan-float-positions", lambda e,
+     t: _relocate(e, _keys(), torch.tensor([0.0, 1.0, float("nan"), 3.0, 4.0]),
+                                                             torch.arange(5)),
+     ["source positions", "NaN or inf", "Fix"]),
     ("geometry-head-dim-mismatch", lambda e, t: _relocate(e, torch.randn(2, 5, 8), torch.arange(5), torch.arange(5)),
         ["head_dim 8", "16"]),
     ("geometry-positions-do-not-broadcast", lambda e, t: _relocate(e, _keys(), torch.arange(4), torch.arange(4)),
@@ -418,7 +427,8 @@ IN_PROCESS = [
     ("geometry-longrope", lambda e, t: _factors_of("llama", rope_parameters={
         "rope_type": "longrope", "rope_theta": 10000.0, "short_factor": [1.0] * 8, "long_factor": [2.0] * 8,
         "original_max_position_embeddings": 4096}), ["'longrope'", "refuses"]),
-    ("geometry-unsupported-rope-type", lambda e, t: _weird_rope(e), ["unsupported rope type", "'ntk_by_parts'", "yarn"]),
+    ("geometry-unsupported-rope-type", lambda e, t: _weird_rope(e),
+     ["unsupported rope type", "'ntk_by_parts'", "yarn"]),
     ("geometry-per-layer-rope-needs-layer", lambda e, t: _relocate_with(
         _factors_of("gemma3"), torch.randn(1, 3, 16), torch.arange(3), torch.arange(3) + 1), ["layer=<index>"]),
     # --- selections (kept positions)
@@ -426,7 +436,8 @@ IN_PROCESS = [
     ("selection-duplicate-positions", lambda e, t: _selection([1, 1, 4]), ["no duplicates", "[1, 1, 4]"]),
     ("selection-position-past-history", lambda e, t: _selection([2, 12]), ["history_length (10)", "[2, 12]"]),
     # --- conditions and the cache they build
-    ("condition-unknown-name", lambda e, t: _condition("relax"), ["unknown condition 'relax'", "relay", "query_only(2048)"]),
+    ("condition-unknown-name", lambda e, t: _condition("relax"),
+     ["unknown condition 'relax'", "relay", "query_only(2048)"]),
     ("condition-alpha-out-of-range", lambda e, t: _condition("compaction(1.5)"), ["alpha", "[0, 1]", "1.5"]),
     ("condition-parameter-on-plain", lambda e, t: _condition("relay(3)"), ["'relay' takes no parameter"]),
     ("condition-wrong-keyword", lambda e, t: _condition("query_only(seed=3)"), ["takes shift=", "seed="]),
@@ -462,7 +473,8 @@ def test_bad_input_raises_a_clear_relaylens_error(env, tmp_path, fn, fragments):
     for fragment in fragments:
         assert fragment in message, f"{fragment!r} missing from: {message}"
     raised_in = Path(info.traceback[-1].path)
-    assert "relaylens" in raised_in.parts, f"raised from {raised_in} (deep inside a library), not by relaylens: {message}"
+    assert "relaylens" in raised_in.parts, (f"raised from {raised_in} (deep inside a library), not by relaylens: "
+                                            f"{message}")
 
 
 def test_relocation_error_leaves_input_untouched(env):
@@ -618,17 +630,21 @@ CLI_CASES = [
     ("cli-analysis-name-dot", ["@analysis", "."], ["analysis name '.'", "not a plain name", "ordering"]),
     ("cli-analysis-name-dotdot", ["@analysis", ".."], ["analysis name '..'", "not a plain name"]),
     ("cli-analysis-name-path", ["@analysis", "../x"], ["analysis name '../x'", "not a plain name"]),
-    ("cli-synth-negative-n", ["@argv", "data", "synth", "--n", "-1", "--out", "{tmp}/synth.json"], ["--n", "-1", "Fix"]),
+    ("cli-synth-negative-n", ["@argv", "data", "synth", "--n", "-1", "--out", "{tmp}/synth.json"],
+     ["--n", "-1", "Fix"]),
     ("cli-bench-zero-repeats", ["@argv", "bench", "geometry", "--repeats", "0", "--out", "{tmp}/bench"],
         ["--repeats", "at least 1", "got 0"]),
     ("cli-bench-bad-schedule", ["@argv", "bench", "overhead", "--schedule", "random", "--out", "{tmp}/bench"],
         ["--schedule", "interleaved or back-to-back", "'random'"]),
     ("cli-bench-negative-chunk", ["@argv", "bench", "overhead", "--prefill-chunk", "-1", "--out", "{tmp}/bench"],
         ["--prefill-chunk", ">= 0", "got -1"]),
-    ("cli-figures-empty-format", ["@argv", "figures", "{foreign}", "--format", ""], ["--format ''", "no figure format", "png"]),
-    ("cli-report-foreign-manifest", ["@argv", "report", "{foreign}"], ["manifest.json", "not a relaylens run manifest", "Fix"]),
+    ("cli-figures-empty-format", ["@argv", "figures", "{foreign}", "--format", ""],
+     ["--format ''", "no figure format", "png"]),
+    ("cli-report-foreign-manifest", ["@argv", "report", "{foreign}"],
+     ["manifest.json", "not a relaylens run manifest", "Fix"]),
     ("cli-report-manifest-not-object", ["@argv", "report", "{list-manifest}"], ["not a relaylens run manifest"]),
-    ("cli-hub-id-offline", ["--model", "relaylens-test/no-such-model"], ["cannot load model 'relaylens-test/no-such-model'",
+    ("cli-hub-id-offline", ["--model", "relaylens-test/no-such-model"],
+     ["cannot load model 'relaylens-test/no-such-model'",
         "hub", "Fix", "network"]),
 ]
 
@@ -691,6 +707,7 @@ def test_real_cli_unwritable_out_under_proc(env):
                             env={**os.environ, "COLUMNS": "80", "OMP_NUM_THREADS": "1"})
     assert result.returncode == 2, result.stderr[-2000:]
     errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
-    assert len(errors) == 1 and "cannot create run directory /proc/relaylens-reliability/run" in errors[0], result.stderr
+    assert len(errors) == 1, result.stderr
+    assert "cannot create run directory /proc/relaylens-reliability/run" in errors[0], result.stderr
     assert "--out" in errors[0] and "Traceback" not in result.stderr
     assert not Path(out).exists()

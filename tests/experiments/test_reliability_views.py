@@ -26,7 +26,7 @@ def _run(ws, out):
     from relaylens.experiments.runner import RunConfig, run_analysis
     from relaylens.experiments.specs import load_analysis
 
-    spec = load_analysis("ordering").SPEC.replace(budgets=(0.4,), max_new_tokens=2, conditions=("original", "relay"),
+    spec = load_analysis("ordering").spec.replace(budgets=(0.4,), max_new_tokens=2, conditions=("original", "relay"),
                                                   replay_conditions=())
     return run_analysis(spec, RunConfig(data=str(ws["data"]), out=str(out)), progress=False,
                         model_and_tokenizer=(ws["model"], ws["tokenizer"]))

@@ -6,14 +6,15 @@ from __future__ import annotations
 import json
 
 import pytest
-from support.runner_paper_shared import workspace  # noqa: F401 - shared with the model tier
+from support.runner_paper_shared import workspace_fixture  # noqa: F401 - pytest fixture (named workspace)
 from support.runs import cli  # tests/ is on sys.path under pytest (tests/conftest.py)
 
 from relaylens.results.store import load_tables
 
 
 def _run(model_dir, data, out, *extra):
-    return cli("run", "coordinate_ablation", "--model", model_dir, "--data", data, "--out", out, "--max-new-tokens", "2",
+    return cli("run", "coordinate_ablation", "--model", model_dir, "--data", data, "--out", out, "--max-new-tokens",
+               "2",
                 "--budget", "0.4", "--condition", "relay", *extra)
 
 
@@ -24,7 +25,8 @@ def test_records_that_do_not_fit_are_skipped_recorded_and_not_retried(workspace)
     tables = load_tables(out)
     skipped = tables["skipped"].set_index("record_id")
     assert set(skipped.index) == {"the_long_one", "the_short_one"}
-    assert skipped.loc["the_long_one", "reason"] == "too_long" and "--max-history-tokens 5000" in skipped.loc["the_long_one", "detail"]
+    assert skipped.loc["the_long_one",
+                       "reason"] == "too_long" and "--max-history-tokens 5000" in skipped.loc["the_long_one", "detail"]
     assert skipped.loc["the_short_one", "reason"] == "too_short"
     assert skipped.loc["the_long_one", "history_length"] > 5000
     assert set(tables["answers"].record_id) & set(skipped.index) == set(), "skipped records have no answers"
@@ -99,7 +101,7 @@ def test_a_budget_too_small_for_a_record_is_skipped_not_fatal(workspace, tmp_pat
 
     _, _, data = workspace
     # the framing evicted: the budget is a ratio of the whole history, too small for SnapKV's window
-    spec = load_analysis("main_table").SPEC.replace(selectors=("snapkv", "bm25"), budgets=(0.01,), max_new_tokens=2,
+    spec = load_analysis("main_table").spec.replace(selectors=("snapkv", "bm25"), budgets=(0.01,), max_new_tokens=2,
                                                     protect_instructions=False)
     out = run_analysis(spec, RunConfig(data=str(data), out=str(tmp_path / "tiny_budget"), limit=2,
                                        max_history_tokens=5000), progress=False,

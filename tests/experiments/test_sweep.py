@@ -69,7 +69,8 @@ def _args(workspace, command, out, *extra):
 
 
 def _cli(args, env=CLI_ENV, hide_ray=True, timeout=600, check=True):
-    return cli(*args, env=env, timeout=timeout, check=check, prefix=[sys.executable, "-c", NO_RAY] if hide_ray else None)
+    return cli(*args, env=env, timeout=timeout, check=check,
+               prefix=[sys.executable, "-c", NO_RAY] if hide_ray else None)
 
 
 def _canonical_bytes(run_dir) -> dict[str, bytes]:
@@ -103,7 +104,8 @@ LAUNCHERS = {
                               "GROUP_RANK": "0", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500"},
     # sbatch --array=1-2: task ids 1 and 2, each its own job with one task
     "slurm-array": lambda rank: {"SLURM_ARRAY_JOB_ID": "900", "SLURM_ARRAY_TASK_ID": str(rank + 1),
-                                 "SLURM_ARRAY_TASK_COUNT": "2", "SLURM_ARRAY_TASK_MIN": "1", "SLURM_ARRAY_TASK_MAX": "2",
+                                 "SLURM_ARRAY_TASK_COUNT": "2", "SLURM_ARRAY_TASK_MIN": "1",
+                                 "SLURM_ARRAY_TASK_MAX": "2",
                                  "SLURM_JOB_ID": str(901 + rank), "SLURM_PROCID": "0", "SLURM_NTASKS": "1"},
 }
 
@@ -203,7 +205,7 @@ def test_sweep_shard_errors_are_named_per_shard_and_nothing_is_merged(workspace)
         assert len(attempts_path(out, i, 2).read_text().splitlines()) == 1
 
 
-# ------------------------------------------------------------------ issue 28 items 6 and 18: where Ray listens, reaching it
+# ------------------------------------------------------ issue 28 items 6 and 18: where Ray listens, reaching it
 
 # Starts the sweep's local Ray instance, runs one task (so a worker exists), then lists every listening socket (TCP) and
 # bound UDP socket of this process and its descendants, read from /proc: {"sockets": [[pid, command, address]], ...}.
@@ -367,7 +369,8 @@ def test_local_ray_starts_in_single_machine_mode_with_the_dashboard_only_when_as
     ray = _FakeRay("127.0.0.1")
     assert start_ray(ray, SweepOptions(shards=1, dashboard=dashboard)) is True
     (call,) = ray.calls
-    assert call["loopback_env"] == "0" and call["include_dashboard"] is dashboard and call["dashboard_host"] == "127.0.0.1"
+    assert call["loopback_env"] == "0" and call["include_dashboard"] is dashboard
+    assert call["dashboard_host"] == "127.0.0.1"
     assert os.environ.get(LOOPBACK_ONLY) is None  # restored once Ray has started
 
 

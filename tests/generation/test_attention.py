@@ -30,7 +30,8 @@ def _gemma_rows(condition: str, window_mode: str):
     kept = [5, 36, 37, 38, 39]  # position 5 is 35+ tokens before the question: outside an 8-token window at L
     selection = Selection.from_lists([[kept]] * pre.num_layers, L)
     recorder = FinalTokenRecorder()
-    run_condition(model, pre, selection, condition, question, max_new_tokens=0, observers=[recorder], window_mode=window_mode)
+    run_condition(model, pre, selection, condition, question, max_new_tokens=0, observers=[recorder],
+                  window_mode=window_mode)
     return recorder, model
 
 
@@ -91,12 +92,14 @@ def test_probability_rows_sum_to_one_over_visible_keys():
 
 def _row_state(valid: list[torch.Tensor], key_positions: list[torch.Tensor], new_positions: torch.Tensor,
                recorders: list, teachers: list | None) -> AttentionState:
-    """A batched state as relaylens.generation.rows builds it: each row's history padded to the widest row (invalid, far away)."""
+    """A batched state as relaylens.generation.rows builds it: each row's history padded to the widest row (invalid,
+    far away)."""
     width = max(v.shape[-1] for v in valid)
     pad = [width - v.shape[-1] for v in valid]
     state = AttentionState(
         valid={0: torch.stack([torch.nn.functional.pad(v, (0, p), value=False) for v, p in zip(valid, pad)])},
-        key_positions={0: torch.stack([torch.nn.functional.pad(k, (0, p), value=-(10**9)) for k, p in zip(key_positions, pad)])},
+        key_positions={0: torch.stack([torch.nn.functional.pad(k, (0, p), value=-(10**9)) for k,
+                                       p in zip(key_positions, pad)])},
         new_positions=new_positions)
     state.row_states = [AttentionState(valid={0: v}, key_positions={0: k}, new_positions=n)
                         for v, k, n in zip(valid, key_positions, new_positions)]
@@ -119,7 +122,8 @@ def test_observed_batch_computes_each_row_exactly_as_alone(window, teacher):
     key_positions = [torch.sort(torch.randperm(30, generator=gen)[:w]).values.expand(kv_heads, -1) for w in widths]
     new_positions = torch.stack([torch.arange(new) + 30 - 2 * b for b in range(len(widths))])  # [row, new]
     query = torch.randn(len(widths), q_heads, new, dim, generator=gen)
-    history = [(torch.randn(1, kv_heads, w, dim, generator=gen), torch.randn(1, kv_heads, w, dim, generator=gen)) for w in widths]
+    history = [(torch.randn(1, kv_heads, w, dim, generator=gen), torch.randn(1, kv_heads, w, dim, generator=gen))
+               for w in widths]
     fresh = torch.randn(2, len(widths), kv_heads, new, dim, generator=gen)  # new tokens' keys and values
     module = SimpleNamespace(layer_idx=0, sliding_window=window)
     model = tiny_model("llama")
@@ -141,11 +145,80 @@ def test_observed_batch_computes_each_row_exactly_as_alone(window, teacher):
     for b, own in enumerate(widths):
         alone, alone_probs, (recorder,), alone_teachers, _ = call([b])
         assert torch.equal(output[b], alone[0]), b
-        assert torch.equal(probs[b, ..., :own], alone_probs[0, ..., :own]) and torch.equal(probs[b, ..., width:], alone_probs[0, ..., own:])
+        assert torch.equal(probs[b, ..., :own], alone_probs[0, ..., :own])
+        assert torch.equal(probs[b, ..., width:], alone_probs[0, ..., own:])
         assert int(probs[b, ..., own:width].count_nonzero()) == 0, "padding slots receive no probability"
-        assert torch.equal(recorders[b].rows[0], recorder.rows[0]) and torch.equal(recorders[b].values[0], recorder.values[0])
+        assert torch.equal(recorders[b].rows[0], recorder.rows[0])
+        assert torch.equal(recorders[b].values[0], recorder.values[0])
         question_final = alone_probs[0, :, -2 if teacher else -1, : own + new - teacher]
         assert torch.equal(recorder.rows[0], question_final), "question observers see the question's final token"
         if teacher:
             assert torch.equal(teachers[b].rows[0], alone_teachers[0].rows[0])
             assert torch.equal(alone_teachers[0].rows[0], alone_probs[0, :, -1]), "teacher observers see the whole call"
+
+
+@pytest.mark.parametrize("variant", ["llama", "qwen2", "phi_partial", "cohere_interleaved", "gemma3", "smollm3_nope"])
+@pytest.mark.parametrize("condition", ["original", "relay"])
+def test_fused_unobserved_passes_equal_the_probability_path(variant, condition, monkeypatch):
+    """Passes nobody observes (decoding steps, an unprobed question pass) run the fused kernel; it must give the
+    logits (float32 rounding) and greedy tokens of the path that materialises probabilities."""
+    import relaylens.generation.attention as attention
+
+    model = tiny_model(variant, seed=2)
+    gen = torch.Generator().manual_seed(1)
+    history = torch.randint(3, model.config.vocab_size, (L,), generator=gen)
+    question = torch.randint(3, model.config.vocab_size, (Q,), generator=gen)
+    with torch.no_grad():
+        cache = model(history[None], use_cache=True, cache=DynamicCache()).cache
+    pre = prefill_from_cache(history, cache, model)
+    heads = pre.keys[0].shape[0]  # kv heads
+    kept = [[0, 4, 9, 20, 33, 38, 39], [1, 2, 9, 30, 39]]  # heads keep different slots: padded, masked widths
+    selection = Selection.from_lists([[kept[h % 2] for h in range(heads)]] * pre.num_layers, L)
+    outcomes = {}
+    for fused in (True, False):
+        monkeypatch.setattr(attention, "FUSED_UNOBSERVED", fused)
+        outcomes[fused] = run_condition(model, pre, selection, condition, question, max_new_tokens=6,
+                                        eos_token_ids=set())
+    assert outcomes[True].token_ids == outcomes[False].token_ids
+    torch.testing.assert_close(outcomes[True].last_logits, outcomes[False].last_logits, atol=1e-5, rtol=1e-5)
+
+
+def test_fused_kernel_is_not_used_when_probabilities_are_read(monkeypatch):
+    """An observed pass must keep the probability path (probes read its probabilities)."""
+    import relaylens.generation.attention as attention
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("the fused kernel ran on an observed pass")
+
+    monkeypatch.setattr(attention, "_attend_fused", refuse)
+    model = tiny_model("llama", seed=1)
+    history = torch.randint(3, 300, (L,))
+    with torch.no_grad():
+        cache = model(history[None], use_cache=True, cache=DynamicCache()).cache
+    pre = prefill_from_cache(history, cache, model)
+    selection = Selection.from_lists([[list(range(0, 40, 3)), list(range(1, 40, 5))]] * pre.num_layers, L)
+    recorder = FinalTokenRecorder()
+    run_condition(model, pre, selection, "relay", torch.tensor([7, 8, 9]), max_new_tokens=0, observers=[recorder])
+    assert recorder.rows
+
+
+@pytest.mark.parametrize(("batch", "kv_heads", "groups", "q_len"),
+                         [(1, 1, 1, 1), (3, 2, 4, 1), (2, 2, 3, 5), (4, 1, 2, 7)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_fused_kernel_equals_the_probability_kernel(batch, kv_heads, groups, q_len, dtype):
+    """The kernels themselves, on random tensors and random per-(row, kv head) masks with a causal tail (every query
+    sees at least its own key): outputs equal to float32 rounding (bfloat16: its rounding)."""
+    from relaylens.generation.attention import _attend, _attend_fused
+
+    gen = torch.Generator().manual_seed(batch * 100 + q_len)
+    total, dim = 23, 16
+    query = torch.randn(batch, kv_heads * groups, q_len, dim, generator=gen).to(dtype)
+    key = torch.randn(batch, kv_heads, total, dim, generator=gen).to(dtype)
+    value = torch.randn(batch, kv_heads, total, dim, generator=gen).to(dtype)
+    history = total - q_len
+    allow = torch.rand(batch, kv_heads, 1, history, generator=gen).expand(-1, -1, q_len, -1) > 0.4
+    causal = torch.ones(q_len, q_len).tril().bool().expand(batch, kv_heads, -1, -1)
+    allow = torch.cat((allow, causal), dim=-1)  # [B, kv_head, query, key]
+    expected, _ = _attend(query, key, value, allow, dim**-0.5, None)
+    tolerance = dict(atol=1e-5, rtol=1e-5) if dtype == torch.float32 else dict(atol=2e-2, rtol=2e-2)
+    torch.testing.assert_close(_attend_fused(query, key, value, allow, dim**-0.5), expected, **tolerance)

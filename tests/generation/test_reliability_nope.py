@@ -63,7 +63,8 @@ def test_common_shift_of_everything_leaves_the_logits_unchanged(variant):
     prefill = prefill_history(model, IDS, capture_window_queries=False)  # no query recipe for these classes
     full = Selection.full(prefill.history_length, prefill.num_layers, prefill.num_kv_heads)
     question = torch.arange(10, 20)
-    logits = {c: run_condition(model, prefill, full, c, question, max_new_tokens=0, keep_question_logits=True).question_logits
+    logits = {c: run_condition(model, prefill, full, c, question, max_new_tokens=0,
+                               keep_question_logits=True).question_logits
               for c in ("original", "common_shift(shift=300)")}
     error = float((logits["original"] - logits["common_shift(shift=300)"]).abs().max())
     assert error < 1e-4 * float(logits["original"].abs().max()), error

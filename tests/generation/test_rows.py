@@ -28,7 +28,8 @@ def _tokens(model, n, seed):
 def _ragged(pre, seed, low=4, high=30):
     """Ragged per-(layer, head) selection with scores: every head keeps its own count of states."""
     generator = torch.Generator().manual_seed(seed)
-    keep = [[sorted(torch.randperm(HISTORY, generator=generator)[:int(torch.randint(low, high, (1,), generator=generator))].tolist())
+    keep = [[sorted(torch.randperm(HISTORY, generator=generator)
+                    [:int(torch.randint(low, high, (1,), generator=generator))].tolist())
              for _ in range(pre.num_kv_heads)] for _ in range(pre.num_layers)]
     sel = Selection.from_lists(keep, HISTORY)
     return Selection(sel.positions, sel.valid, HISTORY, scores=torch.rand(sel.positions.shape, generator=generator))
@@ -76,7 +77,8 @@ def test_batched_probes_and_teacher_readouts_equal_sequential(setup):
         assert many.generation.token_ids == one.generation.token_ids, (variant, cond)
         left, right = one.readouts, many.readouts
         assert list(left.columns) == list(right.columns) and len(left) == len(right) > 0
-        assert (left[["probe_point", "layer", "head", "metric"]].values == right[["probe_point", "layer", "head", "metric"]].values).all()
+        columns = ["probe_point", "layer", "head", "metric"]
+        assert (left[columns].values == right[columns].values).all()
         difference = (left["value"] - right["value"]).abs()
         assert float(difference.fillna(0).max()) <= 1e-5, (variant, cond)
         assert (left["value"].isna() == right["value"].isna()).all()
@@ -104,7 +106,8 @@ def test_gemma3_window_modes_batched_equal_sequential(window_mode):
     history, question = _tokens(model, HISTORY, 2), _tokens(model, QUESTION, 3)
     with torch.no_grad():
         pre = prefill_from_cache(history, model(history[None], use_cache=True, cache=DynamicCache()).cache, model)
-    rows = [(_ragged(pre, seed), cond) for seed in (3, 4) for cond in ("original", "relay", "half_gap", "query_only(5)")]
+    rows = [(_ragged(pre, seed), cond) for seed in (3, 4)
+            for cond in ("original", "relay", "half_gap", "query_only(5)")]
     sequential = [run_condition(model, pre, sel, cond, question, max_new_tokens=TOKENS, eos_token_ids=set(),
                                 window_mode=window_mode, keep_question_logits=True) for sel, cond in rows]
     batched = run_rows(model, pre, [Row(sel, cond) for sel, cond in rows], question, max_new_tokens=TOKENS,
@@ -123,11 +126,13 @@ def test_rows_stop_independently_and_leave_the_batch():
     rows = [(_ragged(pre, seed), cond) for seed in (5, 6) for cond in ("original", "relay", "query_only(30)")]
     free = [run_condition(model, pre, sel, cond, question, max_new_tokens=8, eos_token_ids=set()) for sel, cond in rows]
     stop = [t for t in free[0].token_ids[1:] if t not in free[-1].token_ids][0]  # stops row 0 early, never the last row
-    expected = [run_condition(model, pre, sel, cond, question, max_new_tokens=8, eos_token_ids={stop}) for sel, cond in rows]
+    expected = [run_condition(model, pre, sel, cond, question, max_new_tokens=8, eos_token_ids={stop}) for sel,
+                cond in rows]
     sizes = []
     handle = model.lm_head.register_forward_hook(lambda module, args, out: sizes.append(args[0].shape[0]))
     try:
-        batched = run_rows(model, pre, [Row(sel, cond) for sel, cond in rows], question, max_new_tokens=8, eos_token_ids={stop})
+        batched = run_rows(model, pre, [Row(sel, cond) for sel, cond in rows], question, max_new_tokens=8,
+                           eos_token_ids={stop})
     finally:
         handle.remove()
     for one, many in zip(expected, batched):

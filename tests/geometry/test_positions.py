@@ -57,7 +57,7 @@ def test_phase_replay_reads_every_integer_width_as_positions(factors, dtype):
 @pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize(("source", "target", "message"), [
     (torch.tensor([0, 1, 2], dtype=torch.bool), torch.tensor([0, 1, 2]), "must be integer positions"),
-    # floating-point positions are real-valued positions (tests/geometry/test_real_positions.py): the same rule holds
+    # floating-point positions are real-valued positions (tests/geometry/test_real.py): the same rule holds
     # for them on every path (no negative position); other non-integer dtypes are refused
     (torch.tensor([0, 1, 2], dtype=torch.complex64), torch.tensor([0, 1, 2]), "must be integer positions"),
     (torch.tensor([0.0, -1.0, 2.0]), torch.tensor([0, 1, 2]), "negative position"),
@@ -89,12 +89,14 @@ def test_float32_positions_really_collapse_at_2_24(factors):
     """Why the limit sits where it does: the model's own rotary gives 2**24 and 2**24 + 1 one phase."""
     from relaylens.model.hf import call_rotary
 
-    cos, sin = call_rotary(factors.rotary_emb, torch.tensor([[2**24 - 1, 2**24, 2**24 + 1]]), None)  # [1, 3, rotary_dim]
+    # cos, sin: [1, 3, rotary_dim]
+    cos, sin = call_rotary(factors.rotary_emb, torch.tensor([[2**24 - 1, 2**24, 2**24 + 1]]), None)
     assert torch.equal(cos[0, 1], cos[0, 2]) and torch.equal(sin[0, 1], sin[0, 2])
     assert not torch.equal(cos[0, 0], cos[0, 1])
 
 
-@pytest.mark.parametrize(("factor", "message"), [(float("inf"), "same phase in every plane"), (float("nan"), "non-finite")])
+@pytest.mark.parametrize(("factor", "message"),
+                         [(float("inf"), "same phase in every plane"), (float("nan"), "non-finite")])
 def test_a_rotary_that_encodes_no_position_is_refused(factor, message):
     """Issue 28 item 12: a linear factor of inf gives every position phase 0 (no positional encoding at all); NaN
     gives NaN phases. Rotary factors read from such a model are refused, whatever config produced it."""

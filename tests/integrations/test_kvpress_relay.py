@@ -239,7 +239,8 @@ def test_the_press_imports_from_the_package_in_kvpress_environment():
     if python is None:
         _need("the pinned kvpress environment (make kvpress-env, or RELAYLENS_KVPRESS_PYTHON)")
     code = ("import transformers; from relaylens.integrations.kvpress_relay import RelayPress; "
-            "from kvpress import SnapKVPress; print(transformers.__version__, RelayPress(SnapKVPress(0.5)).compression_ratio)")
+            "from kvpress import SnapKVPress; "
+            "print(transformers.__version__, RelayPress(SnapKVPress(0.5)).compression_ratio)")
     env = {**{k: v for k, v in os.environ.items() if k != "PYTHONPATH"}, "PYTHONPATH": str(ROOT)}
     done = subprocess.run([python, "-c", code], capture_output=True, text=True, env=env, timeout=300, cwd=HERE)
     assert done.returncode == 0, done.stderr[-3000:]

@@ -1,5 +1,6 @@
 """The interpretability exports: TransformerLens's ActivationCache of the relocated question pass agrees with
-relaylens's own probe recorder, the CircuitsVis export follows the condition's coordinates and CircuitsVis accepts it."""
+relaylens's own probe recorder, the CircuitsVis export follows the condition's coordinates and CircuitsVis accepts
+it."""
 
 from __future__ import annotations
 

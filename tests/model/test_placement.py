@@ -85,7 +85,8 @@ def test_dtype_auto_detects_native_bfloat16_and_records_why(monkeypatch, flags, 
 
     monkeypatch.setenv("RELAYLENS_CPU_FLAGS", flags)
     placement = Placement.resolve("cpu", "auto")
-    assert placement.dtype == dtype and placement.dtype_reason.startswith(f"auto: {dtype}, ") and why in placement.dtype_reason
+    assert placement.dtype == dtype
+    assert placement.dtype_reason.startswith(f"auto: {dtype}, ") and why in placement.dtype_reason
     assert choose_dtype(None, "cpu") == (torch.float32, None)  # the default stays float32 on CPU
     assert choose_dtype("float32", "cpu") == (torch.float32, None)
 

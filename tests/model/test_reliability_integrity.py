@@ -227,7 +227,7 @@ def test_judge_url_secrets_never_reach_the_manifest(stubs, tmp_path, monkeypatch
     url = f"http://alice:pa55word@{host}?key=tok-789"
     data = tmp_path / "records.json"
     data.write_text(json.dumps(generate_records(n=1, seed=3, history_tokens=800)))
-    spec = load_analysis("ordering").SPEC.replace(budgets=(0.4,), max_new_tokens=2, conditions=("original",),
+    spec = load_analysis("ordering").spec.replace(budgets=(0.4,), max_new_tokens=2, conditions=("original",),
                                                   replay_conditions=())
     out = run_analysis(spec, RunConfig(model="tiny", data=str(data), out=str(tmp_path / "run"), judge_url=url,
                                        judge_model="m"), progress=False,

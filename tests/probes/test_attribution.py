@@ -63,7 +63,8 @@ def test_relocation_gradcheck_float64(variant):
     source = torch.tensor([[0, 3, 9, 10, 40, 900]] * 2)
     target = torch.tensor([[1, 2, 3, 4, 5, 6], [0, 3, 9, 10, 40, 900]])
     assert relocate_keys(keys, source, target, factors, layer).dtype == torch.float64
-    for fn in (lambda k: relocate_keys(k, source, target, factors, layer), lambda k: rotate_keys(k, source, factors, layer),
+    for fn in (lambda k: relocate_keys(k, source, target, factors, layer),
+               lambda k: rotate_keys(k, source, factors, layer),
                lambda k: unrotate_keys(k, source, factors, layer)):
         assert torch.autograd.gradcheck(fn, (keys,))
 
@@ -112,7 +113,8 @@ def _scaled_gold(pre, sel, gold, layer, kv_head, factor):
     return dataclasses.replace(pre, keys=swap(pre.keys, keys), values=swap(pre.values, values))
 
 
-@pytest.mark.parametrize(("variant", "condition"), [("llama", "relay"), ("qwen2_yarn", "half_gap"), ("gemma3", "original")])
+@pytest.mark.parametrize(("variant", "condition"),
+                         [("llama", "relay"), ("qwen2_yarn", "half_gap"), ("gemma3", "original")])
 def test_grad_x_input_matches_finite_differences(variant, condition):
     model, pre, sel, question, evidence = _setup(variant)
     gold = gold_slots(sel, evidence)
@@ -155,7 +157,8 @@ def test_logit_attribution_matches_zeroed_values_forward(variant):
 
 def test_share_lies_in_unit_interval_and_grad_needs_a_target():
     model, pre, sel, question, evidence = _setup("llama", dtype=torch.float32)
-    probed = probe_condition(model, pre, sel, "relay", question, evidence, teacher_token=TARGET, grad=True, max_new_tokens=0)
+    probed = probe_condition(model, pre, sel, "relay", question, evidence, teacher_token=TARGET, grad=True,
+                             max_new_tokens=0)
     share = probed.readouts[probed.readouts.metric == "evidence_grad_x_input_share"]["value"]
     assert len(share) and share.between(0, 1).all()
     assert set(probed.readouts.probe_point) == {"question_final", "first_answer_token"}

@@ -39,14 +39,14 @@ def _top(rows, count: int = 3):
 @pytest.mark.parametrize("condition", ["original", "relay"])
 def test_gradient_in_b_matches_exact_one_position_shifts(variant, condition):
     """Sign for the three heads with the largest gradients, magnitude within 25% (not the issue's 20%: on SmolLM2,
-    ``tests/acceptance/test_learned_model.py``, +-1 slopes are a median 0.84 of the gradient). A +-1 shift is a large step for the fastest rotary plane (one
-    radian per position): a central difference of ``sin(w b)`` over +-1 is ``sin(w) / w`` of its derivative (0.84 at
-    ``w = 1``), so integer shifts read 5-20% low on these 3-layer models; the small-step test below pins the
-    gradient itself to 3%."""
+    ``tests/acceptance/test_learned_model.py``, +-1 slopes are a median 0.84 of the gradient). A +-1 shift is a large
+    step for the fastest rotary plane (one radian per position): a central difference of ``sin(w b)`` over +-1 is
+    ``sin(w) / w`` of its derivative (0.84 at ``w = 1``), so integer shifts read 5-20% low on these 3-layer models; the
+    small-step test below pins the gradient itself to 3%."""
     model, pre, sel, question = _setup(variant)
     top = _top(positional_sensitivity(model, pre, sel, condition, question, TARGET))
-    slopes = finite_shift_slopes(model, pre, sel, condition, question, TARGET, [(int(r.layer), int(r.head))
-                                                                                  for r in top.itertuples()])
+    slopes = finite_shift_slopes(model, pre, sel, condition, question, TARGET,
+                                 [(int(r.layer), int(r.head)) for r in top.itertuples()])
     for r in top.itertuples():
         slope = slopes[(int(r.layer), int(r.head))]
         assert slope * r.value > 0, (variant, condition, r.layer, r.head, r.value, slope)

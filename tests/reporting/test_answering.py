@@ -6,7 +6,6 @@ from __future__ import annotations
 import math
 
 import numpy as np
-import pandas as pd
 import pytest
 
 from relaylens.reporting.figures.answering import answering_table, needs_answering
@@ -19,7 +18,8 @@ def _tables():
     answers = t["answers"].copy()
     empty = {("r0", "original"), ("r1", "original")}
     answers["answer"] = [("" if (r, c) in empty else "Biscuit") for r, c in zip(answers.record_id, answers.condition)]
-    answers["first_token_eos_prob"] = [0.9 if (r, c) in empty else 0.1 for r, c in zip(answers.record_id, answers.condition)]
+    answers["first_token_eos_prob"] = [0.9 if (r, c) in empty else 0.1 for r,
+                                       c in zip(answers.record_id, answers.condition)]
     answers["cluster_id"] = answers["record_id"]
     scores = t["scores"][t["scores"].metric == "contains"].copy()
     right = {("r2", "original"), ("r0", "relay"), ("r1", "relay"), ("r2", "relay")}
@@ -57,9 +57,9 @@ def test_runner_records_the_first_token_end_probability(tmp_path):
     here from an independent question pass (run_condition) for one row."""
     import torch
 
+    from relaylens.datasets import load_records
     from relaylens.datasets.prompting import render_prompt
     from relaylens.datasets.synthetic import generate_records, write_records
-    from relaylens.datasets import load_records
     from relaylens.experiments.config import RunConfig
     from relaylens.experiments.runner import run_analysis
     from relaylens.experiments.specs import ExperimentSpec

@@ -42,7 +42,8 @@ def test_registry_covers_every_analysis_figure():
             if isinstance(node, ast.keyword) and node.arg == "figures":
                 names = ast.literal_eval(node.value)
                 missing = set(names) - set(figures.REGISTRY)
-                assert not missing, f"{path.name}: SPEC.figures names {missing}, not in relaylens.reporting.figures.REGISTRY"
+                assert not missing, (f"{path.name}: SPEC.figures names {missing}, "
+                                     "not in relaylens.reporting.figures.REGISTRY")
 
 
 @pytest.mark.parametrize("name", sorted(PAPER_ENTRIES))
@@ -82,14 +83,16 @@ def test_selection_follows_the_spec_then_the_tables(tables):
     assert figures.select_figures(tables, manifest) == ["figure6", "layer_bands", "evidence_bands"]
     figure3 = {"config": {"spec": {"figures": ["figure3"]}}}  # its paired numbers per selector x budget: Table 8
     assert figures.select_figures(tables, figure3) == ["figure3", "table8", "answering"]
-    # no spec: all supported (the example tables have no InfiniteBench records, no FINCH, no attribution readouts
-    # and no judge: not Tables 2 and 7, the attribution companion, the cross-judge or the judge-agreement table; no checklist judging:
-    # not Tables 10-11; no geometry table or sensitivity readouts: not the learned-geometry entries; one history
-    # length: not the history-length curve; no LongMemEval judge: not its metrics table; no framing cells: not the
-    # framing entries)
+    # no spec: all supported (the example tables have no InfiniteBench records, no FINCH, no attribution readouts and no
+    # judge: not Tables 2 and 7, the attribution companion, the cross-judge or the judge-agreement table; no checklist
+    # judging: not Tables 10-11; no geometry table or sensitivity readouts: not the learned-geometry entries; one
+    # history length: not the history-length curve; no LongMemEval judge: not its metrics table; no framing cells: not
+    # the framing entries)
     assert figures.select_figures(tables, {}) == [n for n in figures.names()
-                                                  if n not in ("table2", "table7", "figure6_attribution", "cross_judge", "judge_agreement",
-                                                               "table10", "table11", "learned_geometry", "learned_table",
+                                                  if n not in ("table2", "table7", "figure6_attribution", "cross_judge",
+                                                               "judge_agreement",
+                                                               "table10", "table11", "learned_geometry",
+                                                               "learned_table",
                                                                "positional_sensitivity", "history_length",
                                                                "history_length_table", "longmemeval_metrics",
                                                                "framing", "framing_table")]
@@ -106,7 +109,8 @@ def test_table1_means_and_paired_differences_are_exact():
     scores = t["scores"]
     # contains: original 0 on every record, relay 1 on records r0..r2 -> mean 0.6, paired difference 0.6
     scores.loc[scores["metric"] == "contains", "value"] = 0.0
-    hit = (scores["metric"] == "contains") & (scores["condition"] == "relay") & scores["record_id"].isin(["r0", "r1", "r2"])
+    hit = ((scores["metric"] == "contains") & (scores["condition"] == "relay")
+           & scores["record_id"].isin(["r0", "r1", "r2"]))
     scores.loc[hit, "value"] = 1.0
     table = figures.build("table1", t)
     relay = table[table["condition"] == "relay"].iloc[0]
@@ -132,7 +136,8 @@ def test_layer_table_and_band_deltas_in_percentage_points():
     p = t["probes"]
     share = p["metric"] == "evidence_share"
     p.loc[share & (p["condition"] == "original"), "value"] = 0.10
-    p.loc[share & (p["condition"] == "relay"), "value"] = 0.10 + 0.01 * p.loc[share & (p["condition"] == "relay"), "layer"]
+    relay_rows = share & (p["condition"] == "relay")
+    p.loc[relay_rows, "value"] = 0.10 + 0.01 * p.loc[relay_rows, "layer"]
     lt = summaries.layer_table(p)
     relay = lt[(lt["metric"] == "evidence_share") & (lt["condition"] == "relay")].set_index("layer")
     assert relay["delta_pp"].round(9).tolist() == [0.0, 1.0, 2.0, 3.0, 4.0, 5.0]
@@ -181,7 +186,8 @@ def test_figures_command_twice_gives_byte_identical_files(tmp_path, write_run):
     # a fresh process (no shared matplotlib state, other hash seed) must write the same bytes
     env = {**os.environ, "PYTHONHASHSEED": "123"}
     env.pop("SOURCE_DATE_EPOCH", None)
-    code = "import relaylens.reporting.figures as f, relaylens.reporting.summaries as s, sys; s.N_RESAMPLES = 300; f.write_figures(sys.argv[1], only=sys.argv[2])"
+    code = ("import relaylens.reporting.figures as f, relaylens.reporting.summaries as s, sys; s.N_RESAMPLES = 300; "
+            "f.write_figures(sys.argv[1], only=sys.argv[2])")
     subprocess.run([sys.executable, "-c", code, str(run), only], check=True, cwd=ROOT, env=env, timeout=300)
     second = _files(run / "figures")
     changed = sorted(name for name in first if first[name] != second[name])

@@ -9,8 +9,12 @@ import pandas as pd
 import pytest
 
 from relaylens.reporting import figures, summaries
-from relaylens.reporting.figures.longmemeval_metrics import (COLUMNS, lme_metrics, longmemeval_metrics_table,
-                                                            task_averaged)
+from relaylens.reporting.figures.longmemeval_metrics import (
+    COLUMNS,
+    lme_metrics,
+    longmemeval_metrics_table,
+    task_averaged,
+)
 from relaylens.reporting.figures.writer import write_entry
 from relaylens.results.tables import example_tables
 from relaylens.scoring.longmemeval_judge import QUESTION_TYPES
@@ -69,9 +73,11 @@ def test_matches_the_benchmarks_print_qa_metrics_formula():
     for i in range(60):
         qtype = QUESTION_TYPES[int(rng.integers(0, len(QUESTION_TYPES)))]
         rid = f"q{i}" + ("_abs" if rng.random() < 0.2 else "")
-        verdicts[rid] = (qtype, float(rng.random() < 0.3 + 0.1 * QUESTION_TYPES.index(qtype)), float(rng.random() < 0.5))
+        verdicts[rid] = (qtype, float(rng.random() < 0.3 + 0.1 * QUESTION_TYPES.index(qtype)),
+                         float(rng.random() < 0.5))
     row = longmemeval_metrics_table({"scores": _scores(verdicts)}).set_index("condition").loc["original"]
-    # print_qa_metrics.py: type2acc per type, task_acc = mean of the type means, overall over all, abstention over _abs ids
+    # print_qa_metrics.py: type2acc per type, task_acc = mean of the type means, overall over all, abstention over
+    # _abs ids
     type2acc = {t: [] for t in QUESTION_TYPES}
     abstention = []
     for rid, (qtype, value, _) in verdicts.items():

@@ -30,7 +30,7 @@ def run_dir(tmp_path_factory):
     root = tmp_path_factory.mktemp("outputs")
     data = root / "records.json"
     data.write_text(json.dumps(generate_records(n=2, seed=3, history_tokens=800)))
-    spec = load_analysis("ordering").SPEC.replace(budgets=(0.4,), max_new_tokens=2)
+    spec = load_analysis("ordering").spec.replace(budgets=(0.4,), max_new_tokens=2)
     return run_analysis(spec, RunConfig(model="tiny", data=str(data), out=str(root / "run")), progress=False,
                         model_and_tokenizer=(tiny_model("llama", seed=0), tiny_tokenizer()))
 

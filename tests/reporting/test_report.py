@@ -9,11 +9,10 @@ import re
 
 import pandas as pd
 import pytest
-from support.report_shared import HEADS, LAYERS, MANIFEST, html, tables, views  # noqa: F401 - shared with the browser tier
+from support.report_shared import LAYERS, MANIFEST, html_fixture, tables_fixture, views  # noqa: F401 - pytest fixtures
 
 from relaylens.reporting import figures, report, summaries
 from relaylens.results.tables import example_tables
-
 
 
 @pytest.fixture(autouse=True)
@@ -55,7 +54,8 @@ def test_embedded_layer_data_is_exact(tables, html):
         for cond in ("original", "relay"):
             want = probes[sel & (probes["layer"] == layer) & (probes["condition"] == cond)]["value"].mean()
             got = [r for r in data["layers"] if r["layer"] == layer and r["condition"] == cond and
-                   r["metric"] == "evidence_share" and r["probe_point"] == "question_final" and r["source"] == "forward"]
+                   r["metric"] == "evidence_share" and r["probe_point"] == "question_final"
+                   and r["source"] == "forward"]
             assert len(got) == 1 and got[0]["value"] == pytest.approx(want)
         base = [r for r in data["layers"] if r["layer"] == layer and r["condition"] == "original"
                 and r["metric"] == "evidence_share" and r["probe_point"] == "question_final"][0]
@@ -110,7 +110,8 @@ def test_token_view_section(tables):
     html = report.render_report(tables, MANIFEST, views=views())
     assert html.count('<section id="token-view">') == 1 and 'class="rl-tv-layer"' in html
     assert "://" not in html.split('<section id="token-view">')[1]
-    payload = re.search(r'<div class="rl-tv" id="relaylens-token-view">.*?<script type="application/json">(.*?)</script>',
+    payload = re.search(r'<div class="rl-tv" id="relaylens-token-view">.*?'
+                        r'<script type="application/json">(.*?)</script>',
                         html, re.S)
     assert [v["record_id"] for v in json.loads(payload.group(1))] == ["r0", "r1", "r2"]
     assert '<section id="token-view">' not in report.render_report(tables, MANIFEST)

@@ -10,7 +10,6 @@ import random
 import re
 import warnings
 
-import pandas as pd
 import pytest
 from support.runs import assert_tables_equal, fill, manifest, unit_rows  # tests/ is on sys.path (tests/conftest.py)
 
@@ -61,7 +60,8 @@ def test_a_marker_without_checksums_still_checks_row_counts(tmp_path):
     """consolidated.json of an older relaylens records row counts but no checksums: those are checked."""
     store, tables = _run(tmp_path)
     marker = store.run_dir / "consolidated.json"
-    marker.write_text(json.dumps({k: v for k, v in json.loads(marker.read_text()).items() if k == "units" or k == "rows"}))
+    marker.write_text(json.dumps({k: v for k,
+                                  v in json.loads(marker.read_text()).items() if k == "units" or k == "rows"}))
     assert_tables_equal(load_tables(store.run_dir), tables)
     tables["scores"].iloc[:-3].to_parquet(store.run_dir / "scores.parquet", index=False)
     with pytest.warns(UserWarning, match=r"scores\.parquet holds 21 rows; consolidated.json records 24"):
@@ -184,7 +184,8 @@ def test_merge_carries_the_shards_token_views(tmp_path):
         rid = shard_records(IDS, index, 2)[0]
         write_view(shard.run_dir, example_view() | {"record_id": rid, "order": 0})
     merge_run_dir(run)
-    assert sorted(v["record_id"] for v in load_views(run, None)) == sorted(shard_records(IDS, i, 2)[0] for i in range(2))
+    assert (sorted(v["record_id"] for v in load_views(run, None))
+            == sorted(shard_records(IDS, i, 2)[0] for i in range(2)))
 
 
 @pytest.mark.parametrize("ids", [["q" * 300], ["q 1", "q?1"]], ids=["300-characters", "same-sanitised-name"])

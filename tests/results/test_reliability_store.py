@@ -40,7 +40,7 @@ def ws(tmp_path_factory):
 def _spec():
     from relaylens.experiments.specs import load_analysis
 
-    return load_analysis("ordering").SPEC.replace(budgets=(0.4,), max_new_tokens=2, conditions=("original", "relay"),
+    return load_analysis("ordering").spec.replace(budgets=(0.4,), max_new_tokens=2, conditions=("original", "relay"),
                                                   replay_conditions=())
 
 

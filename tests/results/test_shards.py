@@ -1,5 +1,6 @@
 """Merging one run directory's shards (RUN_DIR/shards/I-of-N, from --shard auto or sweep) into RUN_DIR, and the
-refusals: no shards, mixed sweeps, a missing shard, a shard lacking units, a misplaced shard, different configurations."""
+refusals: no shards, mixed sweeps, a missing shard, a shard lacking units, a misplaced shard, different
+configurations."""
 
 from __future__ import annotations
 

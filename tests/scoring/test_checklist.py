@@ -132,7 +132,7 @@ def test_summarization_runs_end_to_end_with_the_stub_judge(tmp_path):
 
     data = tmp_path / "summarization.jsonl"
     items = short_sample(data)
-    spec = load_analysis("summarization").SPEC.replace(max_new_tokens=4, selector_options={"snapkv": {"window": 8}})
+    spec = load_analysis("summarization").spec.replace(max_new_tokens=4, selector_options={"snapkv": {"window": 8}})
     out = run_analysis(spec, RunConfig(out=str(tmp_path / "run"), data=str(data), judge_model="stub"), progress=False,
                        model_and_tokenizer=(tiny_model("llama", seed=0), tiny_tokenizer()))
     tables = load_tables(out)
@@ -149,8 +149,8 @@ def test_summarization_runs_end_to_end_with_the_stub_judge(tmp_path):
     assert (table10["n"] == 2).all() and table10["quality"].between(0, 1).all()
     assert set(build("table11", tables)["category"]) == {items[0]["category"], items[1]["category"]}
     # `relaylens judge RUN_DIR`: a second judge re-scores the same summaries by checklist, answers untouched
-    from relaylens.reporting.figures.registry import prepare_tables
     from relaylens.experiments.rejudge import rejudge_run
+    from relaylens.reporting.figures.registry import prepare_tables
 
     before = (out / "answers.parquet").read_bytes()
     result = rejudge_run(out, Scripted(_reply([0.5] * 6)), "second")

@@ -103,7 +103,8 @@ def test_template_is_verbatim():
     ('{"correct": true, "why": "x"}', True), ('{"correct": "true"}', None), ('{"correct": 1}', None),
     ("true", None), ("Yes", None), ('```json\n{"correct": true}\n```', True), ('```\n{"correct": false}```', False),
     ('```json\n{\n  "correct": false\n}\n```', False), ('Verdict: ```json\n{"correct": true}\n```', None),
-    ('```json\n{"correct": true}\n``` done', None), ('```json\n{"correct": true}\n```\n```json\n{"correct": false}\n```', None),
+    ('```json\n{"correct": true}\n``` done', None),
+                                            ('```json\n{"correct": true}\n```\n```json\n{"correct": false}\n```', None),
     ('```json\n{"correct": "true"}\n```', None), ('```json\n{"correct": true}', None), ('{"correct": tr', None),
     ('{"correct": true} extra', None), ("", None), ('[{"correct": true}]', None),
 ])

@@ -72,7 +72,8 @@ def test_the_five_prompts_are_the_benchmarks_text():
     assert "answer no. \n\nQuestion: {question}" in lme.PROMPTS["default"]
     assert "is still correct. \n\nQuestion: {question}" in lme.PROMPTS["temporal-reasoning"]
     assert "is the required answer.\n\nQuestion: {question}" in lme.PROMPTS["knowledge-update"]
-    assert "information correctly.\n\nQuestion: {question}\n\nRubric: {answer}" in lme.PROMPTS["single-session-preference"]
+    preference = lme.PROMPTS["single-session-preference"]
+    assert "information correctly.\n\nQuestion: {question}\n\nRubric: {answer}" in preference
     assert "asked information is not.\n\nQuestion: {question}\n\nExplanation: {answer}" in lme.PROMPTS["abstention"]
     assert lme.PROMPTS["abstention"].endswith("Does the model correctly identify the question as unanswerable? "
                                               "Answer yes or no only.")
@@ -109,7 +110,8 @@ def test_prompt_routing_per_type_and_abstention_by_id(rid, qtype, abstention, ki
 def test_reference_is_the_files_answer_as_the_script_formats_it():
     assert lme.reference_text(rec("q1", "temporal-reasoning", answer="3", raw=3)) == "3"
     assert lme.reference_text(rec("q1", "temporal-reasoning", answer="4", raw=4.0)) == "4.0"  # str(4.0), as upstream
-    assert lme.reference_text({"question": "Q?", "answers": ["Rex", "T. Rex"], "question_type": "multi-session"}) == "Rex"
+    assert lme.reference_text({"question": "Q?", "answers": ["Rex", "T. Rex"],
+                               "question_type": "multi-session"}) == "Rex"
     mapping = {"question_id": "x_abs", "question": "Q?", "references": ["none"], "question_type": "multi-session"}
     assert lme.prompt_kind(mapping) == "abstention"
 
@@ -195,7 +197,8 @@ def test_a_backend_failure_is_a_failed_verdict_never_cached(tmp_path):
             raise memory.JudgeBackendError("connection refused")
 
     path = tmp_path / "cache.jsonl"
-    verdict = lme.LongMemEvalJudge(Down(), cache_path=path, on_backend_error="record").judge(rec("q", "multi-session"), "x")
+    judge = lme.LongMemEvalJudge(Down(), cache_path=path, on_backend_error="record")
+    verdict = judge.judge(rec("q", "multi-session"), "x")
     assert verdict.failed and verdict.error.startswith("backend error")
     scores = verdict.scores()
     assert math.isnan(scores["judge_lme"]) and scores["judge_lme_failed"] == 1.0
@@ -287,7 +290,7 @@ def test_a_whole_dataset_is_checked_and_the_first_refused_record_named(tmp_path)
     lme.check_records(load_records(FIXTURES / "longmemeval_small.json"))  # LongMemEval itself passes
     from relaylens.experiments.specs import load_analysis
 
-    spec = load_analysis("main_table").SPEC
+    spec = load_analysis("main_table").spec
     config = RunConfig(data=str(FIXTURES / "longbook_choice_eng.jsonl"), judge_model="no-such-model",
                        judge_template="longmemeval")
     with pytest.raises(RelaylensError, match="judge template longmemeval: record"):

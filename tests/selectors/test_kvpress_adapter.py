@@ -1,7 +1,7 @@
 """``kvpress:<Press>`` selectors in relaylens's own environment: names, arguments, budgets, refusals, bad presses,
 the pass's hygiene, and ``relaylens run main_table --selector kvpress:...`` end to end on a tiny saved model.
 
-The equality with kvpress's own pipeline is ``test_kvpress_equality.py``. Tests that need kvpress are skipped
+The equality with kvpress's own pipeline is ``test_kvpress_adapter_equality.py``. Tests that need kvpress are skipped
 locally without it and FAIL under ``CI=true`` (``make test`` installs it with ``--no-deps``).
 """
 

@@ -106,7 +106,7 @@ def test_a_run_skips_the_unit_naming_record_and_press(kvpress, tmp_path):
 
     data = tmp_path / "records.json"
     data.write_text(json.dumps(generate_records(n=1, seed=3, history_tokens=600)))
-    spec = load_analysis("main_table").SPEC.replace(
+    spec = load_analysis("main_table").spec.replace(
         selectors=("kvpress:KnormPress", "kvpress:LagKVPress"), budgets=(0.4,), max_new_tokens=2,
         conditions=("original",), selector_options={"kvpress:LagKVPress": {"lag_size": 4096}})
     out = run_analysis(spec, RunConfig(model="tiny", data=str(data), out=str(tmp_path / "run")), progress=False,

@@ -57,7 +57,8 @@ def prompt():
 _GEN = torch.Generator().manual_seed(3)
 OPTIONS = {"scissorhands": {"history_window": 32},
            "finch": {"question_attention": QuestionAttention([torch.rand(8, L, generator=_GEN) for _ in range(LAYERS)],
-                                                             [torch.rand(8, L, generator=_GEN) for _ in range(LAYERS)])}}
+                                                             [torch.rand(8, L, generator=_GEN)
+                                                              for _ in range(LAYERS)])}}
 UNIFORM = {"snapkv", "h2o", "cam", "scissorhands", "finch", "streaming", "random"}
 P = HEAD + GAP * (len(SIZES) - 1)  # 44 protected tokens
 N_SOURCE = L - P  # 356
@@ -107,7 +108,8 @@ def test_protected_states_are_kept_and_excluded_from_the_budget(pre, prompt, nam
         assert len(counts) == 1 and counts[0] <= k_src
         kept = set(sel.positions[0, 0][sel.valid[0, 0]].tolist())
         whole = sum(s.length for s in prompt.sessions if s.start in kept)
-        assert whole == counts[0] and all(set(range(s.start, s.end)) <= kept for s in prompt.sessions if s.start in kept)
+        assert whole == counts[0] and all(set(range(s.start, s.end)) <= kept for s in prompt.sessions
+                                          if s.start in kept)
 
 
 def test_snapkv_equals_force_keeping_the_protected_states(pre, prompt):
@@ -166,7 +168,7 @@ def test_memory_runs_take_the_option_and_record_it(tmp_path):
 
     data = tmp_path / "records.json"
     data.write_text(json.dumps(generate_records(n=1, seed=3, history_tokens=600)))
-    base = load_analysis("main_table").SPEC
+    base = load_analysis("main_table").spec
     assert base.protect_instructions is True and base.to_dict()["regime"]["framing"].startswith("protected")
     evicted = base.replace(protect_instructions=False).to_dict()
     assert "protect_instructions" not in evicted and evicted["regime"]["framing"].startswith("evicted")

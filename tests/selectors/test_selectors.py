@@ -39,7 +39,8 @@ def run():
 
         return hook
 
-    handles = [l.self_attn.register_forward_pre_hook(grab(i), with_kwargs=True) for i, l in enumerate(model.model.layers)]
+    handles = [l.self_attn.register_forward_pre_hook(grab(i), with_kwargs=True) for i,
+               l in enumerate(model.model.layers)]
     try:
         with torch.no_grad(), capture_column_sums(model, block_size=10) as stats:
             out = model(ids, use_cache=True, output_attentions=True)

@@ -39,7 +39,8 @@ def check_logit_attribution(model, pre, sel, question, evidence, condition, targ
         plain = run_condition(model, pre, sel, condition, question, max_new_tokens=0)
     direction = logit_direction(model, target, residuals[0]).double()
     # the frozen-norm direction reproduces the model's own logit of the target
-    assert float(direction @ residuals[0].double()) == pytest.approx(float(plain.last_logits[target]), rel=1e-4, abs=1e-4)
+    assert float(direction @ residuals[0].double()) == pytest.approx(float(plain.last_logits[target]), rel=1e-4,
+                                                                     abs=1e-4)
     pairs = {}
     for layer in layers:
         values = pre.values[layer].clone()
@@ -47,7 +48,8 @@ def check_logit_attribution(model, pre, sel, question, evidence, condition, targ
             values[kv_head, sel.positions[layer, kv_head][gold[layer, kv_head]]] = 0.0
         zeroed = dataclasses.replace(pre, values=pre.values[:layer] + [values] + pre.values[layer + 1:])
         before = o_proj_row(model, layer, lambda: run_condition(model, pre, sel, condition, question, max_new_tokens=0))
-        after = o_proj_row(model, layer, lambda: run_condition(model, zeroed, sel, condition, question, max_new_tokens=0))
+        after = o_proj_row(model, layer,
+                           lambda: run_condition(model, zeroed, sel, condition, question, max_new_tokens=0))
         heads = range(model.config.num_attention_heads)
         attributed = sum(table[("question_final", layer, h, "evidence_logit_contribution")] for h in heads)
         pairs[layer] = (attributed, float(direction @ (before - after)))

@@ -1,4 +1,4 @@
-"""Helpers shared by tests/.../test_probes_tl.py and its model tier (not a test module)."""
+"""Helpers shared by tests/probes/test_transformer_lens.py and its model tier (not a test module)."""
 
 from __future__ import annotations
 

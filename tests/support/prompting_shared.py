@@ -9,6 +9,6 @@ from relaylens.testing import tiny_tokenizer
 MODES = ("chat", "completion")
 
 
-@pytest.fixture(scope="module")
-def tok():
+@pytest.fixture(scope="module", name="tok")
+def tok_fixture():
     return tiny_tokenizer()

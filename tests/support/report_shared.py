@@ -13,17 +13,16 @@ MANIFEST = {"analysis": "evidence_reading", "config": {"spec": {"figures": ["fig
             "dataset": {"path": "/data/lme.json", "sha256": "cd" * 32}, "created_at": "2026-01-01T00:00:00+00:00"}
 
 
-
-@pytest.fixture(scope="module")
-def tables():
+@pytest.fixture(scope="module", name="tables")
+def tables_fixture():
     t = example_tables(records=3, selectors=("snapkv",), budgets=(0.1,), layers=LAYERS, heads=HEADS,
                          conditions=("original", "half_gap", "relay"))
     t["answers"].loc[0, "answer"] = "<script>alert('x')</script> see http://evil.example/x"
     return t
 
 
-@pytest.fixture(scope="module")
-def html(tables):
+@pytest.fixture(scope="module", name="html")
+def html_fixture(tables):
     return report.render_report(tables, MANIFEST)
 
 # ------------------------------------------------------------------------------------------------ token view

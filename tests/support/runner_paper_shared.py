@@ -11,8 +11,8 @@ from support.runs import (
 )
 
 
-@pytest.fixture(scope="module")
-def workspace(tmp_path_factory):
+@pytest.fixture(scope="module", name="workspace")
+def workspace_fixture(tmp_path_factory):
     """A tiny saved Llama and a data file of three ordinary records, one very long and one with a tiny history."""
     from relaylens.datasets.synthetic import generate_records
 

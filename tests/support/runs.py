@@ -20,7 +20,8 @@ CLI_ENV = {**os.environ, "OMP_NUM_THREADS": "1", "COLUMNS": "200"}  # two shared
 CONDITIONS = ("original", "relay")
 
 
-def unit_rows(record_id: str, selector: str = "bm25", budget: float = 0.1, cluster: str | None = None, bump: float = 0.0):
+def unit_rows(record_id: str, selector: str = "bm25", budget: float = 0.1, cluster: str | None = None,
+              bump: float = 0.0):
     """Rows of one unit: two conditions, two score metrics (one NaN judge), 2 layers x 2 heads of one probe."""
     key = dict(record_id=record_id, selector=selector, budget=budget)
     rec = dict(question_type="single-session-user", is_abstention=record_id.endswith("_abs"), cluster_id=cluster)

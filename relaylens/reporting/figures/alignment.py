@@ -1,5 +1,5 @@
-"""Alignment (``relaylens/analyses/alignment.py``): right-aligned relay vs left-aligned rank_sync, accuracy per selector and
-the per-layer evidence share."""
+"""Alignment (``relaylens/analyses/alignment.py``): right-aligned relay vs left-aligned rank_sync, accuracy per selector
+and the per-layer evidence share."""
 
 from __future__ import annotations
 
@@ -7,7 +7,13 @@ from matplotlib.figure import Figure
 
 from relaylens.reporting import plots
 from relaylens.reporting.figures.registry import needs_rank_sync, register
-from relaylens.reporting.summaries import accuracy_means, accuracy_scores, condition_order, forward_evidence_share, metric_list
+from relaylens.reporting.summaries import (
+    accuracy_means,
+    accuracy_scores,
+    condition_order,
+    forward_evidence_share,
+    metric_list,
+)
 from relaylens.results.tables import get_table
 
 

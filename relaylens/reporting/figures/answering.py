@@ -1,7 +1,8 @@
 """Answering at all vs answering right, per condition: the empty-answer rate, the probability the model gives an
 end of answer (EOS / end-of-turn) as its first token, the accuracy, the accuracy over the answers that are not
 empty, and the rate at which the decoding limit cut an answer (``hit_limit_rate``: an answer cut there may hold
-the right words after the cut), each with its 95% cluster-bootstrap interval and its paired difference against ``original``.
+the right words after the cut), each with its 95% cluster-bootstrap interval and its paired difference against
+``original``.
 
 A gain in accuracy can come from format (the model answers at all instead of ending its turn at once) or from content
 (the answers it gives are right more often); this table separates the two. ``first_token_eos_prob`` is recorded by
@@ -21,8 +22,14 @@ import numpy as np
 import pandas as pd
 
 from relaylens.reporting.figures.registry import needs_scores, register
-from relaylens.reporting.summaries import (REFERENCE, accuracy_means, accuracy_scores, condition_order, metric_list,
-                                           paired_deltas)
+from relaylens.reporting.summaries import (
+    REFERENCE,
+    accuracy_means,
+    accuracy_scores,
+    condition_order,
+    metric_list,
+    paired_deltas,
+)
 from relaylens.results.tables import get_table
 
 DERIVED = ("empty_rate", "first_token_eos_prob", "accuracy", "accuracy_nonempty", "hit_limit_rate")

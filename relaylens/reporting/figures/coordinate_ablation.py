@@ -7,8 +7,15 @@ from matplotlib.figure import Figure
 
 from relaylens.reporting import plots
 from relaylens.reporting.figures.registry import needs_other_conditions, register
-from relaylens.reporting.summaries import (REFERENCE, accuracy_means, accuracy_scores, condition_order,
-                                 forward_evidence_share, metric_list, paired_deltas)
+from relaylens.reporting.summaries import (
+    REFERENCE,
+    accuracy_means,
+    accuracy_scores,
+    condition_order,
+    forward_evidence_share,
+    metric_list,
+    paired_deltas,
+)
 from relaylens.results.tables import get_table
 
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pandas as pd
 
-from relaylens.scoring.agreement import cross_judge_table, judge_metrics
 from relaylens.reporting.figures.registry import register
 from relaylens.results.tables import get_table
+from relaylens.scoring.agreement import cross_judge_table, judge_metrics
 
 
 def needs_two_judges(tables: dict) -> str | None:

@@ -1,7 +1,7 @@
-"""Figure 6's companion (``relaylens/analyses/evidence_reading.py`` with ``attribution=True``): how much of the answer the
-evidence carries, per layer, under original / half_gap / relay — the gold share of |gradient x input|, gradient x
-input summed over gold states, and the direct logit attribution of the gold states beside that of all retained
-states (:mod:`relaylens.probes.attribution`), at the final question token and the teacher-forced first answer token."""
+"""Figure 6's companion (``relaylens/analyses/evidence_reading.py`` with ``attribution=True``): how much of the answer
+the evidence carries, per layer, under original / half_gap / relay — the gold share of |gradient x input|, gradient x
+input summed over gold states, and the direct logit attribution of the gold states beside that of all retained states
+(:mod:`relaylens.probes.attribution`), at the final question token and the teacher-forced first answer token."""
 
 from __future__ import annotations
 

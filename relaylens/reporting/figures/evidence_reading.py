@@ -1,15 +1,15 @@
-"""Figure 6 and the layer-band table (``relaylens/analyses/evidence_reading.py``): how each layer reads the retained gold evidence under
-original / half_gap / relay (phase-replay gold share, evidence attention share, evidence value norm), the
-compaction(alpha) curve per band, and the band table behind it (deltas vs original; pp for shares)."""
+"""Figure 6 and the layer-band table (``relaylens/analyses/evidence_reading.py``): how each layer reads the retained
+gold evidence under original / half_gap / relay (phase-replay gold share, evidence attention share, evidence value
+norm), the compaction(alpha) curve per band, and the band table behind it (deltas vs original; pp for shares)."""
 
 from __future__ import annotations
 
 import pandas as pd
 from matplotlib.figure import Figure
 
+from relaylens.conditions.bands import band_of, bands
 from relaylens.reporting import plots
 from relaylens.reporting.figures.registry import needs_probes, register
-from relaylens.conditions.bands import band_of, bands
 from relaylens.reporting.summaries import REFERENCE, SHARE_METRICS, alpha_of, band_table, condition_order
 from relaylens.results.tables import SWEEP_SOURCE, get_table
 
@@ -17,7 +17,8 @@ EVIDENCE_PANELS = (("replay", "replay_gold_share", "phase-replay gold share"),
                    ("forward", "evidence_share", "evidence attention share"),
                    ("forward", "evidence_value_norm", "evidence value norm"))
 FIGURE6_CONDITIONS = ("original", "half_gap", "relay")
-PROBE_POINTS = (("question_final", "final question token"), ("first_answer_token", "first answer token (teacher-forced)"))
+PROBE_POINTS = (("question_final", "final question token"),
+                ("first_answer_token", "first answer token (teacher-forced)"))
 
 
 @register("layer_bands", "table", "Layer-band table: evidence reading by early / middle / late band (deltas vs "
@@ -99,7 +100,8 @@ def figure6(tables: dict) -> Figure:
         for j, (source, metric, label) in enumerate(EVIDENCE_PANELS):
             data = probes[(probes["probe_point"] == point) & (probes["source"] == source) & (probes["metric"] == metric)
                           & probes["condition"].isin(main_conditions)]
-            empty = f"no {label}\nat the {point_label}" + ("\n(phase replay is computed at the final\nquestion token only)"
+            empty = f"no {label}\nat the {point_label}" + ("\n(phase replay is computed at the final\nquestion token "
+                                                           "only)"
                                                           if source == "replay" else "")
             layer_panel(axes[i, j], data, main_conditions, num_layers, metric, f"{label}\n{point_label}", empty,
                         decorate=_headroom)

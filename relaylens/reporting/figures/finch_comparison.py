@@ -1,10 +1,11 @@
-"""Table 7 (``relaylens/analyses/finch_comparison.py``): FINCH under its own coordinates vs other selectors with RoPERelay, same records.
+"""Table 7 (``relaylens/analyses/finch_comparison.py``): FINCH under its own coordinates vs other selectors with
+RoPERelay, same records.
 
 Rows: one per (selector, budget, metric). ``coordinates`` is the condition the row reports (FINCH: its own,
-``rank_sync``; every other selector: ``relay``); ``score`` (the mean) with a 95% cluster-bootstrap interval; ``original`` is the
-same selector under original coordinates (reference); ``vs_finch`` is ``row - FINCH`` paired by record (same budget)
-with its interval (empty on FINCH's own row). Metrics: ``judge`` when the run was judged, ``contains``, ``f1`` and
-``choice_accuracy`` when present.
+``rank_sync``; every other selector: ``relay``); ``score`` (the mean) with a 95% cluster-bootstrap interval;
+``original`` is the same selector under original coordinates (reference); ``vs_finch`` is ``row - FINCH`` paired by
+record (same budget) with its interval (empty on FINCH's own row). Metrics: ``judge`` when the run was judged,
+``contains``, ``f1`` and ``choice_accuracy`` when present.
 """
 
 from __future__ import annotations
@@ -17,7 +18,8 @@ from relaylens.results.tables import get_table
 
 TABLE7_METRICS = ("judge", "contains", "f1", "choice_accuracy")
 FINCH = "finch"
-COLUMNS = ["selector", "budget", "coordinates", "metric", "n", "score", "score_low", "score_high", "original", "original_low",
+COLUMNS = ["selector", "budget", "coordinates", "metric", "n", "score", "score_low", "score_high", "original",
+           "original_low",
            "original_high", "vs_finch", "vs_finch_low", "vs_finch_high"]
 
 

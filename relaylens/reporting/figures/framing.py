@@ -1,11 +1,12 @@
-"""Which part of the framing matters (``relaylens/analyses/framing.py``, beyond the paper): per framing cell (what is kept on
-top of the same source budget: nothing, the first 1 / 4 tokens, the instruction, the chat template's head, the
-session headers, all the framing, the framing and the headers) and condition, the accuracy, the empty-answer rate,
-the first-token end-of-answer probability and the rate at which answers hit the decoding limit; each with its 95%
+"""Which part of the framing matters (``relaylens/analyses/framing.py``, beyond the paper): per framing cell (what is
+kept on top of the same source budget: nothing, the first 1 / 4 tokens, the instruction, the chat template's head, the
+session headers, all the framing, the framing and the headers) and condition, the accuracy, the empty-answer rate, the
+first-token end-of-answer probability and the rate at which answers hit the decoding limit; each with its 95%
 cluster-bootstrap interval, the paired difference against ``original`` in the same cell, and the paired difference
 against the ``none`` cell (the framing evicted) under the same condition.
 
-The units of a framing run are labelled ``SELECTOR@keep=CELL`` (:meth:`relaylens.experiments.specs.ExperimentSpec.unit_selectors`).
+The units of a framing run are labelled ``SELECTOR@keep=CELL``
+(:meth:`relaylens.experiments.specs.ExperimentSpec.unit_selectors`).
 
 Example:
     >>> from relaylens.results.tables import example_tables
@@ -120,8 +121,8 @@ def framing_figure(tables: dict) -> Figure:
                 ax.bar(x, c[q], width, yerr=err, color=plots.condition_color(condition), label=condition,
                        error_kw={"elinewidth": 0.8, "capsize": 2})
             ax.set_xticks(np.arange(len(cells)), cells, rotation=30, ha="right")
-            ax.set_title(f"{plots.metric_label(q) if q == 'accuracy' else q.replace('_', ' ')}: {selector} @ {budget:g}",
-                         fontsize=9)
+            label = plots.metric_label(q) if q == 'accuracy' else q.replace('_', ' ')
+            ax.set_title(f"{label}: {selector} @ {budget:g}", fontsize=9)
             ax.set_ylim(0, 1.05)
         axes[r][0].legend(fontsize=7, loc="upper left")
     fig.supxlabel("kept on top of the same source budget; error bars: 95% cluster bootstrap", fontsize=7,

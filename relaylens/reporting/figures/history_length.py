@@ -34,8 +34,14 @@ from matplotlib.figure import Figure
 
 from relaylens.reporting import plots
 from relaylens.reporting.figures.registry import needs_relay_pairs, register
-from relaylens.reporting.summaries import (EVIDENCE_PP, accuracy_scores, paired_deltas, quantity_list,
-                                           record_evidence_share_pp, win_loss)
+from relaylens.reporting.summaries import (
+    EVIDENCE_PP,
+    accuracy_scores,
+    paired_deltas,
+    quantity_list,
+    record_evidence_share_pp,
+    win_loss,
+)
 from relaylens.results.tables import get_table
 
 TREATMENT = "relay"
@@ -131,7 +137,8 @@ def history_length(tables: dict) -> Figure:
                 continue
             x = g["history_tokens"].to_numpy(dtype=np.float64) * (1.0 + 0.03 * (k - (len(groups) - 1) / 2))
             y = g["delta"].to_numpy(dtype=np.float64)
-            err = np.vstack([y - g["delta_low"].to_numpy(dtype=np.float64), g["delta_high"].to_numpy(dtype=np.float64) - y])
+            err = np.vstack([y - g["delta_low"].to_numpy(dtype=np.float64),
+                             g["delta_high"].to_numpy(dtype=np.float64) - y])
             label = " ".join(str(v) for v in (key if isinstance(key, tuple) else (key,)))
             ax.errorbar(x, y, yerr=err, marker="o", ms=3.5, lw=1.4, capsize=2.5, label=label,
                         color=palette[k % len(palette)])

@@ -17,9 +17,9 @@ from relaylens.reporting.figures.registry import register
 from relaylens.results.tables import get_table
 
 TASK_METRICS = {"longdialogue_qa_eng": "contains", "longbook_choice_eng": "choice_accuracy", "longbook_qa_eng": "f1"}
-"""InfiniteBench's official metric per task, as named in the scores table (:func:`relaylens.scoring.metrics.score_answer`):
-En.Dia counts an answer right when the label is one of its words (``contains`` for this task), En.MC is choice
-accuracy, En.QA the SQuAD token F1 without number normalisation."""
+"""InfiniteBench's official metric per task, as named in the scores table
+(:func:`relaylens.scoring.metrics.score_answer`): En.Dia counts an answer right when the label is one of its words
+(``contains`` for this task), En.MC is choice accuracy, En.QA the SQuAD token F1 without number normalisation."""
 TASK_LABELS = {"longdialogue_qa_eng": "En.Dia", "longbook_choice_eng": "En.MC", "longbook_qa_eng": "En.QA"}
 COLUMNS = ["task", "label", "metric", "selector", "budget", "n", "original", "original_low", "original_high", "relay",
            "relay_low", "relay_high", "delta", "delta_low", "delta_high", "skipped", "flag"]
@@ -41,7 +41,8 @@ def needs_infinitebench(tables: dict) -> str | None:
     return None if {"original", "relay"} <= set(tasks["condition"]) else "InfiniteBench rows need original and relay"
 
 
-@register("table2", "table", "Table 2: InfiniteBench per task, official metric, original vs relay (95% paired intervals)",
+@register("table2", "table",
+          "Table 2: InfiniteBench per task, official metric, original vs relay (95% paired intervals)",
           needs_infinitebench)
 def table2(tables: dict, reference: str = "original", condition: str = "relay") -> pd.DataFrame:
     """Table 2 from ``tables``: one row per (task, selector, budget); see the module docstring for the columns."""

@@ -13,7 +13,8 @@ Example:
     ...                                        ("relay", float("nan"), 0.0)])
     ...         for m, v in (("judge_x", j), ("judge_x_failed", float(j != j)), ("contains", k))]
     >>> t = judge_agreement_table({"scores": pd.DataFrame(rows)})
-    >>> t[t.condition == "all"][["answers", "failed", "n", "both_correct", "judge_only", "contains_only"]].values.tolist()
+    >>> columns = ["answers", "failed", "n", "both_correct", "judge_only", "contains_only"]
+    >>> t[t.condition == "all"][columns].values.tolist()
     [[4, 1, 3, 1, 1, 1]]
 """
 

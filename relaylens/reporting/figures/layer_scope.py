@@ -76,7 +76,8 @@ def sweep_curves(tables: dict) -> pd.DataFrame:
         frames.append(paired_deltas(share, [], metrics=("evidence_share",)))
     deltas = pd.concat(frames, ignore_index=True)
     kinds = deltas["condition"].map(sweep_kind)
-    deltas = deltas[kinds.notna()].assign(kind=kinds.dropna().map(lambda k: k[0]), layer=kinds.dropna().map(lambda k: k[1]))
+    deltas = deltas[kinds.notna()].assign(kind=kinds.dropna().map(lambda k: k[0]),
+                                          layer=kinds.dropna().map(lambda k: k[1]))
     if len(deltas):  # relay@layers=0 is both the first single-layer and the first cumulative point
         first = deltas[(deltas["kind"] == "single") & (deltas["layer"] == 0)].assign(kind="cumulative")
         deltas = pd.concat([deltas, first], ignore_index=True)
@@ -147,7 +148,8 @@ def layer_scope_table(tables: dict) -> pd.DataFrame:
                         paired_deltas(per_record_evidence(tables), [], metrics=("evidence_share",))], ignore_index=True)
     order = {c: i for i, c in enumerate(scope_order(deltas["condition"]))}
     deltas = deltas[deltas["condition"].isin(order)]
-    return deltas.assign(_o=deltas["condition"].map(order)).sort_values(["metric", "_o"]).drop(columns="_o").reset_index(drop=True)
+    return deltas.assign(_o=deltas["condition"].map(order)).sort_values(["metric",
+                                                                         "_o"]).drop(columns="_o").reset_index(drop=True)
 
 
 def _fmt(value) -> str:

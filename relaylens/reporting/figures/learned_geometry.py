@@ -1,5 +1,5 @@
-"""Figure ``learned_geometry`` and table ``learned_table`` (``relaylens/analyses/learned_geometry.py``): what geometry the model
-wanted, and whether it beats RoPERelay on held-out records.
+"""Figure ``learned_geometry`` and table ``learned_table`` (``relaylens/analyses/learned_geometry.py``): what geometry
+the model wanted, and whether it beats RoPERelay on held-out records.
 
 Figure, top row: the learned ``b``, ``s`` and ``alpha`` per layer (one point per kv head where they are per head, a
 line through the layer means) beside RoPERelay's values (``b = s = alpha = 1``, dashed); bottom row: the train /
@@ -62,7 +62,8 @@ def _condition_scores(tables: dict) -> pd.DataFrame:
 
 
 def learned_deltas(tables: dict) -> pd.DataFrame:
-    """Paired differences learned - relay and learned - original per metric: ``comparison, metric, mean, low, high, n``."""
+    """Paired differences learned - relay and learned - original per metric: ``comparison, metric, mean, low, high,
+    n``."""
     scores = _condition_scores(tables)
     out = []
     for reference in ("relay", "original"):
@@ -185,5 +186,6 @@ def learned_geometry(tables: dict) -> Figure:
     _delta_panel(axes[1, 2], learned_deltas(tables))
     steps = int(geometry["step"].max())
     n = get_table(tables, "answers")["record_id"].nunique()
-    fig.supxlabel(f"{steps} steps; test records: {n}; intervals: 95% paired cluster bootstrap", fontsize=7, color="#555555")
+    fig.supxlabel(f"{steps} steps; test records: {n}; intervals: 95% paired cluster bootstrap", fontsize=7,
+                  color="#555555")
     return fig

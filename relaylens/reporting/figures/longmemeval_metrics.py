@@ -19,8 +19,8 @@ Example:
     >>> import pandas as pd
     >>> rows = [dict(record_id=rid, selector="bm25", budget=0.1, condition="original", question_type=qt,
     ...              cluster_id=None, metric="judge_lme", value=v)
-    ...         for rid, qt, v in [("a", "multi-session", 1.0), ("b", "multi-session", 1.0), ("c", "multi-session", 1.0),
-    ...                            ("d_abs", "knowledge-update", 0.0)]]
+    ...         for rid, qt, v in [("a", "multi-session", 1.0), ("b", "multi-session", 1.0),
+    ...                            ("c", "multi-session", 1.0), ("d_abs", "knowledge-update", 0.0)]]
     >>> t = longmemeval_metrics_table({"scores": pd.DataFrame(rows)}, n_resamples=200)
     >>> t[["multi-session", "knowledge-update", "task_averaged", "overall", "abstention"]].values.tolist()
     [[1.0, 0.0, 0.5, 0.75, 0.0]]
@@ -71,7 +71,8 @@ def task_averaged(values, types, clusters, n_resamples: int = 10_000, seed: int 
     """The mean of the per-type means of ``values`` (over the types present) with a percentile interval from a
     stratified cluster bootstrap: each resample draws every type's clusters with replacement within that type.
 
-    >>> r = task_averaged(np.array([1.0, 1.0, 1.0, 0.0]), np.array(["a", "a", "a", "b"]), np.array(["1", "2", "3", "4"]))
+    >>> r = task_averaged(np.array([1.0, 1.0, 1.0, 0.0]), np.array(["a", "a", "a", "b"]),
+    ...                   np.array(["1", "2", "3", "4"]))
     >>> r.mean, r.low, r.high, r.n_clusters, r.n
     (0.5, 0.5, 0.5, 4, 4)
     """
@@ -138,7 +139,8 @@ def longmemeval_metrics_table(tables: dict, n_resamples: int | None = None) -> p
             reference = g[g["condition"] == REFERENCE] if (g["condition"] == REFERENCE).any() else None
             for condition in condition_order(g["condition"].unique()):
                 paired = reference if condition != REFERENCE else None
-                rows.append(dict(zip([*labels, "selector", "budget"], setting)) | {"condition": condition, "judge": metric}
+                rows.append(dict(zip([*labels, "selector", "budget"], setting)) | {"condition": condition,
+                                                                                   "judge": metric}
                             | _row(g[g["condition"] == condition], paired, n_resamples))
     out = pd.DataFrame(rows, columns=labels + COLUMNS)
     out["budget"] = out["budget"].astype(np.float64)

@@ -1,5 +1,5 @@
-"""Table 1 (``relaylens/analyses/main_table.py``): accuracy per selector x budget x condition, with the paired difference
-vs ``original`` (the run's metric: judge or choice accuracy where present, else contains and f1; 95% paired
+"""Table 1 (``relaylens/analyses/main_table.py``): accuracy per selector x budget x condition, with the paired
+difference vs ``original`` (the run's metric: judge or choice accuracy where present, else contains and f1; 95% paired
 cluster-bootstrap intervals). Several runs: one row block per model x dataset."""
 
 from __future__ import annotations

@@ -9,9 +9,18 @@ from matplotlib.figure import Figure
 
 from relaylens.reporting import plots
 from relaylens.reporting.figures.registry import needs_ordering, register
-from relaylens.reporting.summaries import (REFERENCE, accuracy_means, accuracy_scores, condition_order,
-                                 forward_evidence_share, paired_deltas, quantity_list, record_evidence_share_pp,
-                                 with_random_mean, metric_list)
+from relaylens.reporting.summaries import (
+    REFERENCE,
+    accuracy_means,
+    accuracy_scores,
+    condition_order,
+    forward_evidence_share,
+    metric_list,
+    paired_deltas,
+    quantity_list,
+    record_evidence_share_pp,
+    with_random_mean,
+)
 from relaylens.results.tables import get_table
 
 

@@ -1,4 +1,5 @@
-"""Table 3 (``relaylens/analyses/overhead.py``): complete-request time per condition and the paired overhead over original.
+"""Table 3 (``relaylens/analyses/overhead.py``): complete-request time per condition and the paired overhead over
+original.
 
 The statistic lives in :mod:`relaylens.reporting.overhead` (``relaylens bench overhead`` reports the same one).
 """

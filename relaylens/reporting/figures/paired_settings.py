@@ -1,9 +1,9 @@
-"""Table 8, the paper's (``relaylens/analyses/main_table.py`` grid): per setting (model, dataset, selector, budget) the paired
-RoPERelay - Original difference of the run's metric with its 95% cluster-bootstrap interval (10,000 resamples), the
-two means over the same valid pairs (they reconcile with the difference when a judge failed on some rows), and how
-many settings improve ("N of M settings improve", over the settings with a valid pair). A setting with fewer than
-10 clusters is flagged (``flag``; its interval takes few distinct values). Several run directories
-(``relaylens figures RUN...``) make the model x dataset grid.
+"""Table 8, the paper's (``relaylens/analyses/main_table.py`` grid): per setting (model, dataset, selector, budget) the
+paired RoPERelay - Original difference of the run's metric with its 95% cluster-bootstrap interval (10,000 resamples),
+the two means over the same valid pairs (they reconcile with the difference when a judge failed on some rows), and how
+many settings improve ("N of M settings improve", over the settings with a valid pair). A setting with fewer than 10
+clusters is flagged (``flag``; its interval takes few distinct values). Several run directories (``relaylens figures
+RUN...``) make the model x dataset grid.
 
 ``relay_gain`` draws the same numbers: one row per setting (a press of a ``kvpress:`` sweep, a selector, a budget),
 sorted by the difference, with its interval and both means, one panel per metric."""

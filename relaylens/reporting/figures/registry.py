@@ -1,9 +1,9 @@
 """The figure registry: every paper figure and table as ``build(tables) -> Figure | DataFrame``, what each needs,
 and which ones a run draws (writing them into a run directory: :mod:`relaylens.reporting.figures.writer`).
 
-One file per figure, named after the analysis it draws (``figures/ordering.py`` draws what
+One file per figure, named after the analysis it draws (``relaylens/reporting/figures/ordering.py`` draws what
 ``relaylens/analyses/ordering.py`` runs); each registers its entries with :func:`register`. A new figure is one new
-file plus one import line in ``relaylens/figures/__init__.py``.
+file plus one import line in ``relaylens/reporting/figures/__init__.py``.
 
 Example:
     >>> from relaylens.results.tables import example_tables
@@ -18,14 +18,15 @@ import re
 import textwrap
 import warnings
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Callable, Sequence
 
 import pandas as pd
 from matplotlib.figure import Figure
 
-from relaylens.reporting import plots
 from relaylens.errors import RelaylensError
+from relaylens.reporting import plots
+from relaylens.reporting.crossrun import choose_metrics
+from relaylens.reporting.retention import restrict_to_retained, retention_lines
 from relaylens.reporting.summaries import REFERENCE, accuracy_scores
 from relaylens.results.tables import get_table
 
@@ -35,14 +36,16 @@ __all__ = ["REGISTRY", "ORDER", "COMPANIONS", "FigureEntry", "FigureError", "reg
            "needs_answers", "needs_other_conditions", "needs_budgets", "needs_ordering", "needs_rank_sync",
            "needs_probes"]
 
-ORDER = ("table1", "table2", "table6", "table7", "table8", "table10", "table11", "cross_judge", "layer_bands", "evidence_bands", "table3", "figure3", "figure4",
+ORDER = ("table1", "table2", "table6", "table7", "table8", "table10", "table11", "cross_judge", "layer_bands",
+         "evidence_bands", "table3", "figure3", "figure4",
          "figure5", "figure6", "figure6_attribution", "alignment")
 """The order in which entries are drawn and listed (entries not named here follow, in registration order)."""
 CROSS_RUN = ("table1", "table8", "relay_gain", "cross_judge", "history_length", "history_length_table")
 """Entries built across several run directories (one per model x dataset)."""
 COMPANIONS = {"figure6": ("layer_bands", "evidence_bands", "figure6_attribution"),
               "table1": ("table8", "relay_gain", "cross_judge", "answering", "judge_agreement", "longmemeval_metrics"),
-              "figure3": ("table8", "answering"), "figure4": ("answering", "table6", "judge_agreement", "longmemeval_metrics"),
+              "figure3": ("table8", "answering"),
+              "figure4": ("answering", "table6", "judge_agreement", "longmemeval_metrics"),
               "figure5": ("ordering_table",), "table6": ("longmemeval_metrics",)}
 """Entries drawn together with an entry named in ``SPEC.figures`` (Figure 6's numbers are the layer-band table, its
 per-record paired intervals the evidence-band table, and its attribution companion is drawn when the probes table has
@@ -183,8 +186,6 @@ def build(name: str, tables: dict) -> Figure | pd.DataFrame:
 def footer_lines(tables: dict) -> list[str]:
     """What every figure footer and table note states: the metric note (when the run lacks the paper's metric)
     and "gold evidence retained in X of N records" per selector and budget."""
-    from relaylens.reporting.retention import retention_lines
-
     lines = [tables["metric_note"]] if tables.get("metric_note") else []
     status = tables.get("run_status") or {}
     progress = status.get("planned")
@@ -204,11 +205,8 @@ def footer_lines(tables: dict) -> list[str]:
 
 def prepare_tables(tables: dict, metric: str | None = None, retained_only: bool = False) -> dict:
     """``tables`` with the metric choice (``tables["metrics"]``, ``tables["metric_note"]``; see
-    :func:`relaylens.reporting.crossrun.choose_metrics`) and, with ``retained_only``, probes restricted to the units whose
-    gold evidence survived the selection (the answers keep every unit, so footers still count all of them)."""
-    from relaylens.reporting.crossrun import choose_metrics
-    from relaylens.reporting.retention import restrict_to_retained
-
+    :func:`relaylens.reporting.crossrun.choose_metrics`) and, with ``retained_only``, probes restricted to the units
+    whose gold evidence survived the selection (the answers keep every unit, so footers still count all of them)."""
     metrics, note = choose_metrics(get_table(tables, "scores"), metric)
     out = dict(tables, metrics=metrics, metric_note=note)
     if retained_only and len(get_table(tables, "probes")):

@@ -1,8 +1,8 @@
-"""Tables 10 and 11 (``relaylens/analyses/summarization.py``): HelloEval checklist scores of long summaries under FullKV,
-SnapKV with original coordinates and SnapKV with RoPERelay.
+"""Tables 10 and 11 (``relaylens/analyses/summarization.py``): HelloEval checklist scores of long summaries under
+FullKV, SnapKV with original coordinates and SnapKV with RoPERelay.
 
-Built from the run's tables only. Metrics are the checklist judge's (:mod:`relaylens.scoring.checklist`): ``quality`` (the
-weighted checklist score), ``factuality`` and ``coverage`` (weighted means over the accuracy / coverage items), all
+Built from the run's tables only. Metrics are the checklist judge's (:mod:`relaylens.scoring.checklist`): ``quality``
+(the weighted checklist score), ``factuality`` and ``coverage`` (weighted means over the accuracy / coverage items), all
 0-1; a malformed judge reply is a recorded failure (``failures``), left out of the means, never a zero.
 
 * Table 10: one row per setting (the ``full`` selector under ``original`` is FullKV; every other selector, budget and
@@ -28,8 +28,8 @@ from __future__ import annotations
 import pandas as pd
 
 from relaylens.reporting.figures.registry import register
-from relaylens.scoring.checklist import CHECKLIST_METRICS
 from relaylens.results.tables import get_table
+from relaylens.scoring.checklist import CHECKLIST_METRICS
 
 FAILED = "checklist_failed"
 SETTING = ["selector", "budget", "condition"]
@@ -96,7 +96,8 @@ def table10(tables: dict) -> pd.DataFrame:
     answers = get_table(tables, "answers")
     rows = []
     for (selector, budget, condition), g in wide.groupby(SETTING, sort=True):
-        a = answers[(answers["selector"] == selector) & (answers["budget"] == budget) & (answers["condition"] == condition)]
+        a = answers[(answers["selector"] == selector) & (answers["budget"] == budget)
+                    & (answers["condition"] == condition)]
         rows.append({"setting": setting_label(selector, budget, condition), "selector": selector, "budget": budget,
                      "condition": condition, **_means(g), "failures": int((g[FAILED] == 1).sum()),
                      "mean_new_tokens": a["new_tokens"].mean() if len(a) else float("nan"),

@@ -20,11 +20,21 @@ from typing import Callable, Sequence
 import pandas as pd
 
 from relaylens.reporting import plots
-from relaylens.reporting.figures.registry import (REGISTRY, FigureError, build, cross_run_entries, figure_plan,
-                                                  footer_lines, prepare_tables)
+from relaylens.reporting.crossrun import load_runs
+from relaylens.reporting.figures.registry import (
+    REGISTRY,
+    FigureError,
+    build,
+    cross_run_entries,
+    figure_plan,
+    footer_lines,
+    prepare_tables,
+)
 from relaylens.reporting.summaries import table_cells, table_markdown
 from relaylens.results.atomic import write_atomic
 from relaylens.results.locks import output_lock
+from relaylens.results.shards import plan_progress
+from relaylens.results.store import RunStore, load_run
 from relaylens.results.tables import get_table
 
 __all__ = ["load_run_tables", "skipped_tables", "status_rows", "warn_not_drawn", "write_entry", "write_figures"]
@@ -49,8 +59,6 @@ def status_rows(tables: dict) -> list[tuple[str, str]]:
 
 def _progress(run_dir, store, stacklevel: int) -> tuple[int, int] | None:
     """``(committed, planned)`` units of one run (None without a plan), warned about when incomplete."""
-    from relaylens.results.shards import plan_progress
-
     units = [p.name.removesuffix(".json.gz") for p in store.unit_paths()]
     planned = plan_progress(store.manifest, units) if units else None
     if planned and planned[0] < planned[1]:
@@ -66,7 +74,8 @@ def skipped_tables(tables: dict) -> list[dict]:
     if not len(skipped):
         return []
     head, rows = table_cells(skipped)
-    return [{"name": "skipped", "title": f"Skipped units ({len(skipped)}): not run, and why", "head": head, "rows": rows}]
+    return [{"name": "skipped", "title": f"Skipped units ({len(skipped)}): not run, and why", "head": head,
+             "rows": rows}]
 
 
 def warn_not_drawn(not_drawn: dict[str, str]) -> None:
@@ -87,16 +96,14 @@ def _warn_all_skipped(tables: dict) -> None:
 def load_run_tables(run_dirs: Sequence[str | Path], metric: str | None = None,
                     retained_only: bool = False) -> tuple[dict, dict]:
     """``(tables, manifest)`` ready to draw (:func:`~relaylens.reporting.figures.registry.prepare_tables`): one
-    run's tables and manifest, or several runs (one per model x dataset) as one grid (:func:`relaylens.reporting.crossrun.load_runs`) with the manifest
-    ``{"analysis": "cross-run", "runs": [{"model", "dataset", "run_dir"}, ...]}``.
+    run's tables and manifest, or several runs (one per model x dataset) as one grid
+    (:func:`relaylens.reporting.crossrun.load_runs`) with the manifest ``{"analysis": "cross-run", "runs": [{"model",
+    "dataset", "run_dir"}, ...]}``.
 
     One run's tables carry ``run_status``: ``planned`` (``(committed, planned)`` units of the manifest's plan, when it
     records one) and ``hidden`` (``{judge pass: why its scores are not shown}``); both are also warned. A grid's carry
     ``run_status["runs"]``: per run with a plan, its ``label`` (model x dataset) and ``planned`` count, warned about
     and stated in footers and the report just as for one run."""
-    from relaylens.reporting.crossrun import load_runs
-    from relaylens.results.store import RunStore, load_run
-
     if len(run_dirs) == 1:
         store = RunStore.open(run_dirs[0])
         tables, hidden = load_run(run_dirs[0])
@@ -140,9 +147,10 @@ def write_figures(run_dir: str | Path, only: str | Sequence[str] | None = None,
     about and listed under ``not_drawn`` in ``index.json``); returns the files.
 
     ``metric`` is a ``--metric`` name (default: the paper's metric when the run has it); ``retained_only`` restricts
-    probe figures to records whose gold evidence survived (:func:`~relaylens.reporting.figures.registry.prepare_tables`).
-    Several run directories (one per model x dataset) build the cross-run tables
-    (:data:`~relaylens.reporting.figures.registry.CROSS_RUN`) into ``out``. Only the written directory is locked."""
+    probe figures to records whose gold evidence survived
+    (:func:`~relaylens.reporting.figures.registry.prepare_tables`). Several run directories (one per model x dataset)
+    build the cross-run tables (:data:`~relaylens.reporting.figures.registry.CROSS_RUN`) into ``out``. Only the written
+    directory is locked."""
     for fmt in formats:
         if fmt not in plots.FORMATS:
             raise FigureError(f"unknown figure format {fmt!r}; choose from {', '.join(plots.FORMATS)}")

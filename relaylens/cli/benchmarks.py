@@ -1,0 +1,69 @@
+"""``relaylens bench NAME``: the benchmarks of :data:`relaylens.bench.registry.BENCHMARKS`, each told the options it
+takes by its own entry there (no benchmark is named here)."""
+
+from __future__ import annotations
+
+import contextlib
+from pathlib import Path
+
+import typer
+
+from relaylens.cli.common import ATTN, DEVICE, DEVICE_MAP, DTYPE, MAX_POS, ROPE, console, fail, guard, load_kwargs
+from relaylens.model.embedded import DEFAULT_MODEL  # a name only: importing it loads no model code
+
+
+def bench(
+    which: str = typer.Argument("geometry", help="geometry, overhead, throughput, probes, prefill, selectors, scaling, "
+                                "dtype (float32 vs bfloat16), roofline (stages vs this machine's limits) or all"),
+    out: Path = typer.Option(Path("runs/bench"), help="directory for the CSV and Markdown tables"),
+    repeats: int = typer.Option(None, help="repetitions per timing, median reported (default: each benchmark's own; "
+                                           "overhead: 3 per record, as the paper)"),
+    small: bool = typer.Option(False, help="skip the Llama-3.1-8B-sized cache (1.6 GB of keys)"),
+    records: int = typer.Option(None, help="records of the bundled sample (overhead, probes; default: the "
+                                "benchmark's)"),
+    new_tokens: int = typer.Option(None, "--new-tokens", help="greedy tokens per request (overhead, throughput)"),
+    schedule: str = typer.Option(None, help="overhead: interleaved (default; the two conditions' requests alternate "
+                                            "piece by piece) or back-to-back"),
+    prefill_chunk: int = typer.Option(None, "--prefill-chunk", help="overhead: prefill chunk in tokens (default 256; "
+                                      "0: the whole history in one pass)"),
+    model: str = typer.Option(None, help="model of the model benchmarks (overhead, throughput, probes, prefill, "
+                              f"scaling; default {DEFAULT_MODEL}); dtype takes a comma-separated list (default "
+                              "qwen2.5-coder-0.5b-instruct,smollm2-135m-instruct)"),
+    device: str = DEVICE, dtype: str = DTYPE, device_map: str = DEVICE_MAP, attn_implementation: str = ATTN,
+    rope_scaling: str = ROPE, max_position: int = MAX_POS,
+    quick: bool = typer.Option(False, help="roofline: tiny sizes (seconds; for tests)"),
+    lengths: str = typer.Option(None, help="roofline: prefill lengths in tokens, comma-separated (default "
+                                           "2048,8192,16384)"),
+) -> None:
+    """Benchmarks: ratios are measured in the same run; results go to a CSV and a Markdown table."""
+    from relaylens.bench.geometry import write_results  # noqa: PLC0415 - CLI startup: the benchmarks import torch
+    from relaylens.bench.registry import BENCHMARKS  # noqa: PLC0415 - CLI startup
+    from relaylens.bench.requests import SCHEDULES  # noqa: PLC0415 - CLI startup
+
+    if repeats is not None and repeats < 1:
+        fail(f"--repeats must be at least 1 (a median needs one timing); got {repeats}")
+    if schedule is not None and schedule not in SCHEDULES:
+        fail(f"--schedule must be {' or '.join(SCHEDULES)}; got {schedule!r}")
+    if prefill_chunk is not None and prefill_chunk < 0:
+        fail(f"--prefill-chunk must be a number of tokens >= 0 (0: no chunks); got {prefill_chunk}")
+    values = dict(model_spec=model, records=records, new_tokens=new_tokens, repeats=repeats, include_large=not small,
+                  schedule=schedule, prefill_chunk=prefill_chunk, quick=quick, lengths=lengths,
+                  load_kwargs=load_kwargs(device, dtype, device_map, attn_implementation, rope_scaling, max_position))
+
+    names = list(BENCHMARKS) if which == "all" else [which]
+    for name in names:
+        if name not in BENCHMARKS:
+            fail(f"unknown benchmark {name!r}; choose one of {sorted(BENCHMARKS)} or all")
+    for name in names:
+        benchmark = BENCHMARKS[name]
+        # a benchmark that draws its own progress bar gets no spinner beside it (they would fight for the terminal)
+        with contextlib.nullcontext() if benchmark.own_progress else console.status(f"running benchmark {name} ..."):
+            rows = guard(benchmark.run, **benchmark.arguments(values))
+        csv_path, md_path = write_results(rows, out, name)
+        if benchmark.write is not None:  # its own outputs (roofline: Markdown and JSON, the CPU named in each)
+            md_path = ", ".join(str(p) for p in benchmark.write(rows, out))
+        if benchmark.view is not None:
+            console.print(benchmark.view(rows))
+        else:
+            print(md_path.read_text())
+        console.print(f"[green]wrote[/] {csv_path} and {md_path}")

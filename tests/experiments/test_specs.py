@@ -1,0 +1,66 @@
+"""Analyses load from relaylens's own ``relaylens.analyses`` only: a foreign ``analyses`` package in the working
+directory or on PYTHONPATH is never imported (its code never runs), and bad names are refused clearly."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from relaylens.errors import RelaylensError
+from relaylens.experiments.specs import (
+    ExperimentSpec,
+    available_analyses,
+    load_analysis,
+)
+
+ROOT = Path(__file__).resolve().parents[2]
+HOSTILE = "from pathlib import Path\nPath({marker!r}).write_text({what!r})\nSPEC = None\n"
+
+
+def _hostile_package(folder: Path, marker: Path) -> None:
+    """An ``analyses`` package whose import (of the package or any analysis name) writes ``marker``."""
+    pkg = folder / "analyses"
+    pkg.mkdir(parents=True)
+    (pkg / "__init__.py").write_text(HOSTILE.format(marker=str(marker), what="package"))
+    for name in ("ordering", "no_such_analysis"):
+        (pkg / f"{name}.py").write_text(HOSTILE.format(marker=str(marker), what=name))
+
+
+@pytest.mark.parametrize("where", ["cwd", "pythonpath"])
+@pytest.mark.parametrize("argv", [["run", "ordering", "--data", "no-such-file.json"], ["run", "no_such_analysis"]],
+                         ids=["known", "unknown"])
+def test_foreign_analyses_package_never_runs(tmp_path, where, argv):
+    hostile, marker = tmp_path / "hostile", tmp_path / "MARKER"
+    _hostile_package(hostile, marker)
+    env = {**os.environ}
+    path = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+    if where == "pythonpath":  # first on the path, ahead of relaylens's own checkout
+        env["PYTHONPATH"] = os.pathsep.join([str(hostile)] + path)
+    result = subprocess.run([sys.executable, "-m", "relaylens.cli", *argv], cwd=hostile if where == "cwd" else tmp_path,
+                            env=env, capture_output=True, text=True, timeout=300)
+    assert not marker.exists(), f"relaylens imported the foreign analyses package ({marker.read_text()})"
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert "Traceback" not in result.stderr
+    if argv[1] == "no_such_analysis":
+        assert "unknown analysis 'no_such_analysis'" in result.stderr + result.stdout
+    else:
+        assert "no-such-file.json" in result.stderr + result.stdout  # got as far as the data: the real SPEC loaded
+
+
+def test_analyses_load_from_relaylens_only():
+    record = load_analysis("ordering")
+    assert record is sys.modules["relaylens.analyses.ordering"].ANALYSIS
+    assert isinstance(record.spec, ExperimentSpec) and record.spec.name == "ordering"
+    assert "analyses" not in sys.modules  # no top-level package was imported on the way
+    shipped = sorted(p.stem for p in (ROOT / "relaylens" / "analyses").glob("[a-z]*.py"))
+    assert available_analyses() == shipped
+
+
+@pytest.mark.parametrize("name", ["", ".", "..", "../x", "ordering.SPEC", "os", "__init__", "_private", "Ordering"])
+def test_bad_analysis_names_are_refused(name):
+    with pytest.raises(RelaylensError, match="unknown analysis|is not a plain name"):
+        load_analysis(name)
