@@ -39,7 +39,7 @@ _COMMON = dict(
 
 def tiny_config(variant: str = "llama", **overrides):
     """A tiny config for one rope variant (see :data:`ROPE_VARIANTS`)."""
-    from transformers import (  # noqa: PLC0415 - import cost: transformers load on first use
+    from transformers import (  # noqa: PLC0415 - import cost: transformers loads on first use
         CohereConfig,
         Gemma3TextConfig,
         GlmConfig,
@@ -92,7 +92,7 @@ def tiny_config(variant: str = "llama", **overrides):
         }
         cfg = Gemma3TextConfig(**kw)
     elif variant in NOPE_VARIANTS:
-        from transformers import Cohere2Config, Exaone4Config, SmolLM3Config  # noqa: PLC0415 - import cost: transformers load on first use
+        from transformers import Cohere2Config, Exaone4Config, SmolLM3Config  # noqa: PLC0415 - import cost: transformers loads on first use
 
         kw.update(num_hidden_layers=4, head_dim=16, rope_parameters={"rope_type": "default", "rope_theta": 10000.0})
         if variant == "smollm3_nope":
@@ -110,7 +110,7 @@ def tiny_config(variant: str = "llama", **overrides):
 def tiny_model(variant: str = "llama", seed: int = 0, attn_implementation: str = "sdpa", dtype=torch.float32,
                **overrides):
     """A randomly initialised causal LM for ``variant``, in eval mode, float32 by default."""
-    from transformers import AutoModelForCausalLM  # noqa: PLC0415 - import cost: transformers load on first use
+    from transformers import AutoModelForCausalLM  # noqa: PLC0415 - import cost: transformers loads on first use
 
     cfg = tiny_config(variant, **overrides)
     torch.manual_seed(seed)
@@ -145,8 +145,8 @@ _TOKENIZER_CORPUS = [
 
 def tiny_tokenizer():
     """A small byte-level BPE tokenizer with a chat template, trained in-process (vocab < 384, fits tiny models)."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers  # noqa: PLC0415 - import cost: tokenizers load on first use
-    from transformers import PreTrainedTokenizerFast  # noqa: PLC0415 - import cost: transformers load on first use
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers  # noqa: PLC0415 - import cost: tokenizers loads on first use
+    from transformers import PreTrainedTokenizerFast  # noqa: PLC0415 - import cost: transformers loads on first use
 
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)

@@ -440,8 +440,13 @@ def test_no_private_name_crosses_a_file_boundary():
 
 @pytest.mark.parametrize("name", sorted(n for n in MODULES if _wing_room(n)))
 def test_reporting_modules_are_small(name):
-    lines = MODULES[name].read_text().count("\n")
-    assert lines <= 310, f"{name} has {lines} lines; split it (one figure / one job per file)"
+    """At most 310 lines besides the module's import statements (ruff's import sorting puts one name per line when a
+    from-import passes 120 characters, which says nothing about how much the module does)."""
+    text = MODULES[name].read_text()
+    imports = sum(node.end_lineno - node.lineno + 1 for node in ast.parse(text).body
+                  if isinstance(node, (ast.Import, ast.ImportFrom)))
+    lines = text.count("\n") - imports
+    assert lines <= 310, f"{name} has {lines} lines besides its imports; split it (one figure / one job per file)"
 
 
 @pytest.mark.parametrize("name", sorted(MODULES))

@@ -80,7 +80,7 @@ def shifted_keys(model, ids: torch.Tensor, shift: int) -> list[torch.Tensor]:
 
 def run_checks(model, tokenizer, history_tokens: int = 700, keep_every: int = 5) -> list[tuple[str, float]]:
     """The checks above on the first bundled record, history cut to ``history_tokens``; returns ``(name, value)``."""
-    from relaylens.generation.single import build_cache, run_condition  # noqa: PLC0415 - import cost: huggingface_hub, jinja2, safetensors, scipy, transformers load on first use
+    from relaylens.generation.single import build_cache, run_condition  # noqa: PLC0415 - import cost: transformers loads on first use
 
     prompt = render_prompt(load_records(bundled_sample_path())[0], tokenizer, mode="completion")
     history, question = prompt.history_ids[:history_tokens], prompt.question_ids

@@ -147,7 +147,7 @@ def _arm(model_spec: str, dtype: str, records: int, new_tokens: int, repeats: in
     """One model in one dtype, in this process: the measurements :func:`run_dtype` tabulates."""
 
     from relaylens.bench.model import peak_extra_mb, proc_status_kb  # noqa: PLC0415 - import cycle: relaylens.bench.model imports this module
-    from relaylens.experiments.runner import run_analysis  # noqa: PLC0415 - import cost: huggingface_hub, jinja2, safetensors, scipy, transformers load on first use
+    from relaylens.experiments.runner import run_analysis  # noqa: PLC0415 - import cost: transformers loads on first use
     from relaylens.experiments.specs import load_analysis  # noqa: PLC0415 - late binding (tests swap specs.load_analysis)
     from relaylens.model.loading import load_model  # noqa: PLC0415 - late binding (tests swap loading.load_model)
 

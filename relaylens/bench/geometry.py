@@ -51,7 +51,7 @@ LLAMA31_8B = CacheShape(
 
 def rotary_only_model(head_dim: int, rope_parameters: dict, max_position: int = 131072 + 1):
     """A one-layer random Llama whose rotary embedding matches ``head_dim`` / ``rope_parameters``."""
-    from transformers import LlamaConfig, LlamaForCausalLM  # noqa: PLC0415 - import cost: transformers load on first use
+    from transformers import LlamaConfig, LlamaForCausalLM  # noqa: PLC0415 - import cost: transformers loads on first use
 
     config = LlamaConfig(
         vocab_size=8, hidden_size=2 * head_dim, intermediate_size=8, num_hidden_layers=1, num_attention_heads=2,

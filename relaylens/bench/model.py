@@ -95,7 +95,7 @@ def load_bench_model(model_spec: str, load_kwargs: dict | None = None):
 def run_probes(repeats: int = 5, records: int = 3, model_spec: str = DEFAULT_MODEL, load_kwargs: dict | None = None,
                **_) -> list[dict]:
     """Probed vs unprobed question pass (relaylens attention both times; the probe records the final-token rows)."""
-    from relaylens.generation.single import run_condition  # noqa: PLC0415 - import cost: huggingface_hub, jinja2, safetensors, scipy, transformers load on first use
+    from relaylens.generation.single import run_condition  # noqa: PLC0415 - import cost: transformers loads on first use
 
     model, tokenizer = load_bench_model(model_spec, load_kwargs)
     factors = RotaryFactors.from_model(model)
@@ -161,7 +161,7 @@ def run_selectors(length: int = 8000, **_) -> list[dict]:
 def run_scaling(repeats: int = 3, counts=(1000, 4000, 16000), model_spec: str = DEFAULT_MODEL,
                 load_kwargs: dict | None = None, **_) -> list[dict]:
     """Relocation and question-pass time as the retained count grows; growth exponents from a log-log fit."""
-    from relaylens.generation.single import run_condition  # noqa: PLC0415 - import cost: huggingface_hub, jinja2, safetensors, scipy, transformers load on first use
+    from relaylens.generation.single import run_condition  # noqa: PLC0415 - import cost: transformers loads on first use
 
     model, _ = load_bench_model(model_spec, load_kwargs)
     config = model.config

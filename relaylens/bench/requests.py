@@ -93,8 +93,8 @@ def request_pieces(model, prompt, selector, budget, condition: str, factors, new
     so the requests of two conditions can run interleaved piece by piece (:func:`timed_pair`); on return, ``out``
     holds the request's ``layers``, ``selection``, ``prefill``, ``tokens`` and ``token_ids``.
     """
-    from relaylens.generation.cache import relocate_selection  # noqa: PLC0415 - import cost: huggingface_hub, jinja2, safetensors, scipy, transformers load on first use
-    from relaylens.generation.rows import GenerationResult, decode_steps, forward_rows, stack_rows  # noqa: PLC0415 - import cost: huggingface_hub, jinja2, safetensors, scipy, transformers load on first use
+    from relaylens.generation.cache import relocate_selection  # noqa: PLC0415 - import cost: transformers loads on first use
+    from relaylens.generation.rows import GenerationResult, decode_steps, forward_rows, stack_rows  # noqa: PLC0415 - import cost: transformers loads on first use
 
     chunks = PrefillPieces(model, prompt.history_ids, chunk_size=prefill_chunk or None)  # 0 or None: one pass
     for _ in chunks:
@@ -301,8 +301,8 @@ def run_throughput(repeats: int = 1, model_spec: str = DEFAULT_MODEL, new_tokens
     ordering experiment, the main table), then the batched wall time for ``counts`` rows. Rows are taken in turn from
     ``selectors`` (at 10% of the history) x 5 conditions sharing the record's prefill (15 rows by default); every
     comparison also says whether both ways decoded the same tokens."""
-    from relaylens.generation.rows import Row, run_rows  # noqa: PLC0415 - import cost: huggingface_hub, jinja2, safetensors, scipy, transformers load on first use
-    from relaylens.generation.single import run_condition  # noqa: PLC0415 - import cost: huggingface_hub, jinja2, safetensors, scipy, transformers load on first use
+    from relaylens.generation.rows import Row, run_rows  # noqa: PLC0415 - import cost: transformers loads on first use
+    from relaylens.generation.single import run_condition  # noqa: PLC0415 - import cost: transformers loads on first use
 
     model, tokenizer = load_bench_model(model_spec, load_kwargs)
     factors = RotaryFactors.from_model(model)

@@ -143,8 +143,8 @@ def stage_row(name: str, seconds: float, flops: float, moved: float, peak_gflop_
 
 def measure_stages(model, cost: ModelCost, sizes: Sizes, peak: float, bandwidth: float) -> list[dict]:
     """Prefill, relocation, question pass and decoding steps (relaylens rows and plain transformers) as stage rows."""
-    from relaylens.generation.cache import relocate_selection  # noqa: PLC0415 - import cost: huggingface_hub, jinja2, safetensors, scipy, transformers load on first use
-    from relaylens.generation.rows import forward_rows, stack_rows  # noqa: PLC0415 - import cost: huggingface_hub, jinja2, safetensors, scipy, transformers load on first use
+    from relaylens.generation.cache import relocate_selection  # noqa: PLC0415 - import cost: transformers loads on first use
+    from relaylens.generation.rows import forward_rows, stack_rows  # noqa: PLC0415 - import cost: transformers loads on first use
 
     device, dtype = model.device, str(next(model.parameters()).dtype).removeprefix("torch.")
     vocab = model.get_input_embeddings().num_embeddings
@@ -201,7 +201,7 @@ def decode_times(model, layers, pre, sizes: Sizes, width: int, start: int, histo
     """Median seconds of one decoding step at batch ``width``: relaylens rows (``layers``, the relocated kept cache)
     and plain transformers (a ``DynamicCache`` of the same kept states of ``pre``), alternating step by step after
     one warm-up step each. Both start from token 0 in every row and continue greedily."""
-    from relaylens.generation.rows import GenerationResult, decode_steps, stack_rows  # noqa: PLC0415 - import cost: huggingface_hub, jinja2, safetensors, scipy, transformers load on first use
+    from relaylens.generation.rows import GenerationResult, decode_steps, stack_rows  # noqa: PLC0415 - import cost: transformers loads on first use
 
     device, vocab = model.device, model.get_input_embeddings().num_embeddings
     batch = stack_rows([layers] * width)

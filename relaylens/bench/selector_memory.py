@@ -45,7 +45,7 @@ def _proc_kb(field: str) -> int:
 
 
 def _measure(mode: str, length: int, block_size: int, threads: int) -> dict:
-    from transformers import LlamaConfig, LlamaForCausalLM  # noqa: PLC0415 - import cost: transformers load on first use
+    from transformers import LlamaConfig, LlamaForCausalLM  # noqa: PLC0415 - import cost: transformers loads on first use
 
 
     torch.set_num_threads(threads)

@@ -38,7 +38,7 @@ def split_exchange(text: str) -> tuple[Turn, ...]:
 
 def _rows(path: Path):
     if path.suffix == ".parquet":
-        import pandas as pd  # noqa: PLC0415 - import cost: pandas load on first use
+        import pandas as pd  # noqa: PLC0415 - import cost: pandas loads on first use
 
         for i, row in enumerate(pd.read_parquet(path).to_dict("records")):
             yield f"row {i}", row

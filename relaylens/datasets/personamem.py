@@ -64,7 +64,7 @@ def default_contexts_path(questions_path: Path) -> Path:
 
 def read_personamem(path: Path, collector: RecordCollector, contexts_path: str | Path | None = None) -> None:
     """Parse the questions CSV at ``path`` (and its shared contexts) into ``collector``."""
-    import pandas as pd  # noqa: PLC0415 - import cost: pandas load on first use
+    import pandas as pd  # noqa: PLC0415 - import cost: pandas loads on first use
 
     frame = pd.read_csv(path, dtype=str, keep_default_na=False, encoding="utf-8-sig")
     missing = [c for c in REQUIRED_COLUMNS if c not in frame.columns]

@@ -54,7 +54,7 @@ class RunConfig:
     def placement(self, local_rank: int | None = None):
         """The resolved :class:`relaylens.model.placement.Placement` of this run (``local_rank``: the launcher's, which
         ``--device auto`` turns into ``cuda:LOCAL_RANK``)."""
-        from relaylens.model.placement import Placement  # noqa: PLC0415 - import cost: torch load on first use
+        from relaylens.model.placement import Placement  # noqa: PLC0415 - import cost: torch loads on first use
 
         return Placement.resolve(self.device, self.dtype, self.device_map, self.attn_implementation, self.rope_scaling,
                                  self.max_position, local_rank=local_rank)
@@ -62,7 +62,7 @@ class RunConfig:
 
 def check_config(config: RunConfig) -> None:
     """Refuse a :class:`RunConfig` that would silently misbehave, before any file is written."""
-    from relaylens.generation.attention import WINDOW_MODES  # noqa: PLC0415 - import cost: huggingface_hub, jinja2, safetensors, scipy, torch, transformers load on first use
+    from relaylens.generation.attention import WINDOW_MODES  # noqa: PLC0415 - import cost: torch and transformers load on first use
 
     if config.limit is not None and (isinstance(config.limit, bool) or not isinstance(config.limit,
                                                                                       int) or config.limit < 1):

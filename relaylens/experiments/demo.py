@@ -39,11 +39,11 @@ QWEN_RUNS = (
 def run_demo(out: str | Path = "runs/demo", limit: int = 12, model: str = DEFAULT_MODEL, data: str = "sample",
              analyses: tuple[str, ...] = DEMO_ANALYSES, console: Console | None = None) -> dict[str, Path]:
     """Run the demo analyses (resumable), draw their figures and write their reports; returns run dirs by analysis."""
-    from relaylens.experiments.runner import run_analysis  # noqa: PLC0415 - import cost: huggingface_hub, jinja2, safetensors, scipy, torch, transformers load on first use
+    from relaylens.experiments.runner import run_analysis  # noqa: PLC0415 - import cost: torch and transformers load on first use
     from relaylens.experiments.specs import load_analysis  # noqa: PLC0415 - late binding (tests swap specs.load_analysis)
-    from relaylens.model.loading import load_model  # noqa: PLC0415 - late binding (tests swap loading.load_model); import cost: torch load on first use
-    from relaylens.reporting.figures import write_figures  # noqa: PLC0415 - import cost: IPython, ipywidgets, matplotlib, scipy, seaborn load on first use
-    from relaylens.reporting.report import write_report  # noqa: PLC0415 - import cost: IPython, ipywidgets, matplotlib, scipy, seaborn load on first use
+    from relaylens.model.loading import load_model  # noqa: PLC0415 - late binding (tests swap loading.load_model); import cost: torch loads on first use
+    from relaylens.reporting.figures import write_figures  # noqa: PLC0415 - import cost: matplotlib and seaborn load on first use
+    from relaylens.reporting.report import write_report  # noqa: PLC0415 - import cost: matplotlib and seaborn load on first use
 
     console = console or Console(stderr=True)
     out = Path(out)

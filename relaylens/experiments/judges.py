@@ -45,7 +45,7 @@ def make_judge(config: RunConfig, run_dir: Path, records=None):
         long = OpenAIBackend(config.judge_url, config.judge_model, api_key_env=config.judge_key_env,
                              max_tokens=CHECKLIST_MAX_TOKENS)
     else:
-        from relaylens.model.loading import load_model  # noqa: PLC0415 - late binding (tests swap loading.load_model); import cost: torch load on first use
+        from relaylens.model.loading import load_model  # noqa: PLC0415 - late binding (tests swap loading.load_model); import cost: torch loads on first use
 
         model, tokenizer = load_model(config.judge_model)
         backend = HFBackend(model, tokenizer, model_id=config.judge_model, max_tokens=short)

@@ -238,7 +238,7 @@ class Prepared:
 
 def record_loglik(model, item: Prepared, values: dict, factors, window_mode: str) -> torch.Tensor:
     """Mean per-token log-likelihood of the record's answer under the family at ``values`` (keeps the graph)."""
-    from relaylens.generation.single import answer_log_probs  # noqa: PLC0415 - import cost: huggingface_hub, jinja2, safetensors, scipy, transformers load on first use
+    from relaylens.generation.single import answer_log_probs  # noqa: PLC0415 - import cost: transformers loads on first use
 
     coords = family_coordinates(item.unit.selection, values["b"], values["s"], values["alpha"], label="learned")
     return answer_log_probs(model, item.prefill, item.unit.selection, coords, item.prompt.question_ids, item.answer_ids,
@@ -306,7 +306,7 @@ def train(model, factors, train_items: list[Prepared], test_items: list[Prepared
           key: dict, rows: list[dict], window_mode: str, commit, tick=None) -> dict[str, torch.Tensor]:
     """Run (or resume from ``rows``, the training unit's geometry rows) the Adam ascent; ``commit(rows)`` rewrites the
     training unit after every step; ``tick(step, text)`` reports progress. Returns the final family values."""
-    from relaylens.generation.single import frozen_weights  # noqa: PLC0415 - import cost: huggingface_hub, jinja2, safetensors, scipy, transformers load on first use
+    from relaylens.generation.single import frozen_weights  # noqa: PLC0415 - import cost: transformers loads on first use
 
     selection = train_items[0].unit.selection
     raw = initial_raw(options.sharing, selection.num_layers, selection.num_kv_heads)

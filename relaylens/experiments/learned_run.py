@@ -124,7 +124,7 @@ def _refuse_unsupported(spec: ExperimentSpec, config: RunConfig) -> None:
 
 
 def _bar(progress: bool):
-    from relaylens.experiments.runner import progress_bar  # noqa: PLC0415 - import cost: huggingface_hub, jinja2, safetensors, scipy, transformers load on first use (transformers (see the imports))
+    from relaylens.experiments.runner import progress_bar  # noqa: PLC0415 - import cost: transformers loads on first use (see the imports)
 
     return progress_bar(progress) if progress else nullcontext(None)
 
@@ -182,7 +182,7 @@ def _finished(out: Path, rows: list[dict], options: LearnOptions, manifest: dict
 def _skipped_unplaceable(item: Prepared, conditions, spec, factors, store) -> bool:
     """Commit ``item`` as skipped (and say so) when a condition cannot place its selection (e.g. a learned ``b`` whose
     question start passes the model's rotary range), as the runner does (``unit_position_problem``)."""
-    from relaylens.experiments.runner import skip_unit  # noqa: PLC0415 - import cost: huggingface_hub, jinja2, safetensors, scipy, transformers load on first use (transformers (see the imports))
+    from relaylens.experiments.runner import skip_unit  # noqa: PLC0415 - import cost: transformers loads on first use (see the imports)
 
     tail = int(item.prompt.question_ids.numel()) + max(spec.max_new_tokens, 1) + 1
     problem = unit_position_problem(conditions, item.unit.selection, tail, factors.position_limit)
@@ -206,8 +206,8 @@ def _prepare(model, tokenizer, factors, records, spec, config, store, options: L
              bar) -> dict[str, Prepared]:
     """Prefill and select each record once and keep only its kept states; records that cannot run are committed as
     skipped units (``too_long`` / ``too_short``) and left out."""
-    from relaylens.experiments.runner import answer_tokens, history_problem, skip_unit  # noqa: PLC0415 - import cost: huggingface_hub, jinja2, safetensors, scipy, transformers load on first use (transformers)
-    from relaylens.generation.cache import keep_selected  # noqa: PLC0415 - import cost: huggingface_hub, jinja2, safetensors, scipy, transformers load on first use (transformers)
+    from relaylens.experiments.runner import answer_tokens, history_problem, skip_unit  # noqa: PLC0415 - import cost: transformers loads on first use
+    from relaylens.generation.cache import keep_selected  # noqa: PLC0415 - import cost: transformers loads on first use
 
     selectors = selector_objects(spec, config.seed)
     name, budget = spec.selectors[0], float(spec.budgets[0])
@@ -243,9 +243,9 @@ def _prepare(model, tokenizer, factors, records, spec, config, store, options: L
 def _evaluate(model, tokenizer, factors, items: list[Prepared], spec, config, store, judge, out: Path, bar) -> None:
     """Every pending test record under original, relay and the learned map: the runner's answers, scores and probes
     (and sensitivity) plus ``answer_loglik`` scores, committed per record."""
-    from relaylens.experiments.runner import process_record  # noqa: PLC0415 - import cost: huggingface_hub, jinja2, safetensors, scipy, transformers load on first use (transformers (see the imports))
-    from relaylens.generation.cache import coordinates_of  # noqa: PLC0415 - import cost: huggingface_hub, jinja2, safetensors, scipy, transformers load on first use
-    from relaylens.generation.single import answer_log_probs  # noqa: PLC0415 - import cost: huggingface_hub, jinja2, safetensors, scipy, transformers load on first use
+    from relaylens.experiments.runner import process_record  # noqa: PLC0415 - import cost: transformers loads on first use (see the imports)
+    from relaylens.generation.cache import coordinates_of  # noqa: PLC0415 - import cost: transformers loads on first use
+    from relaylens.generation.single import answer_log_probs  # noqa: PLC0415 - import cost: transformers loads on first use
 
     learned = Learned.from_run_dir(out, display="learned")
     trained_on = set(learned.info.get("train_records") or ())

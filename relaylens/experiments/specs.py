@@ -105,13 +105,13 @@ class ExperimentSpec:
     framing_cells: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
-        from relaylens.selectors import REGISTRY, is_selector_name  # noqa: PLC0415 - import cost: torch load on first use
+        from relaylens.selectors import REGISTRY, is_selector_name  # noqa: PLC0415 - import cost: torch loads on first use
 
         for name in self.selectors:
             if not is_selector_name(name):
                 raise RelaylensError(f"analysis {self.name!r}: unknown selector {name!r}; known: {sorted(REGISTRY)} or "
                                      "kvpress:<PressName>")
-        from relaylens.model.hf import POSITION_LIMIT  # noqa: PLC0415 - import cost: torch load on first use
+        from relaylens.model.hf import POSITION_LIMIT  # noqa: PLC0415 - import cost: torch loads on first use
 
         for condition in self.conditions + self.replay_conditions:
             shift = int(getattr(get_condition(condition), "shift", 0))
@@ -134,7 +134,7 @@ class ExperimentSpec:
             raise RelaylensError(f"stop must be one of {STOPS}; got {self.stop!r}")
         if self.granularity not in ("turn", "session"):
             raise RelaylensError(f"granularity must be 'turn' or 'session'; got {self.granularity!r}")
-        from relaylens.selectors import make_selector  # noqa: PLC0415 - import cost: torch load on first use
+        from relaylens.selectors import make_selector  # noqa: PLC0415 - import cost: torch loads on first use
 
         for name, options in self.selector_options.items():
             if name not in self.selectors:
@@ -147,7 +147,7 @@ class ExperimentSpec:
             raise RelaylensError(f"max_new_tokens must be >= 0; got {self.max_new_tokens}")
         if self.sweep not in ("", "layers"):
             raise RelaylensError(f"sweep must be 'layers' or empty (none); got {self.sweep!r}")
-        from relaylens.selectors.protection import FRAMING_CELLS  # noqa: PLC0415 - import cost: torch load on first use
+        from relaylens.selectors.protection import FRAMING_CELLS  # noqa: PLC0415 - import cost: torch loads on first use
 
         unknown = [c for c in self.framing_cells if c not in FRAMING_CELLS]
         if unknown or len(set(self.framing_cells)) != len(self.framing_cells):
@@ -273,7 +273,7 @@ def parse_selector_arg(text: str) -> tuple[str, dict]:
     >>> parse_selector_arg("kvpress:snapkvpress:window_size=64")
     ('kvpress:SnapKVPress', {'window_size': 64})
     """
-    from relaylens.selectors.kvpress_adapter import PREFIX, canonical_name, is_press_selector  # noqa: PLC0415 - import cost: torch load on first use
+    from relaylens.selectors.kvpress_adapter import PREFIX, canonical_name, is_press_selector  # noqa: PLC0415 - import cost: torch loads on first use
 
     if is_press_selector(text):
         press, _, rest = text.strip()[len(PREFIX):].partition(":")

@@ -104,7 +104,7 @@ class SweepOptions:
 def run_shard(spec, config, index: int, count: int, run_dir: str) -> dict:
     """Body of one shard task (runs in a Ray worker): the ordinary runner on shard ``index`` of ``count``, writing
     into ``RUN_DIR/shards/index-of-count``; a retried attempt resumes from the units committed there."""
-    from relaylens.experiments.runner import run_analysis  # noqa: PLC0415 - import cost: huggingface_hub, jinja2, safetensors, scipy, torch, transformers load on first use
+    from relaylens.experiments.runner import run_analysis  # noqa: PLC0415 - import cost: torch and transformers load on first use
 
     out = shard_dir(run_dir, index, count)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -187,11 +187,11 @@ def run_sweep(spec, config, options: SweepOptions, console=None, report: bool = 
                          "resumes every shard")
     merge_run_dir(run_dir)
     if report:
-        import matplotlib  # noqa: PLC0415 - import cost: matplotlib load on first use
+        import matplotlib  # noqa: PLC0415 - import cost: matplotlib loads on first use
 
         matplotlib.use("Agg")
-        from relaylens.reporting.figures import write_figures  # noqa: PLC0415 - import cost: IPython, ipywidgets, matplotlib, scipy, seaborn load on first use
-        from relaylens.reporting.report import write_report  # noqa: PLC0415 - import cost: IPython, ipywidgets, matplotlib, scipy, seaborn load on first use
+        from relaylens.reporting.figures import write_figures  # noqa: PLC0415 - import cost: matplotlib and seaborn load on first use
+        from relaylens.reporting.report import write_report  # noqa: PLC0415 - import cost: matplotlib and seaborn load on first use
 
         write_figures(run_dir)
         write_report(run_dir)

@@ -221,7 +221,7 @@ def _kernel():
         with _LOCK:
             if _KERNEL_FACTORY is None:
                 try:
-                    import numba  # noqa: F401, PLC0415 - 
+                    import numba  # noqa: F401, PLC0415 - optional: numba is probed inside try/except ImportError
                 except ImportError:  # the eager path stays correct, only slower
                     _KERNEL_FACTORY = False
                 else:

@@ -323,7 +323,7 @@ def pull(name: str = DEFAULT_MODEL, force: bool = False, progress: Callable[[str
         >>> (path / "model.safetensors").exists()  # doctest: +SKIP
         True
     """
-    import torch  # noqa: PLC0415 - import cost: torch load on first use
+    import torch  # noqa: PLC0415 - import cost: torch loads on first use
 
     spec = _embedded(name)
     cache_dtype = _cache_dtype(cache_dtype)
@@ -635,8 +635,8 @@ def _replace_dir(src: Path, dst: Path) -> None:
 
 def _save_reference(model, tok, path: Path) -> None:
     """Store probe-text input ids and logits of the GGUF-loaded model, to check later reloads against."""
-    import torch  # noqa: PLC0415 - import cost: torch load on first use
-    from safetensors.torch import save_file  # noqa: PLC0415 - import cost: safetensors load on first use
+    import torch  # noqa: PLC0415 - import cost: torch loads on first use
+    from safetensors.torch import save_file  # noqa: PLC0415 - import cost: safetensors loads on first use
 
     ids = torch.tensor(tok(REFERENCE_TEXT)["input_ids"], dtype=torch.long)[None]  # [1, T]
     with torch.inference_mode():
@@ -712,7 +712,7 @@ def verify_cached(name: str, full: bool = False, cache_dtype: str = "float32") -
 def reference_logits(name: str = DEFAULT_MODEL, cache_dtype: str = "float32") -> tuple[torch.Tensor, torch.Tensor]:
     """``(input_ids [1, T], logits [1, T, vocab])`` of the GGUF-loaded model (in the cache's dtype), stored at pull
     time."""
-    from safetensors.torch import load_file  # noqa: PLC0415 - import cost: safetensors load on first use
+    from safetensors.torch import load_file  # noqa: PLC0415 - import cost: safetensors loads on first use
 
     ref = load_file(str(model_dir(name, cache_dtype) / REFERENCE_NAME))
     return ref["input_ids"], ref["logits"]
@@ -720,7 +720,7 @@ def reference_logits(name: str = DEFAULT_MODEL, cache_dtype: str = "float32") ->
 
 def load_gguf(path: Path, **kw):
     """Read a GGUF file (dequantised by transformers) and mark the result as an ordinary float model."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: PLC0415 - import cost: transformers load on first use
+    from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: PLC0415 - import cost: transformers loads on first use
 
     model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, **kw, trust_remote_code=False)
     tok = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name, trust_remote_code=False)

@@ -392,7 +392,7 @@ def register_attention_function(name: str, function: Callable) -> None:
     """Make ``function`` selectable as attention kernel ``name`` (``transformers.AttentionInterface``): it is called
     as ``function(module, query, key, value, attention_mask, dropout, scaling, **kwargs)`` and returns
     ``(output [B, query, q_head, D], weights or None)``. Select it with :func:`attention_kernel`."""
-    from transformers import AttentionInterface  # noqa: PLC0415 - import cost: transformers load on first use
+    from transformers import AttentionInterface  # noqa: PLC0415 - import cost: transformers loads on first use
 
     AttentionInterface.register(name, function)
 
@@ -458,14 +458,14 @@ def select_cache_rows(cache, index: torch.Tensor) -> None:
 
 def new_cache():
     """An empty plain ``DynamicCache`` (a model-config cache would keep only the window in sliding layers)."""
-    from transformers import DynamicCache  # noqa: PLC0415 - import cost: transformers load on first use
+    from transformers import DynamicCache  # noqa: PLC0415 - import cost: transformers loads on first use
 
     return DynamicCache()
 
 
 def cache_from_tensors(data: list[tuple[torch.Tensor, torch.Tensor]]):
     """A ``DynamicCache`` holding per layer ``(keys, values)``, each ``[B, kv_head, slot, head_dim]``."""
-    from transformers import DynamicCache  # noqa: PLC0415 - import cost: transformers load on first use
+    from transformers import DynamicCache  # noqa: PLC0415 - import cost: transformers loads on first use
 
     return DynamicCache(ddp_cache_data=data)
 
@@ -474,7 +474,7 @@ def cache_from_tensors(data: list[tuple[torch.Tensor, torch.Tensor]]):
 
 def pre_rotary_keys(model, ids: torch.Tensor) -> dict[int, torch.Tensor]:
     """Per layer ``[1, kv_head, T, head_dim]``: keys after ``k_proj`` (and ``k_norm``), before rotary, for ``ids``."""
-    from transformers import DynamicCache  # noqa: PLC0415 - import cost: transformers load on first use
+    from transformers import DynamicCache  # noqa: PLC0415 - import cost: transformers loads on first use
 
     captured, handles = {}, []
     for index, layer in enumerate(model.model.layers):
@@ -546,7 +546,7 @@ def preserved_attention_functions() -> Iterator[None]:
     """Restore transformers' attention-function table on exit: whatever code inside the block wrapped or replaced
     in ``ALL_ATTENTION_FUNCTIONS`` (``import kvpress`` wraps every entry for AdaKV's decode-time key masking) is
     undone, so relaylens's own passes run the kernels transformers ships."""
-    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS  # noqa: PLC0415 - import cost: transformers load on first use
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS  # noqa: PLC0415 - import cost: transformers loads on first use
 
     local = dict(ALL_ATTENTION_FUNCTIONS._local_mapping)
     shared = type(ALL_ATTENTION_FUNCTIONS)._global_mapping

@@ -45,7 +45,7 @@ def load_model(spec: str | os.PathLike = DEFAULT_MODEL, dtype: torch.dtype | str
         >>> model, tok = load_model("/data/Qwen2-7B-Instruct", dtype="bfloat16", device="cuda",
         ...                         rope_scaling="yarn:4:32768", max_position=131072)  # doctest: +SKIP
     """
-    from transformers import AutoConfig, AutoModelForCausalLM  # noqa: PLC0415 - import cost: transformers load on first use
+    from transformers import AutoConfig, AutoModelForCausalLM  # noqa: PLC0415 - import cost: transformers loads on first use
 
 
     if device is not None and device_map is not None:
@@ -109,7 +109,7 @@ def load_tokenizer(spec: str | os.PathLike = DEFAULT_MODEL, progress: Callable[[
     """Only the tokenizer of ``spec`` (fast: embedded models read it from the cached copy, pulling if needed)."""
     kind, path = resolve_spec(spec, progress=progress)
     if kind == "gguf":
-        from transformers import AutoTokenizer  # noqa: PLC0415 - import cost: transformers load on first use
+        from transformers import AutoTokenizer  # noqa: PLC0415 - import cost: transformers loads on first use
 
         return AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name, trust_remote_code=False)
     return _auto_tokenizer(path)
@@ -155,7 +155,7 @@ def resolve_spec(spec: str | os.PathLike, progress: Callable[[str], None] | None
 
 
 def _auto_tokenizer(path):
-    from transformers import AutoTokenizer  # noqa: PLC0415 - import cost: transformers load on first use
+    from transformers import AutoTokenizer  # noqa: PLC0415 - import cost: transformers loads on first use
 
     try:
         return AutoTokenizer.from_pretrained(str(path), trust_remote_code=False)

@@ -279,7 +279,7 @@ def check_attn_implementation(name: str | None, device: str | None = None) -> st
                              f"one of {', '.join(ATTENTION_KERNELS)}. {fix}")
     if name in ("sdpa", "eager"):
         return name
-    from transformers import utils as hf_utils  # noqa: PLC0415 - import cost: transformers load on first use
+    from transformers import utils as hf_utils  # noqa: PLC0415 - import cost: transformers loads on first use
 
     available = {"flash_attention_2": hf_utils.is_flash_attn_2_available, "flash_attention_3":
                  hf_utils.is_flash_attn_3_available, "flex_attention": hf_utils.is_torch_flex_attn_available}[name]

@@ -53,7 +53,7 @@ def layer_sweep(model, prefill, selection, question_ids: torch.Tensor, evidence_
     reference answer token); probe rows carry ``condition, probe_point, source, layer, head, metric, value`` with
     ``metric = evidence_share`` (none without evidence annotations). The caller adds the unit's key columns.
     """
-    from relaylens.generation.single import run_condition  # noqa: PLC0415 - import cost: huggingface_hub, jinja2, safetensors, scipy, transformers load on first use
+    from relaylens.generation.single import run_condition  # noqa: PLC0415 - import cost: transformers loads on first use
     from relaylens.probes.readouts import FinalTokenRecorder, gold_slots, readouts  # noqa: PLC0415 - import cycle: relaylens.probes.readouts imports this module
 
     gold = gold_slots(selection, evidence_mask) if evidence_mask is not None else None

@@ -183,7 +183,7 @@ def probe_condition(model, prefill: PrefillResult, selection: Selection, conditi
     final question token, and towards ``next_answer_token`` (the answer's next token, if given) at the teacher-forced
     token.
     """
-    from relaylens.generation.single import run_condition  # noqa: PLC0415 - import cost: huggingface_hub, jinja2, safetensors, scipy, transformers load on first use
+    from relaylens.generation.single import run_condition  # noqa: PLC0415 - import cost: transformers loads on first use
     from relaylens.probes.attribution import final_residuals, grad_x_input, logit_attribution, target_log_prob  # noqa: PLC0415 - import cycle: relaylens.probes.attribution imports this module
 
     if grad and teacher_token is None:
@@ -264,7 +264,7 @@ def probe_rows(model, prefill: PrefillResult, rows: list[tuple[Selection, str | 
     Every row gets the readouts a sequential :func:`probe_condition` call gives (its observers see the row alone);
     ``generation_kwargs`` go to :func:`relaylens.generation.rows.run_rows`.
     """
-    from relaylens.generation.rows import Row, run_rows  # noqa: PLC0415 - import cost: huggingface_hub, jinja2, safetensors, scipy, transformers load on first use
+    from relaylens.generation.rows import Row, run_rows  # noqa: PLC0415 - import cost: transformers loads on first use
 
     factors = factors or RotaryFactors.from_model(model)
     recorders = [(FinalTokenRecorder(), FinalTokenRecorder()) for _ in rows]

@@ -73,8 +73,8 @@ def positional_sensitivity(model, prefill: PrefillResult, selection: Selection, 
                            window_mode: str = "condition") -> pd.DataFrame:
     """``d log p(target_token) / d b`` and ``d / d s`` per (layer, kv head) at ``condition``: one question pass and one
     backward pass (no weight gradients). Columns ``layer, head, metric, value`` (``head``: the kv head)."""
-    from relaylens.generation.cache import coordinates_of  # noqa: PLC0415 - import cost: huggingface_hub, jinja2, safetensors, scipy, transformers load on first use
-    from relaylens.generation.single import answer_log_probs, frozen_weights  # noqa: PLC0415 - import cost: huggingface_hub, jinja2, safetensors, scipy, transformers load on first use
+    from relaylens.generation.cache import coordinates_of  # noqa: PLC0415 - import cost: transformers loads on first use
+    from relaylens.generation.single import answer_log_probs, frozen_weights  # noqa: PLC0415 - import cost: transformers loads on first use
 
     factors = factors or RotaryFactors.from_model(model)
     condition = get_condition(condition)
@@ -134,7 +134,7 @@ def finite_shift_slopes(model, prefill: PrefillResult, selection: Selection, con
     """Per ``(layer, kv_head)`` of ``heads``: ``(log p(move=-1) - log p(move=+1)) / 2``, the central finite
     difference in ``b`` from exact integer shifts of that head's keys (``Scoped(condition, heads=..., move=+-1,
     base=condition)``; the other heads stay where ``condition`` puts them)."""
-    from relaylens.generation.single import answer_log_probs  # noqa: PLC0415 - import cost: huggingface_hub, jinja2, safetensors, scipy, transformers load on first use
+    from relaylens.generation.single import answer_log_probs  # noqa: PLC0415 - import cost: transformers loads on first use
 
     factors = factors or RotaryFactors.from_model(model)
     condition = get_condition(condition)

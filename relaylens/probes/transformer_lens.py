@@ -78,7 +78,7 @@ HOOK_ROT_Q = "blocks.{layer}.attn.hook_rot_q"
 
 
 def _attention_bridge_class():
-    from transformer_lens.model_bridge.generalized_components.attention import AttentionBridge  # noqa: PLC0415 - import cost: transformer_lens load on first use
+    from transformer_lens.model_bridge.generalized_components.attention import AttentionBridge  # noqa: PLC0415 - import cost: transformer_lens loads on first use
 
     return AttentionBridge
 
@@ -155,7 +155,7 @@ def cache_kwarg_shim(enable: bool | None = None) -> Iterator[bool]:
 def _placeholder_tokenizer():
     """A minimal fast tokenizer (three special tokens, word level): TransformerLens needs a tokenizer object even
     when it is driven with token ids only."""
-    from tokenizers import Tokenizer, models  # noqa: PLC0415 - import cost: tokenizers load on first use
+    from tokenizers import Tokenizer, models  # noqa: PLC0415 - import cost: tokenizers loads on first use
     from transformers import PreTrainedTokenizerFast  # noqa: PLC0415 - import cost: it loads tokenizers
 
     vocab = {"<|endoftext|>": 0, "<|im_start|>": 1, "<|im_end|>": 2}
@@ -182,7 +182,7 @@ def bridge_model(model, tokenizer=None, copy_model: bool = True):
     ``tokenizer`` only matters for the bridge's string helpers (``to_tokens``, text ``generate``); the probes pass
     token ids, and without one a tiny placeholder tokenizer is attached.
     """
-    from transformer_lens.model_bridge import TransformerBridge  # noqa: PLC0415 - import cost: transformer_lens load on first use
+    from transformer_lens.model_bridge import TransformerBridge  # noqa: PLC0415 - import cost: transformer_lens loads on first use
 
     factors = RotaryFactors.from_model(model)  # before wrapping: the bridge's modules hide the rotary layout
     hf_model = copy.deepcopy(model) if copy_model else model

@@ -92,7 +92,7 @@ def condition_color(condition: str) -> str:
 
 def rc() -> dict:
     """The shared style: seaborn ``whitegrid`` axes and ``paper`` context, then :data:`RC` on top."""
-    import seaborn as sns  # noqa: PLC0415 - import cost: seaborn load on first use
+    import seaborn as sns  # noqa: PLC0415 - import cost: seaborn loads on first use
 
     return {**sns.axes_style("whitegrid"), **sns.plotting_context("paper"), **RC}
 

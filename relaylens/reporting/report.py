@@ -289,7 +289,7 @@ def report_context(tables: dict, manifest: dict, figure_names: list[str] | None 
 
 
 def _environment():
-    import jinja2  # noqa: PLC0415 - import cost: jinja2 load on first use
+    import jinja2  # noqa: PLC0415 - import cost: jinja2 loads on first use
 
     return jinja2.Environment(loader=jinja2.PackageLoader("relaylens.reporting", "templates"), autoescape=True,
                               finalize=finalize, undefined=jinja2.StrictUndefined, keep_trailing_newline=True)

@@ -41,7 +41,7 @@ def bm25_scores(query: str, documents: list[str], k1: float = 1.5, b: float = 0.
         >>> bm25_scores("my dog", ["my dog is Biscuit", "cats are nice", "dog dog walk"]).gt(0).tolist()
         [True, False, True]
     """
-    import bm25s  # noqa: PLC0415 - import cost: bm25s load on first use
+    import bm25s  # noqa: PLC0415 - import cost: bm25s loads on first use
 
     corpus = [word_tokens(d) for d in documents]
     query_tokens = word_tokens(query)

@@ -69,7 +69,7 @@ def question_attention(model, prefill: PrefillResult, question_ids: torch.Tensor
     """Run the question once at ``L .. L+Q-1`` over the full cache (the ``original`` condition of a keep-everything
     selection, through the same attention function as every question pass) and average the question tokens'
     softmax rows over the history keys, read from an attention observer."""
-    from relaylens.generation.single import run_condition  # noqa: PLC0415 - import cost: huggingface_hub, jinja2, safetensors, scipy, transformers load on first use
+    from relaylens.generation.single import run_condition  # noqa: PLC0415 - import cost: transformers loads on first use
 
     length = prefill.history_length
     question_ids = torch.as_tensor(question_ids, dtype=torch.long).reshape(-1)
