@@ -51,6 +51,7 @@ from relaylens.generation.positions import new_token_phases, position_ids
 from relaylens.geometry.rotary import RotaryFactors
 from relaylens.geometry.selection import Selection
 from relaylens.model.hf import cache_from_tensors, crop_cache, select_cache_rows
+from relaylens.model.packed import pack_linears, packed_linears
 from relaylens.model.prefill import PrefillResult
 
 _FAR = -(10**9)  # position of a padding slot: never inside a window, never attended (its validity is False)
@@ -271,6 +272,7 @@ def decode_steps(model, batch: RowBatch, results: list[GenerationResult], curren
     A caller can time each step, or interleave the steps of two requests (``relaylens bench overhead``).
     """
     active = list(range(len(results)))  # result index of each batch row
+    packs = pack_linears(model, rows=len(results)) if max_new_tokens > 1 else []  # once per decode, used per step
     for step in range(max_new_tokens):
         tokens = current.argmax(-1).tolist()  # [row]
         keep = []
@@ -293,6 +295,7 @@ def decode_steps(model, batch: RowBatch, results: list[GenerationResult], curren
             next_position, next_source = next_position[keep], next_source[keep]
             tokens = [tokens[b] for b in keep]
         ids = torch.tensor(tokens, dtype=torch.long)[:, None]  # [row, 1]
-        current = forward_rows(model, batch, ids, next_position[:, None], next_source[:, None])[:, -1]
+        with packed_linears(packs):  # only for this step's forward: the caller may use the model between steps
+            current = forward_rows(model, batch, ids, next_position[:, None], next_source[:, None])[:, -1]
         next_position, next_source = next_position + 1, next_source + 1
         yield step
