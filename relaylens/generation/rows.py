@@ -272,7 +272,7 @@ def decode_steps(model, batch: RowBatch, results: list[GenerationResult], curren
     A caller can time each step, or interleave the steps of two requests (``relaylens bench overhead``).
     """
     active = list(range(len(results)))  # result index of each batch row
-    packs = pack_linears(model, rows=len(results)) if max_new_tokens > 1 else []  # once per decode, used per step
+    packs = pack_linears(model) if max_new_tokens > 1 else []  # built once per model, used inside each step
     for step in range(max_new_tokens):
         tokens = current.argmax(-1).tolist()  # [row]
         keep = []

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-from transformers import DynamicCache
+from support.prefill_shared import plain_prefill
 
 import relaylens.model.packed as packed
-from relaylens.generation.single import prefill_from_cache, run_condition
+from relaylens.generation.single import run_condition
 from relaylens.geometry.selection import Selection
 from relaylens.model.packed import pack_linears, packed_linears, packing_available
 from relaylens.testing import tiny_model
@@ -59,9 +59,7 @@ def test_greedy_decoding_is_unchanged_by_packing(condition, monkeypatch):
     gen = torch.Generator().manual_seed(2)
     history = torch.randint(3, model.config.vocab_size, (40,), generator=gen)
     question = torch.randint(3, model.config.vocab_size, (3,), generator=gen)
-    with torch.no_grad():
-        cache = model(history[None], use_cache=True, cache=DynamicCache()).cache
-    pre = prefill_from_cache(history, cache, model)
+    pre = plain_prefill(model, history)
     heads = pre.keys[0].shape[0]
     selection = Selection.from_lists([[[0, 3, 11, 25, 37, 38, 39]] * heads] * pre.num_layers, 40)
     tokens = {}
@@ -70,3 +68,22 @@ def test_greedy_decoding_is_unchanged_by_packing(condition, monkeypatch):
         tokens[on] = run_condition(model, pre, selection, condition, question, max_new_tokens=8,
                                    eos_token_ids=set()).token_ids
     assert tokens[True] == tokens[False]
+
+
+@needs_onednn
+def test_packs_are_reused_until_a_weight_changes():
+    """Reordering every weight costs seconds on a real model: one model's packs serve every decode, and a weight
+    changed in place (or replaced) gets new packs that compute with the new values."""
+    model = tiny_model("llama", dtype=torch.bfloat16)
+    packs = pack_linears(model)
+    assert pack_linears(model) is packs
+    down = packs[-1].module
+    with torch.no_grad():
+        down.weight.mul_(2)  # in place: the tensor's version moves
+    repacked = pack_linears(model)
+    assert repacked is not packs
+    x = torch.randn(2, down.in_features, dtype=torch.bfloat16)
+    with torch.no_grad(), packed_linears(repacked):
+        torch.testing.assert_close(down(x).float(), torch.nn.functional.linear(x, down.weight, down.bias).float(),
+                                   atol=0.05, rtol=0.02)
+    assert pack_linears(tiny_model("llama", dtype=torch.bfloat16)) is not repacked  # another model, its own packs
