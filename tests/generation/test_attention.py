@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import pytest
 import torch
-from transformers import DynamicCache
+from support.prefill_shared import plain_prefill
 
 from relaylens.generation.attention import (
     AttentionState,
     attention_context,
     relaylens_attention,
 )
-from relaylens.generation.single import prefill_from_cache, run_condition
+from relaylens.generation.single import run_condition
 from relaylens.geometry.selection import Selection
 from relaylens.probes.readouts import FinalTokenRecorder
 from relaylens.testing import tiny_model
@@ -24,9 +24,7 @@ def _gemma_rows(condition: str, window_mode: str):
     gen = torch.Generator().manual_seed(0)
     history = torch.randint(3, model.config.vocab_size, (L,), generator=gen)
     question = torch.randint(3, model.config.vocab_size, (Q,), generator=gen)
-    with torch.no_grad():
-        cache = model(history[None], use_cache=True, cache=DynamicCache()).cache
-    pre = prefill_from_cache(history, cache, model)
+    pre = plain_prefill(model, history)
     kept = [5, 36, 37, 38, 39]  # position 5 is 35+ tokens before the question: outside an 8-token window at L
     selection = Selection.from_lists([[kept]] * pre.num_layers, L)
     recorder = FinalTokenRecorder()
@@ -76,9 +74,7 @@ def test_context_restores_implementation_and_refuses_use_outside():
 def test_probability_rows_sum_to_one_over_visible_keys():
     model = tiny_model("llama", seed=1)
     history = torch.randint(3, 300, (L,))
-    with torch.no_grad():
-        cache = model(history[None], use_cache=True, cache=DynamicCache()).cache
-    pre = prefill_from_cache(history, cache, model)
+    pre = plain_prefill(model, history)
     selection = Selection.from_lists([[list(range(0, 40, 3)), list(range(1, 40, 5))]] * pre.num_layers, L)
     recorder = FinalTokenRecorder()
     run_condition(model, pre, selection, "relay", torch.tensor([7, 8, 9]), max_new_tokens=0, observers=[recorder])
@@ -168,9 +164,7 @@ def test_fused_unobserved_passes_equal_the_probability_path(variant, condition, 
     gen = torch.Generator().manual_seed(1)
     history = torch.randint(3, model.config.vocab_size, (L,), generator=gen)
     question = torch.randint(3, model.config.vocab_size, (Q,), generator=gen)
-    with torch.no_grad():
-        cache = model(history[None], use_cache=True, cache=DynamicCache()).cache
-    pre = prefill_from_cache(history, cache, model)
+    pre = plain_prefill(model, history)
     heads = pre.keys[0].shape[0]  # kv heads
     kept = [[0, 4, 9, 20, 33, 38, 39], [1, 2, 9, 30, 39]]  # heads keep different slots: padded, masked widths
     selection = Selection.from_lists([[kept[h % 2] for h in range(heads)]] * pre.num_layers, L)
@@ -193,9 +187,7 @@ def test_fused_kernel_is_not_used_when_probabilities_are_read(monkeypatch):
     monkeypatch.setattr(attention, "_attend_fused", refuse)
     model = tiny_model("llama", seed=1)
     history = torch.randint(3, 300, (L,))
-    with torch.no_grad():
-        cache = model(history[None], use_cache=True, cache=DynamicCache()).cache
-    pre = prefill_from_cache(history, cache, model)
+    pre = plain_prefill(model, history)
     selection = Selection.from_lists([[list(range(0, 40, 3)), list(range(1, 40, 5))]] * pre.num_layers, L)
     recorder = FinalTokenRecorder()
     run_condition(model, pre, selection, "relay", torch.tensor([7, 8, 9]), max_new_tokens=0, observers=[recorder])

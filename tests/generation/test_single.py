@@ -6,10 +6,11 @@ import sys
 
 import pytest
 import torch
+from support.prefill_shared import plain_prefill
 from transformers import DynamicCache
 
 from relaylens.errors import PositionError, ShapeError
-from relaylens.generation.single import build_cache, prefill_from_cache, run_condition
+from relaylens.generation.single import build_cache, run_condition
 from relaylens.geometry.rotary import RotaryFactors
 from relaylens.geometry.selection import Selection
 from relaylens.model.hf import pre_rotary_keys
@@ -17,12 +18,6 @@ from relaylens.testing import tiny_model
 
 VARIANTS = ["llama", "qwen2_yarn", "phi_partial", "glm_partial_interleaved", "gemma3"]
 HISTORY, QUESTION = 40, 6
-
-
-def _prefill(model, history):
-    with torch.no_grad():
-        out = model(history[None], use_cache=True, cache=DynamicCache())
-    return prefill_from_cache(history, out.cache, model)
 
 
 def _tokens(model, n, seed):
@@ -33,7 +28,7 @@ def _tokens(model, n, seed):
 def setup(request):
     model = tiny_model(request.param, seed=2)
     history, question = _tokens(model, HISTORY, 0), _tokens(model, QUESTION, 1)
-    return request.param, model, history, question, _prefill(model, history)
+    return request.param, model, history, question, plain_prefill(model, history)
 
 
 def test_keep_all_original_reproduces_full_forward(setup):
@@ -58,7 +53,7 @@ def test_keep_all_relay_equals_original(setup):
 def test_greedy_tokens_match_model_generate():
     model = tiny_model("llama", seed=5)
     history, question = _tokens(model, HISTORY, 3), _tokens(model, QUESTION, 4)
-    pre = _prefill(model, history)
+    pre = plain_prefill(model, history)
     full = Selection.full(HISTORY, pre.num_layers, pre.num_kv_heads)
     with torch.no_grad():
         ours = run_condition(model, pre, full, "original", question, max_new_tokens=10, eos_token_ids=set())
@@ -131,7 +126,7 @@ def test_heterogeneous_selection_matches_masked_full_cache_in_eager(setup):
 def test_positions_seen_inside_the_model(condition, first_question_position):
     model = tiny_model("llama", seed=3)
     history, question = _tokens(model, HISTORY, 5), _tokens(model, QUESTION, 6)
-    pre = _prefill(model, history)
+    pre = plain_prefill(model, history)
     sel = _random_heterogeneous_selection(pre, seed=4)
     M = sel.max_count
     start = {"M": M, "L": HISTORY, "L+500": HISTORY + 500,
@@ -188,7 +183,7 @@ def test_relocated_cache_equals_direct_rotation(setup, condition):
 def test_bad_inputs():
     model = tiny_model("llama")
     history, question = _tokens(model, HISTORY, 0), _tokens(model, QUESTION, 1)
-    pre = _prefill(model, history)
+    pre = plain_prefill(model, history)
     wrong_layers = Selection.full(HISTORY, pre.num_layers + 1, pre.num_kv_heads)
     with pytest.raises(ShapeError, match="layers"):
         run_condition(model, pre, wrong_layers, "relay", question)

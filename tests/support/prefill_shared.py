@@ -1,10 +1,20 @@
-"""Helpers shared by tests/.../test_prefill.py and its model tier (not a test module)."""
+"""Helpers shared by tests/.../test_prefill.py, its model tier and the tests that wrap a plain forward's cache as a
+prefill (not a test module)."""
 
 from __future__ import annotations
 
 import torch
+from transformers import DynamicCache
 
+from relaylens.generation.single import prefill_from_cache
 from relaylens.model.prefill import PrefillResult
+
+
+def plain_prefill(model, history: torch.Tensor) -> PrefillResult:
+    """A plain forward of ``model`` over ``history`` ``[L]`` with a fresh ``DynamicCache``, wrapped as a prefill."""
+    with torch.no_grad():
+        cache = model(history[None], use_cache=True, cache=DynamicCache()).cache
+    return prefill_from_cache(history, cache, model)
 
 
 def rows_from_queries(res: PrefillResult, layer: int, sliding_window: int | None) -> torch.Tensor:
