@@ -17,6 +17,13 @@ def _in_ci() -> bool:
     return os.environ.get("CI", "").strip().lower() in {"1", "true", "yes"}
 
 
+@pytest.fixture(autouse=True)
+def _dtype_auto_by_flags(monkeypatch):
+    """``--dtype auto`` decides by CPU flags in tests (``RELAYLENS_DTYPE_AUTO=flags``): its measurement takes
+    seconds and its result depends on the machine; tests/model/test_dtype_auto.py lifts this to test it."""
+    monkeypatch.setenv("RELAYLENS_DTYPE_AUTO", "flags")
+
+
 @pytest.fixture(scope="session")
 def smollm2():
     from relaylens.model.embedded import PullError

@@ -3,12 +3,13 @@
 Each :class:`Benchmark` says which of the command's options it takes: ``geometry`` and ``selectors`` need no model;
 the others load one (:data:`MODEL_OPTIONS`: ``model_spec``, ``load_kwargs``, ``records``, ``new_tokens``); ``overhead``
 also takes ``schedule`` and ``prefill_chunk`` and draws its own progress bar; ``roofline`` also takes ``quick`` and
-``lengths`` and writes its own outputs beside the CSV. Options a benchmark does not take, and options left at None,
-are dropped, so that each benchmark keeps its own defaults. A new benchmark is one entry here.
+``lengths`` and writes its own outputs beside the CSV; ``regime`` also takes ``dtype`` (the command's ``--dtype``,
+passed only when given, since ``load_kwargs`` always holds a resolved one). Options a benchmark does not take, and
+options left at None, are dropped, so that each benchmark keeps its own defaults. A new benchmark is one entry here.
 
 Example:
     >>> sorted(BENCHMARKS)
-    ['dtype', 'geometry', 'overhead', 'prefill', 'probes', 'roofline', 'scaling', 'selectors', 'throughput']
+    ['dtype', 'geometry', 'overhead', 'prefill', 'probes', 'regime', 'roofline', 'scaling', 'selectors', 'throughput']
     >>> sorted(BENCHMARKS["overhead"].arguments(dict(schedule="back-to-back", quick=True, records=None, repeats=2)))
     ['repeats', 'schedule']
 """
@@ -22,6 +23,7 @@ from pathlib import Path
 from relaylens.bench.dtype import run_dtype
 from relaylens.bench.geometry import run_geometry
 from relaylens.bench.model import run_prefill, run_probes, run_scaling, run_selectors
+from relaylens.bench.regime import run_regime
 from relaylens.bench.requests import run_overhead, run_throughput
 from relaylens.bench.roofline import run_roofline, table, write_outputs
 
@@ -66,6 +68,7 @@ BENCHMARKS: dict[str, Benchmark] = {
     "selectors": Benchmark(run_selectors),
     "scaling": Benchmark(run_scaling, options=MODEL_OPTIONS),
     "dtype": Benchmark(run_dtype, options=MODEL_OPTIONS),
+    "regime": Benchmark(run_regime, options=(*MODEL_OPTIONS, "dtype", "data")),
     "roofline": Benchmark(run_roofline, options=(*MODEL_OPTIONS, "quick", "lengths"), write=write_outputs, view=table),
 }
 """Every benchmark of ``relaylens bench`` by name (``all`` runs each)."""

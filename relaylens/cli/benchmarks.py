@@ -14,7 +14,8 @@ from relaylens.model.embedded import DEFAULT_MODEL  # a name only: importing it 
 
 def bench(
     which: str = typer.Argument("geometry", help="geometry, overhead, throughput, probes, prefill, selectors, scaling, "
-                                "dtype (float32 vs bfloat16), roofline (stages vs this machine's limits) or all"),
+                                "dtype (float32 vs bfloat16), regime (the paper's regime, decoding before vs "
+                                "after), roofline (stages vs this machine's limits) or all"),
     out: Path = typer.Option(Path("runs/bench"), help="directory for the CSV and Markdown tables"),
     repeats: int = typer.Option(None, help="repetitions per timing, median reported (default: each benchmark's own; "
                                            "overhead: 3 per record, as the paper)"),
@@ -27,13 +28,16 @@ def bench(
     prefill_chunk: int = typer.Option(None, "--prefill-chunk", help="overhead: prefill chunk in tokens (default 256; "
                                       "0: the whole history in one pass)"),
     model: str = typer.Option(None, help="model of the model benchmarks (overhead, throughput, probes, prefill, "
-                              f"scaling; default {DEFAULT_MODEL}); dtype takes a comma-separated list (default "
-                              "qwen2.5-coder-0.5b-instruct,smollm2-135m-instruct)"),
+                              f"scaling; default {DEFAULT_MODEL}); dtype and regime take a comma-separated list "
+                              "(default qwen2.5-coder-0.5b-instruct,smollm2-135m-instruct; regime: "
+                              "qwen2.5-coder-0.5b-instruct)"),
     device: str = DEVICE, dtype: str = DTYPE, device_map: str = DEVICE_MAP, attn_implementation: str = ATTN,
     rope_scaling: str = ROPE, max_position: int = MAX_POS,
     quick: bool = typer.Option(False, help="roofline: tiny sizes (seconds; for tests)"),
     lengths: str = typer.Option(None, help="roofline: prefill lengths in tokens, comma-separated (default "
                                            "2048,8192,16384)"),
+    data: str = typer.Option(None, help="regime: the records' data file (default: the bundled sample), e.g. "
+                             "data/lme_qwen_2048.json.gz for the committed paper-regime runs' histories"),
 ) -> None:
     """Benchmarks: ratios are measured in the same run; results go to a CSV and a Markdown table."""
     from relaylens.bench.geometry import write_results  # noqa: PLC0415 - CLI startup: the benchmarks import torch
@@ -46,9 +50,12 @@ def bench(
         fail(f"--schedule must be {' or '.join(SCHEDULES)}; got {schedule!r}")
     if prefill_chunk is not None and prefill_chunk < 0:
         fail(f"--prefill-chunk must be a number of tokens >= 0 (0: no chunks); got {prefill_chunk}")
+    placement = load_kwargs(device, dtype, device_map, attn_implementation, rope_scaling, max_position)
+    # placement always holds a resolved dtype; dtype is passed only when --dtype was given (regime defaults to bfloat16)
     values = dict(model_spec=model, records=records, new_tokens=new_tokens, repeats=repeats, include_large=not small,
-                  schedule=schedule, prefill_chunk=prefill_chunk, quick=quick, lengths=lengths,
-                  load_kwargs=load_kwargs(device, dtype, device_map, attn_implementation, rope_scaling, max_position))
+                  schedule=schedule, prefill_chunk=prefill_chunk, quick=quick, lengths=lengths, load_kwargs=placement,
+                  data=data,
+                  dtype=None if dtype is None else str(placement["dtype"]).removeprefix("torch."))
 
     names = list(BENCHMARKS) if which == "all" else [which]
     for name in names:

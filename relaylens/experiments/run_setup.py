@@ -34,6 +34,7 @@ from relaylens.experiments.judges import make_judge
 from relaylens.experiments.launch import detect_shard, shard_dir
 from relaylens.experiments.learned import check_learned_conditions
 from relaylens.experiments.specs import ExperimentSpec
+from relaylens.generation.rows import decoding_path
 from relaylens.geometry.rotary import RotaryFactors
 from relaylens.model import loading  # loading.load_model looked up at call time: tests stand in a fake loader
 from relaylens.model.hf import rope_summary
@@ -83,7 +84,8 @@ class OpenedRun:
                       judge_url: bool = True) -> OpenedRun:
         """This run with its manifest: config sections ``spec``, ``run`` (the config without :data:`UNRECORDED`,
         the judge URL without credentials), ``placement`` (the device kind, not its index: shards on ``cuda:0`` and
-        ``cuda:1`` still agree), ``sections`` (e.g. ``learn``) and ``rope``; the ``plan`` (``record_ids`` at least).
+        ``cuda:1`` still agree), ``decoding`` (what a decoding step runs and why, with the placement), ``sections``
+        (e.g. ``learn``) and ``rope``; the ``plan`` (``record_ids`` at least).
         ``placement=False`` / ``judge_url=False`` record neither (the learned-geometry run never did: its
         manifests stay as they were). Every ``learned:RUN_DIR`` condition is pinned and checked against the plan's
         records (:func:`relaylens.experiments.learned.check_learned_conditions`)."""
@@ -94,6 +96,7 @@ class OpenedRun:
         if placement:
             recorded["placement"] = self.placement.to_dict() | {
                 "device": self.placement.device and self.placement.device.split(":")[0]}
+            recorded["decoding"] = decoding_path(self.model)
         recorded |= (sections or {}) | {"rope": rope_summary(self.model)}
         manifest = build_manifest(self.spec.name, recorded, config.model, loading.model_fingerprint(self.model),
                                   self.data_path, self.shard,

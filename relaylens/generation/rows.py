@@ -45,13 +45,14 @@ import torch
 
 from relaylens.conditions.catalogue import Condition, Coordinates
 from relaylens.errors import ShapeError
+from relaylens.generation import attention as attention_module
 from relaylens.generation.attention import AttentionState, Observer, attention_context
 from relaylens.generation.cache import RelocatedLayers, relocate_selection
 from relaylens.generation.positions import new_token_phases, position_ids
 from relaylens.geometry.rotary import RotaryFactors
 from relaylens.geometry.selection import Selection
 from relaylens.model.hf import cache_from_tensors, crop_cache, select_cache_rows
-from relaylens.model.packed import pack_linears, packed_linears
+from relaylens.model.packed import pack_linears, packed_linears, packing_applies
 from relaylens.model.prefill import PrefillResult
 
 _FAR = -(10**9)  # position of a padding slot: never inside a window, never attended (its validity is False)
@@ -262,6 +263,22 @@ def decode_rows(model, batch: RowBatch, results: list[GenerationResult], current
     for _ in decode_steps(model, batch, results, current, next_position, next_source, max_new_tokens, eos, tokenizer,
                           stop_at_newline):
         pass
+
+
+def decoding_path(model) -> dict:
+    """What a decoding step of ``model`` runs, and why (the run manifest's ``config.decoding``): the linear layers
+    (oneDNN-prepacked bfloat16 or ``F.linear``, :mod:`relaylens.model.packed`) and the attention of passes no probe
+    observes (the fused kernel or relaylens's own, :data:`relaylens.generation.attention.FUSED_UNOBSERVED`).
+
+    >>> from relaylens.testing import tiny_model
+    >>> decoding_path(tiny_model("llama"))["linear_layers"]
+    'F.linear'
+    """
+    packed, why = packing_applies(model)
+    fused = attention_module.FUSED_UNOBSERVED
+    return {"linear_layers": "prepacked bfloat16 (oneDNN)" if packed else "F.linear", "linear_layers_why": why,
+            "unobserved_attention": "fused (scaled_dot_product_attention; relaylens's own under attention "
+                                    "softcapping)" if fused else "relaylens's own (FUSED_UNOBSERVED = False)"}
 
 
 def decode_steps(model, batch: RowBatch, results: list[GenerationResult], current: torch.Tensor,

@@ -36,7 +36,7 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["PACKED_DECODING", "LinearPack", "pack_linears", "packed_linears", "packing_available"]
+__all__ = ["PACKED_DECODING", "LinearPack", "pack_linears", "packed_linears", "packing_available", "packing_applies"]
 
 PACKED_DECODING = True  # decoding steps use packed weights where available; False: plain F.linear everywhere
 
@@ -57,6 +57,24 @@ def packing_available() -> bool:
     ops = getattr(torch.ops, "mkldnn", None)
     return bool(torch.backends.mkldnn.is_available() and ops is not None and hasattr(ops, "_reorder_linear_weight")
                 and hasattr(ops, "_linear_pointwise"))
+
+
+def packing_applies(model) -> tuple[bool, str]:
+    """``(applies, why)``: whether :func:`pack_linears` would pack ``model``'s linear layers, and why (manifests).
+
+    >>> from relaylens.testing import tiny_model
+    >>> packing_applies(tiny_model("llama"))
+    (False, 'the linear layers are float32 on cpu; packing is for bfloat16 on a CPU')
+    """
+    if not PACKED_DECODING:
+        return False, "turned off (relaylens.model.packed.PACKED_DECODING = False)"
+    if not packing_available():
+        return False, "this torch has no oneDNN prepacked linear"
+    weights = [m.weight for m in model.modules() if isinstance(m, torch.nn.Linear)]
+    if any(w.dtype == torch.bfloat16 and w.device.type == "cpu" for w in weights):
+        return True, "bfloat16 linear layers on a CPU with oneDNN"
+    kinds = sorted({f"{str(w.dtype).removeprefix('torch.')} on {w.device.type}" for w in weights}) or ["absent"]
+    return False, f"the linear layers are {', '.join(kinds)}; packing is for bfloat16 on a CPU"
 
 
 def pack_linears(model, rows: int = 8) -> list[LinearPack]:

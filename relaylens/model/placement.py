@@ -101,8 +101,10 @@ def resolve_device(spec: str | None = "auto", local_rank: int | None = None) -> 
 
 def resolve_dtype(name: str | torch.dtype | None, device: str) -> torch.dtype:
     """The torch dtype for ``name`` (``float32``, ``bfloat16``, ``float16``, ``auto``); default (None) float32 on
-    CPU/MPS, bfloat16 on CUDA. ``auto``: bfloat16 where the device runs it natively, else float32
-    (:func:`choose_dtype`). An explicit bfloat16 on a CPU without native support warns once (slow, not wrong)."""
+    CPU/MPS, bfloat16 on CUDA. ``auto``: float32 where the device has no native bfloat16; bfloat16 on such a GPU;
+    on such a CPU, the dtype that decodes faster there, measured (:func:`choose_dtype`,
+    :mod:`relaylens.model.dtype_auto`). An explicit bfloat16 on a CPU without native support warns once (slow, not
+    wrong)."""
     return choose_dtype(name, device)[0]
 
 
@@ -125,8 +127,7 @@ def choose_dtype(name: str | torch.dtype | None, device: str) -> tuple[torch.dty
         aliases = {"bf16": "bfloat16", "fp16": "float16", "half": "float16", "fp32": "float32", "float": "float32"}
         key = aliases.get(key, key)
         if key == "auto":
-            native, why = bfloat16_native(device)
-            return (torch.bfloat16 if native else torch.float32), f"auto: {'bfloat16' if native else 'float32'}, {why}"
+            return _auto(device)
         if key not in DTYPES:
             raise PlacementError(f"--dtype {name!r} is not supported; choose one of {', '.join(DTYPES)} or auto")
         dtype = DTYPES[key]
@@ -138,6 +139,20 @@ def choose_dtype(name: str | torch.dtype | None, device: str) -> tuple[torch.dty
                        "results are correct but matrix products are emulated and slower than float32. Fix: --dtype "
                        "float32, or --dtype auto (bfloat16 only where the hardware runs it)")
     return dtype, None
+
+
+def _auto(device: str) -> tuple[torch.dtype, str]:
+    """``--dtype auto``: float32 where the device has no native bfloat16; on a CPU that has it, the dtype whose
+    decoding product this machine runs faster, measured once and cached (:mod:`relaylens.model.dtype_auto`)."""
+    from relaylens.model import dtype_auto  # noqa: PLC0415 - import cost: only --dtype auto needs it
+
+    native, why = bfloat16_native(device)
+    if native and str(device).startswith("cpu") and not dtype_auto.skip_measurement():
+        measurement, cached = dtype_auto.measured(cpu_flags())
+        name = dtype_auto.choose(measurement)
+        return DTYPES[name], (f"auto: {name}, {why}; measured on this machine ({'cached' if cached else 'now'}): "
+                              f"{measurement.describe()}")
+    return (torch.bfloat16 if native else torch.float32), f"auto: {'bfloat16' if native else 'float32'}, {why}"
 
 
 _WARNED: set[str] = set()

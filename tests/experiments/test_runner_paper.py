@@ -56,6 +56,11 @@ def test_overrides_are_in_the_manifest(workspace):
     assert spec["conditions"] == ["original", "relay", "reverse_order"]
     assert (spec["granularity"], spec["stop"]) == ("session", "eos")
     assert manifest["config"]["placement"]["dtype"] == "bfloat16"
+    from relaylens.model.packed import packing_available
+
+    decoding = manifest["config"]["decoding"]  # what the decoding steps ran: bfloat16 on the CPU packs where it can
+    assert decoding["linear_layers"] == ("prepacked bfloat16 (oneDNN)" if packing_available() else "F.linear")
+    assert decoding["unobserved_attention"].startswith("fused")
     answers = load_tables(out)["answers"]
     assert set(answers.condition) == {"original", "relay", "reverse_order"}
 

@@ -185,3 +185,22 @@ def test_scoped_conditions_batched_equal_sequential(variant):
         assert many.condition == one.condition == cond.label
         assert many.token_ids == one.token_ids and many.question_start == one.question_start, cond.label
         assert float((many.question_logits - one.question_logits).abs().max()) <= 1e-5, cond.label
+
+
+@pytest.mark.parametrize("packed_flag, fused_flag", [(True, True), (False, False)])
+def test_decoding_path_names_what_the_steps_run_and_why(monkeypatch, packed_flag, fused_flag):
+    from relaylens.generation import attention
+    from relaylens.generation.rows import decoding_path
+    from relaylens.model import packed
+
+    monkeypatch.setattr(packed, "PACKED_DECODING", packed_flag)
+    monkeypatch.setattr(attention, "FUSED_UNOBSERVED", fused_flag)
+    bf16 = decoding_path(tiny_model("llama", dtype=torch.bfloat16))
+    f32 = decoding_path(tiny_model("llama"))
+    packs = packed_flag and packed.packing_available()
+    assert bf16["linear_layers"] == ("prepacked bfloat16 (oneDNN)" if packs else "F.linear")
+    assert f32["linear_layers"] == "F.linear"
+    off = "turned off (relaylens.model.packed.PACKED_DECODING = False)"
+    assert f32["linear_layers_why"] == ("the linear layers are float32 on cpu; packing is for bfloat16 on a CPU"
+                                        if packed_flag else off)
+    assert bf16["unobserved_attention"].startswith("fused" if fused_flag else "relaylens's own")
