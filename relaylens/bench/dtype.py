@@ -60,11 +60,7 @@ def run_dtype(model_spec: str = "qwen2.5-coder-0.5b-instruct,smollm2-135m-instru
                        "--records", str(records), "--new-tokens", str(new_tokens), "--repeats", str(repeats),
                        "--out", str(run_dir), "--placement", json.dumps(placement, default=str),
                        "--lengths", ",".join(str(n) for n in lengths)]
-            done = subprocess.run(command, capture_output=True, text=True)
-            if done.returncode != 0:
-                raise RuntimeError(f"bench dtype arm {spec} {dtype} failed (exit {done.returncode}):\n"
-                                   f"{done.stderr.strip()[-3000:]}")
-            arms[dtype] = json.loads(done.stdout.strip().splitlines()[-1])
+            arms[dtype] = run_arm_process(command, f"bench dtype arm {spec} {dtype}")
         rows.extend(_rows(spec, arms, lengths))
     return rows
 
@@ -142,12 +138,45 @@ def probe_differences(first: Path, second: Path) -> dict[str, tuple[float, float
 # ----------------------------------------------------------------------------------------------- one arm
 
 
+def run_arm_process(command: list[str], label: str) -> dict:
+    """Run one arm in its own process (``python -m ...``; ``bench dtype`` and ``bench regime``) and return the JSON
+    object it printed last; a failed arm raises with the tail of its stderr, named by ``label``."""
+    done = subprocess.run(command, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise RuntimeError(f"{label} failed (exit {done.returncode}):\n{done.stderr.strip()[-3000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def record_config(model_spec: str, dtype: str, placement: dict, **extra) -> dict:
+    """The :class:`RunConfig` fields of an arm's runs: the model, its dtype, the placement options a run records."""
+    kept = ("device", "attn_implementation", "rope_scaling", "max_position")
+    return dict(model=model_spec, dtype=dtype, **extra, **{k: v for k, v in placement.items() if k in kept})
+
+
+def run_records(spec, config: dict, limit: int, out: Path, model_and_tokenizer) -> None:
+    """``coordinate_ablation`` (or ``spec``) on the first ``limit`` records into ``out``, as ``relaylens run`` runs
+    them; records already in ``out`` are skipped (a resumed run)."""
+    from relaylens.experiments.runner import run_analysis  # noqa: PLC0415 - import cost: transformers loads on first use; late binding (tests spy on it)
+
+    run_analysis(spec, RunConfig(limit=limit, out=str(out), force=True, view_records=0, **config), progress=False,
+                 model_and_tokenizer=model_and_tokenizer)
+
+
+def timed_records(spec, config: dict, records: int, out: Path, model_and_tokenizer) -> list[float]:
+    """Seconds of each of the first ``records`` records, run one more at a time into ``out`` (:func:`run_records`)."""
+    times = []
+    for count in range(1, records + 1):  # resumes: each call runs exactly one more record
+        begin = time.perf_counter()
+        run_records(spec, config, count, out, model_and_tokenizer)
+        times.append(time.perf_counter() - begin)
+    return times
+
+
 def _arm(model_spec: str, dtype: str, records: int, new_tokens: int, repeats: int, out: Path, placement: dict,
          lengths: tuple[int, ...] = LENGTHS) -> dict:
     """One model in one dtype, in this process: the measurements :func:`run_dtype` tabulates."""
 
     from relaylens.bench.model import peak_extra_mb, proc_status_kb  # noqa: PLC0415 - import cycle: relaylens.bench.model imports this module
-    from relaylens.experiments.runner import run_analysis  # noqa: PLC0415 - import cost: transformers loads on first use
     from relaylens.experiments.specs import load_analysis  # noqa: PLC0415 - late binding (tests swap specs.load_analysis)
     from relaylens.model.loading import load_model  # noqa: PLC0415 - late binding (tests swap loading.load_model)
 
@@ -173,21 +202,11 @@ def _arm(model_spec: str, dtype: str, records: int, new_tokens: int, repeats: in
         _, peaks[str(length)] = peak_extra_mb(lambda: prefill_history(model, ids, chunk_size=2048,
                                                                       allow_long=limit is not None and length > limit))
     spec = load_analysis("coordinate_ablation").spec.replace(max_new_tokens=new_tokens, stop="none")
-    config = dict(model=model_spec, dtype=dtype, **{k: v for k, v in placement.items() if k in (
-        "device", "attn_implementation", "rope_scaling", "max_position")})
-    warm = out.parent / f".warm-{out.name}"
-    run_analysis(spec, RunConfig(limit=1, out=str(warm), force=True, view_records=0, **config), progress=False,
-                 model_and_tokenizer=(model, tokenizer))
+    config = record_config(model_spec, dtype, placement)
+    run_records(spec, config, 1, out.parent / f".warm-{out.name}", (model, tokenizer))
     per_record = []
-
-    def all_records():
-        for count in range(1, records + 1):  # resumes: each call runs exactly one more record
-            begin = time.perf_counter()
-            run_analysis(spec, RunConfig(limit=count, out=str(out), force=True, view_records=0, **config),
-                         progress=False, model_and_tokenizer=(model, tokenizer))
-            per_record.append(time.perf_counter() - begin)
-
-    _, records_peak = peak_extra_mb(all_records)
+    _, records_peak = peak_extra_mb(lambda: per_record.extend(timed_records(spec, config, records, out,
+                                                                            (model, tokenizer))))
     return {"model": model_spec, "dtype": dtype, "load_s": load_s, "prefill_tokens_per_s": tokens,
             "prefill_peak_mb": peaks, "record_s": statistics.median(per_record), "record_times_s": per_record,
             "records_peak_mb": records_peak, "process_peak_mb": _process_peak(load_peak_kb, loaded_kb,

@@ -38,20 +38,17 @@ import contextlib
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pandas as pd
 import torch
 
-from relaylens.bench.dtype import answer_agreement
+from relaylens.bench.dtype import answer_agreement, record_config, run_arm_process, run_records, timed_records
 from relaylens.bench.machine import cpu_info
 from relaylens.errors import RelaylensError
-from relaylens.experiments.config import RunConfig
 from relaylens.generation import attention
 from relaylens.model import packed
 
@@ -86,11 +83,7 @@ def run_regime(model_spec: str = "qwen2.5-coder-0.5b-instruct", records: int = 2
                 command += ["--new-tokens", str(new_tokens)]
             if data is not None:
                 command += ["--data", str(data)]
-            done = subprocess.run(command, capture_output=True, text=True)
-            if done.returncode != 0:
-                raise RuntimeError(f"bench regime arm {spec} {arm} failed (exit {done.returncode}):\n"
-                                   f"{done.stderr.strip()[-3000:]}")
-            arms[arm] = json.loads(done.stdout.strip().splitlines()[-1])
+            arms[arm] = run_arm_process(command, f"bench regime arm {spec} {arm}")
         agreement = answer_agreement(Path(arms["before"]["run_dir"]), Path(arms["after"]["run_dir"]), spec)
         rows.extend(regime_rows(spec, arms["before"], arms["after"], agreement))
     return rows
@@ -153,7 +146,7 @@ def arm_flag(arm: str) -> bool:
 
 
 @contextlib.contextmanager
-def decoding_path(arm: str) -> Iterator[dict]:
+def decoding_flags(arm: str) -> Iterator[dict]:
     """Inside the block, both flags take the arm's value (:data:`ARMS`); on exit they get back the values they had.
     Yields the flags as set."""
     value = arm_flag(arm)
@@ -169,7 +162,6 @@ def run_arm(model_spec: str, arm: str, records: int, out: Path, dtype: str = DEF
             new_tokens: int | None = None, placement: dict | None = None, data: str | None = None) -> dict:
     """One model on one decoding path, in this process: the measurements :func:`regime_rows` tabulates. ``out``
     (the timed run) and its warm-up sibling ``.warm-NAME`` must not hold a run yet, or nothing would be timed."""
-    from relaylens.experiments.runner import run_analysis  # noqa: PLC0415 - late binding (tests spy on it)
     from relaylens.experiments.specs import load_analysis  # noqa: PLC0415 - late binding (tests swap it)
     from relaylens.model.loading import load_model  # noqa: PLC0415 - late binding (tests swap loading.load_model)
 
@@ -184,18 +176,10 @@ def run_arm(model_spec: str, arm: str, records: int, out: Path, dtype: str = DEF
     spec = load_analysis("coordinate_ablation").spec
     if new_tokens is not None:
         spec = spec.replace(max_new_tokens=new_tokens)
-    kept = ("device", "attn_implementation", "rope_scaling", "max_position")
-    config = dict(model=model_spec, dtype=dtype, **({"data": data} if data else {}),
-                  **{k: v for k, v in placement.items() if k in kept})
-    per_record = []
-    with decoding_path(arm) as flags:
-        run_analysis(spec, RunConfig(limit=1, out=str(warm), force=True, view_records=0, **config), progress=False,
-                     model_and_tokenizer=(model, tokenizer))
-        for count in range(1, records + 1):  # resumes: each call runs exactly one more record
-            begin = time.perf_counter()
-            run_analysis(spec, RunConfig(limit=count, out=str(out), force=True, view_records=0, **config),
-                         progress=False, model_and_tokenizer=(model, tokenizer))
-            per_record.append(time.perf_counter() - begin)
+    config = record_config(model_spec, dtype, placement, **({"data": data} if data else {}))
+    with decoding_flags(arm) as flags:
+        run_records(spec, config, 1, warm, (model, tokenizer))
+        per_record = timed_records(spec, config, records, out, (model, tokenizer))
         packed_count = len(packed.pack_linears(model))  # the packs the decode used (cached; [] with the flag off)
     answers = pd.read_parquet(out / "answers.parquet")
     return {"model": model_spec, "arm": arm, "dtype": dtype, "flags": flags,

@@ -42,6 +42,7 @@ QWEN_RUNS = (
      f"relaylens run learned_geometry {_QWEN} --limit 96 --train-fraction 0.5 {_EVICTED}"),
 )
 
+
 def run_demo(out: str | Path = "runs/demo", limit: int = 12, model: str = DEFAULT_MODEL, data: str = "sample",
              analyses: tuple[str, ...] = DEMO_ANALYSES, console: Console | None = None,
              dtype: str | None = None) -> dict[str, Path]:

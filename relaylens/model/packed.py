@@ -70,11 +70,17 @@ def packing_applies(model) -> tuple[bool, str]:
         return False, "turned off (relaylens.model.packed.PACKED_DECODING = False)"
     if not packing_available():
         return False, "this torch has no oneDNN prepacked linear"
-    weights = [m.weight for m in model.modules() if isinstance(m, torch.nn.Linear)]
-    if any(w.dtype == torch.bfloat16 and w.device.type == "cpu" for w in weights):
+    if _packable(model):
         return True, "bfloat16 linear layers on a CPU with oneDNN"
+    weights = [m.weight for m in model.modules() if isinstance(m, torch.nn.Linear)]
     kinds = sorted({f"{str(w.dtype).removeprefix('torch.')} on {w.device.type}" for w in weights}) or ["absent"]
     return False, f"the linear layers are {', '.join(kinds)}; packing is for bfloat16 on a CPU"
+
+
+def _packable(model) -> list[torch.nn.Linear]:
+    """The linear layers :func:`pack_linears` packs: bfloat16 weights on the CPU."""
+    return [module for module in model.modules() if isinstance(module, torch.nn.Linear)
+            and module.weight.dtype == torch.bfloat16 and module.weight.device.type == "cpu"]
 
 
 def pack_linears(model, rows: int = 8) -> list[LinearPack]:
@@ -84,8 +90,7 @@ def pack_linears(model, rows: int = 8) -> list[LinearPack]:
     tensors, unmodified."""
     if not PACKED_DECODING or not packing_available():
         return []
-    linears = [module for module in model.modules() if isinstance(module, torch.nn.Linear)
-               and module.weight.dtype == torch.bfloat16 and module.weight.device.type == "cpu"]
+    linears = _packable(model)
     identity = (rows, tuple((m.weight.data_ptr(), m.weight._version) for m in linears))
     cached = _PACKS.get(model)
     if cached is not None and cached[0] == identity:

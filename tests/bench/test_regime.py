@@ -47,7 +47,7 @@ def test_an_arm_runs_with_its_flags_and_restores_them(tiny_dir, tmp_path, monkey
 
 
 def test_flags_are_restored_when_the_run_fails():
-    with pytest.raises(RuntimeError, match="boom"), regime.decoding_path("before"):
+    with pytest.raises(RuntimeError, match="boom"), regime.decoding_flags("before"):
         assert (packed.PACKED_DECODING, attention.FUSED_UNOBSERVED) == (False, False)
         raise RuntimeError("boom")
     assert (packed.PACKED_DECODING, attention.FUSED_UNOBSERVED) == (True, True)
