@@ -52,7 +52,7 @@ from relaylens.generation.positions import new_token_phases, position_ids
 from relaylens.geometry.rotary import RotaryFactors
 from relaylens.geometry.selection import Selection
 from relaylens.model.hf import cache_from_tensors, crop_cache, select_cache_rows
-from relaylens.model.packed import pack_linears, packed_linears, packing_applies
+from relaylens.model.packed import decoding_linears, pack_linears, packed_linears
 from relaylens.model.prefill import PrefillResult
 
 _FAR = -(10**9)  # position of a padding slot: never inside a window, never attended (its validity is False)
@@ -267,16 +267,17 @@ def decode_rows(model, batch: RowBatch, results: list[GenerationResult], current
 
 def decoding_path(model) -> dict:
     """What a decoding step of ``model`` runs, and why (the run manifest's ``config.decoding``): the linear layers
-    (oneDNN-prepacked bfloat16 or ``F.linear``, :mod:`relaylens.model.packed`) and the attention of passes no probe
-    observes (the fused kernel or relaylens's own, :data:`relaylens.generation.attention.FUSED_UNOBSERVED`).
+    (oneDNN-prepacked bfloat16, ``F.linear``, or copies in a decoding dtype of their own,
+    :mod:`relaylens.model.packed`) and the attention of passes no probe observes (the fused kernel or relaylens's
+    own, :data:`relaylens.generation.attention.FUSED_UNOBSERVED`).
 
     >>> from relaylens.testing import tiny_model
     >>> decoding_path(tiny_model("llama"))["linear_layers"]
     'F.linear'
     """
-    packed, why = packing_applies(model)
+    linear_layers, why = decoding_linears(model)
     fused = attention_module.FUSED_UNOBSERVED
-    return {"linear_layers": "prepacked bfloat16 (oneDNN)" if packed else "F.linear", "linear_layers_why": why,
+    return {"linear_layers": linear_layers, "linear_layers_why": why,
             "unobserved_attention": "fused (scaled_dot_product_attention; relaylens's own under attention "
                                     "softcapping)" if fused else "relaylens's own (FUSED_UNOBSERVED = False)"}
 

@@ -11,17 +11,22 @@ native bfloat16, :func:`measure` times the two products a record spends its time
   through ``F.linear``;
 * the **prefill product**: the same weights against ``prefill_rows`` rows (a 2,048-token chunk), in GFLOP/s.
 
-:func:`choose` picks the dtype whose decoding product is faster: in the paper's regime a record decodes up to 512
-steps per row against one prefill, so decoding dominates; the prefill figures are recorded beside it. One dtype serves
-both phases (relaylens keeps one copy of the weights; a per-phase split would hold two). The measurement is cached in
+:func:`choose` picks per phase: the prefill's dtype is the one whose prefill product ran faster (the model loads in
+it: weights, cache and attention), the decoding dtype the one whose decoding product ran faster. Where they differ,
+the decoding steps' linear layers compute with a copy of their weights in the decoding dtype
+(:func:`relaylens.model.packed.set_decoding_dtype`: one more copy of the linear weights, float32 copies of a bfloat16
+model take twice its linear bytes), everything else stays in the model's dtype. The measurement is cached in
 ``$RELAYLENS_CACHE/dtype_auto.json`` per machine key (CPU model, flags, torch version, threads), so a run measures at
-most once per machine; ``RELAYLENS_DTYPE_AUTO=flags`` skips it and decides by the flags alone.
+most once per machine; ``RELAYLENS_DTYPE_AUTO=flags`` skips it and decides by the flags alone (one dtype).
 
 Example:
     >>> m = Measurement(key="k", decode_ms={"float32": 0.6, "bfloat16": 0.3},
     ...                 prefill_gflops={"float32": 95.0, "bfloat16": 370.0}, packed=True)
-    >>> choose(m)
-    'bfloat16'
+    >>> choose(m)  # (prefill, decoding)
+    ('bfloat16', 'bfloat16')
+    >>> choose(Measurement(key="k", decode_ms={"float32": 0.3, "bfloat16": 3.4},
+    ...                    prefill_gflops={"float32": 95.0, "bfloat16": 370.0}, packed=False))
+    ('bfloat16', 'float32')
     >>> m.describe()  # doctest: +NORMALIZE_WHITESPACE
     'decoding product 5x896x4864 bfloat16 (prepacked) 0.300 ms vs float32 0.600 ms;
      prefill 2048 rows bfloat16 370 vs float32 95 GFLOP/s'
@@ -72,10 +77,12 @@ class Measurement:
                 f"{p['float32']:.0f} GFLOP/s")
 
 
-def choose(measurement: Measurement) -> str:
-    """The dtype whose decoding product ran faster (``bfloat16`` on a tie: half the bytes)."""
-    d = measurement.decode_ms
-    return "bfloat16" if d["bfloat16"] <= d["float32"] else "float32"
+def choose(measurement: Measurement) -> tuple[str, str]:
+    """``(prefill dtype, decoding dtype)``: the dtype whose prefill product ran faster and the one whose decoding
+    product ran faster (``bfloat16`` on a tie: half the bytes)."""
+    d, p = measurement.decode_ms, measurement.prefill_gflops
+    return ("bfloat16" if p["bfloat16"] >= p["float32"] else "float32",
+            "bfloat16" if d["bfloat16"] <= d["float32"] else "float32")
 
 
 def machine_key(flags: frozenset[str]) -> str:

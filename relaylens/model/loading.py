@@ -20,7 +20,8 @@ import torch
 
 from relaylens.errors import ModelError
 from relaylens.model.embedded import DEFAULT_MODEL, EMBEDDED, cache_for, load_gguf, pull, verify_cached
-from relaylens.model.placement import apply_rope_override, check_attn_implementation, parse_rope_scaling, resolve_dtype
+from relaylens.model.packed import set_decoding_dtype
+from relaylens.model.placement import apply_rope_override, check_attn_implementation, choose_dtypes, parse_rope_scaling
 from relaylens.model.placement import resolve_device as _resolve
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -29,14 +30,17 @@ from relaylens.model.placement import resolve_device as _resolve
 
 def load_model(spec: str | os.PathLike = DEFAULT_MODEL, dtype: torch.dtype | str | None = torch.float32, device=None,
                device_map=None, attn_implementation: str = "sdpa", progress: Callable[[str], None] | None = None,
-               rope_scaling: str | dict | None = None, max_position: int | None = None):
+               rope_scaling: str | dict | None = None, max_position: int | None = None,
+               decode_dtype: torch.dtype | None = None):
     """Load ``(model, tokenizer)`` in eval mode from an embedded name, a ``.gguf`` file, a local directory or a hub id.
 
     Embedded names are pulled on first use (see :func:`pull`). ``device_map`` (accelerate) and ``device`` are
     exclusive; ``device`` (``cpu``, ``cuda``, ``cuda:N``, ``mps``, ``auto``; see :func:`resolve_device`) moves the
     model after loading. ``dtype`` is a torch dtype or its name (None: float32 on CPU, bfloat16 on CUDA).
     ``rope_scaling`` (``"yarn:4:32768"`` or a parameter dict) and ``max_position`` change the config before the
-    weights load (:func:`relaylens.model.placement.apply_rope_override`).
+    weights load (:func:`relaylens.model.placement.apply_rope_override`). ``decode_dtype``: the dtype the decoding
+    steps' linear layers compute in (:func:`relaylens.model.packed.set_decoding_dtype`); ``dtype="auto"`` sets it
+    itself where this CPU measured decoding faster in another dtype (:func:`relaylens.model.placement.choose_dtypes`).
 
     Example:
         >>> model, tok = load_model("smollm2-135m-instruct", attn_implementation="eager")  # doctest: +SKIP
@@ -53,7 +57,8 @@ def load_model(spec: str | os.PathLike = DEFAULT_MODEL, dtype: torch.dtype | str
     if device is not None:
         device = resolve_device(device)
     attn_implementation = check_attn_implementation(attn_implementation, device)  # before anything loads
-    dtype = resolve_dtype(dtype, device or ("cuda" if device_map is not None else "cpu"))
+    dtype, auto_decode, _ = choose_dtypes(dtype, device or ("cuda" if device_map is not None else "cpu"))
+    decode_dtype = decode_dtype if decode_dtype is not None else auto_decode
     kind, path = resolve_spec(spec, progress=progress, dtype=dtype)
     kw = dict(dtype=dtype, attn_implementation=attn_implementation)
     if device_map is not None:
@@ -80,6 +85,8 @@ def load_model(spec: str | os.PathLike = DEFAULT_MODEL, dtype: torch.dtype | str
         raise ModelError(remote_code_refusal(os.fspath(spec), why)) from None
     if device is not None:
         model = model.to(device)
+    if decode_dtype is not None and decode_dtype != dtype:
+        set_decoding_dtype(model, decode_dtype)
     return model.eval(), tok
 
 

@@ -11,6 +11,13 @@ and restores their own forward on exit, so no patched forward outlives the block
 Models that are not bfloat16 on a CPU, or a torch without oneDNN's prepacked linear, get no packs (``[]``), and the
 block then changes nothing.
 
+**Per-phase dtypes** (``--dtype auto``, :mod:`relaylens.model.dtype_auto`): where this machine prefills faster in one
+dtype and decodes faster in another, the model loads in the prefill's dtype and :func:`set_decoding_dtype` names the
+decoding one; :func:`pack_linears` then builds each CPU linear layer's weight in that dtype once (bfloat16 weights
+copied to float32 for ``F.linear``, or float32 weights cast to bfloat16 and prepacked), and inside the block each
+layer casts its input to that dtype and its output back: the cache, the attention and everything between the linear
+layers stay in the model's dtype, so nothing is converted per step but the activations.
+
 Example:
     >>> import torch
     >>> from relaylens.testing import tiny_model
@@ -36,20 +43,52 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["PACKED_DECODING", "LinearPack", "pack_linears", "packed_linears", "packing_available", "packing_applies"]
+__all__ = ["PACKED_DECODING", "LinearPack", "pack_linears", "packed_linears", "packing_available", "packing_applies",
+           "decoding_linears", "set_decoding_dtype", "decoding_dtype"]
 
 PACKED_DECODING = True  # decoding steps use packed weights where available; False: plain F.linear everywhere
 
-# model -> (identity of what was packed: rows, (data_ptr, version) per weight; the packs); weak: dies with the model
+# model -> (identity of what was packed: rows, dtype, (data_ptr, version) per weight and bias; the packs);
+# weak: dies with the model
 _PACKS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+# model -> the dtype its decoding steps' linear layers compute in, set where it differs from the weights' (per phase)
+_DECODING_DTYPE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_DECODING_DTYPES = (torch.float32, torch.bfloat16)
 
 
 @dataclass(frozen=True)
 class LinearPack:
-    """One ``nn.Linear`` and its weight reordered for oneDNN (``[out, in]``, an opaque oneDNN layout)."""
+    """One ``nn.Linear`` and the weight its decoding steps compute with: reordered for oneDNN (``onednn``: bfloat16,
+    ``[out, in]`` in an opaque layout) or a plain copy in the decoding dtype (``F.linear``); ``bias`` in that dtype."""
 
     module: torch.nn.Linear
     weight: torch.Tensor
+    bias: torch.Tensor | None = None
+    onednn: bool = True
+
+
+def set_decoding_dtype(model, dtype: torch.dtype | None) -> None:
+    """Decode ``model``'s CPU linear layers in ``dtype`` (``torch.float32`` or ``torch.bfloat16``) whatever their
+    weights' dtype; None: in the weights' own dtype (the default). Lasts as long as the model.
+
+    >>> from relaylens.testing import tiny_model
+    >>> model = tiny_model("llama", dtype=torch.bfloat16)
+    >>> set_decoding_dtype(model, torch.float32)
+    >>> decoding_dtype(model), decoding_linears(model)[0]
+    (torch.float32, 'float32 copies of the bfloat16 linear layers (F.linear)')
+    """
+    if dtype is None:
+        _DECODING_DTYPE.pop(model, None)
+        return
+    if dtype not in _DECODING_DTYPES:
+        raise ValueError(f"decoding dtype {dtype} is not supported; expected torch.float32 or torch.bfloat16 "
+                         "(or None: the weights' own dtype)")
+    _DECODING_DTYPE[model] = dtype
+
+
+def decoding_dtype(model) -> torch.dtype | None:
+    """The dtype :func:`set_decoding_dtype` named for ``model``'s decoding linear layers (None: their own)."""
+    return _DECODING_DTYPE.get(model)
 
 
 def packing_available() -> bool:
@@ -60,7 +99,8 @@ def packing_available() -> bool:
 
 
 def packing_applies(model) -> tuple[bool, str]:
-    """``(applies, why)``: whether :func:`pack_linears` would pack ``model``'s linear layers, and why (manifests).
+    """``(applies, why)``: whether :func:`pack_linears` would give ``model``'s linear layers decoding weights of
+    their own, and why (manifests).
 
     >>> from relaylens.testing import tiny_model
     >>> packing_applies(tiny_model("llama"))
@@ -68,37 +108,83 @@ def packing_applies(model) -> tuple[bool, str]:
     """
     if not PACKED_DECODING:
         return False, "turned off (relaylens.model.packed.PACKED_DECODING = False)"
+    linears, target = _packable(model), decoding_dtype(model)
+    if target is not None and any(m.weight.dtype != target for m in linears):
+        return True, (f"decoding in {_name(target)} (per-phase --dtype auto: relaylens.model.packed."
+                      "set_decoding_dtype), weights in the model's dtype for the prefill")
     if not packing_available():
         return False, "this torch has no oneDNN prepacked linear"
-    if _packable(model):
+    if linears:
         return True, "bfloat16 linear layers on a CPU with oneDNN"
     weights = [m.weight for m in model.modules() if isinstance(m, torch.nn.Linear)]
-    kinds = sorted({f"{str(w.dtype).removeprefix('torch.')} on {w.device.type}" for w in weights}) or ["absent"]
+    kinds = sorted({f"{_name(w.dtype)} on {w.device.type}" for w in weights}) or ["absent"]
     return False, f"the linear layers are {', '.join(kinds)}; packing is for bfloat16 on a CPU"
 
 
+def decoding_linears(model) -> tuple[str, str]:
+    """``(what, why)``: what a decoding step's linear layers compute with (the run manifest's ``config.decoding``).
+
+    >>> from relaylens.testing import tiny_model
+    >>> decoding_linears(tiny_model("llama"))[0]
+    'F.linear'
+    """
+    applies, why = packing_applies(model)
+    target, weights = decoding_dtype(model), _weight_dtype(model)
+    if not applies:
+        return "F.linear", why
+    if target is None or target == weights:
+        return "prepacked bfloat16 (oneDNN)", why
+    how = "prepacked, oneDNN" if target == torch.bfloat16 and packing_available() else "F.linear"
+    return f"{_name(target)} copies of the {_name(weights)} linear layers ({how})", why
+
+
+def _name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def _weight_dtype(model) -> torch.dtype | None:
+    return next((m.weight.dtype for m in _packable(model)), None)
+
+
 def _packable(model) -> list[torch.nn.Linear]:
-    """The linear layers :func:`pack_linears` packs: bfloat16 weights on the CPU."""
-    return [module for module in model.modules() if isinstance(module, torch.nn.Linear)
-            and module.weight.dtype == torch.bfloat16 and module.weight.device.type == "cpu"]
+    """The CPU linear layers :func:`pack_linears` builds weights for: bfloat16 ones where oneDNN can prepack them
+    (and no other decoding dtype is named), and with a decoding dtype (:func:`set_decoding_dtype`) every
+    floating-point one whose weights are in another dtype."""
+    target, onednn = decoding_dtype(model), packing_available()
+    return [m for m in model.modules() if isinstance(m, torch.nn.Linear) and m.weight.device.type == "cpu"
+            and (target is not None and m.weight.is_floating_point() and m.weight.dtype != target
+                 or m.weight.dtype == torch.bfloat16 and target in (None, torch.bfloat16) and onednn)]
 
 
 def pack_linears(model, rows: int = 8) -> list[LinearPack]:
-    """The packs of every bfloat16 ``nn.Linear`` of ``model`` on the CPU (``rows``: the batch the layout is tuned
-    for; 1-12 rows stream alike from an 8-row layout); ``[]`` when packing does not apply (another dtype or device,
-    :data:`PACKED_DECODING` off, no oneDNN). Built once per model and reused while its weights stay the same
-    tensors, unmodified."""
-    if not PACKED_DECODING or not packing_available():
+    """The decoding weights of every linear layer of ``model`` that gets its own (``rows``: the batch a oneDNN
+    layout is tuned for; 1-12 rows stream alike from an 8-row layout): bfloat16 CPU weights prepacked, or with a
+    decoding dtype (:func:`set_decoding_dtype`) each weight in that dtype; ``[]`` when nothing applies (another dtype
+    or device, :data:`PACKED_DECODING` off, no oneDNN). Built once per model and reused while its weights stay the
+    same tensors, unmodified."""
+    applies, _ = packing_applies(model)
+    if not applies:
         return []
+    target = decoding_dtype(model) or torch.bfloat16
+    onednn = target == torch.bfloat16 and packing_available()
     linears = _packable(model)
-    identity = (rows, tuple((m.weight.data_ptr(), m.weight._version) for m in linears))
+    identity = (rows, target, onednn, tuple((m.weight.data_ptr(), m.weight._version) for m in linears),
+                tuple(None if m.bias is None else (m.bias.data_ptr(), m.bias._version) for m in linears))
     cached = _PACKS.get(model)
     if cached is not None and cached[0] == identity:
         return cached[1]
     with torch.no_grad():
-        packs = [LinearPack(m, torch.ops.mkldnn._reorder_linear_weight(m.weight.detach(), rows)) for m in linears]
+        packs = [_pack(m, target, onednn, rows) for m in linears]
     _PACKS[model] = (identity, packs)
     return packs
+
+
+def _pack(module: torch.nn.Linear, target: torch.dtype, onednn: bool, rows: int) -> LinearPack:
+    weight = module.weight.detach().to(target)  # [out, in]
+    bias = None if module.bias is None else module.bias.detach().to(target)  # [out]
+    if onednn:
+        return LinearPack(module, torch.ops.mkldnn._reorder_linear_weight(weight, rows), bias, True)
+    return LinearPack(module, weight.contiguous(), bias, False)
 
 
 @contextlib.contextmanager
@@ -120,13 +206,19 @@ def packed_linears(packs: list[LinearPack]) -> Iterator[None]:
 
 
 def _packed_forward(pack: LinearPack):
-    weight, bias = pack.weight, pack.module.bias
+    weight, bias, onednn, own = pack.weight, pack.bias, pack.onednn, pack.module.weight.dtype
+    compute = torch.bfloat16 if onednn else weight.dtype
 
     def forward(hidden: torch.Tensor) -> torch.Tensor:  # [..., in] -> [..., out]
-        if hidden.dtype != torch.bfloat16 or torch.is_grad_enabled():
-            raise RuntimeError("packed linear layers run bfloat16 decoding without gradients only; got "
+        if hidden.dtype != own or torch.is_grad_enabled():
+            raise RuntimeError(f"packed linear layers run {_name(own)} decoding without gradients only; got "
                                f"{hidden.dtype} with gradients {'on' if torch.is_grad_enabled() else 'off'}. "
                                "Fix: leave relaylens.model.packed.packed_linears before other work")
-        return torch.ops.mkldnn._linear_pointwise(hidden, weight, bias, "none", [], "")
+        x = hidden.to(compute)  # the decoding dtype; a no-op where it is the model's
+        if onednn:
+            out = torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
+        else:
+            out = torch.nn.functional.linear(x, weight, bias)
+        return out.to(own)
 
     return forward

@@ -32,9 +32,9 @@ import torch
 from relaylens.errors import RelaylensError
 from relaylens.model.hf import POSITION_LIMIT
 
-__all__ = ["Placement", "resolve_device", "resolve_dtype", "choose_dtype", "bfloat16_native", "cpu_flags",
-           "parse_rope_scaling", "apply_rope_override", "DTYPES", "ROPE_OVERRIDE_PARAMS", "ATTENTION_KERNELS",
-           "check_attn_implementation", "check_max_position"]
+__all__ = ["Placement", "resolve_device", "resolve_dtype", "choose_dtype", "choose_dtypes", "bfloat16_native",
+           "cpu_flags", "parse_rope_scaling", "apply_rope_override", "DTYPES", "ROPE_OVERRIDE_PARAMS",
+           "ATTENTION_KERNELS", "check_attn_implementation", "check_max_position"]
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -116,12 +116,24 @@ def choose_dtype(name: str | torch.dtype | None, device: str) -> tuple[torch.dty
     >>> choose_dtype("auto", "cpu")[1].startswith("auto: ")
     True
     """
+    dtype, _, reason = choose_dtypes(name, device)
+    return dtype, reason
+
+
+def choose_dtypes(name: str | torch.dtype | None, device: str) -> tuple[torch.dtype, torch.dtype | None, str | None]:
+    """``(dtype, decoding dtype, reason)``: :func:`choose_dtype` per phase. The decoding dtype is None except where
+    ``--dtype auto`` measured this CPU decoding faster in another dtype than it prefills in (the model loads in
+    ``dtype``; its decoding steps' linear layers compute in the other, :mod:`relaylens.model.packed`).
+
+    >>> choose_dtypes("bfloat16", "cpu")[:2]
+    (torch.bfloat16, None)
+    """
     if isinstance(name, torch.dtype):
         if name not in DTYPES.values():
             raise PlacementError(f"dtype {name} is not supported; choose one of {', '.join(DTYPES)}")
         dtype = name
     elif name is None:
-        return (torch.bfloat16 if str(device).startswith("cuda") else torch.float32), None
+        return (torch.bfloat16 if str(device).startswith("cuda") else torch.float32), None, None
     else:
         key = str(name).strip().lower().removeprefix("torch.")
         aliases = {"bf16": "bfloat16", "fp16": "float16", "half": "float16", "fp32": "float32", "float": "float32"}
@@ -138,21 +150,23 @@ def choose_dtype(name: str | torch.dtype | None, device: str) -> tuple[torch.dty
                        f"--dtype bfloat16 on this CPU runs without native bfloat16 instructions ({why}): "
                        "results are correct but matrix products are emulated and slower than float32. Fix: --dtype "
                        "float32, or --dtype auto (bfloat16 only where the hardware runs it)")
-    return dtype, None
+    return dtype, None, None
 
 
-def _auto(device: str) -> tuple[torch.dtype, str]:
-    """``--dtype auto``: float32 where the device has no native bfloat16; on a CPU that has it, the dtype whose
-    decoding product this machine runs faster, measured once and cached (:mod:`relaylens.model.dtype_auto`)."""
+def _auto(device: str) -> tuple[torch.dtype, torch.dtype | None, str]:
+    """``--dtype auto``: float32 where the device has no native bfloat16; on a CPU that has it, per phase the dtype
+    this machine runs faster, measured once and cached (:mod:`relaylens.model.dtype_auto`)."""
     from relaylens.model import dtype_auto  # noqa: PLC0415 - import cost: only --dtype auto needs it
 
     native, why = bfloat16_native(device)
     if native and str(device).startswith("cpu") and not dtype_auto.skip_measurement():
         measurement, cached = dtype_auto.measured(cpu_flags())
-        name = dtype_auto.choose(measurement)
-        return DTYPES[name], (f"auto: {name}, {why}; measured on this machine ({'cached' if cached else 'now'}): "
-                              f"{measurement.describe()}")
-    return (torch.bfloat16 if native else torch.float32), f"auto: {'bfloat16' if native else 'float32'}, {why}"
+        prefill, decode = dtype_auto.choose(measurement)
+        chosen = prefill if prefill == decode else f"{prefill} prefill, {decode} decoding linear layers"
+        return DTYPES[prefill], (None if decode == prefill else DTYPES[decode]), (
+            f"auto: {chosen}, {why}; measured on this machine ({'cached' if cached else 'now'}): "
+            f"{measurement.describe()}")
+    return (torch.bfloat16 if native else torch.float32), None, f"auto: {'bfloat16' if native else 'float32'}, {why}"
 
 
 _WARNED: set[str] = set()
@@ -349,6 +363,9 @@ class Placement:
         max_position: ``max_position_embeddings`` override, or None.
         dtype_reason: for ``--dtype auto``, what was chosen and why (``"auto: bfloat16, CPU reports AVX512-BF16"``);
             None for an explicit dtype.
+        decode_dtype: the dtype the decoding steps' linear layers compute in where ``--dtype auto`` measured it
+            faster than ``dtype`` on this CPU (:func:`choose_dtypes`); None: ``dtype`` (left out of
+            :meth:`to_dict` then, so manifests written before it existed stay equal).
     """
 
     device: str | None = "cpu"
@@ -358,6 +375,7 @@ class Placement:
     rope_scaling: dict | None = None
     max_position: int | None = None
     dtype_reason: str | None = None
+    decode_dtype: str | None = None
 
     @classmethod
     def resolve(cls, device: str | None = None, dtype: str | torch.dtype | None = None, device_map: str | None = None,
@@ -371,11 +389,11 @@ class Placement:
         if device_map is not None and device not in (None, "auto"):
             raise PlacementError(f"pass either --device ({device}) or --device-map ({device_map}), not both")
         where = None if device_map is not None else resolve_device(device or "cpu", local_rank)
-        chosen, reason = choose_dtype(dtype, where or ("cuda" if torch.cuda.is_available() else "cpu"))
-        dtype_name = {v: k for k, v in DTYPES.items()}[chosen]
-        return cls(where, dtype_name, device_map, check_attn_implementation(attn_implementation, where),
+        chosen, decode, reason = choose_dtypes(dtype, where or ("cuda" if torch.cuda.is_available() else "cpu"))
+        names = {v: k for k, v in DTYPES.items()}
+        return cls(where, names[chosen], device_map, check_attn_implementation(attn_implementation, where),
                    parse_rope_scaling(rope_scaling), None if max_position is None else check_max_position(max_position),
-                   reason)
+                   reason, None if decode is None else names[decode])
 
     @property
     def torch_dtype(self) -> torch.dtype:
@@ -383,9 +401,13 @@ class Placement:
 
     def load_kwargs(self) -> dict:
         """Keyword arguments of :func:`relaylens.model.loading.load_model`."""
+        decode = {} if self.decode_dtype is None else {"decode_dtype": DTYPES[self.decode_dtype]}
         return dict(dtype=self.torch_dtype, device=self.device, device_map=self.device_map,
                     attn_implementation=self.attn_implementation, rope_scaling=self.rope_scaling,
-                    max_position=self.max_position)
+                    max_position=self.max_position) | decode
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        recorded = asdict(self)
+        if recorded["decode_dtype"] is None:
+            del recorded["decode_dtype"]
+        return recorded

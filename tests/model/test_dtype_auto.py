@@ -32,13 +32,35 @@ def measuring(monkeypatch, tmp_path):
 
 @pytest.mark.parametrize("decode_ms, chosen", [({"float32": 4.0, "bfloat16": 1.0}, "bfloat16"),
                                                ({"float32": 1.0, "bfloat16": 4.0}, "float32")])
-def test_auto_picks_the_dtype_that_decodes_faster_here_and_says_so(measuring, decode_ms, chosen):
+def test_auto_picks_each_phase_s_faster_dtype_here_and_says_so(measuring, decode_ms, chosen):
+    """The fake measurement prefills faster in bfloat16 (300 vs 90 GFLOP/s): the model loads in bfloat16; where
+    float32 decodes faster, its decoding steps' linear layers compute in float32 copies."""
     measuring["decode_ms"] = decode_ms
     placement = Placement.resolve("cpu", "auto")
-    assert placement.dtype == chosen
+    assert placement.dtype == "bfloat16"
+    split = chosen != "bfloat16"
+    assert placement.decode_dtype == (chosen if split else None)
+    assert ("decode_dtype" in placement.to_dict()) == split  # absent when one dtype serves both phases
+    assert placement.load_kwargs().get("decode_dtype") == (torch.float32 if split else None)
     reason = placement.dtype_reason
-    assert reason.startswith(f"auto: {chosen}, CPU reports AVX512-BF16; measured on this machine (now): ")
+    head = "bfloat16 prefill, float32 decoding linear layers" if split else "bfloat16"
+    assert reason.startswith(f"auto: {head}, CPU reports AVX512-BF16; measured on this machine (now): ")
     assert f"bfloat16 (prepacked) {decode_ms['bfloat16']:.3f} ms vs float32 {decode_ms['float32']:.3f} ms" in reason
+
+
+def test_load_model_with_auto_applies_the_decoding_dtype(measuring, monkeypatch, tmp_path):
+    from relaylens.model import loading, packed
+    from relaylens.testing import tiny_model, tiny_tokenizer
+
+    tiny_model("llama").save_pretrained(tmp_path / "m")
+    tiny_tokenizer().save_pretrained(tmp_path / "m")
+    measuring["decode_ms"] = {"float32": 1.0, "bfloat16": 4.0}
+    model, _ = loading.load_model(tmp_path / "m", dtype="auto")
+    assert model.dtype == torch.bfloat16 and packed.decoding_dtype(model) == torch.float32
+    measuring["decode_ms"] = {"float32": 4.0, "bfloat16": 1.0}
+    monkeypatch.setenv("RELAYLENS_CACHE", str(tmp_path / "cache"))  # a fresh cache: measured again
+    model, _ = loading.load_model(tmp_path / "m", dtype="auto")
+    assert model.dtype == torch.bfloat16 and packed.decoding_dtype(model) is None
 
 
 def test_measured_once_per_machine_then_read_from_the_cache(measuring, monkeypatch, tmp_path):
