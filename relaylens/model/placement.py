@@ -312,11 +312,17 @@ def check_attn_implementation(name: str | None, device: str | None = None) -> st
 
     available = {"flash_attention_2": hf_utils.is_flash_attn_2_available, "flash_attention_3":
                  hf_utils.is_flash_attn_3_available, "flex_attention": hf_utils.is_torch_flex_attn_available}[name]
-    if name.startswith("flash") and not (available() or hf_utils.is_kernels_available()):
-        raise PlacementError(f"--attn-implementation {name} needs the flash-attn package (and a CUDA GPU), which this "
-                             f"environment lacks (pip install flash-attn on a CUDA machine). {fix}")
-    if name.startswith("flash") and device is not None and not str(device).startswith("cuda"):
-        raise PlacementError(f"--attn-implementation {name} runs on CUDA GPUs only; the model goes to {device}. {fix}")
+    if name.startswith("flash"):
+        # the package: flash-attn itself, or a hub kernel through the kernels package (transformers >= 5.25
+        # installs kernels, so on a CPU machine the GPU is what is missing)
+        package = available() or hf_utils.is_kernels_available()
+        gpu = str(device).startswith("cuda") if device is not None else torch.cuda.is_available()
+        missing = [what for what, ok in (("a CUDA GPU", gpu), ("the flash-attn package", package)) if not ok]
+        if missing:
+            where = f"; the model goes to {device}" if device is not None else ""
+            raise PlacementError(f"--attn-implementation {name} needs a CUDA GPU and the flash-attn package (or a hub "
+                                 f"kernel through the kernels package); missing here: {' and '.join(missing)}{where} "
+                                 f"(pip install flash-attn on a CUDA machine). {fix}")
     if not available():
         raise PlacementError(f"--attn-implementation {name} is not available with torch {torch.__version__}. {fix}")
     return name

@@ -63,8 +63,8 @@ def test_max_position_at_the_limit_is_accepted():
 
 
 @pytest.mark.parametrize(("name", "message"), [
-    ("flash_attention_2", r"--attn-implementation flash_attention_2 needs the flash-attn package"),
-    ("flash_attention_3", r"--attn-implementation flash_attention_3 needs the flash-attn package"),
+    ("flash_attention_2", r"--attn-implementation flash_attention_2 needs a CUDA GPU and the flash-attn package"),
+    ("flash_attention_3", r"--attn-implementation flash_attention_3 needs a CUDA GPU and the flash-attn package"),
     ("flash_attn2", r"'flash_attn2' is not an attention kernel relaylens loads with; choose one of sdpa, eager"),
     ("", r"'' is not an attention kernel"),
 ])
@@ -77,6 +77,20 @@ def test_an_attention_kernel_that_cannot_run_here_is_one_clear_error(name, messa
         pass
     with pytest.raises(RelaylensError, match=message + ".*Fix: --attn-implementation sdpa"):
         Placement.resolve("cpu", attn_implementation=name)
+
+
+@pytest.mark.parametrize(("package", "missing"), [
+    (True, "a CUDA GPU; the model goes to cpu"),
+    (False, "a CUDA GPU and the flash-attn package; the model goes to cpu")])
+def test_flash_attention_refusal_names_what_is_missing(monkeypatch, package, missing):
+    """The kernels package (installed with transformers >= 5.25) stands in for flash-attn on a GPU; on a CPU the GPU
+    is still missing, and the error says which of the two is."""
+    from transformers import utils as hf_utils
+
+    monkeypatch.setattr(hf_utils, "is_kernels_available", lambda: package)
+    monkeypatch.setattr(hf_utils, "is_flash_attn_2_available", lambda: False)
+    with pytest.raises(RelaylensError, match=f"missing here: {missing} "):
+        Placement.resolve("cpu", attn_implementation="flash_attention_2")
 
 
 def test_load_model_checks_the_kernel_before_loading(tmp_path):
