@@ -162,12 +162,11 @@ def pack_linears(model, rows: int = 8) -> list[LinearPack]:
     decoding dtype (:func:`set_decoding_dtype`) each weight in that dtype; ``[]`` when nothing applies (another dtype
     or device, :data:`PACKED_DECODING` off, no oneDNN). Built once per model and reused while its weights stay the
     same tensors, unmodified."""
-    applies, _ = packing_applies(model)
-    if not applies:
+    linears = _packable(model) if PACKED_DECODING else []  # non-empty exactly where packing_applies says it applies
+    if not linears:
         return []
     target = decoding_dtype(model) or torch.bfloat16
     onednn = target == torch.bfloat16 and packing_available()
-    linears = _packable(model)
     identity = (rows, target, onednn, tuple((m.weight.data_ptr(), m.weight._version) for m in linears),
                 tuple(None if m.bias is None else (m.bias.data_ptr(), m.bias._version) for m in linears))
     cached = _PACKS.get(model)
