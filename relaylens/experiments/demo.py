@@ -30,6 +30,9 @@ _EVICTED = "--max-new-tokens 32 --no-protect-instructions"  # the earlier regime
 QWEN_RUNS = (
     ("figures/coordinate_ablation_qwen0.5b_paper", "Figure 4 on Qwen2.5-0.5B, paper's regime, n = 100",
      f"relaylens run coordinate_ablation {_QWEN} --limit 100"),
+    ("figures/main_table_qwen0.5b_paper", "Table 1 (six selectors) on Qwen2.5-0.5B, paper's regime, n = 100",
+     f"relaylens run main_table {_QWEN} --limit 100 --selector snapkv --selector h2o --selector pyramidkv "
+     "--selector chunkkv --selector cam"),
     ("figures/framing_qwen0.5b", "which part of the framing matters, Qwen2.5-0.5B, n = 48",
      f"relaylens run framing {_QWEN} --limit 48"),
     ("figures/coordinate_ablation_qwen0.5b", "Figure 4 on Qwen2.5-0.5B, framing evicted, 32-token answers, n = 100",

@@ -20,8 +20,10 @@ def _options(command: str) -> tuple[str, dict]:
     assert words[:2] == ["relaylens", "run"], command
     flags = [w for w in words if w == "--no-protect-instructions"]  # the one option without a value
     words = [w for w in words if w not in flags]
-    pairs = dict(zip(words[3::2], words[4::2])) | dict.fromkeys(flags, True)
-    return words[2], pairs
+    pairs = list(zip(words[3::2], words[4::2]))
+    options = dict(pairs) | dict.fromkeys(flags, True)
+    options["--selector"] = [value for key, value in pairs if key == "--selector"]  # repeatable, in order
+    return words[2], options
 
 
 @pytest.mark.parametrize(("folder", "what", "command"), QWEN_RUNS, ids=[f for f, _, _ in QWEN_RUNS])
@@ -32,9 +34,9 @@ def test_printed_command_is_the_committed_runs_command(folder, what, command):
     assert manifest["analysis"] == analysis
     assert (run["model"], run["dtype"], run["data"]) == (options["--model"], options["--dtype"], options["--data"])
     assert (run["limit"], run["seed"]) == (int(options["--limit"]), int(options["--seed"]))
-    selector, _, clause = options["--selector"].partition(":")
-    key, _, value = clause.partition("=")
-    assert spec["selectors"] == [selector] and spec["selector_options"] == {selector: {key: value}}
+    selectors = [option.partition(":") for option in options["--selector"]]
+    assert spec["selectors"] == [name for name, _, _ in selectors]
+    assert spec["selector_options"] == {name: dict([clause.split("=")]) for name, _, clause in selectors if clause}
     assert (spec["granularity"], spec["prompt_mode"]) == (options["--granularity"], options["--prompt-mode"])
     # the regime: the framing protected unless the command says otherwise, answers of the default 512 tokens or the
     # command's cap (runs made before protection was the default record None for it)
