@@ -243,7 +243,7 @@ def test_attribution_companion_of_figure6(tables):
     ("layer_scope_qwen0.5b", None), ("framing_qwen0.5b", None), ("framing_qwen1.5b", None),
     ("coordinate_ablation_qwen1.5b_paper", "contains,f1"), ("main_table_qwen1.5b_paper", None),
     ("main_table_qwen0.5b_paper", None), ("history_length_qwen0.5b_paper", None),
-    ("history_length_qwen0.5b_paper/4k", None),
+    ("history_length_qwen0.5b_paper/4k", None), ("evidence_reading_qwen1.5b_paper", None),
     ("coordinate_ablation_qwen0.5b_paper", "contains,f1"),  # two 1.5B judge passes; drawn on contains and F1
 ])
 def test_committed_runs_redraw(run, metric, tmp_path, monkeypatch):
