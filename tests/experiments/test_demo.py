@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from relaylens.experiments.demo import QWEN_RUNS
+from relaylens.experiments.specs import parse_selector_arg
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -34,9 +35,9 @@ def test_printed_command_is_the_committed_runs_command(folder, what, command):
     assert manifest["analysis"] == analysis
     assert (run["model"], run["dtype"], run["data"]) == (options["--model"], options["--dtype"], options["--data"])
     assert (run["limit"], run["seed"]) == (int(options["--limit"]), int(options["--seed"]))
-    selectors = [option.partition(":") for option in options["--selector"]]
-    assert spec["selectors"] == [name for name, _, _ in selectors]
-    assert spec["selector_options"] == {name: dict([clause.split("=")]) for name, _, clause in selectors if clause}
+    selectors = [parse_selector_arg(option) for option in options["--selector"]]  # the CLI's own reading
+    assert spec["selectors"] == [name for name, _ in selectors]
+    assert spec["selector_options"] == {name: values for name, values in selectors if values}
     assert (spec["granularity"], spec["prompt_mode"]) == (options["--granularity"], options["--prompt-mode"])
     # the regime: the framing protected unless the command says otherwise, answers of the default 512 tokens or the
     # command's cap (runs made before protection was the default record None for it)
