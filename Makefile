@@ -22,7 +22,7 @@ KVPRESS_REQS := tests/selectors/kvpress-env.txt
 KVPRESS_ENV ?= $(HOME)/.cache/relaylens/kvpress-env
 KVPRESS_STAMP := $(KVPRESS_ENV)/.installed-$(shell cat $(KVPRESS_REQS) | cksum | cut -d' ' -f1)
 
-.PHONY: demo test docs install browser clean-venv kvpress-env
+.PHONY: demo test test-gpu docs install browser clean-venv kvpress-env
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -61,6 +61,12 @@ docs: $(STAMP)
 test: $(STAMP) browser docs kvpress-env
 	$(VENV)/bin/ruff check .
 	RELAYLENS_SMOKE=1 RELAYLENS_KVPRESS_PYTHON=$(KVPRESS_ENV)/bin/python $(PY) -m pytest $(PYTEST_ARGS) relaylens tests
+
+# the GPU tier (tests/gpu): exactness on CUDA in float32, bfloat16 and float16; skipped with the reason without CUDA.
+# GPU_PY: the Python that runs it (default: the venv's; on a GPU box from a source checkout: scripts/gpu-check.sh)
+GPU_PY ?= $(PY)
+test-gpu:
+	RELAYLENS_SMOKE=1 $(GPU_PY) -m pytest -p no:randomly -n 0 -rs tests/gpu
 
 clean-venv:
 	rm -rf $(VENV)

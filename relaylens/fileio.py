@@ -11,6 +11,13 @@ write the same way.
   refused with :class:`~relaylens.errors.LockPathError` naming the path and the fix, so no lock can truncate or write
   a file it was pointed at. The holder records a small JSON note in the file; the file is removed on release (under
   the lock, with an inode check, so a waiting process never ends up holding a lock on a deleted file).
+* :func:`append_text` appends to a log or cache file (a judge's verdict cache, a sweep's attempts log) and
+  :func:`read_text` reads one back; both open the name with ``O_NOFOLLOW`` and refuse a symbolic link, a folder, a
+  FIFO, a device or a hard link to another file (:class:`UnsafePathError` naming the path and the fix), so nothing is
+  appended to, or read as a cache from, a file some link points at.
+* :func:`safe_subdir` makes (or checks) an output folder below a run directory -- ``figures/``, ``units/``,
+  ``views/``, ``shards/I-of-N`` -- refusing any symbolic link, or anything but a folder, on the path below the run
+  directory, so no output is written, replaced or deleted through a linked folder.
 
 Imports only :mod:`relaylens.errors`; no torch, no pandas.
 
@@ -39,10 +46,10 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from relaylens.errors import LockPathError
+from relaylens.errors import LockPathError, RelaylensError
 
 __all__ = ["write_atomic", "fsync_dir", "OutputWriteError", "exclusive_lock", "open_lock_file", "read_lock_note",
-           "LockPathError"]
+           "LockPathError", "UnsafePathError", "append_text", "read_text", "safe_subdir", "check_below"]
 
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 _NONBLOCK = getattr(os, "O_NONBLOCK", 0)  # a FIFO planted under the lock name must not block the open
@@ -50,6 +57,11 @@ _NONBLOCK = getattr(os, "O_NONBLOCK", 0)  # a FIFO planted under the lock name m
 
 class OutputWriteError(OSError):
     """Writing an output file failed; the previous file (if any) is intact and no temp file was left."""
+
+
+class UnsafePathError(RelaylensError):
+    """A file or folder relaylens would write, append to or delete in is a symbolic link, or not what it should be
+    (a FIFO, a device, a hard link to another file, a file where a folder belongs): never written through."""
 
 
 # ------------------------------------------------------------------------------------------------- atomic writes
@@ -226,3 +238,135 @@ def _still_named(fd: int, path: Path) -> bool:
         return os.path.samestat(os.fstat(fd), os.lstat(path))
     except FileNotFoundError:
         return False
+
+
+# ------------------------------------------------------------------------------------------ appends and folders
+def _unsafe(path: Path, kind: str, what: str = "write") -> UnsafePathError:
+    return UnsafePathError(f"relaylens refuses to {what} {path}: it is {kind}, and relaylens never writes through a "
+                           "link or into anything but its own regular files and folders. Fix: remove it (rm -- "
+                           f"'{path}'; relaylens makes it again) or choose another output directory, and run the "
+                           "command again")
+
+
+def _open_regular(path: Path, flags: int, what: str) -> int:
+    """A descriptor of the regular file ``path`` opened with ``flags`` and never through a link; refuses (closing it)
+    anything else, and a hard link shared with another name."""
+    try:
+        fd = os.open(path, flags | _NOFOLLOW | _NONBLOCK | getattr(os, "O_CLOEXEC", 0), 0o644)
+    except OSError as exc:  # ELOOP: a link; EISDIR: a folder; ENXIO: a FIFO without a reader
+        if exc.errno in (errno.ELOOP, errno.EMLINK, errno.EISDIR, errno.ENXIO) or path.is_symlink():
+            raise _unsafe(path, _kind(path), what) from None
+        raise
+    info = os.fstat(fd)
+    if not stat.S_ISREG(info.st_mode) or info.st_nlink > 1:
+        os.close(fd)
+        raise _unsafe(path, "a hard link to another file" if stat.S_ISREG(info.st_mode) else _kind(path), what)
+    return fd
+
+
+def append_text(path: str | Path, text: str) -> Path:
+    """Append ``text`` (UTF-8) to the regular file ``path`` (created when missing), flushed and fsynced.
+
+    The name is opened with ``O_APPEND | O_NOFOLLOW``: a symbolic link, a folder, a FIFO, a device or a hard link to
+    another file under it is refused with :class:`UnsafePathError`, and nothing is written anywhere.
+
+    >>> import tempfile, pathlib
+    >>> d = pathlib.Path(tempfile.mkdtemp())
+    >>> _ = append_text(d / "log.jsonl", "a\\n"); append_text(d / "log.jsonl", "b\\n").read_text()
+    'a\\nb\\n'
+    >>> (d / "link.jsonl").symlink_to(d / "log.jsonl")
+    >>> try:
+    ...     append_text(d / "link.jsonl", "c\\n")
+    ... except UnsafePathError as err:
+    ...     print("symbolic link" in str(err), (d / "log.jsonl").read_text() == "a\\nb\\n")
+    True True
+    """
+    path = Path(path)
+    fd = _open_regular(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, "append to")
+    try:
+        data = text.encode("utf-8")
+        while data:
+            data = data[os.write(fd, data):]
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    return path
+
+
+def read_text(path: str | Path) -> str | None:
+    """The UTF-8 text of the regular file ``path``, None when there is nothing under that name; a symbolic link (or
+    anything but a regular file) is refused with :class:`UnsafePathError`, never followed.
+
+    >>> import tempfile, pathlib
+    >>> d = pathlib.Path(tempfile.mkdtemp())
+    >>> read_text(d / "cache.jsonl") is None, read_text(append_text(d / "cache.jsonl", "x"))
+    (True, 'x')
+    """
+    path = Path(path)
+    try:
+        fd = _open_regular(path, os.O_RDONLY, "read")
+    except FileNotFoundError:
+        return None
+    with os.fdopen(fd, "rb") as f:
+        return f.read().decode("utf-8")
+
+
+def safe_subdir(base: str | Path, *parts: str, create: bool = True) -> Path:
+    """``base/parts...``: an output folder below the directory ``base`` (a run directory), made when missing
+    (``create``: ``base`` too) and checked component by component below ``base``.
+
+    Any component that is a symbolic link (to a folder or not, dangling or not), or a file where a folder belongs, is
+    refused with :class:`UnsafePathError` naming it: no output is written, replaced or deleted through a link below
+    the run directory (``base`` itself may be reached through links: it is the user's choice). With
+    ``create=False`` a missing folder is simply returned (there is nothing in it).
+
+    >>> import tempfile, pathlib
+    >>> run = pathlib.Path(tempfile.mkdtemp())
+    >>> safe_subdir(run, "figures").is_dir()
+    True
+    >>> (run / "views").symlink_to(run / "figures")
+    >>> try:
+    ...     safe_subdir(run, "views")
+    ... except UnsafePathError as err:
+    ...     print("symbolic link" in str(err))
+    True
+    """
+    path = Path(base)
+    if create:
+        path.mkdir(parents=True, exist_ok=True)  # the run directory itself (its own path is the user's choice)
+    for part in (p for whole in parts for p in Path(whole).parts):
+        if part in ("", ".", "..") or os.sep in part:
+            raise UnsafePathError(f"output folder {part!r} below {base} is not a plain folder name. Fix: name a "
+                                  "folder inside the run directory")
+        path = path / part
+        try:
+            mode = os.lstat(path).st_mode
+        except FileNotFoundError:
+            if not create:
+                return Path(base).joinpath(*parts)
+            with contextlib.suppress(FileExistsError):
+                os.mkdir(path)
+            mode = os.lstat(path).st_mode  # made now, or by a racing writer: checked either way
+        if stat.S_ISLNK(mode) or not stat.S_ISDIR(mode):
+            raise _unsafe(path, _kind(path), "write into")
+    return path
+
+
+def check_below(base: str | Path, path: str | Path) -> Path:
+    """``path`` when every folder between the directory ``base`` and the file ``path`` is a real folder (no symbolic
+    link; :func:`safe_subdir` with ``create=False``); the file name itself is left to the writer (an atomic write
+    replaces a link there, :func:`append_text` refuses one). A ``path`` outside ``base`` is returned unchecked.
+
+    >>> import tempfile, pathlib
+    >>> run = pathlib.Path(tempfile.mkdtemp())
+    >>> check_below(run, run / "units" / "a.json.gz") == run / "units" / "a.json.gz"  # no units/ yet: nothing to check
+    True
+    """
+    path, base = Path(path), Path(base)
+    try:
+        below = path.parent.relative_to(base)
+    except ValueError:
+        return path
+    if below.parts:
+        safe_subdir(base, *below.parts, create=False)
+    return path

@@ -7,7 +7,8 @@ command repeats them on any loadable model and prints the numbers:
 * keep-everything + ``relay`` vs keep-everything + ``original`` (nothing to compact: must agree);
 * relocated keys vs the model rotating the captured pre-rotary keys directly at the target positions;
 * relocated keys vs the keys the model itself caches when the whole history runs at shifted positions (``p + k``):
-  an independent reference that also catches layers without positional encoding (NoPE), whose keys must not move;
+  an independent reference that also catches layers without positional encoding (NoPE), whose keys must not move
+  (16-bit models: thresholded at layer 0, and all layers against the measured rounding of the shifted forward);
 * the same two comparisons at the far end of the rotary range (keys moved to end at ``min(131,000, max positions
   - 1)``; with ``--rope-scaling yarn:4:32768 --max-position 131072`` that is position 131,000, YaRN amplitude
   included): threshold 1e-5 of the largest key for float32 models;
@@ -60,11 +61,14 @@ def verdicts(results: list[tuple[str, float]],
     """
     wide = dtype == torch.float32 or dtype == torch.float64
     kernel = max((v for n, v in results if n.startswith("tolerance:")), default=0.0)  # two kernels disagree this much
+    shifted = max((v for n, v in results if n.startswith("shift tolerance:")), default=0.0)  # the shifted forward's
     out = []
     for name, value in results:
         limit = next(((a if wide else b) for prefix, (a, b) in THRESHOLDS.items() if name.startswith(prefix)), None)
         if limit is not None and name.startswith("keep-all") and not wide:
             limit = max(limit, 2 * kernel)
+        if limit is not None and "all layers (inputs rounded" in name:  # measured like keep-all's (16-bit only)
+            limit = max(limit, 2 * shifted)
         out.append((name, value, limit, limit is None or value <= limit))
     return out
 
@@ -131,13 +135,13 @@ def run_checks(model, tokenizer, history_tokens: int = 700, keep_every: int = 5)
 
     source = torch.arange(prefill.history_length)
     own = shifted_keys(model, history.to(device), SHIFT)
-    worst = 0.0
+    shifted = []
     for layer in range(prefill.num_layers):
         moved = relocate_keys(prefill.keys[layer], source, source + SHIFT, factors,
                               layer=layer if factors.per_layer else None)
         reference_keys = own[layer].reshape(moved.shape).to(moved.device).float()
-        worst = max(worst, float((moved.float() - reference_keys).abs().max() / reference_keys.abs().max()))
-    results.append((f"relocated keys vs the model's own keys at p + {SHIFT}, max |diff| / max |key|", worst))
+        shifted.append(float((moved.float() - reference_keys).abs().max() / reference_keys.abs().max()))
+    results.extend(_shifted_results(model, history.to(device), own, shifted))
     shift = far - (prefill.history_length - 1)  # the history's last key lands on `far`
     if shift > 0:
         own = shifted_keys(model, history.to(device), shift)
@@ -165,6 +169,30 @@ def run_checks(model, tokenizer, history_tokens: int = 700, keep_every: int = 5)
             results.append((f"{condition}: retained states visible to the final token in sliding layers (mean)",
                             visible))
     return results
+
+
+def _shifted_results(model, history: torch.Tensor, own: list[torch.Tensor], shifted: list[float]):
+    """The shifted-forward comparison (relocated keys vs the model's own keys at ``p + SHIFT``, per layer ``shifted``).
+
+    float32: one thresholded line over all layers. 16-bit: a layer's keys beyond layer 0 come from inputs that differ
+    by the forward's own rounding at the shifted positions (0.023 in bfloat16 on an H200, issue 51), which says
+    nothing about the relocation. So the thresholded line is **layer 0** (keys from the embeddings alone: the same
+    content at any position, so they match to rotation rounding, and a wrong relocation misses by O(1)); all layers
+    are shown beside the **measured** rounding of that forward (the same shifted forward through another attention
+    kernel), and checked against ``max(threshold, 2 x measured)`` as keep-all is."""
+    name = f"relocated keys vs the model's own keys at p + {SHIFT}"
+    if model.dtype in (torch.float32, torch.float64):
+        return [(f"{name}, max |diff| / max |key|", max(shifted))]
+    before = attention_kernel_name(model)
+    other_name = "eager" if before != "eager" else "sdpa"
+    with attention_kernel(model, other_name):
+        other = shifted_keys(model, history, SHIFT)
+    noise = max(float((a.float() - b.float()).abs().max() / b.float().abs().max()) for a, b in zip(other, own))
+    dtype = str(model.dtype).removeprefix("torch.")
+    return [(f"{name}, layer 0, max |diff| / max |key|", shifted[0]),
+            (f"shift tolerance: the model's own {dtype} keys at p + {SHIFT}, {before} vs {other_name} kernel, all "
+             "layers, max |diff| / max |key|", noise),
+            (f"{name}, all layers (inputs rounded by the {dtype} forward), max |diff| / max |key|", max(shifted))]
 
 
 def _relocated_far(prefill, kept: list[int], targets: torch.Tensor, factors, layer: int) -> torch.Tensor:

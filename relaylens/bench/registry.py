@@ -2,10 +2,11 @@
 
 Each :class:`Benchmark` says which of the command's options it takes: ``geometry`` and ``selectors`` need no model;
 the others load one (:data:`MODEL_OPTIONS`: ``model_spec``, ``load_kwargs``, ``records``, ``new_tokens``); ``overhead``
-also takes ``schedule`` and ``prefill_chunk`` and draws its own progress bar; ``roofline`` also takes ``quick`` and
-``lengths`` and writes its own outputs beside the CSV; ``regime`` also takes ``dtype`` (the command's ``--dtype``,
-passed only when given, since ``load_kwargs`` always holds a resolved one). Options a benchmark does not take, and
-options left at None, are dropped, so that each benchmark keeps its own defaults. A new benchmark is one entry here.
+also takes ``schedule``, ``prefill_chunk``, ``selectors``, ``budgets`` and ``data`` and draws its own progress bar;
+``roofline`` also takes ``quick`` and ``lengths`` and writes its own outputs beside the CSV; ``regime`` also takes
+``dtype`` (the command's ``--dtype``, passed only when given, since ``load_kwargs`` always holds a resolved one).
+Options a benchmark does not take, and options left at None, are dropped, so that each benchmark keeps its own
+defaults. A new benchmark is one entry here.
 
 Example:
     >>> sorted(BENCHMARKS)
@@ -61,7 +62,8 @@ class Benchmark:
 
 BENCHMARKS: dict[str, Benchmark] = {
     "geometry": Benchmark(run_geometry, options=("include_large",)),
-    "overhead": Benchmark(run_overhead, options=(*MODEL_OPTIONS, "schedule", "prefill_chunk"), own_progress=True),
+    "overhead": Benchmark(run_overhead, options=(*MODEL_OPTIONS, "schedule", "prefill_chunk", "selectors", "budgets",
+                                                 "data"), own_progress=True),
     "throughput": Benchmark(run_throughput, options=MODEL_OPTIONS),
     "probes": Benchmark(run_probes, options=MODEL_OPTIONS),
     "prefill": Benchmark(run_prefill, options=MODEL_OPTIONS),

@@ -202,10 +202,67 @@ def steady_allocator() -> bool:
         (m_trim_threshold, 2**31 - 1), (m_top_pad, 64 * 2**20), (m_mmap_threshold, 32 * 2**20)))
 
 
+def parse_budgets(text) -> tuple[int | float, ...]:
+    """``"2048,8192"`` -> ``(2048, 8192)`` (kept states per head), ``"0.1,0.2"`` -> ratios of the history; refuses
+    anything else in one line (:class:`ValueError`).
+
+    >>> parse_budgets("2048, 8192"), parse_budgets("0.1"), parse_budgets((256,))
+    ((2048, 8192), (0.1,), (256,))
+    """
+    items = [s.strip() for s in text.split(",")] if isinstance(text, str) else list(text)
+    budgets = []
+    for item in items:
+        if item == "":
+            continue
+        try:
+            value = int(item) if isinstance(item, int) or str(item).isdigit() else float(item)
+        except ValueError:
+            value = None
+        if value is None or isinstance(value, float) and not 0 < value <= 1 or isinstance(value, int) and value < 1:
+            raise ValueError(f"--budgets must be kept states per head (whole numbers >= 1, e.g. 2048,8192) or ratios "
+                             f"of the history in (0, 1] (e.g. 0.1); got {item!r} in {text!r}")
+        budgets.append(value)
+    if not budgets:
+        raise ValueError(f"--budgets needs at least one budget (e.g. 2048,8192); got {text!r}")
+    return tuple(budgets)
+
+
+def parse_selectors(text) -> tuple[str, ...]:
+    """``"bm25,snapkv,pyramidkv"`` -> names, each checked against the selector registry (one line otherwise)."""
+    from relaylens.selectors import REGISTRY, is_selector_name  # noqa: PLC0415 - import cost
+
+    names = tuple(s.strip() for s in text.split(",") if s.strip()) if isinstance(text, str) else tuple(text)
+    if not names or not all(is_selector_name(n) for n in names):
+        raise ValueError(f"--selectors must name selectors of {sorted(REGISTRY)} separated by commas; got {text!r}")
+    return names
+
+
+def stratified_prompts(tokenizer, count: int, data=None):
+    """Completion-mode prompts of ``count`` records: the bundled sample's first (``data`` None), or, from ``data``, the
+    records spread evenly over the history-length order (shortest, ..., longest: Table 3's records stratified by
+    history length)."""
+    if data is None:
+        return sample_prompts(tokenizer, count)
+    from relaylens.datasets import load_records, resolve_data  # noqa: PLC0415 - import cost
+    from relaylens.datasets.prompting import render_prompt  # noqa: PLC0415 - import cost
+
+    prompts = [render_prompt(record, tokenizer, mode="completion") for record in load_records(resolve_data(data))]
+    if not prompts:
+        raise ValueError(f"{data} holds no records")
+    ordered = sorted(prompts, key=lambda p: p.history_length)
+    if count >= len(ordered):
+        return ordered
+    picks = sorted({round(i * (len(ordered) - 1) / max(count - 1, 1)) for i in range(count)})
+    return [ordered[i] for i in picks]
+
+
 def run_overhead(repeats: int = 3, records: int = 4, model_spec: str = DEFAULT_MODEL, new_tokens: int = 128,
                  selectors=OVERHEAD_SELECTORS, budgets=CPU_BUDGETS, load_kwargs: dict | None = None,
-                 schedule: str = "interleaved", prefill_chunk: int | None = 256, **_) -> list[dict]:
-    """Table 3 on the bundled sample: per (selector, budget) the relay-vs-original overhead of complete requests.
+                 schedule: str = "interleaved", prefill_chunk: int | None = 256, data=None, **_) -> list[dict]:
+    """Table 3: per (selector, budget) the relay-vs-original overhead of complete requests, on the bundled sample or
+    on ``data`` (records stratified by history length, :func:`stratified_prompts`); ``selectors`` and ``budgets``
+    take lists or comma-separated text (``"bm25,snapkv,pyramidkv"``, ``"2048,8192"``: the paper's protocol with
+    ``new_tokens=128``, ``repeats=3``). Rows carry each record's history length (``history_tokens``).
 
     ``schedule="interleaved"`` (default) runs each repetition's two requests piece by piece in turn (prefill chunks of
     ``prefill_chunk`` tokens, selection, relocation, question, then one decoding step each), and times every piece,
@@ -215,9 +272,20 @@ def run_overhead(repeats: int = 3, records: int = 4, model_spec: str = DEFAULT_M
     """
     if schedule not in SCHEDULES:
         raise ValueError(f"schedule must be one of {SCHEDULES}; got {schedule!r}")
+    selectors, budgets = parse_selectors(selectors), parse_budgets(budgets)
     model, tokenizer = load_bench_model(model_spec, load_kwargs)
     factors = RotaryFactors.from_model(model)
-    prompts = sample_prompts(tokenizer, records)
+    prompts = stratified_prompts(tokenizer, records, data)
+    for prompt in prompts:  # before any timing: a budget the history cannot fill, a history past the rotary range
+        too_big = [b for b in budgets if isinstance(b, int) and b > prompt.history_length]
+        if too_big:
+            raise ValueError(f"budget {too_big[0]} exceeds record {prompt.record_id}'s history of "
+                             f"{prompt.history_length} tokens. Fix: smaller --budgets, or --data with longer histories")
+        needed = prompt.history_length + prompt.question_ids.numel() + new_tokens
+        if factors.max_position and needed > factors.max_position:
+            raise ValueError(f"record {prompt.record_id} needs {needed} positions (history, question, {new_tokens} "
+                             f"steps), past the model's rotary range of {factors.max_position}. Fix: shorter records "
+                             "or a model with a longer context (--max-position with --rope-scaling)")
     chosen = {name: make_selector(name) for name in selectors}
     settings = [(name, budget) for name in chosen for budget in budgets]
     interleaved = schedule == "interleaved"
@@ -257,7 +325,8 @@ def run_overhead(repeats: int = 3, records: int = 4, model_spec: str = DEFAULT_M
             cpu_ratios.append(medians["relay"]["request_cpu_s"] / medians["original"]["request_cpu_s"])
             for condition, values in medians.items():
                 setting_rows.append({"benchmark": "overhead", "case": f"{prompt.record_id} (L={prompt.history_length})",
-                                     "selector": name, "budget": budget, "condition": condition, **values,
+                                     "history_tokens": prompt.history_length, "selector": name, "budget": budget,
+                                     "condition": condition, **values,
                                      "ratio_vs_original": values["request_s"] / medians["original"]["request_s"]})
         per_record += setting_rows
         relay = [r for r in setting_rows if r["condition"] == "relay"]

@@ -81,7 +81,22 @@ def parse_lengths(text) -> tuple[int, ...]:
         lengths = ()
     if not lengths or min(lengths) < 1:
         raise ValueError(f"--lengths must be positive token counts separated by commas (e.g. 2048,8192); got {text!r}")
+    if max(lengths) > LENGTH_LIMIT:
+        raise ValueError(f"--lengths {max(lengths):,} is past {LENGTH_LIMIT:,} tokens (2**24, where rotary positions "
+                         "stop being distinct; and far past any model's range). Fix: lengths within the model's "
+                         "max_position_embeddings, e.g. 2048,8192")
     return lengths
+
+
+LENGTH_LIMIT = 2**24  # no rotary model tells positions apart past it (relaylens.geometry.positions)
+
+
+def check_lengths(lengths, model) -> None:
+    """Refuse prefill lengths past the loaded model's rotary range, before any measurement."""
+    limit = getattr(getattr(model, "config", None), "max_position_embeddings", None)
+    if limit and max(lengths) > limit:
+        raise ValueError(f"--lengths {max(lengths):,} is past the model's rotary range (max_position_embeddings="
+                         f"{limit:,}). Fix: lengths up to {limit:,}, or --rope-scaling with --max-position")
 
 
 def run_roofline(model_spec: str = DEFAULT_MODEL, load_kwargs: dict | None = None, quick: bool = False,
@@ -96,13 +111,18 @@ def run_roofline(model_spec: str = DEFAULT_MODEL, load_kwargs: dict | None = Non
         from relaylens.bench.model import load_bench_model  # noqa: PLC0415 - import cycle: relaylens.bench.model imports this module
 
         model, _ = load_bench_model(model_spec, load_kwargs)
+    check_lengths(sizes.lengths, model)
     cpu, cost = cpu_info(), ModelCost.of(model)
     dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
     common = {"cpu": cpu.model, "flags": cpu.flag_text(), "threads": cpu.threads, "cores": cores(),
               "model": name[-40:]}
     limits, peaks, bandwidth = measure_limits(model, sizes, dtype)
+    weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    floor = {"dtype": dtype, "section": "limit", "case": f"decoding floor: {weight_bytes / 1e9:.3g} GB of weights / "
+             "copy bandwidth (one batch-1 step reads every weight once)", "time_ms": 1e3 * weight_bytes / (
+                 bandwidth * 1e9), "gb_s": bandwidth, "device": str(model.device)}
     stages = measure_stages(model, cost, sizes, peaks[dtype], bandwidth)
-    return [{**common, **row} for row in limits + stages]
+    return [{**common, **row} for row in [*limits, floor, *stages]]
 
 
 def measure_limits(model, sizes: Sizes, model_dtype: str) -> tuple[list[dict], dict[str, float], float]:

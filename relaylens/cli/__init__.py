@@ -1,5 +1,5 @@
-"""The command line: ``relaylens run | sweep | merge | judge | figures | report | bench | demo | data synth | model
-pull``, the typer app ``relaylens.cli:app`` (``python -m relaylens.cli`` runs it too).
+"""The command line: ``relaylens run | sweep | merge | judge | figures | report | bench | demo | data synth | pull |
+haystack | model pull``, the typer app ``relaylens.cli:app`` (``python -m relaylens.cli`` runs it too).
 
 Every command prints where its output went; long work shows a rich progress bar. Errors from relaylens (bad input)
 are printed as one clear line with exit status 2, never as a traceback from deep inside torch.
@@ -9,7 +9,8 @@ error guards), :mod:`~relaylens.cli.options` (the options of ``run`` and ``sweep
 read from its record), :mod:`~relaylens.cli.runs` (``run``, ``sweep``, ``merge``), :mod:`~relaylens.cli.judge`,
 :mod:`~relaylens.cli.reporting` (``figures``, ``report``), :mod:`~relaylens.cli.benchmarks` (``bench``, each
 benchmark told its options by :data:`relaylens.bench.registry.BENCHMARKS`), :mod:`~relaylens.cli.demos`,
-:mod:`~relaylens.cli.model` (``model pull | check``) and :mod:`~relaylens.cli.data` (``data synth``); this face
+:mod:`~relaylens.cli.model` (``model pull | check``) and :mod:`~relaylens.cli.data` (``data synth | pull |
+haystack``: synthetic records, the real benchmark files, S-like haystacks from the LongMemEval oracle); this face
 registers every command, in the order ``relaylens --help`` lists them.
 
 A documented wall: importing the command line loads no model code (torch, transformers) and no pandas; the commands
@@ -21,7 +22,7 @@ reporting, experiments, bench (the top floor: every room).
 
 from relaylens.cli.benchmarks import bench
 from relaylens.cli.common import app, console, data_app, model_app, os_error_line
-from relaylens.cli.data import data_synth
+from relaylens.cli.data import data_haystack, data_pull, data_synth
 from relaylens.cli.demos import demo
 from relaylens.cli.judge import judge_command
 from relaylens.cli.model import model_check, model_pull
@@ -36,6 +37,8 @@ __all__ = ["RUN_OPTIONS", "app", "bench", "console", "data_app", "data_synth", "
 model_app.command("pull")(model_pull)
 model_app.command("check")(model_check)
 data_app.command("synth")(data_synth)
+data_app.command("pull")(data_pull)
+data_app.command("haystack")(data_haystack)
 app.command("bench")(bench)
 app.command("run", cls=RunCommand)(run)
 app.command("sweep", cls=RunCommand)(sweep)

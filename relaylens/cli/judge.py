@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import typer
@@ -15,6 +16,7 @@ from relaylens.scoring.judge import (  # the judge's documented bounds (stdlib o
     MAX_REPLY_BYTES,
     HFBackend,
     OpenAIBackend,
+    check_judge_url,
 )
 
 
@@ -40,6 +42,8 @@ def judge_command(
     """Re-score a finished run's answers with another judge (generations untouched; adds judge_NAME scores)."""
     from relaylens.experiments.rejudge import check_judge_name, check_template_records, judge_name, rejudge_run  # noqa: PLC0415 - CLI startup
 
+    if judge_url:  # a space or control character in the URL: one redacted line before anything else
+        guard(check_judge_url, judge_url, [os.environ.get(judge_key_env or "")])
     name = guard(judge_name, judge_model) if name is None else name
     guard(check_judge_name, name)
     name = guard(lme.pass_name, judge_template, name)  # lme_NAME; an unknown template or a reserved name: refused

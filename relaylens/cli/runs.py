@@ -7,7 +7,7 @@ from pathlib import Path
 
 import typer
 
-from relaylens.cli.common import console, fail, guard, print_summary, warned
+from relaylens.cli.common import console, fail, guard, print_summary, safe, warned
 from relaylens.cli.options import analysis_options, flag_values, spec_and_config, with_run_options
 
 
@@ -29,6 +29,7 @@ def run(ctx: typer.Context,
         run_dir = guard(run_analysis, spec, config)
     print_summary(run_dir)
     console.print(f"[green]run directory[/] {run_dir}")
+    fail_if_empty(run_dir)
     shard = options["shard"]
     if shard and shard.strip().lower() == "auto":  # rank 0 does not merge on its own: the others may still run
         console.print(f"this is shard {run_dir.name} of one run; when every shard has finished: "
@@ -74,6 +75,7 @@ def sweep(
     print_summary(run_dir)
     console.print(f"[green]run directory[/] {run_dir} (merged from {shards} shards"
                   f"{'; figures and report.html written' if report else ''})")
+    fail_if_empty(run_dir)
 
 
 def merge(
@@ -98,3 +100,15 @@ def merge(
         console.print(f"[green]merged[/] {len(merged)} shards into {shards[0]}")
         return
     console.print(f"[green]merged[/] {len(shards)} shards into {out}")
+
+
+def fail_if_empty(run_dir: Path) -> None:
+    """Exit 1 with one ``error:`` line when the finished run produced no answer (every unit skipped, or none to
+    run): the cause, the skip reasons counted, and the fix (:func:`relaylens.experiments.summary.empty_run_problem`).
+    A run with some answers passes; its skips were listed by the summary."""
+    from relaylens.experiments.summary import run_problem  # noqa: PLC0415 - CLI startup: summaries read pandas tables
+
+    problem = guard(run_problem, run_dir)
+    if problem:
+        console.print(f"[bold red]error:[/] {safe(problem)}")
+        raise typer.Exit(1)

@@ -1,5 +1,6 @@
 """The datasets stage: records, the dataset readers (LongMemEval, PersonaMem, Long-MT-Bench+, InfiniteBench,
-HelloBench summarization), the per-format registry, prompt rendering with token spans, and the synthetic generator.
+HelloBench summarization, LoCoMo), the per-format registry, prompt rendering with token spans, and the synthetic
+generator.
 
 Owns: :mod:`~relaylens.datasets.records` (:class:`Record` and its checks), one module per format (reader, sniffing,
 bundled sample, prompt layout; collected in :data:`REGISTRY`, see :mod:`~relaylens.datasets.formats`),
@@ -28,7 +29,7 @@ import logging
 import warnings
 from pathlib import Path
 
-from relaylens.datasets import hellobench, infinitebench, longmemeval, longmtbench, personamem
+from relaylens.datasets import hellobench, infinitebench, locomo, longmemeval, longmtbench, personamem
 from relaylens.datasets.common import data_suffix, peek_text
 from relaylens.datasets.formats import DatasetFormat
 from relaylens.datasets.infinitebench import TASKS as INFINITEBENCH_TASKS
@@ -39,13 +40,13 @@ from relaylens.errors import RecordError, RelaylensError, shown
 log = logging.getLogger("relaylens.datasets.records")
 
 REGISTRY: dict[str, DatasetFormat] = {m.FORMAT.name: m.FORMAT for m in (longmemeval, personamem, longmtbench,
-                                                                        infinitebench, hellobench)}
+                                                                        infinitebench, hellobench, locomo)}
 """Every dataset format by name: its reader, sniffing rule, bundled sample and prompt layout."""
 FORMATS = tuple(REGISTRY)
 """The names of the dataset formats (``relaylens run --format``)."""
 READERS = {name: fmt.reader for name, fmt in REGISTRY.items()}
 """The reader of each dataset format by name."""
-SNIFF_ORDER = ("personamem", "longmemeval", "longmtbench", "hellobench", "infinitebench")  # first match wins
+SNIFF_ORDER = ("personamem", "longmemeval", "locomo", "longmtbench", "hellobench", "infinitebench")  # first match wins
 SAMPLE = "sample"  # --data sample: the bundled LongMemEval-schema sample; sample:NAME: the bundled sample of NAME
 """``--data sample``: the bundled LongMemEval-schema sample; ``sample:NAME``: the bundled sample of format NAME."""
 

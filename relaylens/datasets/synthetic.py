@@ -38,6 +38,7 @@ from __future__ import annotations
 import gzip
 import json
 import math
+import numbers
 import random
 import re
 import string
@@ -53,8 +54,14 @@ from relaylens.datasets.prompting import layout_prompt
 from relaylens.datasets.synthetic_kinds import BUILDERS as BUILDERS  # the module docstring's example reads it
 from relaylens.datasets.synthetic_kinds import KINDS, Fact, Plan, Query, build_plan, resolve
 from relaylens.datasets.synthetic_text import DraftTurn
+from relaylens.errors import RelaylensError
 
 DEPTHS = {"early": (0.0, 0.33), "middle": (0.33, 0.67), "late": (0.67, 1.0)}
+MAX_HISTORY_TOKENS = 2**24
+"""The longest history the generator builds (16,777,216 tokens): the rotary position limit
+(:data:`relaylens.model.hf.POSITION_LIMIT`), past which no model relaylens runs can place a history. The generator's
+cost is linear in the length: about 12 s and 100 MB per million approximate tokens on a 2-core CPU, so the maximum
+takes a few minutes and under 2 GB per record; a longer request is refused at once instead of running for ever."""
 SAMPLE_ARGS = dict(n=24, seed=0, history_tokens=2048, tokenizer="smollm2-135m-instruct")
 DATE_FORMAT = "%Y/%m/%d (%a) %H:%M"
 _APPROX = re.compile(r"[A-Za-z]+|\d{1,3}|[^\sA-Za-z\d]|\n")
@@ -142,7 +149,9 @@ class SynthWorld:
 
 def generate_worlds(n: int, seed: int, history_tokens: int, token_count=None, history_format: str = "nl",
                     tolerance: float = 0.02) -> list[SynthWorld]:
-    """``n`` records with their world states; record ``i`` depends only on ``(seed, i)`` and the counter."""
+    """``n`` records with their world states; record ``i`` depends only on ``(seed, i)`` and the counter.
+    ``history_tokens`` must be a whole number from 1 to :data:`MAX_HISTORY_TOKENS`."""
+    check_history_tokens(history_tokens)
     counter = make_token_counter(token_count)
     out = []
     for i in range(n):
@@ -151,6 +160,29 @@ def generate_worlds(n: int, seed: int, history_tokens: int, token_count=None, hi
         depth = tuple(DEPTHS)[(i // len(KINDS)) % len(DEPTHS)]
         out.append(_build(rng, kind, depth, history_tokens, counter, history_format, tolerance))
     return out
+
+
+def check_history_tokens(history_tokens) -> int:
+    """``history_tokens`` when the generator can build it: a whole number from 1 to :data:`MAX_HISTORY_TOKENS`;
+    anything else is refused with one :class:`~relaylens.errors.RelaylensError` line.
+
+    >>> check_history_tokens(2048)
+    2048
+    >>> try:
+    ...     check_history_tokens(100_000_000_000)
+    ... except RelaylensError as err:
+    ...     print(str(err).split(":")[0])
+    --history-tokens 100000000000 is past the longest history the generator builds
+    """
+    if isinstance(history_tokens, bool) or not isinstance(history_tokens, numbers.Integral) or history_tokens < 1:
+        raise RelaylensError(f"--history-tokens must be a positive whole number of tokens; got {history_tokens!r}. "
+                             "Fix: pass e.g. --history-tokens 2048")
+    if history_tokens > MAX_HISTORY_TOKENS:
+        raise RelaylensError(f"--history-tokens {history_tokens} is past the longest history the generator builds: "
+                             f"{MAX_HISTORY_TOKENS:,} tokens (2**24, the rotary position limit: no model can place a "
+                             "longer history; building one would take ever longer and fill memory). Fix: pass "
+                             f"--history-tokens {MAX_HISTORY_TOKENS} or less")
+    return int(history_tokens)
 
 
 def generate_records(n: int, seed: int, history_tokens: int, token_count=None, history_format: str = "nl",

@@ -57,6 +57,8 @@ from relaylens.conditions.family import (
     Learned,
     family_coordinates,
 )
+from relaylens.conditions.learned_fit import FIT_FIELDS as SHARED_FIT_FIELDS
+from relaylens.conditions.learned_fit import check_learned_model, check_learned_settings, learned_fit
 from relaylens.conditions.scoped import Scoped, get_condition
 from relaylens.errors import NonFiniteError, RelaylensError, shown
 from relaylens.results.atomic import write_atomic
@@ -356,10 +358,10 @@ def train(model, factors, train_items: list[Prepared], test_items: list[Prepared
     return family_values(raw)
 
 
-FIT_FIELDS = ("selector", "budget", "selector_options", "protect_instructions", "prompt_mode", "granularity",
-              "window_mode")
+FIT_FIELDS = SHARED_FIT_FIELDS
 """The settings a learned geometry's fit depended on besides the model (recorded in ``learned_geometry.json`` under
-``fit``; ``learned:RUN_DIR`` elsewhere must match every one of them and the model, :func:`check_learned_conditions`)."""
+``fit``; ``learned:RUN_DIR`` elsewhere must match every one of them and the model, :func:`check_learned_conditions`;
+the integrations check them with the same code, :mod:`relaylens.conditions.learned_fit`)."""
 
 
 def fit_settings(spec, run: dict) -> dict:
@@ -418,41 +420,12 @@ def pin_learned_conditions(spec, manifest: dict):
     return spec.replace(conditions=tuple(pinned))
 
 
-def _learned_fit(part: Learned) -> dict:
-    """What the fit of ``part`` depended on: the file's ``fit``, else (files written before it was recorded) the
-    file's own fields and the spec in ``RUN_DIR/manifest.json``."""
-    info = part.info
-    if isinstance(info.get("fit"), dict):
-        return info["fit"]
-    spec, run = {}, {}
-    try:
-        manifest = json.loads((Path(part.run_dir) / "manifest.json").read_text("utf-8"))
-        spec, run = manifest["config"]["spec"], manifest["config"]["run"]
-    except (OSError, ValueError, KeyError, TypeError):
-        pass
-    selector = info.get("selector", (spec.get("selectors") or [None])[0])
-    options = (spec.get("selector_options") or {}).get(selector, {}) if "selector_options" in spec else None
-    return {"selector": selector, "budget": info.get("budget"), "selector_options": options,
-            "protect_instructions": bool(spec.get("protect_instructions", False)) if spec else None,
-            "prompt_mode": info.get("prompt_mode", spec.get("prompt_mode")), "granularity": spec.get("granularity"),
-            "window_mode": run.get("window_mode")}
+_learned_fit = learned_fit  # what the fit depended on (relaylens.conditions.learned_fit, shared with the integrations)
 
 
 def _check_model(part: Learned, manifest: dict) -> None:
     """The model: every hash both sides record agrees (weights, config); without a common hash, the model names."""
-    label, info = part.label, part.info
-    learned_model, this_model = info.get("model") or {}, manifest.get("model") or {}
-    common = [f for f in ("weights_hash", "config_sha256") if learned_model.get(f) and this_model.get(f)]
-    for field_name in common:
-        if learned_model[field_name] != this_model[field_name]:
-            raise RelaylensError(f"condition {label} was learned on model {learned_model.get('spec')} "
-                                 f"({field_name} {str(learned_model[field_name])[:12]}); this run uses "
-                                 f"{this_model.get('spec')} ({str(this_model[field_name])[:12]}). Fix: learn a "
-                                 "geometry for this model (relaylens run learned_geometry --model ...)")
-    if not common and learned_model.get("spec") != this_model.get("spec"):
-        raise RelaylensError(f"condition {label} was learned on model {learned_model.get('spec')!r}; this run uses "
-                             f"{this_model.get('spec')!r} and no weights or config hash is recorded on both sides to "
-                             "prove them the same. Fix: learn a geometry for this model")
+    check_learned_model(part, manifest.get("model") or {}, "this run")
 
 
 def _check_fit(part: Learned, spec, manifest: dict) -> None:
@@ -468,12 +441,7 @@ def _check_fit(part: Learned, spec, manifest: dict) -> None:
                              f"{', '.join(f'{s} @ {b:g}' for s, b in sorted(swept))}. Fix: run it with --selector "
                              f"{learned.get('selector')} --budget {learned.get('budget')} only, or learn a geometry "
                              "for that selector and budget")
-    differ = [f"{name} (learned with {learned.get(name)!r}, this run {here[name]!r})"
-              for name in FIT_FIELDS[2:] if learned.get(name) != here[name]]
-    if differ:
-        raise RelaylensError(f"condition {part.label} was fitted under other settings: {'; '.join(differ)}. A learned "
-                             "geometry applies only where its fit's selection and prompts hold. Fix: run with the "
-                             "learned settings, or learn a geometry with these (relaylens run learned_geometry ...)")
+    check_learned_settings(part, {name: here[name] for name in FIT_FIELDS[2:]}, "this run")
 
 
 def check_learned_conditions(spec, manifest: dict, record_ids: list[str]):

@@ -34,7 +34,8 @@ from relaylens.experiments.learned import LearnOptions, Prepared, fit_settings, 
 from relaylens.experiments.run_setup import open_run
 from relaylens.experiments.specs import ExperimentSpec
 from relaylens.experiments.units import prefill_record, select_units, selector_objects
-from relaylens.results.store import UnitKey, manifest_diff, manifest_section
+from relaylens.results.atomic import safe_subdir
+from relaylens.results.store import UNITS, UnitKey, manifest_diff, manifest_section
 from relaylens.results.tables import ANSWER_LOGLIK, TRAINING_UNIT
 
 # The runner and generation are imported inside the functions that use them, on purpose: they load transformers,
@@ -149,6 +150,7 @@ def _must_retrain(previous: dict | None, manifest: dict, rows: list[dict], optio
 
 def _discard_all(store, out: Path) -> None:
     """Delete the training unit, every evaluated (or skipped) record and the learned file: the run starts again."""
+    safe_subdir(out, UNITS, create=False)  # a linked units/: refused, nothing deleted through it
     store.invalidate()
     for path in store.unit_paths():
         path.unlink(missing_ok=True)
@@ -157,6 +159,7 @@ def _discard_all(store, out: Path) -> None:
 
 def _discard_evaluations(store, training_key) -> None:
     """Delete every committed unit but the training unit (they were evaluated, or skipped, before training ended)."""
+    safe_subdir(store.run_dir, UNITS, create=False)  # a linked units/: refused, nothing deleted through it
     keep = store.unit_path(training_key)
     others = [p for p in store.unit_paths() if p != keep]
     if others:

@@ -38,6 +38,7 @@ from relaylens.generation.rows import decoding_path
 from relaylens.geometry.rotary import RotaryFactors
 from relaylens.model import loading  # loading.load_model looked up at call time: tests stand in a fake loader
 from relaylens.model.hf import rope_summary
+from relaylens.model.random_specs import refuse_random
 from relaylens.results.locks import run_lock
 from relaylens.results.shards import parse_shard, shard_records
 from relaylens.results.store import RunStore, build_manifest, prepare_run_dir
@@ -121,6 +122,7 @@ class OpenedRun:
 def open_run(spec: ExperimentSpec, config: RunConfig, model_and_tokenizer=None) -> OpenedRun:
     """Records, shard, directory, model, tokenizer and rotary factors of a run of ``spec`` under ``config``
     (``model_and_tokenizer``: an already loaded pair instead of ``config.model``)."""
+    refuse_random(config.model, f"relaylens run {spec.name}")  # random weights: no accuracy, refused before loading
     auto = bool(config.shard) and config.shard.strip().lower() == "auto"
     launcher = detect_shard() if auto else None  # torchrun / accelerate / SLURM: the shard and the local rank
     placement = config.placement(local_rank=launcher.local_rank if launcher else None)

@@ -20,6 +20,7 @@ Example (the CLI: ``relaylens run coordinate_ablation --limit 4 --out runs/ablat
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 from contextlib import contextmanager, nullcontext
@@ -38,9 +39,10 @@ from relaylens.experiments.run_setup import analysis_plan, open_run
 from relaylens.experiments.specs import ExperimentSpec, split_unit_selector
 from relaylens.experiments.units import UnitWork, prefill_record, query_window, select_units, selector_objects  # noqa: F401 - the old home
 from relaylens.generation.rows import Row, default_eos_ids, run_rows
-from relaylens.probes.readouts import probe_condition, probe_rows
+from relaylens.probes.readouts import probe_rows
 from relaylens.probes.registry import UnitContext, run_probes
 from relaylens.progress import progress_view
+from relaylens.results.atomic import read_text, write_atomic
 from relaylens.results.store import UnitKey
 from relaylens.results.views import has_view, write_view
 from relaylens.scoring.metrics import score_answer
@@ -88,7 +90,9 @@ def process_record(model, tokenizer, factors, record: Record, prompt, prefill, p
 
     Yields ``(unit, answers, scores, probes, view)`` per unit, in order, as soon as all its rows are done (``view``:
     the unit's token view when ``views`` and probes ran, else None). Attribution probes (``spec.attribution``) need
-    autograd and run one row at a time.
+    autograd: the batch decodes without it, and each row's question pass and teacher-forced token run once more on
+    their own with autograd (:func:`relaylens.probes.readouts.probe_rows` with ``grad=True``; no decoding under
+    autograd).
     """
     evidence = prompt.evidence_mask(spec.granularity)
     do_probes = spec.probes and bool(evidence.any())
@@ -104,20 +108,15 @@ def process_record(model, tokenizer, factors, record: Record, prompt, prefill, p
     units = list(units)
     conditions = expand_conditions(spec.conditions, model)  # scoped conditions learn the model's layer types
     rows = [(unit, condition) for unit in units for condition in conditions]
-    size = 1 if attribution and do_probes else (config.batch_rows or max(len(rows), 1))  # no rows: nothing to run
+    size = config.batch_rows or max(len(rows), 1)  # no rows: nothing to run
     outcomes: list[tuple] = []  # per row, in order: (generation, probed or None, elapsed_s, rows in its batch)
     width = len(conditions)
     for first in range(0, len(rows), size):
         chunk = rows[first : first + size]
         started = time.perf_counter()
-        if do_probes and attribution:
-            (unit, condition), = chunk
-            probed = [probe_condition(model, prefill, unit.selection, condition, prompt.question_ids, evidence,
-                                      teacher_token=teacher, **attribution, **common)]
-            results = [(p.generation, p) for p in probed]
-        elif do_probes:
+        if do_probes:  # attribution: grad=True, a row's autograd question pass on its own after the batch decodes
             probed = probe_rows(model, prefill, [(unit.selection, condition) for unit, condition in chunk],
-                                prompt.question_ids, evidence, teacher_token=teacher, **common)
+                                prompt.question_ids, evidence, teacher_token=teacher, **attribution, **common)
             results = [(p.generation, p) for p in probed]
         else:
             generations = run_rows(model, prefill, [Row(unit.selection, condition) for unit, condition in chunk],
@@ -190,6 +189,7 @@ def run_analysis(spec: ExperimentSpec, config: RunConfig, progress: bool = True,
 def _run_units(model, tokenizer, factors, records, spec: ExperimentSpec, config: RunConfig, store, judge,
                progress: bool) -> None:
     selectors = selector_objects(spec, config.seed)
+    reuse = PrefillReuse(prefill_reuse_enabled())  # records over one history (LoCoMo questions) prefill it once
     units = spec.units([r.record_id for r in records])
     bar = progress_bar(progress)
     labels = spec.unit_selectors()
@@ -217,7 +217,7 @@ def _run_units(model, tokenizer, factors, records, spec: ExperimentSpec, config:
                     advance_bar(live, task, len(pending), record.record_id, f"skipped ({reason[0]})")
                     continue
                 started = time.perf_counter()
-                prefill = prefill_record(model, prompt, config, selectors.values())
+                prefill = reuse.prefill(model, prompt, config, selectors.values())
                 bases = dict.fromkeys(split_unit_selector(name)[0] for name, _ in pending + redo)
                 prepared = {name: selectors[name].prepare(model, prefill, prompt, factors)  # FINCH: its question pass
                             for name in bases}
@@ -241,6 +241,7 @@ def _run_units(model, tokenizer, factors, records, spec: ExperimentSpec, config:
                         write_view(store.run_dir, view | {"order": order})
                     if not again:
                         advance_bar(live, task, 1, record.record_id, "committed")
+    reuse.finish(store.run_dir, progress)
 
 
 @contextmanager
@@ -346,3 +347,78 @@ def _jupyter_without_widgets() -> bool:
 def advance_bar(live, task, steps: int, record_id: str, stage: str) -> None:
     if live is not None:  # a record id is dataset text: shown, never interpreted by the terminal
         live.update(task, advance=steps, stage=f"{shown(record_id)}: {stage}")
+
+
+PREFILL_REUSE_FILE = "prefill_reuse.json"
+"""The run directory's record of history prefills reused (summed over the invocations that reused one)."""
+
+
+def prefill_reuse_enabled() -> bool:
+    """Whether a run reuses a history's prefill for the next record with the same history tokens: yes, unless
+    ``RELAYLENS_NO_PREFILL_REUSE`` is set to anything but ``0`` (then every record prefills its own history)."""
+    return os.environ.get("RELAYLENS_NO_PREFILL_REUSE", "0") in ("", "0")
+
+
+class PrefillReuse:
+    """The last history prefill of a run, reused by the next record whose rendered history tokens are identical
+    (questions over one conversation, e.g. LoCoMo's; the records of a conversation are consecutive in the file).
+
+    The prefill depends on the history tokens only (its window queries are the history's last tokens; the window
+    and column sums follow from the run's selectors and the history length, both part of the key); what depends on
+    the question (FINCH's ``prepare``, the selection, every condition's question pass) still runs per record. The
+    reused :class:`~relaylens.model.prefill.PrefillResult` is shared read-only, as every unit and condition of one
+    record already shares it: relocation and selection build new tensors and never write into it (a test checks
+    this). ``prefills`` / ``reused`` count the prefills computed and reused; ``saved_s`` sums the prefill seconds
+    each reuse did not spend (the reused prefill's own time). A record that reuses a prefill reports in its
+    ``prefill_s`` column only the time it spent itself (FINCH's question pass, when the run has FINCH). Only the last
+    history is kept, so a resumed run or a shard prefills the first history it meets again.
+
+    Example:
+        >>> reuse = PrefillReuse(enabled=False)
+        >>> reuse.prefills, reuse.reused, reuse.saved_s
+        (0, 0, 0.0)
+    """
+
+    def __init__(self, enabled: bool = True):
+        self.enabled = enabled
+        self.prefills, self.reused, self.saved_s = 0, 0, 0.0
+        self._last = None  # (history_ids [L], (window, column sums), PrefillResult, its prefill seconds)
+
+    def prefill(self, model, prompt, config: RunConfig, selectors):
+        """The prefill of ``prompt``'s history: the last one when its history tokens and capture settings match, else
+        :func:`~relaylens.experiments.units.prefill_record`."""
+        selectors = list(selectors)
+        key = (query_window(config, selectors, prompt.history_length),
+               any(getattr(s, "needs_column_sums", False) for s in selectors))
+        last = self._last
+        if last is not None and last[1] == key and torch.equal(last[0], prompt.history_ids):
+            self.reused += 1
+            self.saved_s += last[3]
+            return last[2]
+        self._last = None  # the previous history's states are released before the next prefill
+        started = time.perf_counter()
+        prefill = prefill_record(model, prompt, config, selectors)
+        self.prefills += 1
+        if self.enabled:
+            self._last = (prompt.history_ids.clone(), key, prefill, time.perf_counter() - started)
+        return prefill
+
+    def finish(self, run_dir: Path, say: bool = True) -> dict | None:
+        """Add this invocation's counts to ``RUN_DIR/prefill_reuse.json`` (written once a prefill was reused) and
+        print them when ``say``; returns the run's totals, or None when nothing was reused."""
+        path = Path(run_dir) / PREFILL_REUSE_FILE
+        if not self.reused and not path.exists():
+            return None
+        try:
+            totals = json.loads(read_text(path) or "{}")  # no link followed (relaylens.fileio)
+        except ValueError:
+            totals = {}  # a damaged note is started afresh: it carries timing only, never results
+        totals = {"prefills": int(totals.get("prefills", 0)) + self.prefills,
+                  "reused": int(totals.get("reused", 0)) + self.reused,
+                  "saved_s": round(float(totals.get("saved_s", 0.0)) + self.saved_s, 3)}
+        write_atomic(path, json.dumps(totals, indent=2, sort_keys=True) + "\n")  # whole, no link followed
+        if say and self.reused:
+            print(f"history prefill reused for {self.reused} record(s) sharing a history ({self.prefills} computed); "
+                  f"{self.saved_s:.1f} s of prefill saved (run total {totals['saved_s']:.1f} s, {PREFILL_REUSE_FILE})",
+                  file=sys.stderr)
+        return totals

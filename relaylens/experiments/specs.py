@@ -181,11 +181,17 @@ class ExperimentSpec:
     def regime(self) -> dict:
         """How this spec departs from the paper's regime, in words (recorded in the manifest):
         ``framing`` (``protected``: instruction and template kept outside the budget; ``evicted (ablation)``:
-        inside it; ``per cell``: the ``framing`` analysis) and ``answers`` (the decoding limit and stop rule)."""
+        inside it; ``per cell``: the ``framing`` analysis), ``answers`` (the decoding limit and stop rule) and, for a
+        run whose BM25 granularity is ``auto`` (its default), ``bm25_units`` (the rule that picks sessions or turns)."""
         framing = ("per cell (framing analysis)" if self.framing_cells else
                    "protected (kept outside the budget)" if self.protect_instructions else
                    "evicted (ablation: framing inside the budget)")
-        return {"framing": framing, "answers": f"up to {self.max_new_tokens} new tokens, stop {self.stop}"}
+        out = {"framing": framing, "answers": f"up to {self.max_new_tokens} new tokens, stop {self.stop}"}
+        if "bm25" in self.selectors and self.selector_options.get("bm25", {}).get("granularity", "auto") == "auto":
+            from relaylens.selectors.bm25 import AUTO_RULE  # noqa: PLC0415 - import cost: the selectors import torch
+
+            out["bm25_units"] = AUTO_RULE  # the unit BM25 ranks: sessions, or turns where no session fits (per record)
+        return out
 
     def replace(self, **changes) -> ExperimentSpec:
         """A copy with fields changed (``None`` values are ignored), validated again."""
@@ -246,18 +252,6 @@ def load_analysis(name: str) -> Analysis:
     return record
 
 
-def _value(text: str):
-    low = text.strip().lower()
-    if low in ("true", "false"):
-        return low == "true"
-    for kind in (int, float):
-        try:
-            return kind(text)
-        except ValueError:
-            pass
-    return text.strip()
-
-
 split_unit_selector = split_unit_label
 """``(selector, framing cell or None)`` of a unit's selector label
 (:func:`relaylens.results.tables.split_unit_label`)."""
@@ -273,24 +267,9 @@ def parse_selector_arg(text: str) -> tuple[str, dict]:
     >>> parse_selector_arg("kvpress:snapkvpress:window_size=64")
     ('kvpress:SnapKVPress', {'window_size': 64})
     """
-    from relaylens.selectors.kvpress_adapter import PREFIX, canonical_name, is_press_selector  # noqa: PLC0415 - import cost: torch loads on first use
+    from relaylens.selectors.arguments import parse_selector_arg as parse  # noqa: PLC0415 - import cost: torch loads on first use
 
-    if is_press_selector(text):
-        press, _, rest = text.strip()[len(PREFIX):].partition(":")
-        return canonical_name(PREFIX + press), _options(text, rest)
-    name, _, rest = text.strip().partition(":")
-    return name.strip().lower(), _options(text, rest)
-
-
-def _options(text: str, rest: str) -> dict:
-    options = {}
-    for part in filter(None, (p.strip() for p in rest.split(","))):
-        key, eq, value = part.partition("=")
-        if not eq or not key.strip():
-            raise RelaylensError(f"--selector {text!r}: {part!r} is not key=value. Form: NAME[:key=value,...], e.g. "
-                                 "bm25:packing=truncate")
-        options[key.strip()] = _value(value)
-    return options
+    return parse(text)  # one parser for every caller (relaylens.selectors.arguments)
 
 
 def apply_overrides(spec: ExperimentSpec, selectors: list[str] | None = None, conditions: list[str] | None = None,

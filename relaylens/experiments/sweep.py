@@ -43,7 +43,8 @@ from relaylens.experiments.config import check_config
 from relaylens.experiments.launch import shard_dir
 from relaylens.experiments.ray_connect import RAY_MISSING, SweepError, address_parts, import_ray, start_ray
 from relaylens.progress import progress_view
-from relaylens.results.shards import merge_run_dir, shard_records
+from relaylens.results.atomic import append_text, read_text, safe_subdir
+from relaylens.results.shards import SHARDS, merge_run_dir, shard_records
 
 __all__ = ["SweepOptions", "SweepError", "RAY_MISSING", "import_ray", "run_sweep", "run_shard", "attempts_path"]
 
@@ -107,10 +108,9 @@ def run_shard(spec, config, index: int, count: int, run_dir: str) -> dict:
     from relaylens.experiments.runner import run_analysis  # noqa: PLC0415 - import cost: torch and transformers load on first use
 
     out = shard_dir(run_dir, index, count)
-    out.parent.mkdir(parents=True, exist_ok=True)
+    safe_subdir(run_dir, SHARDS)  # a linked shards/ (or any link below RUN_DIR) is refused, never written through
     attempt = {"host": socket.gethostname(), "pid": os.getpid(), "started_at": time.time()}
-    with open(attempts_path(run_dir, index, count), "a", encoding="utf-8") as f:
-        f.write(json.dumps(attempt) + "\n")
+    append_text(attempts_path(run_dir, index, count), json.dumps(attempt) + "\n")  # never through a link
     run_analysis(spec, dataclasses.replace(config, shard=f"{index}/{count}", out=str(out)), progress=False)
     return {**attempt, "index": index, "units": len(list((out / "units").glob("[0-9a-f]*.json.gz")))}
 
@@ -133,8 +133,8 @@ def _unit_totals(spec, config, count: int) -> list[int]:
 
 def _attempts(path: Path) -> list[dict]:
     try:
-        return [json.loads(line) for line in path.read_text("utf-8").splitlines() if line.strip()]
-    except (OSError, ValueError):
+        return [json.loads(line) for line in (read_text(path) or "").splitlines() if line.strip()]
+    except (OSError, ValueError):  # UnsafePathError is a ValueError: a planted link is not read (run_shard refuses it)
         return []
 
 

@@ -213,7 +213,7 @@ def _attend_fused(query, key, value, allow, scale: float) -> torch.Tensor:
     mask = allow[:, :, None].expand(allow.shape[0], allow.shape[1], groups, q_len, total)  # [B|1, kv|1, g, query, key]
     mask = mask.reshape(allow.shape[0], allow.shape[1], groups * q_len, total)
     output = torch.nn.functional.scaled_dot_product_attention(grouped, key, value, attn_mask=mask, scale=scale)
-    return output.view(batch, q_heads, q_len, head_dim)
+    return output.reshape(batch, q_heads, q_len, head_dim)  # CUDA kernels may return a non-contiguous layout
 
 
 def _attend_rows(state: AttentionState, layer: int, history: int, query, key, value, allow, scale: float,

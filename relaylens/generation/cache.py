@@ -35,7 +35,8 @@ from relaylens.conditions.catalogue import Condition, Coordinates, check_coordin
 from relaylens.conditions.scoped import get_condition
 from relaylens.errors import NonFiniteError, PositionError, ShapeError
 from relaylens.generation.attention import AttentionState
-from relaylens.geometry.rotary import RotaryFactors, relocate_keys
+from relaylens.geometry.real import is_real
+from relaylens.geometry.rotary import RotaryFactors, layer_groups, relocate_keys, relocate_keys_unchecked
 from relaylens.geometry.selection import Selection
 from relaylens.model.hf import cache_from_tensors
 from relaylens.model.prefill import PrefillResult
@@ -177,11 +178,95 @@ def relocate_selection(
 
 
 def _relocate_layers(prefill, selection, condition, factors, window_mode: str, grad: bool) -> RelocatedLayers:
-    """The one per-layer relocation loop. Without ``grad`` only heads with a key to move are relocated (the others
-    keep the gathered rows); with ``grad`` every head is, and keys and values that do not carry a graph become
-    leaves that require grad."""
+    """Relocate every layer: the batched, synchronisation-free path (:func:`_relocate_batched`) for integer
+    coordinates without autograd, the per-layer loop (:func:`_relocate_each_layer`) otherwise, and whenever the
+    batched path finds something to refuse (the loop then raises the error that names the layer)."""
     _check_selection(prefill, selection)
     coords = coordinates_of(condition, selection)
+    if not (grad or coords.key_positions.requires_grad or is_real(coords.key_positions)):
+        try:
+            batched = _relocate_batched(prefill, selection, coords, factors, window_mode)
+        except (NonFiniteError, PositionError):
+            batched = None  # the loop below raises it again, naming the layer and the condition
+        if batched is not None:
+            return batched
+    return _relocate_each_layer(prefill, selection, coords, factors, window_mode, grad)
+
+
+def _relocate_batched(prefill, selection, coords, factors, window_mode: str) -> RelocatedLayers | None:
+    """Every layer at once, with at most one host read of device data per call (issue 51).
+
+    Positions, validity and the layer widths are read once from the selection (CPU tensors: one host read for all
+    layers and heads), copied to the cache's device once, the kept keys and values of every layer gathered into one
+    ``[layer, kv_head, slot, head_dim]`` buffer per rotary group and relocated in one pass, and finiteness checked on
+    the device with one synchronisation at the end. Returns None when that check fails or a position is outside the
+    rotary range (the caller's per-layer loop then raises the precise error)."""
+    num_layers, num_heads = prefill.num_layers, prefill.num_kv_heads
+    valid_all = selection.valid  # [layer, kv_head, slot] bool, CPU
+    source_all = selection.positions.clamp_min(0)  # [layer, kv_head, slot]
+    target_all = torch.where(valid_all, coords.key_positions, source_all).to(torch.int64)
+    moving_all = (target_all != source_all).any(-1).any(-1)  # [layer]
+    extremes = torch.stack([source_all.min(), source_all.max(), target_all.min(), target_all.max()]) \
+        if source_all.numel() else torch.zeros(4, dtype=torch.int64)
+    summary = torch.cat([valid_all.sum(-1).amax(-1), moving_all.long(), extremes]).tolist()  # the one host read
+    widths = summary[:num_layers]
+    moving = [bool(m) for m in summary[num_layers:2 * num_layers]]
+    low, high = min(summary[-4], summary[-2]), max(summary[-3], summary[-1])
+    if low < 0 or high >= factors.position_limit:
+        return None
+    width = max(widths, default=0)
+    device = prefill.keys[0].device
+    source = source_all[:, :, :width].to(device, non_blocking=True)  # [layer, kv_head, W] on the cache's device
+    target = target_all[:, :, :width].to(device, non_blocking=True)
+    pad = (~valid_all[:, :, :width]).to(device, non_blocking=True)[..., None]  # [layer, kv_head, W, 1]
+    head_dim, value_dim = prefill.keys[0].shape[-1], prefill.values[0].shape[-1]
+    keys = torch.empty(num_layers, num_heads, width, head_dim, dtype=prefill.keys[0].dtype, device=device)
+    values = torch.empty(num_layers, num_heads, width, value_dim, dtype=prefill.values[0].dtype, device=device)
+    for layer in range(num_layers):  # gathers only: device work, no host reads
+        if prefill.kept is not None:
+            keys[layer] = prefill.keys[layer][:, :width]
+            values[layer] = prefill.values[layer][:, :width]
+        else:
+            index = source[layer][..., None]  # [kv_head, W, 1]
+            torch.gather(prefill.keys[layer], 1, index.expand(-1, -1, head_dim), out=keys[layer])
+            torch.gather(prefill.values[layer], 1, index.expand(-1, -1, value_dim), out=values[layer])
+    if selection.values is not None:
+        values = selection.values[:, :, :width].to(device=device, dtype=values.dtype)
+    for layer_arg, members in layer_groups(factors, num_layers):
+        members = [layer for layer in members if moving[layer]]
+        if not members:
+            continue  # identity: every key stays where it was cached (a plain sparse cache)
+        if len(members) == num_layers:
+            keys = relocate_keys_unchecked(keys, source, target, factors, high + 1, layer_arg)
+        else:
+            rows = torch.tensor(members, device=device)
+            moved = relocate_keys_unchecked(keys[rows], source[rows], target[rows], factors, high + 1, layer_arg)
+            keys.index_copy_(0, rows, moved)
+    values = values.masked_fill(pad, 0.0)
+    finite = torch.isfinite(keys).all() & torch.isfinite(values).all()  # padding keys read slot 0, as the loop's do
+    if not bool(finite):  # the one synchronisation
+        return None
+    keys = keys.masked_fill(pad, 0.0)
+    state = AttentionState(window_mode=window_mode, head_inputs=None)
+    far = torch.full((), -(10**9), dtype=torch.int64)
+    key_positions = torch.where(valid_all, target_all, far)  # [layer, kv_head, slot], CPU: windows only
+    source_positions = torch.where(valid_all, source_all, far)
+    data = []
+    for layer, kept in enumerate(widths):
+        layer_keys, layer_values = keys[layer, :, :kept], values[layer, :, :kept]  # [kv_head, slot, head_dim]
+        if kept < width:
+            layer_keys, layer_values = layer_keys.contiguous(), layer_values.contiguous()
+        data.append((layer_keys, layer_values))
+        state.valid[layer] = valid_all[layer, :, :kept].contiguous()
+        state.key_positions[layer] = key_positions[layer, :, :kept].contiguous()
+        state.source_positions[layer] = source_positions[layer, :, :kept].contiguous()
+    return RelocatedLayers(data, state, coords, list(widths))
+
+
+def _relocate_each_layer(prefill, selection, coords, factors, window_mode: str, grad: bool) -> RelocatedLayers:
+    """The per-layer relocation loop. Without ``grad`` only heads with a key to move are relocated (the others
+    keep the gathered rows); with ``grad`` every head is, and keys and values that do not carry a graph become
+    leaves that require grad."""
     tracked = coords.key_positions.requires_grad  # gradients w.r.t. positions: relocate every head
     state = AttentionState(window_mode=window_mode, head_inputs={} if grad else None)
     data, widths = [], []

@@ -625,3 +625,71 @@ def _apply_phases(keys: torch.Tensor, positions: torch.Tensor, factors: RotaryFa
 multiply_planes = _multiply_planes
 """Multiply every rotary plane of ``x`` ``[rows, rotary_dim]`` (read as ``x_1 + i x_2``) by ``multiplier``
 ``[rows, plane]``, in float32 (float64 for float64 input); differentiable in ``x``."""
+
+
+_DEVICE_CHUNK_ROWS = 1 << 20  # rows per step of the sync-free path: bounds its float32 scratch (~256 MB per buffer)
+
+
+def layer_groups(factors: RotaryFactors, num_layers: int) -> list[tuple[int | None, list[int]]]:
+    """Layers that share one rotary, as ``(layer argument, [layer, ...])``: one group ``(None, every layer)`` for a
+    model with one rotary, else one per layer type (NoPE layers form their own, identity group). The layer argument
+    is what :func:`relocate_keys` takes for every layer of the group.
+
+    >>> from relaylens.testing import tiny_model
+    >>> layer_groups(RotaryFactors.from_model(tiny_model("gemma3")), 3)
+    [(0, [0, 1]), (2, [2])]
+    """
+    if not factors.per_layer:
+        return [(None, list(range(num_layers)))]
+    groups: dict = {}
+    for layer in range(num_layers):
+        groups.setdefault(factors._layer_type(layer), []).append(layer)
+    return [(members[0], members) for members in groups.values()]
+
+
+def relocate_keys_unchecked(keys: torch.Tensor, source: torch.Tensor, target: torch.Tensor, factors: RotaryFactors,
+                            size: int, layer: int | None = None) -> torch.Tensor:
+    """:func:`relocate_keys` without autograd for integer positions the caller has already checked against the
+    position rule (``size`` = largest position + 1), making **no host synchronisation** on an accelerator: phases,
+    the identity for keys that stay put and the rotation all run on the keys' device, and finiteness is left to the
+    caller (one check for many layers, :func:`relaylens.generation.cache.relocate_selection`).
+
+    Keys ``[..., n, head_dim]`` with ``source`` / ``target`` ``[..., n]`` (int64, any device). CPU keys take the fused
+    kernel where it runs (it checks finiteness itself and raises :class:`~relaylens.errors.NonFiniteError`). The
+    arithmetic is the eager path's, operation for operation, so results equal :func:`relocate_keys` on the device.
+
+    >>> import torch
+    >>> from relaylens.testing import tiny_model
+    >>> factors = RotaryFactors.from_model(tiny_model("llama"))
+    >>> keys, src = torch.randn(2, 5, 16), torch.tensor([[0, 3, 9, 10, 40]] * 2)
+    >>> moved = relocate_keys_unchecked(keys, src, src + 7, factors, size=48)
+    >>> bool((moved - relocate_keys(keys, src, src + 7, factors)).abs().max() < 1e-6)
+    True
+    """
+    if keys.shape[-1] != factors.head_dim:
+        raise ShapeError(f"keys have head_dim {keys.shape[-1]}, the model's is {factors.head_dim}")
+    with torch.no_grad():
+        if keys.numel() and kernels.usable(keys, factors.rotary_dim):
+            fused = _relocate_fused(keys, source, target, factors, layer)
+            if fused is not None:
+                return fused
+        cos_table, sin_table, inv_cos, inv_sin = factors.phase_tables(max(size, 1), layer)  # [P, plane] float32
+        flat_src = source.reshape(-1).to(cos_table.device, torch.int64)  # [slots]
+        flat_dst = target.reshape(-1).to(cos_table.device, torch.int64)
+        flat_keys = keys.reshape(-1, keys.shape[-1])  # [slots, head_dim]
+        out = torch.empty(flat_keys.shape, dtype=keys.dtype, device=keys.device)
+        rotary = factors.rotary_dim
+        if rotary < keys.shape[-1]:
+            out[:, rotary:] = flat_keys[:, rotary:]  # pass-through features, bit for bit
+        for start in range(0, flat_keys.shape[0], _DEVICE_CHUNK_ROWS):
+            rows = slice(start, start + _DEVICE_CHUNK_ROWS)
+            src, dst = flat_src[rows], flat_dst[rows]
+            to_c, to_s = cos_table.index_select(0, dst), sin_table.index_select(0, dst)  # the model's phase at p'
+            from_c, from_s = inv_cos.index_select(0, src), inv_sin.index_select(0, src)  # exact inverse at p
+            cos = torch.mul(to_c, from_c).addcmul_(to_s, from_s, value=-1.0)  # one rotation from p to p'
+            sin = torch.mul(to_c, from_s).addcmul_(to_s, from_c)
+            same = (src == dst)[:, None]  # keys that stay put: an identity, bit for bit (no host read)
+            cos.masked_fill_(same, 1.0)
+            sin.masked_fill_(same, 0.0)
+            _rotate_planes(flat_keys[rows, :rotary], cos, sin, factors.layout, out[rows, :rotary])
+        return out.reshape(keys.shape)

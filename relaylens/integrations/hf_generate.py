@@ -45,10 +45,12 @@ from relaylens.generation.cache import relocate_selection
 from relaylens.generation.rows import stack_rows
 from relaylens.geometry.rotary import RotaryFactors
 from relaylens.geometry.selection import Selection
+from relaylens.integrations.learned_use import check_learned_use
 from relaylens.model.hf import hook_cache
 from relaylens.model.prefill import PrefillResult, prefill_history
 from relaylens.selectors import Selector, make_selector
 from relaylens.selectors.base import Budget
+from relaylens.selectors.protection import select_protected
 
 __all__ = ["RelayInputs", "generation_condition", "relay_generate", "relay_inputs", "require_rotary", "select_history",
            "condition_shift"]
@@ -116,7 +118,12 @@ def _token_ids(value, tokenizer, special: bool, what: str) -> torch.Tensor:
             raise ShapeError(f"the {what} is text but no tokenizer was given; pass the model's tokenizer or token ids")
         ids = tokenizer(value, add_special_tokens=special)["input_ids"]
         return torch.as_tensor(ids, dtype=torch.long).reshape(-1)
-    ids = torch.as_tensor(value, dtype=torch.long)
+    ids = torch.as_tensor(value)
+    if ids.numel() and (ids.is_floating_point() or ids.is_complex() or ids.dtype == torch.bool):
+        raise ShapeError(f"the {what} token ids are {str(ids.dtype).removeprefix('torch.')}; token ids are integers "
+                         "(a cast to long would truncate them silently). Fix: pass integer ids (a long tensor, a list "
+                         "of ints) or text with the tokenizer")
+    ids = ids.to(torch.long)
     if ids.dim() == 2 and ids.shape[0] == 1:
         ids = ids[0]
     if ids.dim() != 1:
@@ -127,12 +134,20 @@ def _token_ids(value, tokenizer, special: bool, what: str) -> torch.Tensor:
 def select_history(model, history_ids: torch.Tensor, selector: str | Selector = "snapkv",
                    budget: Budget | float | int | str = 0.1, prompt=None, window_size: int = 32,
                    factors: RotaryFactors | None = None, selector_options: dict | None = None,
+                   protect_instructions: bool | torch.Tensor | None = None,
                    ) -> tuple[PrefillResult, Selection]:
     """Prefill ``history_ids`` ``[L]`` and select with ``selector`` at ``budget``: ``(prefill, selection)``.
 
     The prefill captures the last ``max(window_size, selector window)`` queries (capped at ``L``) and, for H2O / CaM,
     the attention column sums. ``prompt`` (a :class:`~relaylens.datasets.spans.RenderedPrompt`) is needed by the
     selectors that read the question text or spans (BM25, FINCH).
+
+    ``protect_instructions`` is the framing regime, as ``relaylens run --protect-instructions``: True keeps the
+    prompt's framing (instruction, chat template, separators) outside the budget, the paper's regime
+    (:func:`relaylens.selectors.protection.select_protected`); False lets it compete for the budget (the *framing
+    evicted* ablation); None (default) is the run's default: protected where ``prompt`` has spans, else evicted
+    (token ids carry no spans). A ``[L]`` bool tensor names the protected tokens itself (the lm-eval model's
+    ``framing_tokens``).
 
     >>> from relaylens.testing import tiny_model
     >>> prefill, selection = select_history(tiny_model("llama"), torch.arange(3, 67), "snapkv", 0.25,
@@ -155,7 +170,26 @@ def select_history(model, history_ids: torch.Tensor, selector: str | Selector = 
     prefill = prefill_history(model, history_ids, window_size=max(1, min(window, length)),
                               column_sums=bool(getattr(chosen, "needs_column_sums", False)))
     prepared = chosen.prepare(model, prefill, prompt, factors)
+    mask = protect_instructions if isinstance(protect_instructions, torch.Tensor) else None  # [L] explicit framing
+    if mask is not None or framing_protected(prompt, protect_instructions):
+        return prefill, select_protected(prepared, prefill, prompt, budget, mask)
     return prefill, prepared.select(prefill, prompt, budget)
+
+
+def framing_protected(prompt, protect_instructions: bool | None = None) -> bool:
+    """Whether a selection keeps the prompt's framing outside the budget (the paper's regime): ``protect_instructions``
+    when given, else the run's default (protected) wherever ``prompt`` has spans; a True without a prompt is refused.
+
+    >>> framing_protected(None), framing_protected(None, False)
+    (False, False)
+    """
+    if protect_instructions is None:
+        return prompt is not None
+    if protect_instructions and prompt is None:
+        raise RelaylensError("protect_instructions=True keeps the prompt's framing (instruction, chat template) "
+                             "outside the budget, but token ids carry no spans; pass history=relaylens.render_prompt("
+                             "record, tokenizer), or protect_instructions=False (the framing-evicted ablation)")
+    return bool(protect_instructions)
 
 
 @dataclass
@@ -230,6 +264,9 @@ def relay_inputs(model, prefill: PrefillResult, selection: Selection, condition:
         raise ShapeError("the question has no tokens; generate() needs at least one token to feed after the cache")
     if isinstance(condition, str):
         condition = generation_condition(condition, model)
+    if not isinstance(condition, Coordinates):  # a learned geometry: its model, selector and window mode
+        check_learned_use(condition, model, "relay_inputs", selector=selection.info.get("selector"),
+                          window_mode=window_mode)
     layers = relocate_selection(prefill, selection, condition, factors, window_mode)
     coords = layers.coordinates
     start = coords.question_start
@@ -254,17 +291,71 @@ def relay_inputs(model, prefill: PrefillResult, selection: Selection, condition:
         state=batch.state,
         history_length=prefill.history_length,
     )
-    with attention_context(model, batch.state), _recorded_positions(model, inputs):
+    with attention_context(model, batch.state), _recorded_positions(model, inputs, factors):
         yield inputs
 
 
+#: What ``generate()`` can be asked for that one relocated cache cannot serve: the refusal of each, with its fix.
+REFUSED_CALLS = {
+    "rows": "relay_inputs decodes one sequence over one relocated cache; this generate() call decodes {rows} rows "
+            "at once (num_beams > 1 or num_return_sequences > 1: beam search and several return sequences are "
+            "refused). Fix: num_beams=1 and num_return_sequences=1; for several sampled answers call generate() once "
+            "per relay_inputs block",
+    "use_cache": "generate(use_cache=False) re-feeds the question and every answer token at each step instead of "
+                 "extending the relocated cache, so nothing would decode at the condition's coordinates (refused). "
+                 "Fix: leave use_cache at its default (True)",
+    "inputs_embeds": "generate(inputs_embeds=...) is refused: generate() slices embeddings by the cache length, "
+                     "which over a relocated cache is neither M nor L, so the model would get no question tokens. "
+                     "Fix: pass the question as token ids (**inputs.generate_kwargs())",
+}
+
+
+def _refuse_unsupported_call(kwargs: dict, args: tuple) -> None:
+    """Refuse, in one line, a model call inside :func:`relay_inputs` that the relocated cache cannot serve."""
+    if kwargs.get("inputs_embeds") is not None:
+        raise RelaylensError(REFUSED_CALLS["inputs_embeds"])
+    ids = kwargs.get("input_ids", args[0] if args else None)
+    rows = 1 if ids is None else int(ids.shape[0])
+    if rows != 1:
+        raise RelaylensError(REFUSED_CALLS["rows"].format(rows=rows))
+    if kwargs.get("use_cache") is False:
+        raise RelaylensError(REFUSED_CALLS["use_cache"])
+
+
+def _refuse_generate_kwargs(model, generate_kwargs: dict) -> None:
+    """:func:`relay_generate`'s check of the ``generate()`` options (its keywords, else the generation config)
+    before any model work: the refusals of :data:`REFUSED_CALLS`."""
+    config = generate_kwargs.get("generation_config") or getattr(model, "generation_config", None)
+
+    def option(name, default):
+        value = generate_kwargs.get(name, getattr(config, name, default))
+        return default if value is None else value
+
+    if generate_kwargs.get("inputs_embeds") is not None:
+        raise RelaylensError(REFUSED_CALLS["inputs_embeds"])
+    rows = int(option("num_beams", 1)) * int(option("num_return_sequences", 1))
+    if rows != 1:
+        raise RelaylensError(REFUSED_CALLS["rows"].format(rows=rows))
+    if option("use_cache", True) is False:
+        raise RelaylensError(REFUSED_CALLS["use_cache"])
+
+
+def _room(factors: RotaryFactors, inputs: RelayInputs) -> int | str:
+    """How many answer tokens fit after the question in the model's rotary range."""
+    if factors.max_position is None:
+        return "any number of"
+    return max(int(factors.max_position) - inputs.question_start - int(inputs.input_ids.shape[-1]), 0)
+
+
 @contextlib.contextmanager
-def _recorded_positions(model, inputs: RelayInputs) -> Iterator[None]:
+def _recorded_positions(model, inputs: RelayInputs, factors: RotaryFactors) -> Iterator[None]:
     """A forward pre-hook (removed on exit) that appends each call's ``position_ids`` to the attention state and
-    refuses calls that would decode at other coordinates than the condition's."""
+    refuses calls that would decode at other coordinates than the condition's, past the rotary range, or in a way
+    the relocated cache cannot serve (several rows, no cache, embeddings instead of token ids)."""
     state = inputs.state
 
     def record(module, args, kwargs):
+        _refuse_unsupported_call(kwargs, args)
         positions = kwargs.get("position_ids")
         cache = hook_cache(kwargs)
         if cache is not inputs.cache:
@@ -282,6 +373,9 @@ def _recorded_positions(model, inputs: RelayInputs) -> Iterator[None]:
                                 f"{expected.tolist()[:4]}...: tokens after the cache run consecutively from the "
                                 f"question start {inputs.question_start}. Fix: one generate() call per relay_inputs "
                                 "block")
+        factors.check_positions(positions, f"condition {inputs.coordinates.condition}: generation positions",
+                                fix=f"pass max_new_tokens= to generate() (at most {_room(factors, inputs)} tokens fit "
+                                    "after this question), or use a shorter history or a model with a longer context")
         state.new_positions = torch.cat((state.new_positions, positions), dim=-1)
         source = inputs.history_length + fed + torch.arange(positions.shape[-1])[None]  # [1, T] source frame
         state.new_source_positions = torch.cat((state.new_source_positions, source), dim=-1)
@@ -293,10 +387,10 @@ def _recorded_positions(model, inputs: RelayInputs) -> Iterator[None]:
         handle.remove()
 
 
-def relay_generate(model, tokenizer, history, question=None, selector: str | Selector = "snapkv",
+def relay_generate(model=None, tokenizer=None, /, history=None, question=None, selector: str | Selector = "snapkv",
                    budget: Budget | float | int | str = 0.1, condition: str | Condition = "relay", *,
                    selector_options: dict | None = None, window_size: int = 32, window_mode: str = "condition",
-                   **generate_kwargs) -> str:
+                   protect_instructions: bool | None = None, **generate_kwargs) -> str:
     """Prefill ``history``, keep ``budget`` of it with ``selector``, place the kept keys under ``condition`` and return
     the text ``model.generate()`` produces after ``question`` (the new tokens, special tokens skipped).
 
@@ -309,10 +403,17 @@ def relay_generate(model, tokenizer, history, question=None, selector: str | Sel
         selector: a selector name (``snapkv``, ``bm25``, ``kvpress:SnapKVPress``, ...) or a :class:`Selector`;
             ``selector_options`` are its hyperparameters (``{"window": 8}``).
         budget: a ratio in (0, 1], a number of states (int, ``"B2048"``) or a ``Budget``.
+        protect_instructions: the framing regime (:func:`select_history`): default protected for a
+            ``RenderedPrompt`` (the run's default), evicted for text or ids (no spans).
         condition: any decodable condition spec (``relay``, ``original``, ``query_only(2048)``,
             ``relay@band=late``, ...). Probe-only names (``RandomMean``, phase replay) are refused in one line.
         generate_kwargs: passed to ``model.generate`` (``max_new_tokens``, ``do_sample``, ``eos_token_id``,
-            ``logits_processor``, ``stopping_criteria``, ``streamer``, ...).
+            ``logits_processor``, ``stopping_criteria``, ``streamer``, ``stop_strings``, ...). ``stop_strings`` get
+            the tokenizer (``generate()`` needs one); a ``tokenizer=`` keyword, as ``generate()`` takes it, is the
+            same tokenizer and may be given instead of, or as well as, the positional one.
+
+    Refused in one line before any model work: beam search and ``num_return_sequences > 1`` (one relocated cache
+    decodes one sequence), ``use_cache=False``, ``inputs_embeds``, and float token ids.
 
     A model without rotary embeddings (or with a length-dependent rope type) is refused in one line before any
     model work. Greedy decoding equals :func:`relaylens.run_condition` token for token (tests/integrations).
@@ -323,8 +424,18 @@ def relay_generate(model, tokenizer, history, question=None, selector: str | Sel
         >>> relay_generate(model, tokenizer, long_history, "Question: where did I park? Answer:", "snapkv", 0.1,
         ...                "relay", max_new_tokens=32, do_sample=False)  # doctest: +SKIP
     """
+    model = model if model is not None else generate_kwargs.pop("model", None)
+    given = generate_kwargs.pop("tokenizer", None)  # generate()'s keyword for stop_strings: the same tokenizer
+    if tokenizer is not None and given is not None and given is not tokenizer:
+        raise ShapeError("relay_generate got two different tokenizers (positional and tokenizer=); it decodes the "
+                         "answer and matches stop_strings with one. Fix: pass the model's tokenizer once")
+    tokenizer = tokenizer if tokenizer is not None else given
+    if model is None or history is None:
+        raise ShapeError("relay_generate needs a model and a history: relay_generate(model, tokenizer, history, "
+                         "question, ...)")
     factors = require_rotary(model)
     parsed = generation_condition(condition, model)
+    _refuse_generate_kwargs(model, generate_kwargs)
     if tokenizer is None:
         raise ShapeError("relay_generate decodes the answer with the tokenizer; pass the model's tokenizer (or call "
                          "model.generate inside relay_inputs(...) to work with token ids)")
@@ -338,9 +449,15 @@ def relay_generate(model, tokenizer, history, question=None, selector: str | Sel
     if question is None:
         raise ShapeError("no question: pass question= (text or token ids), or a RenderedPrompt as history")
     question_ids = _token_ids(question, tokenizer, False, "question")
+    check_learned_use(parsed, model, "relay_generate", selector=selector, budget=budget,  # as relaylens run does
+                      selector_options=dict(selector_options or {}) if isinstance(selector, str) else None,
+                      protect_instructions=framing_protected(prompt, protect_instructions), window_mode=window_mode)
     prefill, selection = select_history(model, history_ids, selector, budget, prompt, window_size, factors,
-                                        selector_options)
+                                        selector_options, protect_instructions)
     limit = _new_token_limit(model, generate_kwargs, int(question_ids.numel()))
+    config = generate_kwargs.get("generation_config") or getattr(model, "generation_config", None)
+    if generate_kwargs.get("stop_strings") or getattr(config, "stop_strings", None):
+        generate_kwargs["tokenizer"] = tokenizer  # generate() matches stop strings through the tokenizer
     with relay_inputs(model, prefill, selection, parsed, question_ids, factors, window_mode, limit) as inputs:
         output = model.generate(**inputs.generate_kwargs(), **generate_kwargs)
     sequences = output if isinstance(output, torch.Tensor) else output.sequences

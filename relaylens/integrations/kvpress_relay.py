@@ -9,18 +9,21 @@ Geometry (relaylens's ``relay`` condition, the paper's RoPERelay). A kv head ``h
 states with source positions ``p_0 < ... < p_{m-1}`` moves them to ``p'_i = M - m + i``, where ``M`` is the largest
 kept count over every (layer, kv head) of the sequence: every head's history ends at ``M - 1``. Keys become
 ``K'_i = R(p'_i) R(p_i)^-1 K_i`` with the model's own cos/sin (for scaled rotary, e.g. YaRN, the amplitude ``a`` is
-undone by dividing by ``c^2 + s^2 = a^2``), in float32, cast back; partial rotary leaves the other features alone;
-values are never touched.
+undone by dividing by ``c^2 + s^2 = a^2``), in float32, cast back, in the model's own rotary layout (split-half:
+Llama, Qwen, Phi; interleaved: Cohere, GLM; read off its ``rotate_half``, :func:`rotary_layout`); partial rotary
+leaves the other features alone; values are never touched.
 
 Cache layout. After the prefill every layer holds ``M`` slots and slot ``j`` carries rotary position ``j``: head
 ``(l, h)`` puts its kept states in source order into slots ``M - m .. M - 1``; slots ``0 .. M - m - 1`` are padding
 (zero key and value) that no query attends to: with sdpa or eager attention a per-head attention mask gives them
 exactly zero weight (:func:`set_padding`); with other kernels (flash attention) kvpress's own head-wise fake keys
-hide them (``module.masked_key_indices``, AdaKVPress's mechanism; the weight underflows, not exactly zero). A
-uniform budget (every head keeps ``M``) needs no padding. Because every layer is ``M`` long, kvpress's pipeline,
-which starts the question at the cache length for a ``KeyRerotationPress`` (this press is one), runs the question
-at ``M .. M + Q - 1`` and decodes from ``M + Q``; ``model.generate`` on such a cache does the same. Uneven
-per-layer budgets (PyramidKV), which kvpress 0.5.5's pipeline cannot answer after, run too: every layer is ``M`` long.
+hide them (``module.masked_key_indices``, AdaKVPress's mechanism; the weight underflows, not exactly zero). Which
+slots are padding is recorded on the cache itself (``cache.relay_padding``), so a deep copy of a compressed cache
+and several compressed caches of one model each answer with their own mask. A uniform budget (every head keeps
+``M``) needs no padding. Because every layer is ``M`` long, kvpress's pipeline, which starts the question at the
+cache length for a ``KeyRerotationPress`` (this press is one), runs the question at ``M .. M + Q - 1`` and decodes
+from ``M + Q``; ``model.generate`` on such a cache does the same. Uneven per-layer budgets (PyramidKV), which
+kvpress 0.5.5's pipeline cannot answer after, run too: every layer is ``M`` long.
 
 Supported presses: any ``ScorerPress`` that selects with ``ScorerPress.compress`` (SnapKV, Knorm, ExpectedAttention,
 StreamingLLM, TOVA, KeyDiff, LagKV, CUR, Cap, NonCausalAttn, ObservedAttention, Random, LeverageScore, Compactor,
@@ -36,7 +39,6 @@ Example (the compact positions of two heads keeping 3 and 1 states, ``M = 3``):
 
 from __future__ import annotations
 
-import weakref
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
@@ -67,18 +69,48 @@ def compact_positions(counts: torch.Tensor, width: int) -> torch.Tensor:
     return torch.where(slots >= width - counts[..., None], slots, torch.full_like(slots, -1))
 
 
+LAYOUTS = ("split_half", "interleaved")  # how a model pairs the rotated features into planes (its rotate_half)
+
+
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:
     half = x.shape[-1] // 2
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
 
-def relocate(keys: torch.Tensor, source: torch.Tensor, target: torch.Tensor, rotary) -> torch.Tensor:
-    """``K' = R(target) R(source)^-1 K`` for post-rotary keys ``[..., n, head_dim]`` (split-half rotary layout).
+def _planes(x: torch.Tensor, layout: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """The coordinates ``(x_1, x_2)`` of every rotary plane of ``x`` ``[..., rotary_dim]``: ``[..., plane]`` each."""
+    if layout == "split_half":
+        half = x.shape[-1] // 2
+        return x[..., :half], x[..., half:]
+    return x[..., 0::2], x[..., 1::2]
+
+
+def _join(x1: torch.Tensor, x2: torch.Tensor, layout: str) -> torch.Tensor:
+    """Inverse of :func:`_planes`: ``[..., rotary_dim]``."""
+    if layout == "split_half":
+        return torch.cat((x1, x2), dim=-1)
+    return torch.stack((x1, x2), dim=-1).flatten(-2)
+
+
+def _plane_phases(table: torch.Tensor) -> torch.Tensor:
+    """Per-plane values ``[..., plane]`` of a ``cos`` or ``sin`` table ``[..., rotary_dim]`` as the model's rotary
+    embedding returns it: ``cat(f, f)`` (Llama, GLM) or ``f`` repeated pairwise (Cohere)."""
+    half = table.shape[-1] // 2
+    if torch.equal(table[..., :half], table[..., half:]):
+        return table[..., :half]
+    return table[..., 0::2]
+
+
+def relocate(keys: torch.Tensor, source: torch.Tensor, target: torch.Tensor, rotary,
+             layout: str = "split_half") -> torch.Tensor:
+    """``K' = R(target) R(source)^-1 K`` for post-rotary keys ``[..., n, head_dim]``.
 
     ``source`` and ``target`` are ``[..., n]`` integer positions; ``rotary(x, position_ids)`` is the model's rotary
-    embedding (``model.model.rotary_emb``), returning ``cos, sin`` ``[1, N, rotary_dim]`` (amplitude included).
-    Arithmetic in float32 (float64 for float64 keys), result in the keys' dtype; features past ``rotary_dim`` are
-    copied unchanged.
+    embedding (``model.model.rotary_emb``), returning ``cos, sin`` ``[1, N, rotary_dim]`` (amplitude included; as
+    ``cat(f, f)`` or pairwise-repeated ``f``). ``layout`` is how the model's ``rotate_half`` pairs features into
+    planes: ``"split_half"`` (feature ``i`` with ``i + rotary_dim / 2``: Llama, Qwen, Phi) or ``"interleaved"``
+    (``2i`` with ``2i + 1``: Cohere, GLM); :func:`rotary_layout` reads it off the model. Arithmetic in float32
+    (float64 for float64 keys), result in the keys' dtype; features past ``rotary_dim`` are copied unchanged.
 
     >>> class Rotary:  # RoPE with theta 10000 on head_dim 4 and amplitude 1.5 (YaRN-like)
     ...     def __call__(self, x, position_ids):
@@ -94,18 +126,50 @@ def relocate(keys: torch.Tensor, source: torch.Tensor, target: torch.Tensor, rot
     >>> torch.allclose(moved, content * cos[0] + _rotate_half(content) * sin[0], atol=1e-5)
     True
     """
+    if layout not in LAYOUTS:
+        raise RelayPressError(f"rotary layout {layout!r} is not one of {LAYOUTS}: pass rotary_layout(model)")
     work = torch.float64 if keys.dtype == torch.float64 else torch.float32
     x = keys.to(work)
     shape = x.shape[:-1]
     positions = torch.stack((source.expand(shape), target.expand(shape))).reshape(1, -1).to(x.device)  # [1, 2N]
     cos, sin = rotary(x.float(), positions)  # [1, 2N, rotary_dim]
     rotary_dim = cos.shape[-1]
-    cos = cos.to(work).reshape(2, *shape, rotary_dim)
-    sin = sin.to(work).reshape(2, *shape, rotary_dim)
-    rot, rest = x[..., :rotary_dim], x[..., rotary_dim:]
-    content = (rot * cos[0] - _rotate_half(rot) * sin[0]) / (cos[0] * cos[0] + sin[0] * sin[0])  # R(p)^-1 K
-    moved = content * cos[1] + _rotate_half(content) * sin[1]  # R(p') ...
-    return torch.cat((moved, rest), dim=-1).to(keys.dtype)
+    c = _plane_phases(cos.to(work)).reshape(2, *shape, rotary_dim // 2)  # [2 (source, target), ..., n, plane]
+    s = _plane_phases(sin.to(work)).reshape(2, *shape, rotary_dim // 2)
+    x1, x2 = _planes(x[..., :rotary_dim], layout)
+    norm = c[0] * c[0] + s[0] * s[0]  # a^2: R(p)^-1 = (c - i s) / a^2
+    u1, u2 = (x1 * c[0] + x2 * s[0]) / norm, (x2 * c[0] - x1 * s[0]) / norm  # the content, R(p)^-1 K
+    moved = _join(u1 * c[1] - u2 * s[1], u1 * s[1] + u2 * c[1], layout)  # R(p') ...
+    return torch.cat((moved, x[..., rotary_dim:]), dim=-1).to(keys.dtype)
+
+
+def rotary_layout(model) -> str:
+    """``"split_half"`` or ``"interleaved"``: how ``model``'s attention pairs rotary features, read off its modeling
+    module's own ``rotate_half`` (feature 0 lands on ``rotary_dim / 2`` or on 1); refuses anything else in one line.
+
+    Example:
+        >>> from transformers import CohereConfig, CohereForCausalLM
+        >>> config = CohereConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+        ...                       num_attention_heads=2, bos_token_id=1, eos_token_id=2, pad_token_id=0)
+        >>> rotary_layout(CohereForCausalLM(config))
+        'interleaved'
+    """
+    attention = model.model.layers[0].self_attn
+    forward = type(attention).forward
+    while hasattr(forward, "__wrapped__"):  # decorators (transformers' deprecation wrappers) keep the original
+        forward = forward.__wrapped__
+    rotate_half = getattr(forward, "__globals__", {}).get("rotate_half")  # from the modeling module's namespace
+    name = type(model).__name__
+    if rotate_half is None:
+        raise RelayPressError(f"{name}: its modeling module defines no rotate_half, so RelayPress cannot tell its "
+                              "rotary layout; use a split-half or interleaved RoPE model (Llama, Qwen2, Cohere, GLM)")
+    probe = torch.zeros(1, 8)
+    probe[0, 0] = 1.0
+    landed = int(rotate_half(probe).abs().argmax())
+    if landed not in (4, 1):
+        raise RelayPressError(f"{name}: rotate_half maps feature 0 to feature {landed}, neither split-half (4) nor "
+                              "interleaved (1); RelayPress relocates those two layouts only: use relaylens's runner")
+    return "split_half" if landed == 4 else "interleaved"
 
 
 @dataclass
@@ -136,6 +200,7 @@ class RelayPress(KeyRerotationPress):
     max_count: int | None = field(default=None, init=False, repr=False)
     _layers: dict = field(default_factory=dict, init=False, repr=False)
     _rotary: object = field(default=None, init=False, repr=False)
+    _layout: str = field(default="split_half", init=False, repr=False)
     _last_layer: int = field(default=-1, init=False, repr=False)
 
     def __post_init__(self):
@@ -145,6 +210,7 @@ class RelayPress(KeyRerotationPress):
 
     def post_init_from_model(self, model):
         self._rotary, self._last_layer = check_model(model)
+        self._layout = rotary_layout(model)
         self.press.post_init_from_model(model)
 
     @contextmanager
@@ -205,7 +271,7 @@ class RelayPress(KeyRerotationPress):
         pad = (source < 0)[None, :, :, None]
         keys = keys.gather(2, index).masked_fill(pad, 0.0).contiguous()  # [1, kv_head, width, head_dim]
         values = values.gather(2, index).masked_fill(pad, 0.0).contiguous()
-        set_padding(module, None, None)  # set for the final layout once M is known
+        set_padding(module, None, None)  # recorded on the cache for the final layout once M is known
         self._layers[module.layer_idx] = (module, source, [k.cpu() for k in kept])
         return keys, values
 
@@ -238,7 +304,7 @@ class RelayPress(KeyRerotationPress):
             if bool(valid.all()) and torch.equal(source, target):  # nothing evicted: every key stays where it is
                 moved = keys[0]
             else:
-                moved = relocate(keys[0], source.clamp_min(0), target, self._rotary)
+                moved = relocate(keys[0], source.clamp_min(0), target, self._rotary, self._layout)
             cached.keys = moved.masked_fill(~valid[..., None], 0.0)[None].contiguous()
             cached.values = values.contiguous()
             set_padding(module, cache, None if bool(valid.all()) else valid)
@@ -253,35 +319,58 @@ EXACT_KERNELS = ("sdpa", "eager")  # kernels that take a per-head attention mask
 
 
 def set_padding(module, cache, valid: torch.Tensor | None) -> None:
-    """Hide the padded slots of one attention layer from every later query on ``cache`` (``valid`` ``[kv_head, M]``;
-    None: nothing to hide).
+    """Hide the padded slots of one attention layer of ``cache`` from every later query on that cache (``valid``
+    ``[kv_head, M]``; None: nothing to hide). ``cache`` None: only clear what the press's selection left on the layer.
 
-    With sdpa or eager attention, a forward pre-hook on the layer (registered once, kept after the press's ``with``
-    block, since the question runs outside it) gives the layer a per-head attention mask: padded slots get exactly
-    zero weight. It acts only on ``cache`` (held weakly), so other runs of the model are untouched. Other kernels
-    (flash attention) take no per-head mask: the padding then goes through kvpress's head-wise fake keys
-    (``masked_key_indices``, as AdaKVPress), whose weight underflows but is not exactly zero.
+    The padding is recorded on the cache itself (``cache.relay_padding``, one entry per layer), never on the shared
+    attention module: a copy of the cache (``copy.deepcopy``) carries its own, and several compressed caches of one
+    model each keep theirs. A forward pre-hook on the layer (registered once, kept after the press's ``with`` block,
+    since the question runs outside it) reads the padding of the cache each call runs on. With sdpa or eager
+    attention it gives the layer a per-head attention mask: padded slots get exactly zero weight. Other kernels
+    (flash attention) take no per-head mask: the hook then sets kvpress's head-wise fake keys (``masked_key_indices``,
+    as AdaKVPress) for that cache, whose weight underflows but is not exactly zero, and clears them for a cache
+    without padding. Calls on other caches are untouched.
     """
-    module.masked_key_indices = None
-    module.relay_padding = None
-    if valid is None:
+    module.masked_key_indices = None  # the wrapped press's record of its selection: superseded by the cache's padding
+    if cache is None:
         return
-    if module.config._attn_implementation not in EXACT_KERNELS:
-        heads, slots = (~valid).nonzero(as_tuple=True)
-        module.masked_key_indices = (torch.zeros_like(heads), heads, slots)
-        return
-    module.relay_padding = (weakref.ref(cache), valid)
+    cache.__dict__.setdefault("relay_padding", {})[module.layer_idx] = valid
     if getattr(module, "relay_padding_hook", None) is None:
         module.relay_padding_hook = module.register_forward_pre_hook(mask_padding, with_kwargs=True)
 
 
-def mask_padding(module, args, kwargs):
-    """Forward pre-hook: causal mask of the new tokens over the cache, padded slots excluded per head."""
-    state = getattr(module, "relay_padding", None)
-    cache = kwargs.get("past_key_values")
-    if state is None or cache is None or state[0]() is not cache:
+def cache_padding(module, cache) -> torch.Tensor | None:
+    """The padding ``valid`` ``[kv_head, M]`` that :func:`set_padding` recorded on ``cache`` for ``module``'s layer,
+    or None (no padding, another cache, or a new prefill on a reused cache: fewer cached slots than ``M``)."""
+    padding = getattr(cache, "relay_padding", None)
+    valid = None if padding is None else padding.get(module.layer_idx)
+    if valid is None or cache.layers[module.layer_idx].keys.shape[2] < valid.shape[1]:
         return None
-    valid = state[1]  # [kv_head, M]
+    return valid
+
+
+def _fake_key_padding(module, valid: torch.Tensor | None) -> None:
+    """kvpress's head-wise fake keys for the padding of the cache this call runs on (kernels without a per-head
+    mask); a cache without padding gets none of another cache's."""
+    ours = getattr(module, "relay_masked_key_indices", None)
+    if valid is None:
+        if ours is not None and getattr(module, "masked_key_indices", None) is ours:
+            module.masked_key_indices = None
+        return
+    heads, slots = (~valid).nonzero(as_tuple=True)
+    module.masked_key_indices = module.relay_masked_key_indices = (torch.zeros_like(heads), heads, slots)
+
+
+def mask_padding(module, args, kwargs):
+    """Forward pre-hook: causal mask of the new tokens over the cache, padded slots excluded per head (the padding
+    of the cache this call runs on)."""
+    cache = kwargs.get("past_key_values", kwargs.get("cache"))
+    valid = None if cache is None else cache_padding(module, cache)  # [kv_head, M]
+    if module.config._attn_implementation not in EXACT_KERNELS:
+        _fake_key_padding(module, valid)
+        return None
+    if valid is None:
+        return None
     hidden = kwargs.get("hidden_states", args[0] if args else None)
     queries = hidden.shape[1]
     past = cache.layers[module.layer_idx].keys.shape[2]  # before this call's update
@@ -346,4 +435,5 @@ def check_model(model) -> tuple[object, int]:
         raise RelayPressError(f"{name} has layers without rotary (no_rope_layers {list(no_rope)}): RelayPress "
                               "relocates every layer's keys; use relaylens's own runner, which leaves NoPE layers "
                               "alone")
+    rotary_layout(model)  # split-half or interleaved, or a one-line refusal
     return rotary, len(decoder.layers) - 1

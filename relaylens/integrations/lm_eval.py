@@ -11,9 +11,11 @@ generation arguments. Everything else (loading, tokenization, chat templates, st
 ``generate_until``) is the harness's ``hf`` model (``HFLM``), which this class extends: with ``condition=original``
 and ``budget=1.0`` it reproduces ``hf`` on the same requests (tests/integrations/test_lm_eval.py).
 
-Registered at import with lm-eval's ``register_model``. lm-eval 0.4.13 loads no third-party model plugins (no entry
-point group; ``--include_path`` adds tasks only), so the plain ``lm_eval`` command cannot see it: run the harness's
-CLI through this module, which imports (and so registers) it first::
+Registered at import with lm-eval's ``register_model``, and declared in the entry-point group ``lm_eval.models``
+(``relaylens = "relaylens.integrations.lm_eval:RelaylensLM"``), which lm-eval loads from 0.4.14 on (its ``--plugins``
+flag). lm-eval 0.4.13 loads no third-party model plugins (``--include_path`` adds tasks only), so there the plain
+``lm_eval`` command cannot see it: run the harness's CLI through this module, which imports (and so registers) it
+first::
 
     python -m relaylens.integrations.lm_eval --model relaylens \\
         --model_args pretrained=PATH,selector=snapkv,budget=0.1,condition=relay --tasks TASK
@@ -24,11 +26,22 @@ before ``lm_eval.simple_evaluate(model="relaylens", ...)``.
 Model arguments beyond ``hf``'s: ``selector`` (a relaylens selector name), ``selector_<option>`` (its
 hyperparameters, e.g. ``selector_window=8``), ``budget`` (a ratio such as ``0.1`` or ``1.0``, or states ``B64``: an
 integer is a number of states), ``condition`` (``relay``, ``original``, ``query_only(2048)``, ...),
-``question_tokens`` (16) and ``too_short`` (``error``, the default, or ``keep``: a context too short for the
-selector's window runs uncompressed, and the count is logged). ``pretrained`` may also name a relaylens embedded
-model (``smollm2-135m-instruct``). Refused in one line, before any model work: a model without rotary embeddings, a
-probe-only condition, and a request whose positions pass the model's rotary range (the harness's ``hf`` model would
-truncate it from the left). ``loglikelihood_rolling`` (perplexity tasks) is not supported.
+``question_tokens`` (16), ``too_short`` (``error``, the default, or ``keep``: a context too short for the
+selector's window runs uncompressed, and the count is logged) and ``framing_tokens`` (0). ``pretrained`` may also
+name a relaylens embedded model (``smollm2-135m-instruct``).
+
+Framing regime: a harness context is plain text without the spans ``relaylens run`` protects, so by default the
+framing competes for the budget (the *framing evicted* ablation, ``relaylens run --no-protect-instructions``);
+``framing_tokens=N`` keeps each context's first ``N`` tokens (the task's instruction or chat-template head) outside
+the budget, the paper's regime (:func:`relaylens.selectors.protection.select_protected`). The model info records it
+(``relaylens_framing``), and a ``learned:RUN_DIR`` condition's content hash (``relaylens_learned_sha256``).
+
+Refused in one line, before any model work: ``trust_remote_code`` and a model or tokenizer directory that declares
+custom code (``auto_map``), as ``relaylens run`` refuses them, before anything loads; a selector that reads a
+rendered prompt (``bm25``, ``finch``); a model without rotary embeddings; a probe-only condition; a learned geometry
+fitted on another model or under other settings (the run's fit check); and a request whose positions pass the
+model's rotary range (the harness's ``hf`` model would truncate it from the left). ``loglikelihood_rolling``
+(perplexity tasks) is not supported.
 
 Example:
     >>> from lm_eval.api.registry import get_model
@@ -39,7 +52,9 @@ Example:
 from __future__ import annotations
 
 import logging
+import os
 import sys
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -49,7 +64,7 @@ from lm_eval.models.huggingface import HFLM, normalize_gen_kwargs, stop_sequence
 from tqdm import tqdm
 from transformers import AutoConfig
 
-from relaylens.errors import BudgetError, PositionError, RelaylensError, RopeError, TooShortError
+from relaylens.errors import BudgetError, ModelError, PositionError, RelaylensError, RopeError, TooShortError
 from relaylens.generation.rows import Row, run_rows
 from relaylens.integrations.hf_generate import (
     condition_shift,
@@ -58,7 +73,9 @@ from relaylens.integrations.hf_generate import (
     require_rotary,
     select_history,
 )
+from relaylens.integrations.learned_use import check_learned_use
 from relaylens.model.embedded import EMBEDDED
+from relaylens.model.loading import check_no_remote_code, remote_code_refusal
 from relaylens.selectors import make_selector
 from relaylens.selectors.base import Budget
 
@@ -82,11 +99,24 @@ class RelaylensLM(HFLM):
     """
 
     def __init__(self, pretrained, selector: str = "snapkv", budget=0.1, condition: str = "relay",
-                 question_tokens: int = 16, window_size: int = 32, too_short: str = "error", **kwargs) -> None:
+                 question_tokens: int = 16, window_size: int = 32, too_short: str = "error", framing_tokens: int = 0,
+                 **kwargs) -> None:
+        _refuse_remote_code(pretrained, kwargs)  # before anything loads, exactly as relaylens run
         options = {key[len("selector_"):]: kwargs.pop(key) for key in list(kwargs) if key.startswith("selector_")}
         self.relay_selector = make_selector(str(selector), **options)  # every argument checked before the model loads
+        if getattr(self.relay_selector, "needs_prompt", False):
+            raise RelaylensError(f"lm_eval --model relaylens: selector {self.relay_selector.name!r} reads a rendered "
+                                 "relaylens prompt (question text, session spans), and a harness request is plain text "
+                                 "without them. Fix: an attention-based selector (selector=snapkv, pyramidkv, adakv, "
+                                 "h2o, ...)")
+        self.relay_options = options
         self.relay_budget = Budget.coerce(budget)
         self.relay_condition = generation_condition(str(condition))
+        if isinstance(framing_tokens, bool) or not isinstance(framing_tokens, int) or framing_tokens < 0:
+            raise RelaylensError(f"framing_tokens must be a whole number >= 0 (each context's first tokens kept "
+                                 f"outside the budget); got {framing_tokens!r}. Fix: e.g. framing_tokens=0 (framing "
+                                 "evicted) or the length of the task's instruction")
+        self.framing_tokens = framing_tokens
         if isinstance(question_tokens, bool) or not isinstance(question_tokens, int) or question_tokens < 1:
             raise RelaylensError(f"question_tokens must be a whole number >= 1 (the context's last tokens, run as the "
                                  f"question); got {question_tokens!r}. Fix: e.g. question_tokens=16")
@@ -104,6 +134,10 @@ class RelaylensLM(HFLM):
                                  f"{self.backend}. Fix: use a causal LM (backend=causal)")
         self.factors = require_rotary(self.model, "lm_eval --model relaylens")
         self.relay_condition = generation_condition(self.relay_condition, self.model)  # scopes bind layer types
+        self.learned_sha256 = check_learned_use(  # a learned geometry only where it was fitted, as relaylens run
+            self.relay_condition, self.model, "lm_eval --model relaylens", selector=self.relay_selector,
+            budget=self.relay_budget, selector_options=options, protect_instructions=framing_tokens > 0,
+            window_mode="condition")
         self.shift = condition_shift(self.relay_condition)
         self._compressed: tuple | None = None  # (context ids, compression): consecutive requests share a context
 
@@ -130,8 +164,11 @@ class RelaylensLM(HFLM):
             if not history:
                 raise TooShortError(f"the context has {len(context)} tokens, not more than question_tokens="
                                     f"{self.question_tokens}, so no history is left to compress")
+            framing = torch.zeros(len(history), dtype=torch.bool)  # [L] the first framing_tokens: kept outside
+            framing[:self.framing_tokens] = True
             prefill, selection = select_history(self.model, torch.tensor(history), self.relay_selector,
-                                                self.relay_budget, None, self.window_size, self.factors)
+                                                self.relay_budget, None, self.window_size, self.factors,
+                                                protect_instructions=framing if self.framing_tokens else False)
             compressed = (prefill, selection, torch.tensor(question))
         except (TooShortError, BudgetError) as err:
             if self.too_short == "error":
@@ -242,18 +279,44 @@ class RelaylensLM(HFLM):
 
     def get_model_info(self) -> dict:
         """``hf``'s model info plus the relaylens settings (written into lm-eval's results file)."""
+        framing = (f"protected (each context's first {self.framing_tokens} tokens kept outside the budget)"
+                   if self.framing_tokens else "evicted (ablation: the framing competes for the budget; a harness "
+                                               "context carries no spans)")
         return {**super().get_model_info(), "relaylens_selector": self.relay_selector.name,
                 "relaylens_budget": self.relay_budget.label, "relaylens_condition": self.relay_condition.label,
+                "relaylens_learned_sha256": self.learned_sha256, "relaylens_framing": framing,
                 "relaylens_question_tokens": self.question_tokens, "relaylens_uncompressed": self.uncompressed}
 
 
+def _refuse_remote_code(pretrained, kwargs: dict) -> None:
+    """Refuse, before anything loads, what ``relaylens run`` refuses: ``trust_remote_code`` asked for, and a local
+    model or tokenizer directory that declares custom code (``auto_map``,
+    :func:`relaylens.model.loading.check_no_remote_code`; a hub config is checked in :func:`_check_config`)."""
+    flag = kwargs.get("trust_remote_code")
+    if flag not in (None, False) and str(flag).strip().lower() not in ("false", "0", "no"):
+        raise ModelError(remote_code_refusal(str(pretrained), f"trust_remote_code={flag} was passed in --model_args"))
+    for value in (pretrained, kwargs.get("tokenizer")):
+        if isinstance(value, (str, os.PathLike)) and Path(value).expanduser().is_dir():
+            check_no_remote_code(Path(value).expanduser(), str(value))
+
+
 def _check_config(pretrained: str, kwargs: dict) -> None:
-    """Refuse a model whose config declares no rotary embedding (the loaded model is checked again)."""
+    """Refuse a model whose config declares custom code or no rotary embedding (the loaded model is checked
+    again)."""
     try:
         config = AutoConfig.from_pretrained(pretrained, revision=kwargs.get("revision") or "main",
                                             trust_remote_code=False)
-    except (OSError, ValueError):
+    except ValueError as err:
+        if "trust_remote_code" in str(err):
+            raise ModelError(remote_code_refusal(pretrained, "its config asks for code from the model repository")) \
+                from None
         return  # hf reports what cannot be loaded
+    except OSError:
+        return  # hf reports what cannot be loaded
+    if getattr(config, "auto_map", None):
+        classes = ", ".join(sorted(map(str, config.auto_map)))
+        raise ModelError(remote_code_refusal(pretrained, f"its config maps {classes} to code shipped with the model "
+                                                         "(auto_map)"))
     text = config.get_text_config() if hasattr(config, "get_text_config") else config
     if not any(getattr(text, name, None) for name in ("rope_parameters", "rope_scaling", "rope_theta")):
         raise RopeError(f"lm_eval --model relaylens: {pretrained} ({type(config).__name__}) has no rotary position "

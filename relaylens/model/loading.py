@@ -23,6 +23,7 @@ from relaylens.model.embedded import DEFAULT_MODEL, EMBEDDED, cache_for, load_gg
 from relaylens.model.packed import set_decoding_dtype
 from relaylens.model.placement import apply_rope_override, check_attn_implementation, choose_dtypes, parse_rope_scaling
 from relaylens.model.placement import resolve_device as _resolve
+from relaylens.model.random_specs import byte_tokenizer, is_random_spec, load_random, parse_random_spec, random_config
 
 # ----------------------------------------------------------------------------------------------------------------
 # load
@@ -32,7 +33,8 @@ def load_model(spec: str | os.PathLike = DEFAULT_MODEL, dtype: torch.dtype | str
                device_map=None, attn_implementation: str = "sdpa", progress: Callable[[str], None] | None = None,
                rope_scaling: str | dict | None = None, max_position: int | None = None,
                decode_dtype: torch.dtype | None = None):
-    """Load ``(model, tokenizer)`` in eval mode from an embedded name, a ``.gguf`` file, a local directory or a hub id.
+    """Load ``(model, tokenizer)`` in eval mode from an embedded name, a ``.gguf`` file, a local directory, a hub id
+    or a ``random:NAME`` spec (a named architecture with random weights, :mod:`relaylens.model.random_specs`).
 
     Embedded names are pulled on first use (see :func:`pull`). ``device_map`` (accelerate) and ``device`` are
     exclusive; ``device`` (``cpu``, ``cuda``, ``cuda:N``, ``mps``, ``auto``; see :func:`resolve_device`) moves the
@@ -59,6 +61,16 @@ def load_model(spec: str | os.PathLike = DEFAULT_MODEL, dtype: torch.dtype | str
     attn_implementation = check_attn_implementation(attn_implementation, device)  # before anything loads
     dtype, auto_decode, _ = choose_dtypes(dtype, device or ("cuda" if device_map is not None else "cpu"))
     decode_dtype = decode_dtype if decode_dtype is not None else auto_decode
+    if is_random_spec(spec):  # a named architecture with random weights: nothing to fetch
+        if device_map is not None:
+            raise ModelError(f"{os.fspath(spec)!r} has random weights drawn on one device; device_map is not "
+                             "supported for it. Fix: pass --device cuda (or cpu) instead")
+        config = random_config(os.fspath(spec))
+        apply_rope_override(config, parse_rope_scaling(rope_scaling), max_position)
+        model, tok = load_random(os.fspath(spec), dtype, device, attn_implementation, config)
+        if decode_dtype is not None and decode_dtype != dtype:
+            set_decoding_dtype(model, decode_dtype)
+        return model, tok
     kind, path = resolve_spec(spec, progress=progress, dtype=dtype)
     kw = dict(dtype=dtype, attn_implementation=attn_implementation)
     if device_map is not None:
@@ -114,6 +126,9 @@ def resolve_device(spec: str | None = "auto", local_rank: int | None = None) -> 
 
 def load_tokenizer(spec: str | os.PathLike = DEFAULT_MODEL, progress: Callable[[str], None] | None = None):
     """Only the tokenizer of ``spec`` (fast: embedded models read it from the cached copy, pulling if needed)."""
+    if is_random_spec(spec):
+        parse_random_spec(os.fspath(spec))  # the name is checked; the tokenizer is the byte-level one
+        return byte_tokenizer()
     kind, path = resolve_spec(spec, progress=progress)
     if kind == "gguf":
         from transformers import AutoTokenizer  # noqa: PLC0415 - import cost: transformers loads on first use

@@ -181,14 +181,12 @@ def probe_condition(model, prefill: PrefillResult, selection: Selection, conditi
     ...). ``grad=True`` runs the question pass with autograd and adds the attribution readouts of
     :mod:`relaylens.probes.attribution` towards ``teacher_token`` (the correct first answer token, required) at the
     final question token, and towards ``next_answer_token`` (the answer's next token, if given) at the teacher-forced
-    token.
+    token. Several conditions of one prefill: :func:`probe_rows` decodes them in one batch (``grad=True`` too).
     """
     from relaylens.generation.single import run_condition  # noqa: PLC0415 - import cost: transformers loads on first use
-    from relaylens.probes.attribution import final_residuals, grad_x_input, logit_attribution, target_log_prob  # noqa: PLC0415 - import cycle: relaylens.probes.attribution imports this module
+    from relaylens.probes.attribution import final_residuals  # noqa: PLC0415 - import cycle: relaylens.probes.attribution imports this module
 
-    if grad and teacher_token is None:
-        raise RelaylensError("probe_condition(grad=True) attributes the correct first answer token's log-probability; "
-                             "pass teacher_token=<its id> (records without a reference answer have none)")
+    _check_grad(grad, teacher_token)
     factors = factors or RotaryFactors.from_model(model)
     gold = gold_slots(selection, evidence_mask)
     question_recorder, teacher_recorder = FinalTokenRecorder(), FinalTokenRecorder()
@@ -201,19 +199,38 @@ def probe_condition(model, prefill: PrefillResult, selection: Selection, conditi
     if teacher_token is not None:
         frames.append(readouts(teacher_recorder, selection, gold, groups).assign(probe_point="first_answer_token"))
     if grad:
-        points = [("question_final", question_recorder, generation.question_logits[-1], teacher_token, residuals[0])]
-        if next_answer_token is not None:
-            points.append(("first_answer_token", teacher_recorder, generation.teacher_logits, next_answer_token,
-                           residuals[1]))
-        for point, recorder, logits, target, residual in points:
-            objective = target_log_prob(logits, target)
-            frames.append(grad_x_input(objective, generation.head_inputs, question_recorder.widths, selection, gold,
-                                       groups).assign(probe_point=point))
-            frames.append(logit_attribution(model, recorder, selection, gold, groups, target,
-                                            residual).assign(probe_point=point))
-        generation.question_logits = generation.question_logits.detach()  # free the graph
-        generation.teacher_logits = generation.head_inputs = generation.inputs = None
+        frames.extend(_attribution_frames(model, generation, (question_recorder, teacher_recorder), residuals,
+                                          selection, gold, groups, teacher_token, next_answer_token))
     return ProbedCondition(generation.condition, generation, pd.concat(frames, ignore_index=True), question_recorder)
+
+
+def _check_grad(grad: bool, teacher_token: int | None) -> None:
+    if grad and teacher_token is None:
+        raise RelaylensError("probe_condition(grad=True) attributes the correct first answer token's log-probability; "
+                             "pass teacher_token=<its id> (records without a reference answer have none)")
+
+
+def _attribution_frames(model, generation, recorders: tuple, residuals: list, selection: Selection,
+                        gold: torch.Tensor, groups: int, teacher_token: int, next_answer_token: int | None) -> list:
+    """The attribution readouts of one autograd question pass (gradient x input, then direct logit attribution, at
+    ``question_final`` and, given ``next_answer_token``, at ``first_answer_token``); frees the pass's graph."""
+    from relaylens.probes.attribution import grad_x_input, logit_attribution, target_log_prob  # noqa: PLC0415 - import cycle: relaylens.probes.attribution imports this module
+
+    question_recorder, teacher_recorder = recorders
+    points = [("question_final", question_recorder, generation.question_logits[-1], teacher_token, residuals[0])]
+    if next_answer_token is not None:
+        points.append(("first_answer_token", teacher_recorder, generation.teacher_logits, next_answer_token,
+                       residuals[1]))
+    frames = []
+    for point, recorder, logits, target, residual in points:
+        objective = target_log_prob(logits, target)
+        frames.append(grad_x_input(objective, generation.head_inputs, question_recorder.widths, selection, gold,
+                                   groups).assign(probe_point=point))
+        frames.append(logit_attribution(model, recorder, selection, gold, groups, target,
+                                        residual).assign(probe_point=point))
+    generation.question_logits = generation.question_logits.detach()  # free the graph
+    generation.teacher_logits = generation.head_inputs = generation.inputs = None
+    return frames
 
 
 def replay_conditions(reference: ProbedCondition, prefill: PrefillResult, selection: Selection,
@@ -258,15 +275,26 @@ REPLAY = ReplayProbe()
 
 def probe_rows(model, prefill: PrefillResult, rows: list[tuple[Selection, str | Condition]], question_ids: torch.Tensor,
                evidence_mask: torch.Tensor, factors: RotaryFactors | None = None, teacher_token: int | None = None,
-               **generation_kwargs) -> list[ProbedCondition]:
+               grad: bool = False, next_answer_token: int | None = None, **generation_kwargs) -> list[ProbedCondition]:
     """:func:`probe_condition` for many ``(selection, condition)`` rows of one prefill, decoded in one batch.
 
     Every row gets the readouts a sequential :func:`probe_condition` call gives (its observers see the row alone);
-    ``generation_kwargs`` go to :func:`relaylens.generation.rows.run_rows`.
+    ``generation_kwargs`` go to :func:`relaylens.generation.rows.run_rows`. ``grad=True`` (attribution, as in
+    :func:`probe_condition`): the rows decode in one batch without autograd, and each row's question pass and
+    teacher-forced token run once more on their own with autograd (no decoding under autograd), which give its
+    readouts and attribution rows exactly as the one-row path computes them.
     """
     from relaylens.generation.rows import Row, run_rows  # noqa: PLC0415 - import cost: transformers loads on first use
 
     factors = factors or RotaryFactors.from_model(model)
+    if grad:
+        _check_grad(grad, teacher_token)
+        decoded = run_rows(model, prefill, [Row(selection, condition) for selection, condition in rows], question_ids,
+                           factors=factors, **generation_kwargs)  # decoding only, as run_condition(grad=True) decodes
+        window_mode = generation_kwargs.get("window_mode", "condition")
+        return [_attributed_row(model, prefill, selection, condition, question_ids, evidence_mask, factors,
+                                teacher_token, next_answer_token, generation, window_mode)
+                for (selection, condition), generation in zip(rows, decoded)]
     recorders = [(FinalTokenRecorder(), FinalTokenRecorder()) for _ in rows]
     batch = [Row(selection, condition, (question,), (teacher,)) for (selection, condition),
              (question, teacher) in zip(rows, recorders)]
@@ -279,4 +307,18 @@ def probe_rows(model, prefill: PrefillResult, rows: list[tuple[Selection, str | 
         if teacher_token is not None:
             frames.append(readouts(teacher, selection, gold, groups).assign(probe_point="first_answer_token"))
         probed.append(ProbedCondition(generation.condition, generation, pd.concat(frames, ignore_index=True), question))
+    return probed
+
+
+def _attributed_row(model, prefill: PrefillResult, selection: Selection, condition, question_ids: torch.Tensor,
+                    evidence_mask: torch.Tensor, factors: RotaryFactors, teacher_token: int,
+                    next_answer_token: int | None, decoded, window_mode: str) -> ProbedCondition:
+    """One row of :func:`probe_rows` with ``grad=True``: the autograd question pass and teacher-forced token of
+    :func:`probe_condition` (``max_new_tokens=0``), carrying the answer ``decoded`` in the batch."""
+    probed = probe_condition(model, prefill, selection, condition, question_ids, evidence_mask, factors=factors,
+                             teacher_token=teacher_token, grad=True, next_answer_token=next_answer_token,
+                             max_new_tokens=0, window_mode=window_mode)
+    generation = probed.generation
+    generation.token_ids, generation.positions = decoded.token_ids, decoded.positions
+    generation.stop_reason, generation.text = decoded.stop_reason, decoded.text
     return probed

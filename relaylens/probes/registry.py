@@ -30,7 +30,7 @@ from relaylens.probes.layer_sweep import LAYER_SWEEP
 from relaylens.probes.readouts import REPLAY
 from relaylens.probes.sensitivity import SENSITIVITY
 from relaylens.probes.token_view import TOKEN_VIEW
-from relaylens.probes.unit import Probe, ProbeTables, UnitContext
+from relaylens.probes.unit import Probe, ProbeTables, UnitContext, check_tables
 
 __all__ = ["PROBES", "Probe", "ProbeTables", "UnitContext", "enabled_probes", "registered", "run_probes"]
 
@@ -44,7 +44,9 @@ def enabled_probes(spec, config) -> list[Probe]:
 
 
 def run_probes(unit: UnitContext, probes: list[Probe] | None = None) -> list[ProbeTables]:
-    """The tables of every kind of ``probes`` (default: the kinds ``unit.spec`` enables) on one unit, in order."""
+    """The tables of every kind of ``probes`` (default: the kinds ``unit.spec`` enables) on one unit, in order; what
+    each kind returns is checked (:func:`~relaylens.probes.unit.check_tables`): a malformed row fails here, naming
+    the kind and the field, not in the store after the unit's decoding."""
     kinds = enabled_probes(unit.spec, unit.config) if probes is None else probes
     out = []
     for probe in kinds:
@@ -52,7 +54,7 @@ def run_probes(unit: UnitContext, probes: list[Probe] | None = None) -> list[Pro
         if not isinstance(tables, ProbeTables):
             raise RelaylensError(f"probe kind {probe.name!r} returned {type(tables).__name__}, expected ProbeTables. "
                                  "Fix: return relaylens.probes.unit.ProbeTables(probes=..., scores=..., view=...)")
-        out.append(tables)
+        out.append(check_tables(probe.name, tables))  # columns and value kinds: a bad row names the kind and field
     return out
 
 

@@ -25,11 +25,15 @@ Example (a kind is any object with ``name``, ``enabled`` and ``run``):
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
+import numpy as np
 import torch
+
+from relaylens.errors import RelaylensError
 
 
 @dataclass(frozen=True)
@@ -87,6 +91,78 @@ class ProbeTables:
     probes: tuple = ()  # pandas frames of probe rows, without the unit's key columns
     scores: tuple = ()  # {"condition", "metric", "value"} rows
     view: dict | None = None  # the unit's token view
+
+
+PROBE_ROW_KINDS = {"layer": "int", "head": "int", "metric": "str", "value": "float", "condition": "str",
+                   "probe_point": "str", "source": "str"}
+"""The columns of a probe kind's ``probes`` frames and the kind of value each holds (the ``probes`` table's, without
+the unit's key columns)."""
+SCORE_ROW_KINDS = {"condition": "str", "metric": "str", "value": "float"}
+"""The fields of a probe kind's ``scores`` rows and the kind of value each holds."""
+
+
+def _fits(kind: str, value) -> bool:
+    if isinstance(value, (bool, np.bool_)):
+        return False
+    if kind == "int":
+        return isinstance(value, numbers.Integral)
+    if kind == "float":
+        return value is None or isinstance(value, numbers.Real)  # NaN / None: a missing reading
+    return isinstance(value, str)
+
+
+def check_tables(kind: str, tables: "ProbeTables") -> "ProbeTables":
+    """``tables`` when every part holds what the tables expect: ``probes`` a sequence of pandas frames with exactly the
+    columns of :data:`PROBE_ROW_KINDS` and values of their kinds, ``scores`` a sequence of mappings with exactly the
+    fields of :data:`SCORE_ROW_KINDS`, ``view`` None or a dict. A malformed part is refused with one
+    :class:`~relaylens.errors.RelaylensError` naming the probe ``kind``, the row and the field (not a ``TypeError``
+    after the unit's decoding, naming neither).
+
+    >>> check_tables("count", ProbeTables(scores=({"condition": "relay", "metric": "kept", "value": 3.0},))).scores[0]
+    {'condition': 'relay', 'metric': 'kept', 'value': 3.0}
+    >>> try:
+    ...     check_tables("count", ProbeTables(scores=({"condition": "relay", "metric": "kept", "value": "3"},)))
+    ... except RelaylensError as err:
+    ...     print(str(err).split(";")[0])
+    probe kind 'count' returned a malformed scores row 0: field 'value' holds '3' (str), expected a float
+    """
+    import pandas as pd  # noqa: PLC0415 - import cost: pandas loads only when a probe kind ran
+
+    def refuse(what: str) -> RelaylensError:
+        return RelaylensError(f"probe kind {kind!r} returned {what}; the unit's rows cannot be stored. Fix: return "
+                              "relaylens.probes.unit.ProbeTables(probes=(frames with columns "
+                              f"{', '.join(PROBE_ROW_KINDS)}), scores=(rows with {', '.join(SCORE_ROW_KINDS)}), "
+                              "view=dict or None)")
+
+    def check_row(part: str, n, row: Mapping, kinds: dict) -> None:
+        if set(row) != set(kinds):
+            missing, extra = sorted(set(kinds) - set(row)), sorted(set(row) - set(kinds), key=str)
+            raise refuse(f"a malformed {part} row {n}: missing fields {missing}, unexpected fields {extra}")
+        for name, want in kinds.items():
+            if not _fits(want, row[name]):
+                raise refuse(f"a malformed {part} row {n}: field {name!r} holds {row[name]!r} "
+                             f"({type(row[name]).__name__}), expected a{'n' if want == 'int' else ''} {want}")
+
+    for part in ("probes", "scores"):
+        if isinstance(getattr(tables, part), (str, bytes, Mapping, pd.DataFrame)) or not hasattr(
+                getattr(tables, part), "__iter__"):
+            raise refuse(f"{part} as {type(getattr(tables, part)).__name__}, expected a tuple")
+    for i, frame in enumerate(tables.probes):
+        if not isinstance(frame, pd.DataFrame):
+            raise refuse(f"probes part {i} as {type(frame).__name__}, expected a pandas DataFrame")
+        if set(frame.columns) != set(PROBE_ROW_KINDS):
+            missing = sorted(set(PROBE_ROW_KINDS) - set(frame.columns))
+            extra = sorted(set(frame.columns) - set(PROBE_ROW_KINDS), key=str)
+            raise refuse(f"a malformed probes frame {i}: missing columns {missing}, unexpected columns {extra}")
+        for n, row in enumerate(frame.to_dict("records")):
+            check_row("probes", f"{n} of frame {i}", row, PROBE_ROW_KINDS)
+    for n, row in enumerate(tables.scores):
+        if not isinstance(row, Mapping):
+            raise refuse(f"a malformed scores row {n}: {type(row).__name__}, expected a mapping")
+        check_row("scores", n, row, SCORE_ROW_KINDS)
+    if tables.view is not None and not isinstance(tables.view, dict):
+        raise refuse(f"a view as {type(tables.view).__name__}, expected a dict or None")
+    return tables
 
 
 @runtime_checkable

@@ -67,6 +67,11 @@ def choose_metrics(scores: pd.DataFrame, requested: str | None = None) -> tuple[
         metrics = tuple(dict.fromkeys(METRIC_NAMES.get(n, n) for n in names))
         present = sorted(m for m in scores["metric"].unique() if not m.endswith("_failed")) if len(scores) else []
         for metric, name in zip(metrics, names):
+            if not _has(scores, metric) and metric in present:  # rows there, every value NaN (issue 52, item 20)
+                shown = sorted(m for m in present if _has(scores, m))
+                raise RelaylensError(f"--metric {name}: every {metric!r} score of the run is NaN (nothing to draw; for "
+                                     f"a judge, every verdict failed: {metric}_failed counts them). Fix: choose one of "
+                                     f"{shown}, or judge the run again (`relaylens judge RUN_DIR`)")
             if not _has(scores, metric):
                 raise RelaylensError(f"--metric {name}: the run has no {metric!r} scores; present: {present}. "
                                      f"Fix: choose one of those, or judge the run first (`relaylens judge RUN_DIR`)")

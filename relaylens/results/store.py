@@ -61,6 +61,7 @@ import numpy as np
 import pandas as pd
 
 from relaylens.errors import RelaylensError
+from relaylens.fileio import check_below, safe_subdir
 from relaylens.results.atomic import fsync_dir, write_atomic
 from relaylens.results.passes import failed_passes, hidden_passes, pass_metrics, read_passes
 from relaylens.results.tables import (
@@ -83,6 +84,8 @@ __all__ = ["UnitKey", "RunStore", "ResultStoreError", "StoreWriteError", "build_
 FORMAT_VERSION = 1
 """The run-directory format, recorded in every manifest."""
 UNITS = "units"
+_SHARDS = "shards"  # relaylens.results.shards.SHARDS (that module imports this one)
+_SHARD_DIR = re.compile(r"\d+-of-\d+")
 """The folder of a run directory that holds its committed units (``units/<hash>.json.gz``)."""
 MARKER = "consolidated.json"
 # Paths are recorded but never compared: the same data or model at another path (a relative path, another mount
@@ -288,6 +291,7 @@ def _atomic_write(path: Path, data: bytes, run_dir: Path, writer: Callable = _de
         return StoreWriteError(exc.errno, f"cannot write {path.name} into run directory {run_dir}: "
                                f"{exc.strerror or exc}; nothing partial was kept. Fix: {hint}")
 
+    check_below(run_dir, path)  # units/ (or any folder below the run directory) that is a link: refused
     write_atomic(path, data, writer=writer, sync_dir=True, error=error)
 
 
@@ -415,6 +419,8 @@ class RunStore:
         """Delete the temp files a killed relaylens writer left (its own names only, regular files only)."""
         for folder, pattern in ((self.run_dir / UNITS, _OWN_UNIT_TEMP), (self.run_dir, _OWN_TEMP),
                                 (self.run_dir / "views", _OWN_VIEW_TEMP)):
+            if folder.is_symlink():  # never deletes through a link (writing there is refused)
+                continue
             for p in folder.glob("*tmp*"):
                 if pattern.fullmatch(p.name) and p.is_file() and not p.is_symlink():
                     p.unlink(missing_ok=True)
@@ -459,9 +465,9 @@ class RunStore:
         _atomic_write(self.run_dir / UNITS / path.name, path.read_bytes(), self.run_dir, self.writer)
 
     def remove_unit(self, key: UnitKey | tuple) -> None:
-        """Delete a committed unit (it runs again on resume)."""
+        """Delete a committed unit (it runs again on resume); never through a linked ``units/``."""
         self.invalidate()
-        self.unit_path(key).unlink(missing_ok=True)
+        check_below(self.run_dir, self.unit_path(key)).unlink(missing_ok=True)
 
     def invalidate(self) -> None:
         """Remove ``consolidated.json`` before a unit is rewritten in place or removed (a new unit changes the
@@ -556,6 +562,8 @@ def prepare_run_dir(run_dir: Path) -> None:
     from relaylens.results.locks import LOCK_NAME  # noqa: PLC0415 - import cycle: relaylens.results.locks imports this module
 
     run_dir = Path(run_dir)
+    if _SHARD_DIR.fullmatch(run_dir.name) and run_dir.parent.name == _SHARDS:  # RUN_DIR/shards/I-of-N
+        safe_subdir(run_dir.parent.parent, _SHARDS, run_dir.name)  # a linked shards/ or shard folder: refused
     if run_dir.exists() and not run_dir.is_dir():
         raise StoreWriteError(errno.ENOTDIR, f"cannot create run directory {run_dir}: it is a file. Fix: choose "
                               "another --out")
@@ -577,7 +585,8 @@ def prepare_run_dir(run_dir: Path) -> None:
                                        f"manifest.json; it holds {shown}); relaylens will not write into it. Fix: "
                                        "choose a new or empty --out directory")
     try:
-        (run_dir / UNITS).mkdir(parents=True, exist_ok=True)
+        run_dir.mkdir(parents=True, exist_ok=True)
+        safe_subdir(run_dir, UNITS)  # a units/ that is a link (to a folder or not) is refused, never written through
     except OSError as exc:
         raise StoreWriteError(exc.errno, f"cannot create run directory {run_dir}: {exc.strerror or exc}. "
                               "Fix: choose a writable --out directory") from exc

@@ -24,6 +24,7 @@ import numbers
 import warnings
 from pathlib import Path
 
+from relaylens.fileio import safe_subdir
 from relaylens.results.atomic import write_atomic
 from relaylens.results.store import UnitKey
 
@@ -45,7 +46,7 @@ def view_path(run_dir: str | Path, key: dict | tuple) -> Path:
 def write_view(run_dir: str | Path, view: dict) -> Path:
     """Write one view atomically (:func:`relaylens.results.atomic.write_atomic`)."""
     path = view_path(run_dir, view)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    safe_subdir(run_dir, VIEWS)  # a linked views/ is refused, never written through
     return write_atomic(path, json.dumps(view, separators=(",", ":")))
 
 

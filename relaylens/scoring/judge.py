@@ -29,6 +29,7 @@ import math
 import os
 import re
 import time
+import unicodedata
 import urllib.error
 import urllib.parse
 import warnings
@@ -37,14 +38,16 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from relaylens.datasets.prompting import encode_data_text
-from relaylens.errors import RelaylensError
+from relaylens.errors import RelaylensError, shown
+from relaylens.fileio import append_text, read_text
 from relaylens.scoring import transport
 from relaylens.scoring.metrics import record_field, record_references
 
 __all__ = ["TEMPLATE_VERSION", "SYSTEM_PROMPT", "RUBRIC", "MAX_NEW_TOKENS", "build_payload", "user_message",
            "cache_key", "strip_code_fence", "parse_verdict", "Verdict", "JudgeCache", "Judge", "OpenAIBackend",
            "HFBackend",
-           "JudgeBackendError", "redact_url", "chat_completions_url", "DEADLINE_S", "MAX_REPLY_BYTES"]
+           "JudgeBackendError", "redact_url", "redact", "secret_pattern", "check_judge_url", "chat_completions_url",
+           "DEADLINE_S", "MAX_REPLY_BYTES"]
 
 TEMPLATE_VERSION = "memory_judge_v1"
 SYSTEM_PROMPT = (
@@ -109,6 +112,79 @@ def redact_url(url: str) -> str:
         netloc = (user.split(":", 1)[0] + (":***" if ":" in user else "")) + "@" + host
     query = "&".join(f"{k}=***" for k, _ in urllib.parse.parse_qsl(parts.query, keep_blank_values=True))
     return urllib.parse.urlunsplit((parts.scheme, netloc, parts.path, query, ""))
+
+
+def check_judge_url(url: str, secrets=()) -> str:
+    """``url`` when it can be a judge endpoint: ``http://`` or ``https://``, a host, a valid port, and no space, line
+    break or other control character anywhere (urllib would fail on them mid-request, in a traceback that quotes the
+    URL). Anything else is refused with one :class:`JudgeBackendError` line that shows the URL redacted
+    (:func:`redact_url`; ``secrets``, such as the API key, are also hidden in every encoded form).
+
+    >>> check_judge_url("http://127.0.0.1:8000/v1")
+    'http://127.0.0.1:8000/v1'
+    >>> try:
+    ...     check_judge_url("http://127.0.0.1:8000/v1 ?key=s3cret")
+    ... except JudgeBackendError as err:
+    ...     print(str(err).split(";")[0])
+    judge URL 'http://127.0.0.1:8000/v1 ?key=***' holds a space (U+0020) at character 24
+    """
+    def refuse(why: str, fix: str) -> JudgeBackendError:
+        text = redact(repr(redact_url(url)), secrets)
+        return JudgeBackendError(f"judge URL {shown(text)} {why}; relaylens refuses it before any request. Fix: "
+                                 f"{fix}")
+
+    if not isinstance(url, str) or not url.startswith(("http://", "https://")):
+        raise refuse("does not start with http:// or https://", "pass the endpoint's base URL, e.g. "
+                     "--judge-url http://127.0.0.1:8000/v1")
+    bad = next((i for i, ch in enumerate(url) if ch.isspace() or unicodedata.category(ch) in ("Cc", "Cf")), None)
+    if bad is not None:
+        name = "a space" if url[bad] == " " else "a line break" if url[bad] in "\r\n" else "a control character"
+        raise refuse(f"holds {name} (U+{ord(url[bad]):04X}) at character {bad}",
+                     "remove it, or percent-encode it (a space is %20)")
+    parts = urllib.parse.urlsplit(url)
+    try:
+        parts.port  # noqa: B018 - urllib checks the port when it is read
+    except ValueError:
+        raise refuse("has a port that is not a number from 0 to 65535", "correct the port") from None
+    if not parts.hostname:
+        raise refuse("names no host", "pass the endpoint's full base URL, e.g. http://127.0.0.1:8000/v1")
+    return url
+
+
+def _char_forms(ch: str) -> str:
+    """A regex matching ``ch`` in every form a secret's character travels in: itself, percent-encoded (once or
+    twice, its UTF-8 bytes), JSON ``\\uXXXX`` (its backslash escaped again or not), an HTML character reference,
+    ``\\/`` for ``/``, ``+`` for a space (form encoding) and the other base64 alphabet (``+``/``-``, ``/``/``_``)."""
+    forms = [re.escape(ch), "".join(f"%(?:25)?{b:02x}" for b in ch.encode("utf-8")),
+             rf"\\+u{ord(ch):04x}", f"&#(?:x0*{ord(ch):x}|0*{ord(ch)});"]  # JSON escapes, escaped again too
+    forms += {"/": [r"\\+/", "_"], "+": ["-", " "], "-": [r"\+"], "_": ["/"], " ": [r"\+"]}.get(ch, [])
+    return "(?:" + "|".join(forms) + ")"
+
+
+def secret_pattern(secret: str) -> re.Pattern:
+    """A regex matching ``secret`` in every form it can be echoed in: raw, percent-encoded (any case, or twice),
+    JSON-escaped, as HTML character references, in the other base64 alphabet (``-_`` for ``+/``) and with or without
+    its ``=`` padding. Letters match in either case (a wider net is harmless for a secret).
+
+    >>> pattern = secret_pattern("ab/c+d==")
+    >>> bool(pattern.fullmatch("ab%2Fc%2bd%3D%3D")), bool(pattern.fullmatch("ab_c-d")), bool(pattern.search("ab/x"))
+    (True, True, False)
+    """
+    body = secret.rstrip("=") or secret  # a secret of padding only is matched as it is
+    pad = "(?:=|%(?:25)?3d|\\\\+u003d|&#(?:x0*3d|0*61);)*" if body != secret else ""
+    return re.compile("".join(_char_forms(ch) for ch in body) + pad, re.IGNORECASE)
+
+
+def redact(text: str, secrets) -> str:
+    """``text`` with every form of every non-empty secret of ``secrets`` (:func:`secret_pattern`) replaced by ``***``,
+    the longest secrets first.
+
+    >>> redact("key=ab%2Fc%2Bd%3D, json: ab\\\\/c+d=", ["ab/c+d="])
+    'key=***, json: ***'
+    """
+    for secret in sorted({s for s in secrets if s}, key=len, reverse=True):
+        text = secret_pattern(secret).sub("***", text)
+    return text
 
 
 def chat_completions_url(base_url: str) -> str:
@@ -176,15 +252,18 @@ class Verdict:
 
 
 class JudgeCache:
-    """An append-only JSON-lines cache ``key -> reply``; a torn last line (crash) is skipped with a warning."""
+    """An append-only JSON-lines cache ``key -> reply``; a torn last line (crash) is skipped with a warning. The file
+    is read and appended through :mod:`relaylens.fileio`: a symbolic link (or a FIFO, a folder, a hard link) under its
+    name is refused with :class:`~relaylens.fileio.UnsafePathError`, never read as a cache nor appended to."""
 
     template = TEMPLATE_VERSION  # the template its lines name (a subclass per template)
 
     def __init__(self, path: str | Path):
         self.path = Path(path)
         self._data: dict[str, str] = {}
-        if self.path.exists():
-            for n, line in enumerate(self.path.read_text("utf-8").splitlines(), 1):
+        text = read_text(self.path)  # a link, a FIFO or a hard link under the cache's name: refused, never read
+        if text is not None:
+            for n, line in enumerate(text.splitlines(), 1):
                 try:
                     obj = json.loads(line)
                     self._data[obj["key"]] = obj["raw"]
@@ -199,10 +278,7 @@ class JudgeCache:
     def put(self, key: str, raw: str, model_id: str) -> None:
         self._data[key] = raw
         line = json.dumps({"key": key, "raw": raw, "model": model_id, "template": self.template}, ensure_ascii=False)
-        with open(self.path, "a", encoding="utf-8") as f:
-            f.write(line + "\n")
-            f.flush()
-            os.fsync(f.fileno())
+        append_text(self.path, line + "\n")  # never through a link (relaylens.fileio)
 
     def __len__(self) -> int:
         return len(self._data)
@@ -299,8 +375,12 @@ class OpenAIBackend:
                  retries: int = 3, backoff: float = 1.0, model_id: str | None = None,
                  max_tokens: int = MAX_NEW_TOKENS, reasoning_effort: str | None = None,
                  deadline: float = DEADLINE_S, max_reply_bytes: int = MAX_REPLY_BYTES):
-        if not base_url.startswith(("http://", "https://")):
-            raise ValueError(f"judge base_url must start with http:// or https://; got {redact_url(base_url)!r}")
+        key = os.environ.get(api_key_env) if api_key_env is not None else None
+        check_judge_url(base_url, [key])  # a space or control character: one redacted line, before any request
+        if key and any(ch.isspace() or unicodedata.category(ch) in ("Cc", "Cf") for ch in key):
+            raise JudgeBackendError(f"judge API key variable {api_key_env} holds a space, line break or control "
+                                    "character (it cannot be sent in a header; not shown). Fix: export the key "
+                                    f"without them ({api_key_env}=...)")
         full = urllib.parse.urlsplit(chat_completions_url(base_url))
         self._userinfo = (urllib.parse.unquote(full.username or ""), urllib.parse.unquote(full.password or ""))
         # urllib cannot send userinfo inside the URL: it goes into a Basic Authorization header instead
@@ -374,6 +454,10 @@ class OpenAIBackend:
             except (urllib.error.URLError, TimeoutError, OSError) as exc:
                 last = self._redact(f"{type(exc).__name__} talking to {self.shown_url}: {getattr(exc, 'reason', exc)}")
                 continue
+            except ValueError as exc:  # http.client refused the URL or a header: one redacted line, no traceback
+                raise JudgeBackendError(self._redact(f"judge endpoint {self.shown_url} cannot be asked: "
+                                                     f"{type(exc).__name__}: {exc}") + ". Fix: check --judge-url and "
+                                        "the API key") from None
             try:
                 content = json.loads(data)["choices"][0]["message"]["content"] or ""
             except (ValueError, KeyError, IndexError, TypeError):
@@ -390,9 +474,7 @@ class OpenAIBackend:
         parts = urllib.parse.urlsplit(self.url)
         secrets = [self.api_key or "", self._userinfo[1], self._basic or ""]
         secrets += [v for _, v in urllib.parse.parse_qsl(parts.query) if len(v) >= 4]
-        for secret in sorted(filter(None, secrets), key=len, reverse=True):
-            text = text.replace(secret, "***")
-        return text
+        return redact(text, secrets)  # raw, percent-encoded, JSON-escaped, base64url ... (secret_pattern)
 
 
 _PLACEHOLDER = "RELAYLENS-JUDGE-USER-MESSAGE-0f9c"  # plain text in every vocabulary: no special token inside

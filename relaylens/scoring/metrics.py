@@ -28,6 +28,9 @@ Rules (decisions documented here, the dataset rules quoted from ``reference/data
   ``compute_scores.py`` rule, step for step: first character A-D, exact option text, text after "answer is:"/
   "answer:"/"answer is"/"option is", else the first word that is a piece of "ABCD" decides (case-sensitive; a word
   such as "CD" or "AB" ends the scan unmatched, as upstream).
+* **locomo_f1** (LoCoMo records, ``source == "locomo"``): LoCoMo's own per-category QA score
+  (:mod:`relaylens.scoring.locomo`: stemmed token F1, the category-1 multi-answer and category-3 ``;`` rules, the
+  category-5 "not mentioned" rule), beside relaylens's metrics.
 * **abstention**: 1.0 when the answer says the information is unavailable (:func:`is_abstention`), for every
   record (on answerable records it measures false abstention). An abstention record (LongMemEval ``_abs``) is
   correct iff the answer abstains: its ``exact_match``, ``f1`` and ``contains`` equal its ``abstention`` value.
@@ -56,9 +59,10 @@ __all__ = [
     "infinitebench_choice_correct", "infinitebench_dialogue_correct", "score_answer", "ANSWER_METRICS", "METRICS",
 ]
 
-ANSWER_METRICS = ("exact_match", "f1", "contains", "choice_accuracy", "abstention")  # what score_answer can give
+ANSWER_METRICS = ("exact_match", "f1", "contains", "choice_accuracy", "abstention", "locomo_f1")  # score_answer's
 METRICS = ANSWER_METRICS  # the name of earlier releases
-"""Metrics :func:`score_answer` can return (``choice_accuracy`` only for multiple-choice records)."""
+"""Metrics :func:`score_answer` can return (``choice_accuracy`` only for multiple-choice records, ``locomo_f1`` only
+for LoCoMo records)."""
 
 _NUMBER_WORDS = ["zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten", "eleven",
                  "twelve", "thirteen", "fourteen", "fifteen", "sixteen", "seventeen", "eighteen", "nineteen", "twenty"]
@@ -256,10 +260,11 @@ def record_references(record: Any) -> Any:
 
 def score_answer(record: Any, answer: str) -> dict[str, float]:
     """Score one answer: ``{"exact_match", "f1", "contains", "abstention"}`` plus ``"choice_accuracy"`` for
-    multiple-choice records.
+    multiple-choice records and ``"locomo_f1"`` for LoCoMo records.
 
     ``record`` is a :class:`~relaylens.datasets.records.Record` or a mapping with ``answers`` (or ``references``) and
-    optionally ``question_type``, ``is_abstention``, ``options``, ``correct_option``, ``source``.
+    optionally ``question_type``, ``is_abstention``, ``options``, ``correct_option``, ``source`` and (LoCoMo)
+    ``meta["category"]`` or ``category``.
 
     >>> score_answer({"answers": ["Biscuit"]}, "Biscuit, your dog.")
     {'exact_match': 0.0, 'f1': 0.5, 'contains': 1.0, 'abstention': 0.0}
@@ -291,4 +296,17 @@ def score_answer(record: Any, answer: str) -> dict[str, float]:
         else:
             ok = personamem_choice_correct(answer, correct)
         out["choice_accuracy"] = float(ok)
+    if record_field(record, "source") == "locomo":
+        out["locomo_f1"] = _locomo_f1(record, answer, refs[0])
     return out
+
+
+def _locomo_f1(record: Any, answer: str, reference: str) -> float:
+    """LoCoMo's own score of ``answer`` (:func:`relaylens.scoring.locomo.locomo_score`) by the record's category."""
+    from relaylens.scoring.locomo import locomo_score  # noqa: PLC0415 - NLTK's stemmer loads only for LoCoMo records
+
+    category = (record_field(record, "meta") or {}).get("category", record_field(record, "category"))
+    if category is None:
+        raise ValueError(f"LoCoMo record {record_field(record, 'record_id', '?')!r} has no category; expected "
+                         "meta['category'] 1-5 (set by the LoCoMo reader). Fix: load the file with format='locomo'")
+    return locomo_score(answer, reference, int(category))

@@ -22,7 +22,9 @@ from relaylens.model.prefill import PrefillResult
 from relaylens.selectors.base import Budget, Selector, resolve_budget
 from relaylens.selectors.streaming import uniform_selection
 
-GRANULARITIES = ("session", "turn")
+GRANULARITIES = ("auto", "session", "turn")
+AUTO_RULE = "auto: whole sessions when one fits the budget, else turns (per record)"
+"""What ``granularity="auto"`` (the default) does, in the words the run's manifest records (``regime.bm25_units``)."""
 PACKINGS = ("first_fit", "truncate")
 INDEXED_TEXTS = ("all", "user")
 _WORD = re.compile(r"\w+")
@@ -65,7 +67,13 @@ class BM25(Selector):
     top-ranked units are never skipped.
 
     Parameters:
-        granularity: ``"session"`` (default) or ``"turn"`` (``prompt.sessions`` / ``prompt.turns`` spans).
+        granularity: ``"auto"`` (default), ``"session"`` or ``"turn"`` (``prompt.sessions`` / ``prompt.turns``
+            spans). ``"auto"`` ranks whole sessions when at least one session fits the budget (LongMemEval's
+            session retrieval, e.g. the paper's 8,192-token budget on LongMemEval-S) and falls back to turns when
+            none does (10% of a real history, 150-200 tokens, holds no 1,500-2,000-token session: session
+            granularity would skip every such record as ``too_short``). The rule is applied per record; the
+            selection's ``info["granularity"]`` names the granularity used and ``info["granularity_rule"]`` the one
+            asked for, and the run's manifest records the rule (``config.spec.regime.bm25_units``).
         indexed_text: ``"all"`` (the whole unit's text, default) or ``"user"`` (user turns only, as LongMemEval's
             retrieval; assistant turns then score 0 at turn granularity).
         k1, b: BM25 parameters, pinned at 1.5 and 0.75.
@@ -82,11 +90,11 @@ class BM25(Selector):
         >>> prompt = RenderedPrompt("r", torch.zeros(30, dtype=torch.long), torch.zeros(2, dtype=torch.long), "", "",
         ...                         "What is my dog called?", units, ())
         >>> sel = BM25(fill_zero_score=False).select(random_prefill(length=30, window=8), prompt, 20)
-        >>> sel.info["units_kept"], sel.counts.unique().tolist()
-        ([0, 2], [20])
+        >>> sel.info["units_kept"], sel.counts.unique().tolist(), sel.info["granularity"]
+        ([0, 2], [20], 'session')
     """
 
-    granularity: str = "session"
+    granularity: str = "auto"
     indexed_text: str = "all"
     k1: float = 1.5
     b: float = 0.75
@@ -113,11 +121,32 @@ class BM25(Selector):
         """BM25 keeps only unit tokens (source), so it packs the source budget itself, unless ``keep_prefix``."""
         return source_budget + protected if self.keep_prefix else source_budget
 
+    def resolve_granularity(self, prompt: RenderedPrompt, k: int) -> str:
+        """The granularity :meth:`select` ranks for this prompt and a budget of ``k`` tokens: ``self.granularity``,
+        or for ``"auto"`` ``"session"`` when a whole session fits into the room the budget leaves for units (after
+        the prefix when ``keep_prefix``) or the prompt has no turn spans to fall back to, else ``"turn"``.
+
+        Example (sessions of 10 tokens, turns of 5):
+            >>> from relaylens.datasets.spans import Span
+            >>> ses = tuple(Span("session", i, f"s{i}", 10 * i, 10 * i + 10, False, None, "x") for i in range(3))
+            >>> turns = tuple(Span("turn", i, f"s{i // 2}", 5 * i, 5 * i + 5, False, "user", "x") for i in range(6))
+            >>> prompt = RenderedPrompt("r", torch.zeros(30, dtype=torch.long), torch.zeros(2, dtype=torch.long),
+            ...                         "", "", "q", ses, turns)
+            >>> BM25().resolve_granularity(prompt, 12), BM25().resolve_granularity(prompt, 6)
+            ('session', 'turn')
+        """
+        if self.granularity != "auto":
+            return self.granularity
+        if not prompt.sessions or not prompt.turns:
+            return "session" if prompt.sessions else "turn"
+        prefix = min(u.start for u in prompt.sessions) if self.keep_prefix else 0
+        return "session" if min(u.length for u in prompt.sessions) <= k - prefix else "turn"
+
     def unit_texts(self, prompt: RenderedPrompt, units: tuple[Span, ...]) -> list[str]:
-        """The text indexed for each unit."""
+        """The text indexed for each unit (``units``: the prompt's sessions or its turns)."""
         if self.indexed_text == "all":
             return [u.text for u in units]
-        if self.granularity == "turn":
+        if units and units[0].kind == "turn":
             return [u.text if u.role == "user" else "" for u in units]
         if not prompt.turns:
             raise RecordError(f"record {prompt.record_id}: indexed_text='user' needs turn spans, but the prompt has "
@@ -135,17 +164,18 @@ class BM25(Selector):
         length = prefill.history_length
         if prompt.history_length != length:
             raise ShapeError(f"prompt history has {prompt.history_length} tokens but the prefill has {length}")
-        units = prompt.units(self.granularity)
+        k = resolve_budget(budget, length)
+        granularity = self.resolve_granularity(prompt, k)
+        units = prompt.units(granularity)
         if not units:
             raise RecordError(
-                f"record {prompt.record_id} has no {self.granularity} spans; use the granularity the prompt was "
+                f"record {prompt.record_id} has no {granularity} spans; use the granularity the prompt was "
                 f"rendered with (sessions: {len(prompt.sessions)}, turns: {len(prompt.turns)})"
             )
         for u in units:
             if not 0 <= u.start < u.end <= length:
                 raise ShapeError(f"record {prompt.record_id}: {u.kind} {u.index} span [{u.start}, {u.end}) is outside "
                                  f"[0, {length})")
-        k = resolve_budget(budget, length)
         scores = bm25_scores(prompt.question, self.unit_texts(prompt, units), self.k1, self.b)  # [n_units]
         prefix = min(u.start for u in units) if self.keep_prefix else 0
         capacity = k - prefix
@@ -168,13 +198,14 @@ class BM25(Selector):
         if not chosen and prefix == 0:
             if not self.fill_zero_score and not bool((scores > 0).any()):
                 raise RecordError(
-                    f"record {prompt.record_id}: no {self.granularity} shares a word with the question and "
+                    f"record {prompt.record_id}: no {granularity} shares a word with the question and "
                     "fill_zero_score=False, so BM25 keeps nothing; allow zero-score units or check the question text"
                 )
             shortest = min(u.length for u in units)
+            fix = ("raise the budget or use packing=truncate (bm25:packing=truncate)" if granularity == "turn" else
+                   "raise the budget or use turn granularity (bm25:granularity=turn)")
             raise BudgetError(
-                f"BM25 budget K={k} tokens fits no whole {self.granularity} (the shortest has {shortest} tokens); "
-                "raise the budget or use turn granularity"
+                f"BM25 budget K={k} tokens fits no whole {granularity} (the shortest has {shortest} tokens); {fix}"
             )
         state_scores = torch.full((length,), float("nan"))
         if prefix:
@@ -187,7 +218,8 @@ class BM25(Selector):
         info = {
             "selector": self.name,
             "budget": k,
-            "granularity": self.granularity,
+            "granularity": granularity,
+            "granularity_rule": self.granularity,
             "units_kept": sorted(chosen),
             "truncated_unit": chosen[-1] if partial else None,
             "unit_scores": scores.tolist(),

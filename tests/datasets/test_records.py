@@ -90,4 +90,4 @@ def test_format_errors(tmp_path):
     with pytest.raises(ValueError, match="format="):
         load_records(odd)
     with pytest.raises(ValueError, match="unknown dataset format"):
-        load_records(odd, format="locomo")
+        load_records(odd, format="no-such-format")

@@ -166,7 +166,7 @@ def test_bad_inputs():
     with pytest.raises(RecordError, match="prompt=None"):
         BM25().select(pre, None, 0.5)
     with pytest.raises(BudgetError, match="fits no whole session"):
-        BM25().select(pre, prompt, 20)
+        BM25(granularity="session").select(pre, prompt, 20)
     with pytest.raises(ShapeError, match="tokens but the prefill has"):
         BM25().select(random_prefill(length=50, window=8), prompt, 0.5)
     with pytest.raises(RecordError, match="shares a word"):

@@ -13,6 +13,7 @@ Example:
 from __future__ import annotations
 
 import json
+import os
 import warnings
 from pathlib import Path
 from typing import Callable, Sequence
@@ -20,7 +21,7 @@ from typing import Callable, Sequence
 import pandas as pd
 
 from relaylens.reporting import plots
-from relaylens.reporting.crossrun import load_runs
+from relaylens.reporting.crossrun import METRIC_NAMES, load_runs
 from relaylens.reporting.figures.registry import (
     REGISTRY,
     FigureError,
@@ -31,8 +32,9 @@ from relaylens.reporting.figures.registry import (
     prepare_tables,
 )
 from relaylens.reporting.summaries import table_cells, table_markdown
-from relaylens.results.atomic import write_atomic
+from relaylens.results.atomic import safe_subdir, write_atomic
 from relaylens.results.locks import output_lock
+from relaylens.results.passes import pass_metrics, read_passes
 from relaylens.results.shards import plan_progress
 from relaylens.results.store import RunStore, load_run
 from relaylens.results.tables import get_table
@@ -93,6 +95,18 @@ def _warn_all_skipped(tables: dict) -> None:
                       "then re-run the same command with --retry-skipped", stacklevel=3)
 
 
+def _check_pass_metric(metric: str | None, run_dir, hidden: dict[str, str]) -> None:
+    """Refuse a ``--metric`` whose judge pass is not shown (failed, interrupted, partial) with what is true of that
+    pass and its fix (:func:`relaylens.results.passes.hidden_passes`), not as a metric the run lacks."""
+    if not metric or not hidden:
+        return
+    owners = pass_metrics(read_passes(run_dir))
+    for name in (n.strip() for n in str(metric).split(",") if n.strip()):
+        owner = owners.get(METRIC_NAMES.get(name, name))
+        if owner in hidden:
+            raise FigureError(f"--metric {name}: {hidden[owner]}")
+
+
 def load_run_tables(run_dirs: Sequence[str | Path], metric: str | None = None,
                     retained_only: bool = False) -> tuple[dict, dict]:
     """``(tables, manifest)`` ready to draw (:func:`~relaylens.reporting.figures.registry.prepare_tables`): one
@@ -110,6 +124,7 @@ def load_run_tables(run_dirs: Sequence[str | Path], metric: str | None = None,
         planned = _progress(run_dirs[0], store, stacklevel=3)
         for line in hidden.values():
             warnings.warn(line, stacklevel=3)
+        _check_pass_metric(metric, run_dirs[0], hidden)
         tables = prepare_tables(tables, metric, retained_only)
         return {**tables, "run_status": {"planned": planned, "hidden": hidden}}, store.manifest
     grid, labels = load_runs(run_dirs)
@@ -136,6 +151,22 @@ def write_entry(name: str, tables: dict, out_dir: str | Path, formats: Sequence[
                      + "".join(f"\n{line}\n" for line in notes))
         return [csv, md]
     return plots.save_figure(result, out_dir / name, formats)
+
+
+def _output_dir(out_dir: Path, run_dirs: Sequence[Path], create: bool = True) -> Path:
+    """``out_dir``, made when missing; inside a run directory (``RUN_DIR/figures``, the default) every folder below
+    that run directory must be a real folder (:func:`relaylens.fileio.safe_subdir`: a symbolic link there is refused,
+    so no figure is written, and no same-named file replaced, through it). Compared by path, not by resolving links."""
+    where = Path(os.path.abspath(out_dir))
+    for run_dir in run_dirs:
+        try:
+            below = where.relative_to(os.path.abspath(run_dir))
+        except ValueError:
+            continue
+        return safe_subdir(run_dir, *below.parts, create=create) if below.parts else Path(run_dir)
+    if create:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    return out_dir
 
 
 def write_figures(run_dir: str | Path, only: str | Sequence[str] | None = None,
@@ -166,8 +197,9 @@ def write_figures(run_dir: str | Path, only: str | Sequence[str] | None = None,
     warn_not_drawn(not_drawn)
     _warn_all_skipped(tables)
     paths = []
+    _output_dir(out_dir, run_dirs, create=False)  # a linked figures/ is refused before its target is even locked
     with output_lock(out_dir, run_dirs, "figures"):  # one writer per written directory
-        out_dir.mkdir(parents=True, exist_ok=True)
+        out_dir = _output_dir(out_dir, run_dirs)
         for name in chosen:
             if progress:
                 progress(name)
