@@ -15,7 +15,8 @@ figures or reports built from result tables never import torch.
 stage            names (module)
 ================ ====================================================================================================
 records          ``Record``, ``Session``, ``Turn`` (datasets.records); ``load_records``, ``load_records_with_report``,
-                 ``bundled_sample_path`` (datasets); ``generate_records`` (datasets.synthetic)
+                 ``bundled_sample_path`` (datasets); ``generate_records`` (datasets.synthetic); ``pull_real_data``,
+                 ``real_data_path`` (datasets.real_data); ``build_haystacks``, ``write_haystacks`` (datasets.haystack)
 model, prompt    ``load_model``, ``load_tokenizer`` (model.loading); ``render_prompt`` (datasets.prompting)
 prefill          ``prefill_history``, ``PrefillResult`` (model.prefill)
 selection        ``make_selector``, ``Selector`` (selectors); ``Selection`` (geometry.selection);
@@ -62,6 +63,8 @@ _HOMES = {
     "datasets.records": ("Record", "Session", "Turn"),
     "datasets": ("load_records", "load_records_with_report", "bundled_sample_path"),
     "datasets.synthetic": ("generate_records",),
+    "datasets.real_data": ("pull_real_data", "real_data_path"),
+    "datasets.haystack": ("build_haystacks", "write_haystacks"),
     "model.loading": ("load_model", "load_tokenizer"),
     "datasets.prompting": ("render_prompt",),
     "model.prefill": ("prefill_history", "PrefillResult"),

@@ -24,6 +24,7 @@ Values, selection and counts are never changed; only the phases keys carry move.
 | ``common_shift(shift)`` | ``p_i + shift`` | ``L + shift`` |
 | ``compaction(alpha)`` | ``floor((1-alpha) p_i + alpha (M-m+i) + 0.5)`` | ``floor((1-alpha) L + alpha M + 0.5)`` |
 | ``half_gap`` | ``compaction(0.5)`` | as above |
+| ``dilation(k)`` | ``compaction(1 - k)`` plus one common shift to 0 (``k >= 1``) | as compaction, plus the shift |
 | ``score_order`` | relay slots filled by ascending score (ties: source order) | ``M`` |
 | ``reverse_order`` | relay slots in reversed source order | ``M`` |
 | ``random_order(seed)`` | relay slots by a seeded permutation per head | ``M`` |
@@ -389,6 +390,45 @@ class HalfGap(Compaction):
         return "half_gap"
 
 
+@dataclass(frozen=True)
+class Dilation(Condition):
+    """The kept keys where they would sit in a history ``k`` times longer: every gap's room beyond adjacency scaled by
+    ``k >= 1`` (``compaction(1 - k)``: adjacent kept states stay adjacent), the question after them at the scaled gap,
+    then every position shifted by one common amount so the smallest is 0 (RoPE sees relative positions only).
+    ``dilation(1)`` is ``original``. What it stands in for: relative distance alone; the kept states were still
+    computed in the shorter context.
+
+    >>> from relaylens.geometry.selection import Selection
+    >>> coords = Dilation(3).coordinates(Selection.from_lists([[[2, 5, 6]]], history_length=10))
+    >>> coords.key_positions[0, 0].tolist(), coords.question_start
+    ([6, 13, 14], 24)
+    """
+
+    k: float = 4.0
+    name = "dilation"
+
+    def __post_init__(self) -> None:
+        if not (math.isfinite(float(self.k)) and float(self.k) >= 1.0):
+            raise RelaylensError(f"dilation k must be a finite number >= 1 (how many times longer the history is); "
+                                 f"got {self.k}. Fix: dilation(4) places the kept keys as in a history 4 times longer")
+
+    @property
+    def label(self) -> str:
+        return f"dilation({exact_number(self.k)})"
+
+    def coordinates(self, sel: Selection) -> Coordinates:
+        import torch  # noqa: PLC0415 - torch-free room
+
+        k = float(self.k)
+        spread = k * sel.positions.double() + (1.0 - k) * _compact(sel).double()  # [layer, kv_head, slot]
+        start = k * sel.history_length + (1.0 - k) * sel.max_count
+        keys, question = _round_half_up(spread), _round_half_up(start)
+        valid = keys[sel.valid]
+        lowest = int(valid.min()) if valid.numel() else 0
+        shift = max(0, -lowest)  # one common shift: every query-key distance is unchanged
+        return make_coordinates(self.label, sel, torch.where(sel.valid, keys + shift, keys), question + shift)
+
+
 def _fill_relay_slots(sel: Selection, order_key: torch.Tensor, name: str) -> Coordinates:
     """Give the state with the r-th smallest ``order_key`` (padding last) relay slot ``M - m + r``."""
     import torch  # noqa: PLC0415 - torch-free room
@@ -450,12 +490,14 @@ CONDITIONS: dict[str, type[Condition]] = {
     "common_shift": CommonShift,
     "compaction": Compaction,
     "half_gap": HalfGap,
+    "dilation": Dilation,
     "score_order": ScoreOrder,
     "reverse_order": ReverseOrder,
     "random_order": RandomOrder,
 }
 """Every coordinate condition class by name (the catalogue ``get_condition`` and ``--condition`` parse from)."""
 _PARAMETER = {"query_only": ("shift", int), "common_shift": ("shift", int), "compaction": ("alpha", float),
+              "dilation": ("k", float),
               "random_order": ("seed", int)}
 _SPEC = re.compile(r"^\s*([a-z_]+)\s*(?:\(\s*(?:([a-z_]+)\s*=\s*)?([-+0-9.eE]+)\s*\))?\s*$")
 

@@ -23,7 +23,8 @@ from relaylens.selectors.base import Budget, Selector, resolve_budget
 from relaylens.selectors.streaming import uniform_selection
 
 GRANULARITIES = ("auto", "session", "turn")
-AUTO_RULE = "auto: whole sessions when one fits the budget, else turns (per record)"
+AUTO_RULE = ("auto: whole sessions when one fits the budget, else whole turns, else the top-ranked turn cut to the "
+             "budget (per record)")
 """What ``granularity="auto"`` (the default) does, in the words the run's manifest records (``regime.bm25_units``)."""
 PACKINGS = ("first_fit", "truncate")
 INDEXED_TEXTS = ("all", "user")
@@ -71,7 +72,9 @@ class BM25(Selector):
             spans). ``"auto"`` ranks whole sessions when at least one session fits the budget (LongMemEval's
             session retrieval, e.g. the paper's 8,192-token budget on LongMemEval-S) and falls back to turns when
             none does (10% of a real history, 150-200 tokens, holds no 1,500-2,000-token session: session
-            granularity would skip every such record as ``too_short``). The rule is applied per record; the
+            granularity would skip every such record as ``too_short``); when not even a whole turn fits (10% of a
+            history under about 3,000 tokens), it keeps the top-ranked turn cut to the budget (``packing="truncate"``
+            for that record, named in ``info["packing"]``). The rule is applied per record; the
             selection's ``info["granularity"]`` names the granularity used and ``info["granularity_rule"]`` the one
             asked for, and the run's manifest records the rule (``config.spec.regime.bm25_units``).
         indexed_text: ``"all"`` (the whole unit's text, default) or ``"user"`` (user turns only, as LongMemEval's
@@ -183,6 +186,9 @@ class BM25(Selector):
             raise BudgetError(f"BM25 budget K={k} is smaller than the force-kept {prefix}-token prefix; raise the "
                               "budget")
         order = sorted(range(len(units)), key=lambda i: (-float(scores[i]), -units[i].start))  # score, then recency
+        packing = self.packing
+        if self.granularity == "auto" and granularity == "turn" and min(u.length for u in units) > capacity:
+            packing = "truncate"  # auto's last resort: no whole turn fits (a short history's 10%), so cut the best one
         chosen, used, partial = [], 0, []
         for i in order:
             if scores[i] <= 0 and not self.fill_zero_score:
@@ -190,7 +196,7 @@ class BM25(Selector):
             if used + units[i].length <= capacity:
                 chosen.append(i)
                 used += units[i].length
-            elif self.packing == "truncate":
+            elif packing == "truncate":
                 partial = self._truncated(prompt, units[i], capacity - used)  # [(start, end)] within the unit
                 if partial:
                     chosen.append(i)
@@ -222,6 +228,7 @@ class BM25(Selector):
             "granularity_rule": self.granularity,
             "units_kept": sorted(chosen),
             "truncated_unit": chosen[-1] if partial else None,
+            **({"packing": packing} if packing != self.packing else {}),  # auto cut a turn: the packing it used
             "unit_scores": scores.tolist(),
         }
         return uniform_selection(keep, prefill, state_scores[keep], info)

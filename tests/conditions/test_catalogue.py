@@ -7,7 +7,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from relaylens.conditions.catalogue import CONDITIONS, Compaction
+from relaylens.conditions.catalogue import CONDITIONS, Compaction, Dilation
 from relaylens.conditions.scoped import get_condition
 from relaylens.errors import PositionError, RelaylensError, ShapeError
 from relaylens.geometry.selection import Selection
@@ -28,6 +28,8 @@ EXPECTED = {
     "half_gap": ([1, 3, 4, 7, 11, 12], [1, 6, 11, 12], 13),
     "score_order": ([5, 0, 3, 4, 1, 2], [3, 5, 4, 2], 6),
     "reverse_order": ([5, 4, 3, 2, 1, 0], [5, 4, 3, 2], 6),
+    # by hand: 2 p - (M - m + i), then + 2 so head B's first key (2*0 - 2) sits at 0
+    "dilation(2)": ([6, 11, 12, 21, 32, 35], [0, 17, 34, 35], 36),
 }
 
 
@@ -57,7 +59,8 @@ def selections(draw):
 
 ALL_CONDITIONS = ["original", "relay", "rank_sync", "key_only", "query_only(2048)", "common_shift(100)",
                   "compaction(0.25)",
-                  "half_gap", "compaction(0.75)", "score_order", "reverse_order", "random_order(0)", "random_order(7)"]
+                  "half_gap", "compaction(0.75)", "score_order", "reverse_order", "random_order(0)", "random_order(7)",
+                  "dilation(1)", "dilation(4)", "dilation(14)", "dilation(2.5)"]
 
 
 @settings(max_examples=60, deadline=None)
@@ -203,3 +206,32 @@ def test_mask_shape_mismatch():
         Selection(positions, torch.ones(1, 1, 2, dtype=torch.bool), history_length=5)
     with pytest.raises(PositionError, match="left-packed"):
         Selection(positions, torch.tensor([[[True, False, True]]]), history_length=5)
+
+
+@settings(max_examples=60, deadline=None)
+@given(sel=selections(), k=st.integers(1, 20))
+def test_dilation_scales_every_gap_room_by_k(sel, k):
+    """Between kept neighbours and before the question, the room beyond adjacency is k times the source's; dilation(1)
+    is original; one common shift keeps every position at 0 or above, the smallest at 0 when any moved below."""
+    coords = Dilation(k).coordinates(sel)
+    valid, pos, new = sel.valid, sel.positions, coords.key_positions
+    if k == 1:
+        original = get_condition("original").coordinates(sel)
+        assert torch.equal(new, original.key_positions) and coords.question_start == original.question_start
+    both = valid[..., 1:] & valid[..., :-1]
+    source_room = (pos[..., 1:] - pos[..., :-1] - 1)[both]
+    assert torch.equal((new[..., 1:] - new[..., :-1] - 1)[both], k * source_room)
+    counts = sel.counts
+    for layer in range(sel.num_layers):
+        for head in range(sel.num_kv_heads):
+            m = int(counts[layer, head])
+            if m:
+                last_source, last_new = int(pos[layer, head, m - 1]), int(new[layer, head, m - 1])
+                assert coords.question_start - last_new - 1 == k * (sel.history_length - last_source - 1)
+    assert int(new[valid].min()) >= 0
+
+
+@pytest.mark.parametrize("k", [0.5, 0.0, -2.0, float("nan"), float("inf")])
+def test_dilation_refuses_k_below_one(k):
+    with pytest.raises(RelaylensError, match="dilation k must be"):
+        Dilation(k)

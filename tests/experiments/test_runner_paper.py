@@ -13,8 +13,9 @@ from relaylens.results.store import load_tables
 
 
 def _run(model_dir, data, out, *extra):
+    # session granularity named: BM25's default (auto) would fall back to turns and answer the short record
     return cli("run", "coordinate_ablation", "--model", model_dir, "--data", data, "--out", out, "--max-new-tokens",
-               "2",
+               "2", "--selector", "bm25:granularity=session",
                 "--budget", "0.4", "--condition", "relay", *extra)
 
 

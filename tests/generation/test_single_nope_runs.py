@@ -33,6 +33,8 @@ def _own_queries(model, monkeypatch) -> dict[int, torch.Tensor]:
 
     with monkeypatch.context() as patch, torch.no_grad():
         patch.setitem(ALL_ATTENTION_FUNCTIONS._global_mapping, "sdpa", capture)
+        if "sdpa" in ALL_ATTENTION_FUNCTIONS._local_mapping:  # an earlier registration overrides the global entry
+            patch.setitem(ALL_ATTENTION_FUNCTIONS._local_mapping, "sdpa", capture)
         model(IDS[None])
     return seen
 

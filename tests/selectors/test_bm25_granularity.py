@@ -79,7 +79,21 @@ def test_turns_that_do_not_fit_either_say_so():
     prompt = make_prompt(turn_tokens=40)
     pre = random_prefill(length=prompt.history_length, num_layers=2, num_kv_heads=2, window=8)
     with pytest.raises(BudgetError, match="fits no whole turn .*packing=truncate"):
-        BM25().select(pre, prompt, 20)
+        BM25(granularity="turn").select(pre, prompt, 20)
+
+
+def test_auto_cuts_the_top_turn_when_no_whole_turn_fits():
+    """auto's last resort (a short history's 10% holds no whole real turn): the top-ranked turn's leading tokens,
+    exactly the budget, as packing=truncate keeps them; the selection names the packing it used."""
+    prompt = make_prompt(turn_tokens=40)
+    pre = random_prefill(length=prompt.history_length, num_layers=2, num_kv_heads=2, window=8)
+    auto = BM25(fill_zero_score=False).select(pre, prompt, 20)
+    explicit = BM25(granularity="turn", packing="truncate", fill_zero_score=False).select(pre, prompt, 20)
+    assert auto.info["granularity"] == "turn" and auto.info["packing"] == "truncate"
+    assert torch.equal(auto.positions, explicit.positions) and int(auto.counts.max()) == 20
+    top = prompt.turns[auto.info["units_kept"][0]]
+    assert auto.positions[0, 0][auto.valid[0, 0]].tolist() == list(range(top.start, top.start + 20))
+    assert "packing" not in BM25(fill_zero_score=False).select(pre, prompt, 45).info  # a whole turn fits: no cut
 
 
 def test_auto_counts_a_kept_prefix_against_the_room_for_sessions():
