@@ -47,6 +47,9 @@ RUN_OPTIONS = [
     option("data_format", str, "--format", default="auto", help="dataset format (auto-detected when unambiguous)",
            panel=DATA),
     option("limit", int, help="first N records (default: the analysis's CPU-sized limit)", panel=DATA),
+    option("record_order", str, "--record-order", default="file", help="file (the file's order) or interleave "
+           "(round-robin over question types, so that --limit N and a partial run are stratified); applied before "
+           "--limit", panel=DATA),
     option("max_history_tokens", int, "--max-history-tokens", help="skip (and record) records whose history is "
            "longer (default: what the rotary range and the largest condition shift allow)", panel=DATA),
     option("granularity", str, help="gold evidence unit for probes and retention: turn or session", panel=DATA),
@@ -180,6 +183,7 @@ def analysis_options(record, values: dict):
 
 def spec_and_config(p: dict):
     """The analysis spec and run config of the `run` options ``p`` (by parameter name; shared by `run` and `sweep`)."""
+    from relaylens.datasets.ordering import check_record_order  # noqa: PLC0415 - CLI startup
     from relaylens.experiments.config import RunConfig  # noqa: PLC0415 - CLI startup
     from relaylens.experiments.judges import check_judge_records  # noqa: PLC0415 - CLI startup
     from relaylens.experiments.presets import apply_preset  # noqa: PLC0415 - CLI startup
@@ -196,6 +200,7 @@ def spec_and_config(p: dict):
     load_kwargs(**placement)  # bad values: one line, early
     check_key_env(p["judge_url"], p["judge_key_env"])
     config = RunConfig(model=p["model"], data=p["data"], data_format=p["data_format"], limit=p["limit"],
+                       record_order=guard(check_record_order, p["record_order"] or "file"),
                        out=str(p["out"]) if p["out"] else None, shard=p["shard"], seed=p["seed"], force=p["force"],
                        judge_url=p["judge_url"], judge_model=p["judge_model"], judge_key_env=p["judge_key_env"],
                        judge_template=guard(check_template, p["judge_template"]),

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from relaylens.datasets import SAMPLE
 from relaylens.errors import RelaylensError
 from relaylens.model.embedded import DEFAULT_MODEL
+from relaylens.datasets.ordering import check_record_order
 from relaylens.scoring.longmemeval_judge import check_template
 
 
@@ -29,6 +30,7 @@ class RunConfig:
     data: str = SAMPLE
     data_format: str = "auto"
     limit: int | None = None
+    record_order: str = "file"  # or "interleave": round-robin over question types, before --limit (datasets.ordering)
     out: str | None = None
     shard: str | None = None
     seed: int = 0
@@ -81,6 +83,7 @@ def check_config(config: RunConfig) -> None:
                              f"{config.seed!r}. Fix: pass --seed N with N >= 0")
 
     check_template(config.judge_template)
+    check_record_order(config.record_order)
     if config.window_mode not in WINDOW_MODES:
         raise RelaylensError(f"window_mode must be one of {WINDOW_MODES}; got {config.window_mode!r}")
     if config.max_history_tokens is not None and (not isinstance(config.max_history_tokens,

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from relaylens.datasets import SAMPLE, load_records, resolve_data
+from relaylens.datasets.ordering import order_records
 from relaylens.errors import RelaylensError
 from relaylens.experiments.config import RunConfig
 from relaylens.experiments.judges import make_judge
@@ -130,6 +131,7 @@ def open_run(spec: ExperimentSpec, config: RunConfig, model_and_tokenizer=None) 
     records = load_records(data_path, format=config.data_format)
     if not records:
         raise RelaylensError(f"{data_path} holds no records")
+    records = order_records(records, config.record_order)  # before the limit: a prefix of the chosen order
     limit = config.limit if config.limit is not None else spec.limit
     records = records[:limit] if limit else records
     shard = (launcher.index, launcher.count) if launcher else parse_shard(config.shard) if config.shard else None
