@@ -58,20 +58,24 @@ def data_haystack(
                                 "longmemeval-oracle)"),
     question_id: list[str] = typer.Option(None, "--question-id", help="build only this question (repeatable); an "
                                           "error when its evidence does not fit"),
+    questions_from: Path = typer.Option(None, "--questions-from", help="build only the questions of this "
+                                        "LongMemEval-format file (e.g. an 8k haystack, for a 16k run on the same "
+                                        "questions); an error when one does not fit"),
     max_evidence_share: float = typer.Option(0.9, "--max-evidence-share", help="leave out questions whose evidence "
                                              "alone takes more than this share of --tokens"),
     history_format: str = typer.Option("nl", "--history-format", help="nl or json, as the run renders"),
 ) -> None:
     """Build LongMemEval-S-like haystacks from the oracle: each question's own evidence sessions filled to --tokens
     with whole sessions of other questions (an S-like construction, not LongMemEval-S; see docs/how-to/real-data.md)."""
-    from relaylens.datasets.haystack import haystack_command  # noqa: PLC0415 - CLI startup
+    from relaylens.datasets.haystack import haystack_command, question_ids_of  # noqa: PLC0415 - CLI startup
 
     tok = None
     if model:
         from relaylens.model.loading import load_tokenizer  # noqa: PLC0415 - CLI startup
 
         tok = guard(load_tokenizer, model)
-    path, build = guard(haystack_command, tokens, seed, tok, out, oracle=oracle, question_ids=question_id or None,
+    ids = list(question_id or []) + (guard(question_ids_of, questions_from) if questions_from else [])
+    path, build = guard(haystack_command, tokens, seed, tok, out, oracle=oracle, question_ids=ids or None,
                         max_evidence_share=max_evidence_share, history_format=history_format)
     console.print(build.summary())
     console.print(f"[green]wrote[/] {len(build.records)} records to {path}")

@@ -20,6 +20,7 @@ Values, selection and counts are never changed; only the phases keys carry move.
 | ``relay`` | ``M - m + i`` (right-aligned at ``M - 1``) | ``M`` |
 | ``rank_sync`` | ``i`` (left-aligned) | ``M`` |
 | ``key_only`` | ``M - m + i`` | ``L`` |
+| ``key_only(k)`` | ``M - m + i`` | ``k L - (k - 1) M``: where ``dilation(k)`` puts it (``k >= 1``) |
 | ``query_only(shift)`` | ``p_i`` | ``L + shift`` |
 | ``common_shift(shift)`` | ``p_i + shift`` | ``L + shift`` |
 | ``compaction(alpha)`` | ``floor((1-alpha) p_i + alpha (M-m+i) + 0.5)`` | ``floor((1-alpha) L + alpha M + 0.5)`` |
@@ -281,12 +282,31 @@ class RankSync(Condition):
 
 @dataclass(frozen=True)
 class KeyOnly(Condition):
-    """Keys compacted as in ``relay``, the question left at ``L``."""
+    """Keys compacted as in ``relay``, the question left at ``L``; ``key_only(k)`` (``k >= 1``) leaves it where
+    ``dilation(k)`` puts it, ``k L - (k - 1) M``: key-only compaction inside a history ``k`` times longer.
 
+    >>> from relaylens.geometry.selection import Selection
+    >>> sel = Selection.from_lists([[[2, 5, 6]]], history_length=10)
+    >>> KeyOnly().coordinates(sel).question_start, KeyOnly(3).coordinates(sel).question_start, KeyOnly(3).label
+    (10, 24, 'key_only(3)')
+    """
+
+    k: float = 1.0
     name = "key_only"
 
+    def __post_init__(self) -> None:
+        if not (math.isfinite(float(self.k)) and float(self.k) >= 1.0):
+            raise RelaylensError(f"key_only k must be a finite number >= 1 (how many times longer the history is); "
+                                 f"got {self.k}. Fix: key_only(4) leaves the question where dilation(4) puts it")
+
+    @property
+    def label(self) -> str:
+        return "key_only" if float(self.k) == 1.0 else f"key_only({exact_number(self.k)})"
+
     def coordinates(self, sel: Selection) -> Coordinates:
-        return make_coordinates(self.label, sel, _compact(sel), sel.history_length)
+        k = float(self.k)
+        start = sel.history_length if k == 1.0 else _round_half_up(k * sel.history_length + (1.0 - k) * sel.max_count)
+        return make_coordinates(self.label, sel, _compact(sel), start)
 
 
 def _check_shift(condition: Condition) -> None:
@@ -497,7 +517,7 @@ CONDITIONS: dict[str, type[Condition]] = {
 }
 """Every coordinate condition class by name (the catalogue ``get_condition`` and ``--condition`` parse from)."""
 _PARAMETER = {"query_only": ("shift", int), "common_shift": ("shift", int), "compaction": ("alpha", float),
-              "dilation": ("k", float),
+              "dilation": ("k", float), "key_only": ("k", float),
               "random_order": ("seed", int)}
 _SPEC = re.compile(r"^\s*([a-z_]+)\s*(?:\(\s*(?:([a-z_]+)\s*=\s*)?([-+0-9.eE]+)\s*\))?\s*$")
 

@@ -179,6 +179,9 @@ def build_haystacks(oracle: str | os.PathLike | Sequence[dict] | None = None, to
               for k, obj in enumerate(raw)]
     by_id = {rec.record_id: k for k, rec in enumerate(parsed)}
     wanted = list(question_ids) if question_ids is not None else None
+    twice = next((q for k, q in enumerate(wanted or ()) if q in wanted[:k]), None)
+    if twice is not None:
+        raise RecordError(f"question {shown(twice)!r} is asked for twice. Fix: name each question once")
     for qid in wanted or ():
         if qid not in by_id:
             raise RecordError(f"question {shown(qid)!r} is not in {where}. Fix: pass a question_id of the oracle")
@@ -249,6 +252,18 @@ def haystack_command(tokens: int, seed: int, tokenizer, out: str | os.PathLike, 
                              f"evidence alone is over {max_evidence_share:.0%} of the target). Fix: ask for more "
                              "tokens")
     return write_haystacks(build, out), build
+
+
+def question_ids_of(path: str | os.PathLike) -> list[str]:
+    """The ``question_id`` of every record of a LongMemEval-format file (``.json`` or ``.json.gz``), in file order:
+    ``--questions-from`` builds a second history length on the same questions."""
+    raw, where = _oracle_records(Path(path))
+    ids = [r.get("question_id") for r in raw]
+    bad = next((i for i, q in enumerate(ids) if not isinstance(q, str) or not q), None)
+    if bad is not None:
+        raise RecordError(f"{where}: record {bad} has no question_id string. Fix: pass a LongMemEval-format file "
+                          "(e.g. one written by relaylens data haystack)")
+    return ids
 
 
 # ---------------------------------------------------------------------------------------------------- internals

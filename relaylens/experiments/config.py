@@ -16,9 +16,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from relaylens.datasets import SAMPLE
+from relaylens.datasets.ordering import check_record_order
 from relaylens.errors import RelaylensError
 from relaylens.model.embedded import DEFAULT_MODEL
-from relaylens.datasets.ordering import check_record_order
 from relaylens.scoring.longmemeval_judge import check_template
 
 

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from relaylens.conditions.catalogue import CONDITIONS, Compaction, Dilation
+from relaylens.conditions.catalogue import CONDITIONS, Compaction, Dilation, KeyOnly
 from relaylens.conditions.scoped import get_condition
 from relaylens.errors import PositionError, RelaylensError, ShapeError
 from relaylens.geometry.selection import Selection
@@ -30,6 +32,8 @@ EXPECTED = {
     "reverse_order": ([5, 4, 3, 2, 1, 0], [5, 4, 3, 2], 6),
     # by hand: 2 p - (M - m + i), then + 2 so head B's first key (2*0 - 2) sits at 0
     "dilation(2)": ([6, 11, 12, 21, 32, 35], [0, 17, 34, 35], 36),
+    # by hand: keys as key_only, the question at 2 L - (2 - 1) M = 40 - 6 (dilation(2)'s start before its shift of 2)
+    "key_only(2)": ([0, 1, 2, 3, 4, 5], [2, 3, 4, 5], 34),
 }
 
 
@@ -60,7 +64,7 @@ def selections(draw):
 ALL_CONDITIONS = ["original", "relay", "rank_sync", "key_only", "query_only(2048)", "common_shift(100)",
                   "compaction(0.25)",
                   "half_gap", "compaction(0.75)", "score_order", "reverse_order", "random_order(0)", "random_order(7)",
-                  "dilation(1)", "dilation(4)", "dilation(14)", "dilation(2.5)"]
+                  "dilation(1)", "dilation(4)", "dilation(14)", "dilation(2.5)", "key_only(4)", "key_only(14)"]
 
 
 @settings(max_examples=60, deadline=None)
@@ -229,6 +233,27 @@ def test_dilation_scales_every_gap_room_by_k(sel, k):
                 last_source, last_new = int(pos[layer, head, m - 1]), int(new[layer, head, m - 1])
                 assert coords.question_start - last_new - 1 == k * (sel.history_length - last_source - 1)
     assert int(new[valid].min()) >= 0
+
+
+@settings(max_examples=60, deadline=None)
+@given(sel=selections(), k=st.integers(1, 20))
+def test_key_only_k_leaves_the_question_where_dilation_puts_it(sel, k):
+    """key_only(k): relay's keys; the question (k - 1)(L - M) past key_only's, which is dilation(k)'s question start
+    before its common shift; key_only(1) is key_only, label included."""
+    plain, stretched = get_condition("key_only").coordinates(sel), get_condition(f"key_only({k})").coordinates(sel)
+    assert torch.equal(stretched.key_positions, plain.key_positions)
+    assert stretched.question_start - plain.question_start == (k - 1) * (sel.history_length - sel.max_count)
+    dilated = Dilation(k).coordinates(sel)
+    shift = max(0, -int((k * sel.positions - (k - 1) * get_condition("relay").coordinates(sel).key_positions)
+                        [sel.valid].min()))
+    assert dilated.question_start - shift == stretched.question_start
+    assert get_condition(f"key_only({k})").label == ("key_only" if k == 1 else f"key_only({k})")
+
+
+@pytest.mark.parametrize("k", [0.5, 0.0, -2.0, float("nan"), float("inf")])
+def test_key_only_refuses_k_below_one(k):
+    with pytest.raises(RelaylensError, match="key_only k must be"):
+        get_condition(f"key_only({k})") if math.isfinite(k) else KeyOnly(k)
 
 
 @pytest.mark.parametrize("k", [0.5, 0.0, -2.0, float("nan"), float("inf")])

@@ -222,6 +222,37 @@ def test_cli_builds_from_an_oracle_file(oracle, tmp_path):
     assert bad.exit_code == 2 and "q00" in bad.output
 
 
+def test_a_second_length_on_the_same_questions(oracle, tmp_path):
+    """--questions-from: the questions of a built file, in its order, at another target; each must fit."""
+    src = tmp_path / "oracle.json"
+    src.write_text(json.dumps(oracle))
+    short = tmp_path / "short.json.gz"
+    args = ["data", "haystack", "--seed", "2", "--oracle", str(src)]
+    assert CliRunner().invoke(app, [*args, "--tokens", str(CLI_TARGET), "--out", str(short)]).exit_code == 0
+    kept = [r["question_id"] for r in json.loads(gzip.decompress(short.read_bytes()))]
+    subset = tmp_path / "subset.json"
+    subset.write_text(json.dumps([{"question_id": q} for q in kept[::-2]]))  # another order, half the questions
+    longer = tmp_path / "long.json"
+    result = CliRunner().invoke(app, [*args, "--tokens", str(2 * CLI_TARGET), "--questions-from", str(subset),
+                                      "--out", str(longer)])
+    assert result.exit_code == 0, result.output
+    built = json.loads(longer.read_text())
+    assert [r["question_id"] for r in built] == kept[::-2]
+    assert all(r["relaylens_haystack"]["target_tokens"] == 2 * CLI_TARGET for r in built)
+    everything = tmp_path / "all.json"
+    everything.write_text(json.dumps(oracle))  # q00 does not fit: refused by name, nothing written
+    bad = CliRunner().invoke(app, [*args, "--tokens", str(CLI_TARGET), "--questions-from", str(everything),
+                                   "--out", str(tmp_path / "none.json")])
+    assert bad.exit_code == 2 and "q00" in bad.output and not (tmp_path / "none.json").exists()
+    nameless = tmp_path / "nameless.json"
+    nameless.write_text(json.dumps([{"question": "?"}]))
+    bad = CliRunner().invoke(app, [*args, "--tokens", str(CLI_TARGET), "--questions-from", str(nameless),
+                                   "--out", str(tmp_path / "none.json")])
+    assert bad.exit_code == 2 and "record 0 has no question_id" in bad.output
+    with pytest.raises(RecordError, match="'q01' is asked for twice"):
+        build_haystacks(oracle, tokens=CLI_TARGET, seed=2, question_ids=["q01", "q02", "q01"])
+
+
 def test_an_estimate_that_overshoots_is_corrected_by_the_exact_count(oracle):
     """A counter whose counts grow faster than the text (session costs then under-estimate the whole history) still
     never exceeds the target: the finished history is counted once and fillers are dropped until it fits."""

@@ -1,4 +1,4 @@
-"""--record-order: interleaving over question types happens before --limit, reaches the plan, and bad values fail early."""
+"""--record-order: interleaving over question types happens before --limit, reaches the plan; bad values fail early."""
 
 import json
 
@@ -21,7 +21,8 @@ def test_interleave_deals_round_robin_and_keeps_every_record():
     assert sorted(r.record_id for r in dealt) == sorted(r.record_id for r in records)
     assert [r.question_type for r in dealt[:6]] == ["temporal", "multi", "user", "temporal", "multi", "temporal"]
     for t in set(types):  # file order within each type
-        assert [r.record_id for r in dealt if r.question_type == t] == [r.record_id for r in records if r.question_type == t]
+        in_file = [r.record_id for r in records if r.question_type == t]
+        assert [r.record_id for r in dealt if r.question_type == t] == in_file
     assert order_records(records, "file") == records
 
 
