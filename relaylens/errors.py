@@ -1,7 +1,11 @@
 """Error types raised by relaylens, and :func:`shown`, which makes dataset text safe to print in messages.
 
-Every error derives from :class:`RelaylensError` *and* from :class:`ValueError`, so callers that only know
-``ValueError`` still catch them. Messages say what was expected, what arrived and how to fix it.
+Every error relaylens raises on purpose derives from :class:`RelaylensError` *and* from :class:`ValueError`, so
+callers that only know ``ValueError`` still catch them; the exception classes other modules define derive from it too
+(``PullError`` is also a ``RuntimeError``). Messages say what was expected, what arrived and how to fix it
+(``Fix: ...``). A builtin exception (``ValueError``, ``TypeError``, ``RuntimeError``) raised by relaylens code is a
+broken internal invariant, a bug; the few builtin raises and exception bases kept on purpose (abstract methods,
+protocol hooks, the ``OSError`` of a failed write) are listed with their reasons in ``tests/test_error_vocabulary.py``.
 
 Example:
     >>> issubclass(ShapeError, RelaylensError), issubclass(RelaylensError, ValueError)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import torch
 
+from relaylens.errors import RelaylensError
 from relaylens.model.hf import attention_modules, query_key_projections, rms_norm_gain, rms_norms
 
 ROPE_VARIANTS = ("llama", "llama_yarn", "llama3", "qwen2", "qwen2_yarn", "phi_partial", "cohere_interleaved",
@@ -101,7 +102,8 @@ def tiny_config(variant: str = "llama", **overrides):
             kw.update(layer_types=["sliding_attention", "full_attention"] * 2, sliding_window=8)
             cfg = (Cohere2Config if variant == "cohere2_nope" else Exaone4Config)(**kw)
     else:
-        raise ValueError(f"unknown tiny model variant {variant!r}; choose one of {ROPE_VARIANTS + NOPE_VARIANTS}")
+        raise RelaylensError(f"unknown tiny model variant {variant!r}. Fix: choose one of "
+                             f"{ROPE_VARIANTS + NOPE_VARIANTS}")
     for key, value in overrides.items():
         setattr(cfg, key, value)
     return cfg

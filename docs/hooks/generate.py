@@ -267,7 +267,9 @@ def errors_page() -> str:
                 importlib.import_module(info.name)
     lines = ["# Errors", "", _banner("relaylens/errors.py and every module that subclasses RelaylensError"),
              inspect.cleandoc(importlib.import_module("relaylens.errors").__doc__).split("\n\n")[1], "",
-             "On the command line every `RelaylensError` is printed as one line, `error: ...`, with exit status 2.",
+             "On the command line every `RelaylensError` is printed as one line, `error: ...`, with exit status 2. "
+             "Any other exception is a bug: the command prints `relaylens: internal error (TYPE); this is a bug: "
+             "please report it ...` on stderr, then its traceback, and exits with status 1.",
              "", "```text"]
     entries = []
 

@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 import torch
 
 from relaylens.bench.model import DEFAULT_MODEL, load_bench_model, proc_status_kb, reset_peak_rss, sample_prompts
+from relaylens.errors import BudgetError, PositionError, RelaylensError
 from relaylens.geometry.rotary import RotaryFactors
 from relaylens.model.prefill import PrefillPieces, prefill_history
 from relaylens.progress import progress_view
@@ -219,11 +220,13 @@ def parse_budgets(text) -> tuple[int | float, ...]:
         except ValueError:
             value = None
         if value is None or isinstance(value, float) and not 0 < value <= 1 or isinstance(value, int) and value < 1:
-            raise ValueError(f"--budgets must be kept states per head (whole numbers >= 1, e.g. 2048,8192) or ratios "
-                             f"of the history in (0, 1] (e.g. 0.1); got {item!r} in {text!r}")
+            raise BudgetError(f"--budgets must be kept states per head (whole numbers >= 1, e.g. 2048,8192) or ratios "
+                              f"of the history in (0, 1] (e.g. 0.1); got {item!r} in {text!r}. Fix: pass e.g. "
+                              "--budgets 2048,8192 or --budgets 0.1")
         budgets.append(value)
     if not budgets:
-        raise ValueError(f"--budgets needs at least one budget (e.g. 2048,8192); got {text!r}")
+        raise BudgetError(f"--budgets needs at least one budget (e.g. 2048,8192); got {text!r}. Fix: pass e.g. "
+                          "--budgets 2048,8192")
     return tuple(budgets)
 
 
@@ -233,7 +236,8 @@ def parse_selectors(text) -> tuple[str, ...]:
 
     names = tuple(s.strip() for s in text.split(",") if s.strip()) if isinstance(text, str) else tuple(text)
     if not names or not all(is_selector_name(n) for n in names):
-        raise ValueError(f"--selectors must name selectors of {sorted(REGISTRY)} separated by commas; got {text!r}")
+        raise RelaylensError(f"--selectors must name selectors of {sorted(REGISTRY)} separated by commas; got "
+                             f"{text!r}. Fix: pass e.g. --selectors snapkv,pyramidkv")
     return names
 
 
@@ -248,7 +252,7 @@ def stratified_prompts(tokenizer, count: int, data=None):
 
     prompts = [render_prompt(record, tokenizer, mode="completion") for record in load_records(resolve_data(data))]
     if not prompts:
-        raise ValueError(f"{data} holds no records")
+        raise RelaylensError(f"{data} holds no records. Fix: pass --data a records file with at least one record")
     ordered = sorted(prompts, key=lambda p: p.history_length)
     if count >= len(ordered):
         return ordered
@@ -271,7 +275,7 @@ def run_overhead(repeats: int = 3, records: int = 4, model_spec: str = DEFAULT_M
     ``"back-to-back"`` runs each request whole and measures its peaks itself.
     """
     if schedule not in SCHEDULES:
-        raise ValueError(f"schedule must be one of {SCHEDULES}; got {schedule!r}")
+        raise RelaylensError(f"schedule must be one of {SCHEDULES}; got {schedule!r}. Fix: pass one of those")
     selectors, budgets = parse_selectors(selectors), parse_budgets(budgets)
     model, tokenizer = load_bench_model(model_spec, load_kwargs)
     factors = RotaryFactors.from_model(model)
@@ -279,13 +283,14 @@ def run_overhead(repeats: int = 3, records: int = 4, model_spec: str = DEFAULT_M
     for prompt in prompts:  # before any timing: a budget the history cannot fill, a history past the rotary range
         too_big = [b for b in budgets if isinstance(b, int) and b > prompt.history_length]
         if too_big:
-            raise ValueError(f"budget {too_big[0]} exceeds record {prompt.record_id}'s history of "
-                             f"{prompt.history_length} tokens. Fix: smaller --budgets, or --data with longer histories")
+            raise BudgetError(f"budget {too_big[0]} exceeds record {prompt.record_id}'s history of "
+                              f"{prompt.history_length} tokens. Fix: smaller --budgets, or --data with longer "
+                              "histories")
         needed = prompt.history_length + prompt.question_ids.numel() + new_tokens
         if factors.max_position and needed > factors.max_position:
-            raise ValueError(f"record {prompt.record_id} needs {needed} positions (history, question, {new_tokens} "
-                             f"steps), past the model's rotary range of {factors.max_position}. Fix: shorter records "
-                             "or a model with a longer context (--max-position with --rope-scaling)")
+            raise PositionError(f"record {prompt.record_id} needs {needed} positions (history, question, "
+                                f"{new_tokens} steps), past the model's rotary range of {factors.max_position}. Fix: "
+                                "shorter records or a model with a longer context (--max-position with --rope-scaling)")
     chosen = {name: make_selector(name) for name in selectors}
     settings = [(name, budget) for name in chosen for budget in budgets]
     interleaved = schedule == "interleaved"

@@ -42,6 +42,7 @@ from relaylens.bench.machine import (
     linear_shapes,
     synchronize,
 )
+from relaylens.errors import PositionError, RelaylensError
 from relaylens.geometry.rotary import RotaryFactors
 from relaylens.geometry.selection import Selection
 from relaylens.model.embedded import DEFAULT_MODEL
@@ -80,11 +81,12 @@ def parse_lengths(text) -> tuple[int, ...]:
     except ValueError:
         lengths = ()
     if not lengths or min(lengths) < 1:
-        raise ValueError(f"--lengths must be positive token counts separated by commas (e.g. 2048,8192); got {text!r}")
+        raise RelaylensError(f"--lengths must be positive token counts separated by commas (e.g. 2048,8192); got "
+                             f"{text!r}. Fix: pass whole numbers >= 1, e.g. --lengths 2048,8192")
     if max(lengths) > LENGTH_LIMIT:
-        raise ValueError(f"--lengths {max(lengths):,} is past {LENGTH_LIMIT:,} tokens (2**24, where rotary positions "
-                         "stop being distinct; and far past any model's range). Fix: lengths within the model's "
-                         "max_position_embeddings, e.g. 2048,8192")
+        raise PositionError(f"--lengths {max(lengths):,} is past {LENGTH_LIMIT:,} tokens (2**24, where rotary "
+                            "positions stop being distinct; and far past any model's range). Fix: lengths within the "
+                            "model's max_position_embeddings, e.g. 2048,8192")
     return lengths
 
 
@@ -95,8 +97,8 @@ def check_lengths(lengths, model) -> None:
     """Refuse prefill lengths past the loaded model's rotary range, before any measurement."""
     limit = getattr(getattr(model, "config", None), "max_position_embeddings", None)
     if limit and max(lengths) > limit:
-        raise ValueError(f"--lengths {max(lengths):,} is past the model's rotary range (max_position_embeddings="
-                         f"{limit:,}). Fix: lengths up to {limit:,}, or --rope-scaling with --max-position")
+        raise PositionError(f"--lengths {max(lengths):,} is past the model's rotary range (max_position_embeddings="
+                            f"{limit:,}). Fix: lengths up to {limit:,}, or --rope-scaling with --max-position")
 
 
 def run_roofline(model_spec: str = DEFAULT_MODEL, load_kwargs: dict | None = None, quick: bool = False,

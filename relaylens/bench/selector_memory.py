@@ -22,6 +22,7 @@ import time
 import torch
 
 from relaylens.bench.model import proc_status_kb, reset_peak_rss
+from relaylens.errors import RelaylensError
 from relaylens.model.prefill import prefill_history
 
 SMOLLM2_GEOMETRY = dict(
@@ -40,7 +41,8 @@ SMOLLM2_GEOMETRY = dict(
 def _proc_kb(field: str) -> int:
     value = proc_status_kb(field)
     if value is None:
-        raise RuntimeError(f"/proc/self/status has no {field} (this measurement needs Linux)")
+        raise RelaylensError(f"/proc/self/status has no {field} (this measurement needs Linux). Fix: run the "
+                             "selector memory measurement on Linux")
     return value
 
 
@@ -57,7 +59,8 @@ def _measure(mode: str, length: int, block_size: int, threads: int) -> dict:
     gc.collect()
     before = _proc_kb("VmRSS")
     if not reset_peak_rss():
-        raise RuntimeError("cannot reset the high-water mark (/proc/self/clear_refs); this measurement needs Linux")
+        raise RelaylensError("cannot reset the high-water mark (/proc/self/clear_refs); this measurement needs Linux. "
+                             "Fix: run the selector memory measurement on Linux")
     start = time.perf_counter()
     if mode == "plain":
         pre = prefill_history(model, ids, window_size=32)

@@ -1,8 +1,10 @@
 """The command line: ``relaylens run | sweep | merge | judge | figures | report | bench | demo | data synth | pull |
 haystack | model pull``, the typer app ``relaylens.cli:app`` (``python -m relaylens.cli`` runs it too).
 
-Every command prints where its output went; long work shows a rich progress bar. Errors from relaylens (bad input)
-are printed as one clear line with exit status 2, never as a traceback from deep inside torch.
+Every command prints where its output went; long work shows a rich progress bar. Errors from relaylens (bad input,
+a :class:`~relaylens.errors.RelaylensError`) are printed as one clear line with exit status 2, never as a traceback
+from deep inside torch; any other exception is a bug, announced by one ``relaylens: internal error`` line before its
+traceback (exit status 1).
 
 Owns one module per command group: :mod:`~relaylens.cli.common` (the apps, the console, placement options and the
 error guards), :mod:`~relaylens.cli.options` (the options of ``run`` and ``sweep``, and each analysis's own flags,

@@ -9,6 +9,7 @@ from pathlib import Path
 import typer
 
 from relaylens.cli.common import ATTN, DEVICE, DEVICE_MAP, DTYPE, MAX_POS, ROPE, console, fail, guard, load_kwargs
+from relaylens.errors import RelaylensError
 from relaylens.model.embedded import DEFAULT_MODEL  # a name only: importing it loads no model code
 
 
@@ -106,7 +107,7 @@ def check_bench_options(records=None, new_tokens=None, lengths=None, budgets=Non
         if value is not None:
             try:
                 parse(value)
-            except ValueError as err:
+            except RelaylensError as err:
                 fail(str(err))
     if data is not None:
         from relaylens.datasets import resolve_data  # noqa: PLC0415 - CLI startup

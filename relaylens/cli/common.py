@@ -1,6 +1,11 @@
 """What every command group of the command line shares: the typer apps, the console, the placement options, and the
 guards that turn bad input into one clear line with exit status 2 (never a traceback from deep inside torch).
 
+Bad input is what relaylens raises on purpose: a :class:`~relaylens.errors.RelaylensError` (and operating-system
+errors on the files a command names). Any other exception -- a bare ``ValueError`` or ``TypeError`` from deep
+inside included -- is a bug: :func:`guard` prints one ``relaylens: internal error (TYPE); this is a bug`` line and lets
+it propagate, so its traceback follows and the exit status is 1.
+
 Example:
     >>> os_error_line(FileNotFoundError(2, "No such file or directory", "runs/x"))
     'No such file or directory (runs/x). Fix: check the path'
@@ -13,6 +18,7 @@ import errno
 import os
 import warnings
 
+import click
 import typer
 from rich.console import Console
 from rich.markup import escape
@@ -26,6 +32,11 @@ data_app = typer.Typer(no_args_is_help=True, help="Datasets.")
 app.add_typer(model_app, name="model")
 app.add_typer(data_app, name="data")
 console = Console(stderr=True, soft_wrap=True)  # one clear line per error, never wrapped mid-message
+
+#: where an internal error is to be reported (pyproject.toml names no issue tracker or contact address)
+REPORT_TO = "please report it to the relaylens maintainers with the command and the traceback below"
+#: the command line's own exits and click's usage errors: they pass :func:`guard` untouched
+_CLI_EXITS = (typer.Exit, typer.Abort, click.exceptions.Exit, click.exceptions.Abort, click.ClickException)
 
 # --- the placement options of every command that loads a model -----------------------------------------------------
 
@@ -84,15 +95,26 @@ def check_key_env(judge_url: str | None, judge_key_env: str | None) -> None:
              "without authentication")
 
 
+def internal_error_line(err: BaseException) -> str:
+    """The one line printed before an exception that is not bad input propagates (its traceback follows).
+
+    >>> internal_error_line(KeyError("x"))
+    'relaylens: internal error (KeyError); this is a bug: please report it to the relaylens maintainers with the command and the traceback below'
+    """  # noqa: E501 - doctest: the line is matched whole
+    return f"relaylens: internal error ({type(err).__name__}); this is a bug: {REPORT_TO}"
+
+
 def guard(fn, *args, **kwargs):
-    """Run ``fn`` and turn relaylens input errors and OS errors into one clear line (exit 2), and its Python warnings
-    into one ``warning:`` line each."""
+    """Run ``fn`` and turn relaylens input errors (:class:`~relaylens.errors.RelaylensError`) and OS errors into one
+    clear line (exit 2), and its Python warnings into one ``warning:`` line each. Any other exception (a bare
+    ``ValueError`` included) is a bug: one :func:`internal_error_line` on stderr, then it propagates with its
+    traceback."""
     from relaylens.results.store import StoreWriteError  # noqa: PLC0415 - CLI startup: the store imports pandas, which most commands skip
 
     try:
         with warnings_as_lines():
             return fn(*args, **kwargs)
-    except (RelaylensError, ValueError) as err:
+    except RelaylensError as err:
         fail(str(err), getattr(err, "multiline", False))
     except StoreWriteError as err:  # already names the run directory and the fix
         fail(str(err))
@@ -101,6 +123,14 @@ def guard(fn, *args, **kwargs):
     except RecursionError:
         fail("the input is nested too deeply to read (RecursionError). Fix: check that the file is what the "
              "command expects")
+    except _CLI_EXITS:
+        raise
+    except Exception as err:
+        if not getattr(err, "_relaylens_reported", False):  # a guard inside a guard: one line
+            console.print(f"[bold red]{safe(internal_error_line(err))}[/]")
+            with contextlib.suppress(AttributeError, TypeError):
+                err._relaylens_reported = True
+        raise
 
 
 def warned(fn, *args, **kwargs):

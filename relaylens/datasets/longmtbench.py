@@ -40,7 +40,14 @@ def _rows(path: Path):
     if path.suffix == ".parquet":
         import pandas as pd  # noqa: PLC0415 - import cost: pandas loads on first use
 
-        for i, row in enumerate(pd.read_parquet(path).to_dict("records")):
+        try:
+            frame = pd.read_parquet(path)
+        except (ValueError, TypeError, NotImplementedError) as exc:  # pyarrow: ArrowInvalid, ArrowTypeError, ...
+            first = (str(exc).strip().splitlines() or [""])[0][:300]
+            raise RecordError(f"{path}: not a readable parquet file ({type(exc).__name__}: {first}). Fix: pass the "
+                              "Long-MT-Bench+ parquet file as downloaded (re-download it if a transfer was cut short), "
+                              "or its JSON form") from None
+        for i, row in enumerate(frame.to_dict("records")):
             yield f"row {i}", row
     else:
         yield from iter_json_objects(path)

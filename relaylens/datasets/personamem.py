@@ -66,7 +66,15 @@ def read_personamem(path: Path, collector: RecordCollector, contexts_path: str |
     """Parse the questions CSV at ``path`` (and its shared contexts) into ``collector``."""
     import pandas as pd  # noqa: PLC0415 - import cost: pandas loads on first use
 
-    frame = pd.read_csv(path, dtype=str, keep_default_na=False, encoding="utf-8-sig")
+    try:
+        frame = pd.read_csv(path, dtype=str, keep_default_na=False, encoding="utf-8-sig")
+    except UnicodeDecodeError:
+        raise  # load_records_with_report names the byte and the fix
+    except ValueError as exc:  # pandas: ParserError, EmptyDataError
+        first = (str(exc).strip().splitlines() or [""])[0][:300]
+        raise RecordError(f"{path}: not a readable CSV file ({type(exc).__name__}: {first}). Fix: pass the "
+                          "PersonaMem questions_*.csv as downloaded (re-download it if a transfer was cut "
+                          "short)") from None
     missing = [c for c in REQUIRED_COLUMNS if c not in frame.columns]
     qcol = next((c for c in QUESTION_COLUMNS if c in frame.columns), None)
     if missing or qcol is None:

@@ -51,7 +51,7 @@ from itertools import accumulate
 from relaylens.datasets import prompt_layout
 from relaylens.datasets.records import Record, Session
 from relaylens.datasets.spans import PromptLayout, RenderedPrompt, Span
-from relaylens.errors import RecordError
+from relaylens.errors import RecordError, RelaylensError
 
 INSTRUCTION = ("I will give you several history chats between you and a user. "
                "Please answer the question based on the relevant chat history.")
@@ -142,25 +142,29 @@ def render_prompt(record: Record, tokenizer, mode: str = "chat", history_format:
     layout = own_layout(record, mode) if own_layout is not None else layout_prompt(record, mode, history_format)
     if mode == "chat":
         if not getattr(tokenizer, "chat_template", None):
-            raise ValueError(f"tokenizer {type(tokenizer).__name__} has no chat template; use mode='completion'")
+            raise RelaylensError(f"tokenizer {type(tokenizer).__name__} has no chat template. Fix: use "
+                                 "mode='completion'")
         full = tokenizer.apply_chat_template([{"role": "user", "content": layout.text}], tokenize=False,
                                              add_generation_prompt=True)
         offset = full.rfind(layout.text)
         if offset < 0:
-            raise ValueError("the chat template changed the user message text (e.g. trimmed or escaped it), so "
-                             "history spans cannot be located; use mode='completion' or a template that keeps content")
+            raise RelaylensError("the chat template changed the user message text (e.g. trimmed or escaped it), so "
+                                 "history spans cannot be located. Fix: use mode='completion' or a template that "
+                                 "keeps content")
     else:
         prefix = _bos_prefix(tokenizer)
         full, offset = prefix + layout.text, len(prefix)
     if not getattr(tokenizer, "is_fast", False):
-        raise TypeError(f"{type(tokenizer).__name__} is not a fast tokenizer; offsets need a *Fast tokenizer")
+        raise RelaylensError(f"{type(tokenizer).__name__} is not a fast tokenizer; offsets need a *Fast tokenizer. "
+                             "Fix: load it with AutoTokenizer.from_pretrained(..., use_fast=True) (the default)")
     ids, offsets = encode_data_text(tokenizer, full, offset, offset + len(layout.text))
     starts = list(accumulate((s for s, _ in offsets), max))  # [T] non-decreasing
     ends = list(accumulate((e for _, e in offsets), max))  # [T]
     q_char = offset + layout.question_start
     split = bisect_right(ends, q_char)  # first token ending after the question block starts
     if split == 0 or split >= len(ids):
-        raise ValueError(f"record {record.record_id!r}: the prompt has no history or no question tokens")
+        raise RecordError(f"record {record.record_id!r}: the prompt has no history or no question tokens. Fix: give "
+                          "the record a non-empty history and question")
     split_char = min(starts[split], q_char)
 
     def token_range(a: int, b: int) -> tuple[int, int]:
@@ -236,4 +240,4 @@ def _bos_prefix(tokenizer) -> str:
 
 def _check(value: str, allowed: tuple[str, ...], name: str) -> None:
     if value not in allowed:
-        raise ValueError(f"{name} must be one of {allowed}; got {value!r}")
+        raise RelaylensError(f"{name} must be one of {allowed}; got {value!r}. Fix: pass {name}= one of those")

@@ -116,9 +116,11 @@ def answer_to_str(value: Any) -> str:
     ('12', '4', 'Biscuit')
     """
     if isinstance(value, bool):
-        raise TypeError(f"an answer must be a string or a number, not a bool ({value!r})")
+        raise RecordError(f"an answer must be a string or a number, not a bool ({value!r}). Fix: store the answer "
+                          "as text or a number")
     if isinstance(value, float) and not math.isfinite(value):
-        raise TypeError(f"an answer must be a finite number, not {value!r}")
+        raise RecordError(f"an answer must be a finite number, not {value!r}. Fix: store the answer as text or a "
+                          "finite number")
     if isinstance(value, float) and value.is_integer():
         return str(int(value))
     return str(value)

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from relaylens.datasets.records import Session
-from relaylens.errors import RecordError
+from relaylens.errors import RecordError, RelaylensError
 
 if TYPE_CHECKING:  # token tensors are built when a prompt is rendered; importing spans imports no torch
     import torch
@@ -82,7 +82,8 @@ class RenderedPrompt:
             return self.sessions
         if granularity == "turn":
             return self.turns
-        raise ValueError(f"unit granularity must be 'session' or 'turn'; got {granularity!r}")
+        raise RelaylensError(f"unit granularity must be 'session' or 'turn'; got {granularity!r}. Fix: pass one of "
+                             "those")
 
     def protected_mask(self) -> torch.Tensor:
         """``[L]`` bool: history tokens outside every session span (task instruction, chat-template head, separators

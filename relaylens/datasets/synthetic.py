@@ -81,14 +81,15 @@ def make_token_counter(tokenizer=None) -> Callable[[str], int]:
     if tokenizer is None:
         return approx_token_count
     if isinstance(tokenizer, str):
-        raise TypeError(f"token_count {tokenizer!r} is a model name; pass its tokenizer instead. Fix: "
-                        f"relaylens.model.loading.load_tokenizer({tokenizer!r}) (the CLI: relaylens data synth "
-                        f"--tokenizer {tokenizer})")
+        raise RelaylensError(f"token_count {tokenizer!r} is a model name; pass its tokenizer instead. Fix: "
+                             f"relaylens.model.loading.load_tokenizer({tokenizer!r}) (the CLI: relaylens data synth "
+                             f"--tokenizer {tokenizer})")
     if hasattr(tokenizer, "encode"):
         return lambda text: len(tokenizer.encode(text, add_special_tokens=False))
     if callable(tokenizer):
         return tokenizer
-    raise TypeError(f"token_count must be a callable or a tokenizer; got {type(tokenizer).__name__}")
+    raise RelaylensError(f"token_count must be a callable or a tokenizer; got {type(tokenizer).__name__}. Fix: pass "
+                         "a tokenizer, a str -> int callable, or None (approximate counts)")
 
 
 @dataclass
@@ -256,8 +257,8 @@ def _build(rng, kind, depth, target, counter, history_format, tolerance) -> Synt
     rng_place = random.Random(rng.random())
     _, _, base = layout(order_of(fillers))
     if base > target * 1.05:
-        raise ValueError(f"history_tokens={target} is too small for a {kind} record: evidence and distractors alone "
-                         f"take {base} tokens. Fix: ask for at least {math.ceil(base * 1.1)} tokens")
+        raise RelaylensError(f"history_tokens={target} is too small for a {kind} record: evidence and distractors "
+                             f"alone take {base} tokens. Fix: ask for at least {math.ceil(base * 1.1)} tokens")
     estimate = base
     empty = counter(_history_text(_record_dict(qid, plan, [], [], start), history_format))
     while True:  # whole filler sessions up to the target, estimated block by block
@@ -302,8 +303,8 @@ def _build(rng, kind, depth, target, counter, history_format, tolerance) -> Synt
                     drop -= k
     rec, qdate, total = layout(order)
     if abs(total - target) > 0.05 * target:
-        raise ValueError(f"could not bring the {kind} history within 5% of {target} tokens (got {total}): the "
-                         "target is too close to the evidence size. Fix: ask for more history tokens")
+        raise RelaylensError(f"could not bring the {kind} history within 5% of {target} tokens (got {total}): the "
+                             "target is too close to the evidence size. Fix: ask for more history tokens")
     facts = {d.session_id: d.facts for d in order}
     dates = {d.session_id: d.date for d in order}
     world = SynthWorld(rec, plan.query, facts, dates, qdate, plan.banned, depth, kind, plan.template, total)

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
+from relaylens.errors import RelaylensError
 from relaylens.model.hf import attention_kernel, attention_layer_index, attention_window, register_attention_function
 
 ATTENTION_NAME = "relaylens"
@@ -86,7 +87,8 @@ class AttentionState:
 
     def __post_init__(self) -> None:
         if self.window_mode not in WINDOW_MODES:
-            raise ValueError(f"window_mode must be one of {WINDOW_MODES}; got {self.window_mode!r}")
+            raise RelaylensError(f"window_mode must be one of {WINDOW_MODES}; got {self.window_mode!r}. Fix: pass one "
+                                 "of those")
 
 
 _ACTIVE: contextvars.ContextVar[AttentionState | None] = contextvars.ContextVar("relaylens_attention", default=None)

@@ -50,6 +50,8 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import torch
 
+from relaylens.errors import ShapeError
+
 # the kernel factory once numba is found (kernels compile per layout and plane count); False without numba
 _KERNEL_FACTORY = None
 _LOCK = threading.Lock()
@@ -116,15 +118,16 @@ def relocate_key_rows(flat_keys: torch.Tensor, source: torch.Tensor, target: tor
     forward, inverse = (t.contiguous().numpy() for t in tables)  # [P, 2 * plane] each
     slots = keys.shape[0]
     if src.shape != (slots,) or dst.shape != (slots,) or src.dtype != np.int64 or dst.dtype != np.int64:
-        raise ValueError("relocate_key_rows needs one int64 source and one int64 target position per key row "
+        raise ShapeError("relocate_key_rows needs one int64 source and one int64 target position per key row "
                          f"({slots}); got {tuple(source.shape)} {source.dtype} and {tuple(target.shape)} "
-                         f"{target.dtype}")
+                         f"{target.dtype}. Fix: pass source and target as int64 tensors of shape [slots]")
     if (forward.shape != inverse.shape or forward.shape[1] != rotary_dim or keys.shape[1] < rotary_dim
             or keys.dtype != (np.uint16 if bfloat16 else np.float32)
             or not forward.dtype == inverse.dtype == np.float32):  # the OpenMP entry reads raw memory
-        raise ValueError(f"relocate_key_rows needs float32 or bfloat16 keys [slots, >= {rotary_dim}] and float32 phase "
+        raise ShapeError(f"relocate_key_rows needs float32 or bfloat16 keys [slots, >= {rotary_dim}] and float32 phase "
                          f"tables [P, {rotary_dim}]; got keys {keys.shape} {keys.dtype}, tables {forward.shape} "
-                         f"{forward.dtype} / {inverse.shape} {inverse.dtype}")
+                         f"{forward.dtype} / {inverse.shape} {inverse.dtype}. Fix: pass keys of those shapes and the "
+                         "float32 phase tables of the same rotary_dim")
     threads = max(1, min(torch.get_num_threads(), slots // PARALLEL_SLOTS))
     if threads == 1:  # small inputs: one call on this thread (starting a team would cost more than it saves)
         poison, outside = kernel.rows(keys, src, dst, forward, inverse, result, 0, slots)

@@ -52,7 +52,7 @@ from importlib.metadata import version
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from relaylens.errors import ModelError
+from relaylens.errors import ModelError, RelaylensError
 from relaylens.fileio import exclusive_lock, write_atomic
 
 if TYPE_CHECKING:  # importing the registry (names, pins) imports no torch
@@ -67,9 +67,10 @@ LICENSE_ENV = "RELAYLENS_ACCEPT_GEMMA_TERMS"
 
 
 
-class PullError(RuntimeError):
+class PullError(RelaylensError, RuntimeError):
     """Fetching or converting an embedded model failed (network, pip, checksum, licence not accepted). Its line
-    breaks are its own (pip's output, the commands of the fix): the CLI prints them as lines."""
+    breaks are its own (pip's output, the commands of the fix): the CLI prints them as lines. Also a
+    ``RuntimeError``, as it was before it joined :class:`~relaylens.errors.RelaylensError`."""
 
     multiline = True
 
@@ -679,7 +680,7 @@ def verify_cached(name: str, full: bool = False, cache_dtype: str = "float32") -
         manifest = json.loads((directory / MANIFEST_NAME).read_text("utf-8"))
         files = manifest.get("files")
         if files is not None and not isinstance(files, dict):
-            raise ValueError("'files' is not an object")
+            raise RelaylensError("'files' is not an object")  # a fragment: the ModelError below names the fix
     except (OSError, ValueError, AttributeError) as exc:
         raise ModelError(f"cached model {name}: unreadable {directory / MANIFEST_NAME} ({exc}). {fix}") from None
     names = sorted(files) if files is not None else [f.name for f in sorted(directory.glob("*.safetensors"))

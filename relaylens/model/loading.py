@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-from relaylens.errors import ModelError
+from relaylens.errors import ModelError, RelaylensError
 from relaylens.model.embedded import DEFAULT_MODEL, EMBEDDED, cache_for, load_gguf, pull, verify_cached
 from relaylens.model.packed import set_decoding_dtype
 from relaylens.model.placement import apply_rope_override, check_attn_implementation, choose_dtypes, parse_rope_scaling
@@ -91,8 +91,10 @@ def load_model(spec: str | os.PathLike = DEFAULT_MODEL, dtype: torch.dtype | str
     except OSError as exc:  # offline hub id, missing or unreadable weight file: one line naming the model
         raise ModelError(_load_failure(spec, kind, path, exc)) from None
     except ValueError as exc:  # a hub model whose code is not in transformers: refused, never prompted for
-        if isinstance(exc, ModelError) or "trust_remote_code" not in str(exc):
+        if isinstance(exc, RelaylensError):
             raise
+        if "trust_remote_code" not in str(exc):  # transformers refusing the model or an option: bad input, one line
+            raise ModelError(_refusal(spec, kind, exc)) from None
         why = "its config asks for code from the model repository"
         raise ModelError(remote_code_refusal(os.fspath(spec), why)) from None
     if device is not None:
@@ -112,6 +114,15 @@ def _load_failure(spec, kind: str, path, exc: OSError) -> str:
     else:
         fix = f"check that {path} holds a complete save_pretrained output (config, weights, tokenizer)"
     return f"cannot load model {os.fspath(spec)!r} ({kind}): {first}. Fix: {fix}"
+
+
+def _refusal(spec, kind: str, exc: ValueError) -> str:
+    """One line for a ``ValueError`` transformers raised while loading ``spec``: an architecture or a config it does
+    not know, a model that is not a causal LM, a placement option it refuses."""
+    first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300].rstrip(".")
+    return (f"cannot load model {os.fspath(spec)!r} ({kind}): {first}. Fix: pass a causal language model whose "
+            "architecture this transformers version knows, or change the option it names (--dtype, --device-map, "
+            "--attn-implementation)")
 
 
 def resolve_device(spec: str | None = "auto", local_rank: int | None = None) -> str:
@@ -182,8 +193,8 @@ def _auto_tokenizer(path):
     try:
         return AutoTokenizer.from_pretrained(str(path), trust_remote_code=False)
     except ValueError as exc:  # a hub tokenizer whose code is not in transformers
-        if "trust_remote_code" not in str(exc):
-            raise
+        if "trust_remote_code" not in str(exc):  # a tokenizer transformers cannot read: bad input, one line
+            raise ModelError(_refusal(path, "tokenizer", exc)) from None
         why = "its tokenizer asks for code from the model repository"
         raise ModelError(remote_code_refusal(os.fspath(path), why)) from None
 

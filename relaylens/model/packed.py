@@ -57,6 +57,8 @@ from dataclasses import dataclass
 
 import torch
 
+from relaylens.errors import RelaylensError
+
 __all__ = ["PACKED_DECODING", "LinearPack", "pack_linears", "packed_linears", "packing_available", "packing_applies",
            "decoding_linears", "set_decoding_dtype", "decoding_dtype", "forget_packs", "SAMPLE_STRIDE"]
 
@@ -96,8 +98,8 @@ def set_decoding_dtype(model, dtype: torch.dtype | None) -> None:
         _DECODING_DTYPE.pop(model, None)
         return
     if dtype not in _DECODING_DTYPES:
-        raise ValueError(f"decoding dtype {dtype} is not supported; expected torch.float32 or torch.bfloat16 "
-                         "(or None: the weights' own dtype)")
+        raise RelaylensError(f"decoding dtype {dtype} is not supported; expected torch.float32 or torch.bfloat16 "
+                             "(or None: the weights' own dtype). Fix: pass one of those")
     _DECODING_DTYPE[model] = dtype
 
 

@@ -26,6 +26,8 @@ from dataclasses import asdict, dataclass
 import numpy as np
 import pandas as pd
 
+from relaylens.errors import RelaylensError
+
 __all__ = ["BootstrapResult", "paired_difference", "paired_difference_table", "condition_means", "cluster_bootstrap",
            "cluster_ids", "missing_cluster", "paired_values", "few_clusters", "MISSING_CLUSTER_IDS", "MIN_CLUSTERS"]
 
@@ -66,7 +68,7 @@ def cluster_bootstrap(values: np.ndarray, clusters: np.ndarray, n_resamples: int
     if values.size == 0:
         return BootstrapResult(float("nan"), float("nan"), float("nan"), 0, 0, level=level)
     if not 0 < level < 1:
-        raise ValueError(f"level must be in (0, 1); got {level}")
+        raise RelaylensError(f"level must be in (0, 1); got {level}. Fix: pass e.g. level=0.95")
     _, inverse = np.unique(np.asarray(clusters, dtype=object).astype(str), return_inverse=True)
     sums = np.bincount(inverse, weights=values)  # [cluster]
     counts = np.bincount(inverse).astype(np.float64)  # [cluster]
@@ -128,22 +130,22 @@ def paired_values(scores: pd.DataFrame, metric: str | None, a: str, b: str) -> t
     df = scores if metric is None else scores[scores["metric"] == metric]
     need = set(PAIR_COLUMNS) | {"condition", "value"}
     if not need <= set(df.columns):
-        raise ValueError(f"expected a long-format table with columns {sorted(need)} (e.g. scores); missing "
-                         f"{sorted(need - set(df.columns))}")
+        raise RelaylensError(f"expected a long-format table with columns {sorted(need)} (e.g. scores); missing "
+                             f"{sorted(need - set(df.columns))}. Fix: pass a run's scores or probes table")
     df = df.assign(_cluster=cluster_ids(df))
     have = sorted(df["condition"].unique())
     df = df[df["condition"].isin([a, b])]
     index = PAIR_COLUMNS + ["_cluster", "condition"]
     dup = df.duplicated(index)
     if dup.any():
-        raise ValueError(f"several rows for one pair and condition, e.g. {df.loc[dup, index].iloc[0].tolist()}; "
-                         "expected one value per (record_id, selector, budget, condition). Fix: pass metric= or "
-                         "filter the table to one metric / probe readout first")
+        raise RelaylensError(f"several rows for one pair and condition, e.g. {df.loc[dup, index].iloc[0].tolist()}; "
+                             "expected one value per (record_id, selector, budget, condition). Fix: pass metric= or "
+                             "filter the table to one metric / probe readout first")
     wide = df.set_index(index)["value"].astype(np.float64).unstack("condition")
     for cond in (a, b):
         if cond not in wide.columns:
-            raise ValueError(f"condition {cond!r} has no rows{'' if metric is None else f' for metric {metric!r}'}; "
-                             f"conditions present: {have}")
+            raise RelaylensError(f"condition {cond!r} has no rows{'' if metric is None else f' for metric {metric!r}'}"
+                                 f"; conditions present: {have}. Fix: compare conditions the table holds")
     both = wide[[a, b]].notna().all(axis=1)
     return wide[both].reset_index(), int((~both).sum())
 

@@ -31,6 +31,7 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 
 from relaylens.conditions.bands import bands
+from relaylens.errors import RelaylensError
 from relaylens.reporting.summaries import band_table, budget_label, condition_family, metric_list
 from relaylens.results.atomic import write_atomic
 
@@ -119,7 +120,8 @@ def save_figure(fig: Figure, stem: str | Path, formats: Sequence[str] = FORMATS)
         with matplotlib.rc_context(rc()):
             for fmt in formats:
                 if fmt not in METADATA:
-                    raise ValueError(f"unknown figure format {fmt!r}; choose from {', '.join(FORMATS)}")
+                    raise RelaylensError(f"unknown figure format {fmt!r}; choose from {', '.join(FORMATS)}. Fix: "
+                                         "pass formats from that list")
                 path = stem.with_suffix(f".{fmt}")
                 buf = io.BytesIO()
                 fig.savefig(buf, format=fmt, metadata=METADATA[fmt])

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from relaylens.errors import RelaylensError
 from relaylens.results.locks import run_lock
 from relaylens.results.passes import pass_metrics, read_passes
 from relaylens.results.store import (
@@ -46,9 +47,11 @@ def parse_shard(text: str) -> tuple[int, int]:
     try:
         i, n = (int(x) for x in text.split("/"))
     except ValueError:
-        raise ValueError(f"--shard expects 'i/n' with integers (e.g. 0/2); got {text!r}") from None
+        raise RelaylensError(f"--shard expects 'i/n' with integers (e.g. 0/2); got {text!r}. Fix: pass e.g. --shard "
+                             "0/2 for the first of two shards") from None
     if n < 1 or not 0 <= i < n:
-        raise ValueError(f"--shard {text}: expected 0 <= i < n (shards are numbered 0..n-1); got i={i}, n={n}")
+        raise RelaylensError(f"--shard {text}: expected 0 <= i < n (shards are numbered 0..n-1); got i={i}, n={n}. "
+                             f"Fix: pass i from 0 to n-1, e.g. --shard {max(n, 1) - 1}/{max(n, 1)}")
     return i, n
 
 
@@ -118,7 +121,8 @@ def merge_runs(shard_dirs: list[str | Path], out_dir: str | Path, allow_incomple
     merge is refused with the missing shards / units named. ``allow_incomplete=True`` merges anyway, warns, and
     records the missing units under ``manifest["incomplete"]``. Returns the merged tables."""
     if not shard_dirs:
-        raise ValueError("merge_runs needs at least one shard directory")
+        raise RelaylensError("merge_runs needs at least one shard directory. Fix: pass the run directories of the "
+                             "shards to merge")
     stores = [RunStore.open(d) for d in shard_dirs]
     base = stores[0]
     for s in stores[1:]:

@@ -24,6 +24,7 @@ import numbers
 import warnings
 from pathlib import Path
 
+from relaylens.errors import RelaylensError
 from relaylens.fileio import safe_subdir
 from relaylens.results.atomic import write_atomic
 from relaylens.results.store import UnitKey
@@ -76,14 +77,15 @@ def _problem(view) -> str | None:
 
 
 def read_view(path: Path) -> dict:
-    """One stored view; ``ValueError`` naming the file and what is wrong when it is damaged."""
+    """One stored view; :class:`~relaylens.errors.RelaylensError` (a ``ValueError``) naming the file and what is wrong
+    when it is damaged (:func:`view_files` adds the fix: the file is written again)."""
     try:
         view = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError, RecursionError) as exc:
-        raise ValueError(f"token view {path} is damaged ({type(exc).__name__}: {exc})") from None
+        raise RelaylensError(f"token view {path} is damaged ({type(exc).__name__}: {exc})") from None
     problem = _problem(view)
     if problem:
-        raise ValueError(f"token view {path} is damaged ({problem})")
+        raise RelaylensError(f"token view {path} is damaged ({problem})")
     return view
 
 

@@ -18,6 +18,8 @@ import re
 import numpy as np
 import pandas as pd
 
+from relaylens.errors import ShapeError
+
 __all__ = ["cohen_kappa", "judge_metrics", "cross_judge_table"]
 
 _JUDGE = re.compile(r"^judge(_[a-z0-9_]+)?$")
@@ -28,7 +30,8 @@ def cohen_kappa(a, b) -> float:
     when both raters are constant and equal (chance agreement 1)."""
     x, y = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
     if x.shape != y.shape:
-        raise ValueError(f"raters rated different numbers of items: {x.shape} vs {y.shape}")
+        raise ShapeError(f"raters rated different numbers of items: {x.shape} vs {y.shape}. Fix: pass both raters' "
+                         "labels for the same items, in the same order")
     if x.size == 0:
         return math.nan
     observed = float(np.mean(x == y))

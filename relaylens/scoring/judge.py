@@ -305,7 +305,8 @@ class Judge:
 
     def __post_init__(self):
         if self.on_backend_error not in ("raise", "record"):
-            raise ValueError(f"on_backend_error must be 'raise' or 'record'; got {self.on_backend_error!r}")
+            raise RelaylensError(f"on_backend_error must be 'raise' or 'record'; got {self.on_backend_error!r}. "
+                                 "Fix: pass one of those")
         self.cache = JudgeCache(self.cache_path) if self.cache_path is not None else None
         self._memory: dict[str, str] = {}
 
@@ -494,8 +495,8 @@ class HFBackend:
         self.max_tokens, self.reasoning_effort = _check_judge_settings(max_tokens, reasoning_effort)
         self.model_id = model_id or getattr(model, "name_or_path", "") or ""
         if not self.model_id:
-            raise ValueError("HFBackend needs a model_id for the cache key (the model has no name_or_path). "
-                             "Fix: pass model_id='...'")
+            raise RelaylensError("HFBackend needs a model_id for the cache key (the model has no name_or_path). "
+                                 "Fix: pass model_id='...'")
         self.model_id = f"hf:{self.model_id}"
         if (self.max_tokens, self.reasoning_effort) != (MAX_NEW_TOKENS, None):
             self.model_id += f"|max_tokens={self.max_tokens}|reasoning_effort={self.reasoning_effort}"

@@ -34,6 +34,8 @@ import string
 from collections import Counter
 from functools import lru_cache
 
+from relaylens.errors import RecordError
+
 __all__ = ["locomo_normalize", "locomo_token_f1", "locomo_multi_f1", "locomo_adversarial", "locomo_score"]
 
 _ARTICLES_AND = re.compile(r"\b(a|an|the|and)\b")
@@ -122,5 +124,5 @@ def locomo_score(prediction, answer, category: int) -> float:
         return locomo_multi_f1(prediction, answer)
     if category == 5:
         return locomo_adversarial(prediction)
-    raise ValueError(f"LoCoMo scores categories 1-5; got category {category!r}. Fix: pass the question's LoCoMo "
-                     "category (record.meta['category'])")
+    raise RecordError(f"LoCoMo scores categories 1-5; got category {category!r}. Fix: pass the question's LoCoMo "
+                      "category (record.meta['category'])")

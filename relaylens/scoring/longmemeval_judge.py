@@ -242,7 +242,8 @@ class LongMemEvalJudge:
 
     def __post_init__(self):
         if self.on_backend_error not in ("raise", "record"):
-            raise ValueError(f"on_backend_error must be 'raise' or 'record'; got {self.on_backend_error!r}")
+            raise RelaylensError(f"on_backend_error must be 'raise' or 'record'; got {self.on_backend_error!r}. "
+                                 "Fix: pass one of those")
         self.cache = LongMemEvalCache(self.cache_path) if self.cache_path is not None else None
         self.memory: dict[str, str] = {}
 

@@ -54,6 +54,8 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from relaylens.errors import RecordError
+
 __all__ = [
     "normalize_answer", "exact_match", "f1", "contains", "is_abstention", "extract_choice_personamem",
     "infinitebench_choice_correct", "infinitebench_dialogue_correct", "score_answer", "ANSWER_METRICS", "METRICS",
@@ -102,7 +104,7 @@ def _refs(references: Any) -> list[str]:
         references = [references]
     refs = [str(r) for r in references if r is not None]
     if not refs:
-        raise ValueError("scoring needs at least one reference answer; got none. Fix: give the record's answers")
+        raise RecordError("scoring needs at least one reference answer; got none. Fix: give the record's answers")
     return refs
 
 
@@ -273,7 +275,8 @@ def score_answer(record: Any, answer: str) -> dict[str, float]:
     """
     refs = record_references(record)
     if refs is None:
-        raise ValueError("score_answer needs the record's reference answers ('answers' or 'references'); got neither")
+        raise RecordError("score_answer needs the record's reference answers ('answers' or 'references'); got "
+                          "neither. Fix: give the record its answers")
     refs = _refs(refs)
     answer = "" if answer is None else str(answer)
     qtype = record_field(record, "question_type", "") or ""
@@ -289,8 +292,8 @@ def score_answer(record: Any, answer: str) -> dict[str, float]:
     if options:
         correct = record_field(record, "correct_option")
         if not correct:
-            raise ValueError(f"record {record_field(record, 'record_id', '?')!r} has options but no correct_option; "
-                             "expected a letter like 'c'. Fix: set correct_option")
+            raise RecordError(f"record {record_field(record, 'record_id', '?')!r} has options but no correct_option; "
+                              "expected a letter like 'c'. Fix: set correct_option")
         if qtype == "longbook_choice_eng" or record_field(record, "source") == "infinitebench":
             ok = infinitebench_choice_correct(answer, refs[0], correct)
         else:
@@ -307,6 +310,6 @@ def _locomo_f1(record: Any, answer: str, reference: str) -> float:
 
     category = (record_field(record, "meta") or {}).get("category", record_field(record, "category"))
     if category is None:
-        raise ValueError(f"LoCoMo record {record_field(record, 'record_id', '?')!r} has no category; expected "
-                         "meta['category'] 1-5 (set by the LoCoMo reader). Fix: load the file with format='locomo'")
+        raise RecordError(f"LoCoMo record {record_field(record, 'record_id', '?')!r} has no category; expected "
+                          "meta['category'] 1-5 (set by the LoCoMo reader). Fix: load the file with format='locomo'")
     return locomo_score(answer, reference, int(category))

@@ -28,6 +28,8 @@ import urllib.error
 import urllib.parse
 import urllib.request
 
+from relaylens.errors import RelaylensError
+
 __all__ = ["post", "DeadlinePassed", "ReplyTooLarge", "ERROR_BODY_BYTES", "LOOPBACK"]
 
 ERROR_BODY_BYTES = 4096
@@ -35,11 +37,11 @@ LOOPBACK = ("127.0.0.1", "localhost", "::1")
 _CHUNK = 1 << 16
 
 
-class DeadlinePassed(Exception):
+class DeadlinePassed(RelaylensError):
     """The exchange did not finish before its wall-clock deadline."""
 
 
-class ReplyTooLarge(Exception):
+class ReplyTooLarge(RelaylensError):
     """The reply body is longer than the cap."""
 
 

@@ -182,6 +182,23 @@ def test_longmtbench_json_and_parquet(tmp_path):
     assert load_records(path) == recs
 
 
+def test_unreadable_parquet_and_csv_are_record_errors(tmp_path):
+    """pyarrow's and pandas's ValueErrors on a damaged file are bad input: one RecordError naming the file and the fix
+    (the command line prints it as one line; a bare ValueError would be reported as a bug)."""
+    pytest.importorskip("pandas")
+    parquet = tmp_path / "test-00000-of-00001.parquet"
+    parquet.write_bytes(b"not a parquet file")
+    with pytest.raises(RecordError, match=r"not a readable parquet file \(ArrowInvalid: .*Fix: "):
+        load_records(parquet)
+    csv_path = tmp_path / "questions_32k.csv"
+    csv_path.write_text('question_id,"unterminated\n', encoding="utf-8")
+    with pytest.raises(RecordError, match=r"not a readable CSV file \(ParserError: .*Fix: "):
+        load_records(csv_path, format="personamem")
+    csv_path.write_text("", encoding="utf-8")
+    with pytest.raises(RecordError, match=r"not a readable CSV file \(EmptyDataError: .*Fix: "):
+        load_records(csv_path, format="personamem")
+
+
 def test_longmtbench_malformed(tmp_path):
     data = json.loads((FIXTURES / "longmtbench.json").read_text())
     data[0]["answers"] = data[0]["answers"][:1]

@@ -24,8 +24,10 @@ def _record(**kw):
 
 def test_answer_to_str():
     assert [answer_to_str(v) for v in (3, 3.0, 2.5, "x")] == ["3", "3", "2.5", "x"]
-    with pytest.raises(TypeError):
+    with pytest.raises(RecordError, match="not a bool.*Fix:"):  # a RelaylensError since issue 53 (was TypeError)
         answer_to_str(True)
+    with pytest.raises(RecordError, match="finite number"):
+        answer_to_str(float("nan"))
 
 
 def test_record_is_frozen_and_hashable():
