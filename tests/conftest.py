@@ -26,8 +26,8 @@ def _dtype_auto_by_flags(monkeypatch):
 
 @pytest.fixture(scope="session")
 def smollm2():
-    from relaylens.model.embedded import PullError
     from relaylens.model.loading import load_model
+    from relaylens.model.pull import PullError
 
     try:
         return load_model("smollm2-135m-instruct")

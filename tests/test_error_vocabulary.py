@@ -54,9 +54,9 @@ ALLOWED_RAISES: dict[tuple[str, str], str] = {
         "inside the model's forward, a RuntimeError like torch's own state errors (tests/model/test_packed.py)",
     ("relaylens/integrations/lm_eval.py", "RelaylensLM.loglikelihood_rolling"):
         "lm_eval's LM interface: an unsupported request type raises NotImplementedError, as lm_eval expects",
-    ("relaylens/results/store.py", "_json_default"):
-        "json.dumps's default= hook must raise TypeError for an unserialisable object; _canonical rewords it as a "
-        "ResultStoreError",
+    ("relaylens/results/manifest.py", "json_default"):
+        "json.dumps's default= hook must raise TypeError for an unserialisable object; canonical_manifest rewords it "
+        "as a ResultStoreError",
     ("relaylens/results/store.py", "_check_value"):
         "private signal: _columns catches the TypeError at once and raises a ResultStoreError naming the column",
 }
@@ -197,13 +197,13 @@ def test_every_exception_class_is_a_relaylens_error_or_allowed():
     stale = {name for name in ALLOWED_CLASSES if classes.get(name) is not False}
     assert not stale, f"ALLOWED_CLASSES lists classes that are gone or now RelaylensErrors: {sorted(stale)}"
     # the walk sees the classes it must: the vocabulary, a class with two bases, one from a subpackage's own module
-    for name in ("relaylens.errors.RecordError", "relaylens.model.embedded.PullError",
-                 "relaylens.scoring.transport.DeadlinePassed", "relaylens.results.store.ResultStoreError"):
+    for name in ("relaylens.errors.RecordError", "relaylens.model.pull.PullError",
+                 "relaylens.scoring.transport.DeadlinePassed", "relaylens.results.manifest.ResultStoreError"):
         assert classes.get(name) is True, name
 
 
 def test_classes_that_joined_the_vocabulary_keep_their_old_base():
-    from relaylens.model.embedded import PullError
+    from relaylens.model.pull import PullError
     from relaylens.scoring.transport import DeadlinePassed, ReplyTooLarge
 
     assert issubclass(PullError, RelaylensError) and issubclass(PullError, RuntimeError) and PullError.multiline

@@ -186,8 +186,8 @@ def run_directory_page() -> str:
     from relaylens.results import locks, shards, store, tables, views
 
     t = tables
-    lines = ["# Run directory and tables", "", _banner("relaylens/results (tables.py, store.py, shards.py, locks.py, "
-                                                       "views.py)"),
+    lines = ["# Run directory and tables", "", _banner("relaylens/results (tables.py, store.py, manifest.py, "
+                                                       "shards.py, locks.py, views.py)"),
              "A run directory is what `relaylens run` (and `sweep`, `merge`, `judge`) writes and what `relaylens "
              "figures`, `relaylens report` and `relaylens.load_tables` read.",
              "", "```text", "RUN_DIR/",

@@ -8,10 +8,11 @@ Owns: :mod:`~relaylens.bench.geometry` (relocation against a copy of the same ca
 :mod:`~relaylens.bench.checks` (exactness checks on a real model); :mod:`~relaylens.bench.registry` names them
 (``relaylens bench NAME``).
 
-May import: :mod:`relaylens.errors`, :mod:`relaylens.progress` and every stage below it, :mod:`relaylens.datasets`,
-:mod:`relaylens.model`, :mod:`relaylens.selectors`, :mod:`relaylens.geometry`, :mod:`relaylens.conditions`,
-:mod:`relaylens.generation`, :mod:`relaylens.probes`, :mod:`relaylens.scoring`, :mod:`relaylens.results`,
-:mod:`relaylens.reporting` and :mod:`relaylens.experiments` (``bench dtype`` times records through the runner itself).
+May import: :mod:`relaylens.errors`, :mod:`relaylens.progress`, :mod:`relaylens.registry` and every stage below it,
+:mod:`relaylens.datasets`, :mod:`relaylens.model`, :mod:`relaylens.selectors`, :mod:`relaylens.geometry`,
+:mod:`relaylens.conditions`, :mod:`relaylens.generation`, :mod:`relaylens.probes`, :mod:`relaylens.scoring`,
+:mod:`relaylens.results`, :mod:`relaylens.reporting` and :mod:`relaylens.experiments` (``bench dtype`` times records
+through the runner itself).
 
 Exports the stage contract: :data:`BENCHMARKS` (every benchmark by name). The names of the former module
 ``relaylens.bench`` (now :mod:`relaylens.bench.geometry`) still resolve here, with a warning, until relaylens 0.3.0

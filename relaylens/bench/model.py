@@ -24,7 +24,7 @@ from relaylens.datasets import bundled_sample_path, load_records
 from relaylens.datasets.prompting import render_prompt
 from relaylens.geometry.rotary import RotaryFactors, relocate_keys
 from relaylens.geometry.selection import Selection
-from relaylens.model.embedded import DEFAULT_MODEL
+from relaylens.model.catalogue import DEFAULT_MODEL
 from relaylens.model.hf import new_cache
 from relaylens.model.prefill import PrefillResult, prefill_history
 from relaylens.probes.readouts import FinalTokenRecorder

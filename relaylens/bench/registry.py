@@ -6,7 +6,8 @@ also takes ``schedule``, ``prefill_chunk``, ``selectors``, ``budgets`` and ``dat
 ``roofline`` also takes ``quick`` and ``lengths`` and writes its own outputs beside the CSV; ``regime`` also takes
 ``dtype`` (the command's ``--dtype``, passed only when given, since ``load_kwargs`` always holds a resolved one).
 Options a benchmark does not take, and options left at None, are dropped, so that each benchmark keeps its own
-defaults. A new benchmark is one entry here.
+defaults. A new benchmark is one entry here; one in another distribution is an entry point
+(``[project.entry-points."relaylens.benchmarks"] NAME = "pkg.mod:BENCHMARK"``, a :class:`Benchmark`).
 
 Example:
     >>> sorted(BENCHMARKS)
@@ -27,6 +28,8 @@ from relaylens.bench.model import run_prefill, run_probes, run_scaling, run_sele
 from relaylens.bench.regime import run_regime
 from relaylens.bench.requests import run_overhead, run_throughput
 from relaylens.bench.roofline import run_roofline, table, write_outputs
+from relaylens.errors import RelaylensError
+from relaylens.registry import Registry
 
 MODEL_OPTIONS = ("model_spec", "load_kwargs", "records", "new_tokens")
 """The options of every benchmark that loads a model."""
@@ -60,7 +63,21 @@ class Benchmark:
         return self.run(**self.arguments(options))
 
 
-BENCHMARKS: dict[str, Benchmark] = {
+ENTRY_POINT_GROUP = "relaylens.benchmarks"
+"""The entry-point group of benchmark plugins (each a :class:`Benchmark`, run by ``relaylens bench NAME``)."""
+
+
+def check_benchmark(name: str, benchmark) -> None:
+    """Refuse what cannot be the benchmark ``name``: anything but a :class:`Benchmark`."""
+    if not isinstance(benchmark, Benchmark):
+        raise RelaylensError(f"benchmark {name!r} is {benchmark!r}, not a Benchmark. Fix: point it at "
+                             "relaylens.bench.registry.Benchmark(run, options=(...))")
+
+
+BENCHMARKS: Registry[Benchmark] = Registry("benchmark", entry_point_group=ENTRY_POINT_GROUP, check=check_benchmark)
+"""Every benchmark of ``relaylens bench`` by name (``all`` runs each), then those of installed plugins (entry-point
+group :data:`ENTRY_POINT_GROUP`); a :class:`~relaylens.registry.Registry`."""
+for _name, _benchmark in {
     "geometry": Benchmark(run_geometry, options=("include_large",)),
     "overhead": Benchmark(run_overhead, options=(*MODEL_OPTIONS, "schedule", "prefill_chunk", "selectors", "budgets",
                                                  "data"), own_progress=True),
@@ -72,5 +89,6 @@ BENCHMARKS: dict[str, Benchmark] = {
     "dtype": Benchmark(run_dtype, options=MODEL_OPTIONS),
     "regime": Benchmark(run_regime, options=(*MODEL_OPTIONS, "dtype", "data")),
     "roofline": Benchmark(run_roofline, options=(*MODEL_OPTIONS, "quick", "lengths"), write=write_outputs, view=table),
-}
-"""Every benchmark of ``relaylens bench`` by name (``all`` runs each)."""
+}.items():
+    BENCHMARKS.register(_name, _benchmark, owner=f"relaylens.bench.registry ({_benchmark.run.__module__})")
+del _name, _benchmark

@@ -45,7 +45,7 @@ from relaylens.bench.machine import (
 from relaylens.errors import PositionError, RelaylensError
 from relaylens.geometry.rotary import RotaryFactors
 from relaylens.geometry.selection import Selection
-from relaylens.model.embedded import DEFAULT_MODEL
+from relaylens.model.catalogue import DEFAULT_MODEL
 from relaylens.model.hf import cache_from_tensors
 from relaylens.model.prefill import prefill_history
 

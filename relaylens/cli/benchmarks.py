@@ -10,7 +10,7 @@ import typer
 
 from relaylens.cli.common import ATTN, DEVICE, DEVICE_MAP, DTYPE, MAX_POS, ROPE, console, fail, guard, load_kwargs
 from relaylens.errors import RelaylensError
-from relaylens.model.embedded import DEFAULT_MODEL  # a name only: importing it loads no model code
+from relaylens.model.catalogue import DEFAULT_MODEL  # a name only: importing it loads no model code
 
 
 def bench(

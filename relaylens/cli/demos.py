@@ -7,7 +7,7 @@ from pathlib import Path
 import typer
 
 from relaylens.cli.common import console, guard
-from relaylens.model.embedded import DEFAULT_MODEL  # a name only: importing it loads no model code
+from relaylens.model.catalogue import DEFAULT_MODEL  # a name only: importing it loads no model code
 
 
 def demo(

@@ -5,13 +5,8 @@ from __future__ import annotations
 import typer
 
 from relaylens.cli.common import ATTN, DEVICE, DEVICE_MAP, DTYPE, MAX_POS, ROPE, console, fail, guard, load_kwargs
-from relaylens.model.embedded import (  # names only: importing them loads no model code
-    DEFAULT_MODEL,
-    EMBEDDED,
-    cache_for,
-    pull,
-    verify_cached,
-)
+from relaylens.model.catalogue import DEFAULT_MODEL, EMBEDDED, cache_for  # names only: no model code
+from relaylens.model.pull import pull, verify_cached  # importing them loads no torch
 
 
 def model_pull(

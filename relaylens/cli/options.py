@@ -19,7 +19,7 @@ from typer.core import TyperCommand
 
 from relaylens.cli.common import ATTN, DEVICE, DEVICE_MAP, DTYPE, MAX_POS, ROPE, check_key_env, fail, guard, load_kwargs
 from relaylens.errors import RelaylensError
-from relaylens.model.embedded import DEFAULT_MODEL  # a name only: importing it loads no model code
+from relaylens.model.catalogue import DEFAULT_MODEL  # a name only: importing it loads no model code
 from relaylens.scoring.longmemeval_judge import check_template
 
 MODEL, DATA, SELECT, DECODE, JUDGE, OUTPUT = ("Model and placement", "Data", "Selection and conditions", "Decoding",

@@ -12,9 +12,9 @@ In: a :class:`~relaylens.geometry.selection.Selection` (kept source positions pe
 length. Out: :class:`Coordinates` (``key_positions`` ``[layer, kv_head, slot]`` and ``question_start``); the axis
 names are those of :mod:`relaylens.geometry`.
 
-May import: :mod:`relaylens.errors`, and :mod:`relaylens.geometry` inside functions only. Importing this package
-imports no torch and no pandas (the catalogue, labels, spec grammar and bands are plain Python; coordinates are
-computed with torch when a selection, itself torch, is given).
+May import: :mod:`relaylens.errors`, :mod:`relaylens.registry`, and :mod:`relaylens.geometry` inside functions only.
+Importing this package imports no torch and no pandas (the catalogue, labels, spec grammar and bands are plain Python;
+coordinates are computed with torch when a selection, itself torch, is given).
 
 Example:
     >>> get_condition("relay@band=late").label, [c.name for c in CONDITIONS.values()][:2]

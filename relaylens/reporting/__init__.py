@@ -12,8 +12,8 @@ paired differences, band tables), :mod:`~relaylens.reporting.htmlsafe`, :mod:`~r
 In: the tables of a run directory (:func:`relaylens.results.store.load_tables`) and its manifest. Out: figures
 (PDF / PNG / SVG, byte-stable), Markdown/CSV tables, ``report.html``.
 
-May import: :mod:`relaylens.errors`, :mod:`relaylens.results`, :mod:`relaylens.scoring` (agreement statistics) and
-:mod:`relaylens.conditions` (labels, bands). Importing this package imports no torch.
+May import: :mod:`relaylens.errors`, :mod:`relaylens.registry`, :mod:`relaylens.results`, :mod:`relaylens.scoring`
+(agreement statistics) and :mod:`relaylens.conditions` (labels, bands). Importing this package imports no torch.
 
 Exports the stage contract, each name loaded on first use (importing this package imports no matplotlib either):
 :func:`build` (one registered figure or table by name from a run's tables), :func:`write_figures` (every figure of a

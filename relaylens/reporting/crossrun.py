@@ -33,7 +33,8 @@ import pandas as pd
 
 from relaylens.errors import RelaylensError
 from relaylens.reporting.bootstrap import MIN_CLUSTERS, cluster_bootstrap, few_clusters, missing_cluster, paired_values
-from relaylens.results.store import RunStore, load_tables, manifest_section
+from relaylens.results.manifest import manifest_section
+from relaylens.results.store import RunStore, load_tables
 
 __all__ = ["METRIC_NAMES", "choose_metrics", "run_label", "load_runs", "paired_settings_table", "settings_count",
            "SETTING_COLUMNS"]

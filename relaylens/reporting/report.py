@@ -57,7 +57,7 @@ from relaylens.reporting.summaries import (
 from relaylens.reporting.token_view import view_html
 from relaylens.results.atomic import write_atomic
 from relaylens.results.locks import output_lock
-from relaylens.results.store import manifest_section
+from relaylens.results.manifest import manifest_section
 from relaylens.results.tables import get_table
 from relaylens.results.views import load_views
 

@@ -22,15 +22,9 @@ import pandas as pd
 
 from relaylens.errors import RelaylensError
 from relaylens.results.locks import run_lock
+from relaylens.results.manifest import ResultStoreError, manifest_diff, manifest_section
 from relaylens.results.passes import pass_metrics, read_passes
-from relaylens.results.store import (
-    ResultStoreError,
-    RunStore,
-    UnitKey,
-    manifest_diff,
-    manifest_section,
-    prepare_run_dir,
-)
+from relaylens.results.store import RunStore, UnitKey, prepare_run_dir
 from relaylens.results.tables import unit_labels
 from relaylens.results.views import view_files, write_view
 

@@ -3,7 +3,8 @@
 Layout of a run directory::
 
     run_dir/
-      manifest.json          what produced the run (build_manifest); written atomically, compared on re-open
+      manifest.json          what produced the run (build_manifest: relaylens.results.manifest); written
+                             atomically, compared on re-open
       units/<hash>.json.gz   one committed unit of work = all conditions of one (record_id, selector, budget)
       answers.parquet        consolidated tables (columns of relaylens.results.tables), sorted by key
       scores.parquet
@@ -38,31 +39,36 @@ Example:
 
 from __future__ import annotations
 
-import dataclasses
-import datetime
 import errno
 import gzip
 import hashlib
-import importlib
 import io
 import json
 import math
 import numbers
 import os
-import platform
 import re
-import subprocess
 import warnings
-from importlib import metadata
 from pathlib import Path
 from typing import Any, Callable, NamedTuple
 
 import numpy as np
 import pandas as pd
 
-from relaylens.errors import RelaylensError
-from relaylens.fileio import check_below, safe_subdir
+from relaylens.fileio import check_below, file_sha256, safe_subdir
 from relaylens.results.atomic import fsync_dir, write_atomic
+from relaylens.results.manifest import (  # noqa: F401 - FORMAT_VERSION, source_state: re-exported from their old home
+    FORMAT_VERSION,
+    ResultStoreError,
+    build_manifest,
+    canonical_manifest,
+    flatten_manifest,
+    json_default,
+    manifest_diff,
+    manifest_section,
+    refuse_repinned,
+    source_state,
+)
 from relaylens.results.passes import failed_passes, hidden_passes, pass_metrics, read_passes
 from relaylens.results.tables import (
     BOOL,
@@ -81,28 +87,16 @@ from relaylens.results.tables import (
 __all__ = ["UnitKey", "RunStore", "ResultStoreError", "StoreWriteError", "build_manifest", "file_sha256",
            "load_tables", "load_run", "manifest_section", "SORT_COLUMNS", "DTYPES"]
 
-FORMAT_VERSION = 1
-"""The run-directory format, recorded in every manifest."""
 UNITS = "units"
 _SHARDS = "shards"  # relaylens.results.shards.SHARDS (that module imports this one)
 _SHARD_DIR = re.compile(r"\d+-of-\d+")
 """The folder of a run directory that holds its committed units (``units/<hash>.json.gz``)."""
 MARKER = "consolidated.json"
-# Paths are recorded but never compared: the same data or model at another path (a relative path, another mount
-# point) is the same run when the content hashes (dataset.sha256, model.*) agree.
-_IGNORED_ON_COMPARE = {"created_at", "merged_from", "forced", "replaced", "dataset.path", "model.spec",
-                       "config.run.model", "config.run.data"}
-# Settings added after runs existed, compared as the value their absence stands for: a run started before one was
-# recorded resumes (and merges) as the same run when the setting is still its default.
-_ABSENT_MEANS = {"config.run.judge_template": "memory_judge_v1", "config.run.record_order": "file"}
 _OWN_TEMP = re.compile(r"\.tmp-(manifest\.json|consolidated\.json|judges\.json|("
                        + "|".join(TABLES) + r")\.parquet)-\d+")
 _OWN_UNIT_TEMP = re.compile(r"\.tmp-[0-9a-f]{24}\.json\.gz-\d+")
 _OWN_VIEW_TEMP = re.compile(r"\.tmp-[0-9a-f]{24}\.json-\d+|[^/]+\.json\.tmp")  # views/ (and the older temp name)
 _UNIT_NAME = re.compile(r"[0-9a-f]{24}\.json\.gz")
-
-class ResultStoreError(RelaylensError):
-    """A run directory whose manifest, unit files or rows are not what the store expects."""
 
 
 class StoreWriteError(OSError):
@@ -123,156 +117,6 @@ class UnitKey(NamedTuple):
     def hash(self) -> str:
         k = self.normalised()
         return hashlib.sha256(json.dumps([k.record_id, k.selector, repr(k.budget)]).encode()).hexdigest()[:24]
-
-
-# ---------------------------------------------------------------------------------------------------- manifest
-
-def file_sha256(path: str | Path, chunk: int = 1 << 20) -> str:
-    """sha256 hex digest of a file, streamed."""
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(chunk):
-            h.update(block)
-    return h.hexdigest()
-
-
-def _versions() -> dict[str, str | None]:
-    out: dict[str, str | None] = {"python": platform.python_version()}
-    for name in ("relaylens", "torch", "transformers", "accelerate", "numpy", "pandas", "pyarrow"):
-        try:
-            out[name] = metadata.version(name)
-        except metadata.PackageNotFoundError:
-            out[name] = None
-    return out
-
-
-def _git(pkg: Path, *args: str) -> str | None:
-    try:
-        return subprocess.run(["git", "-C", str(pkg), *args], capture_output=True, text=True, timeout=10,
-                              check=True).stdout
-    except (OSError, subprocess.SubprocessError):
-        return None
-
-
-def _git_commit() -> str | None:
-    """``git rev-parse HEAD`` of the repository holding this package, else None (installed wheel, no git)."""
-    pkg = Path(__file__).resolve().parents[1]  # the relaylens package
-    top = (_git(pkg, "rev-parse", "--show-toplevel", "HEAD") or "").split()
-    if len(top) != 2 or not (Path(top[0]) / "relaylens" / "__init__.py").resolve() == pkg / "__init__.py":
-        return None
-    return top[1]
-
-
-def source_state() -> dict:
-    """What code produced a run: ``source_sha256`` (every file of the ``relaylens`` package and the analyses,
-    hashed by relative path and content: works for an installed wheel too), and, inside a git checkout, the
-    ``commit``, whether the package differs from it (``dirty``) and a hash of that difference (``diff_sha256``).
-
-    >>> s = source_state()
-    >>> len(s["source_sha256"]), set(s) == {"source_sha256", "commit", "dirty", "diff_sha256"}
-    (64, True)
-    """
-    pkg = Path(__file__).resolve().parents[1]  # the relaylens package
-    # the analyses: relaylens.analyses only (relaylens/analyses/); never a top-level `analyses` import
-    roots = [pkg] + [Path(p).resolve() for p in importlib.import_module("relaylens.analyses").__path__]
-    digest = hashlib.sha256()
-    for root in roots:
-        for f in sorted(p for p in root.rglob("*") if p.is_file() and p.suffix in (".py", ".j2", ".json", ".jsonl")
-                        and "__pycache__" not in p.parts
-                        and not (root == pkg and p.relative_to(pkg).parts[0] == "analyses")):
-            digest.update(f"{root.name}/{f.relative_to(root).as_posix()}\0".encode())
-            digest.update(hashlib.sha256(f.read_bytes()).digest())
-    commit = _git_commit()
-    dirty = diff = None
-    if commit is not None:
-        paths = ["--", str(pkg)] + [str(r) for r in roots[1:]]
-        status = _git(pkg, "status", "--porcelain", "--untracked-files=all", *paths)
-        patch = _git(pkg, "diff", "HEAD", "--binary", *paths)
-        if status is not None and patch is not None:
-            dirty = bool(status.strip())
-            diff = hashlib.sha256((status + patch).encode()).hexdigest() if dirty else None
-    return {"source_sha256": digest.hexdigest(), "commit": commit, "dirty": dirty, "diff_sha256": diff}
-
-
-def build_manifest(analysis: str, config: dict, model_spec: str | None = None, weights_hash: str | None = None,
-                   dataset_path: str | Path | None = None, shard: tuple[int, int] | None = None,
-                   model_info: dict | None = None, plan: dict | None = None) -> dict:
-    """The manifest of a run: analysis, full config, package versions, model (weights, config and tokenizer
-    hashes), dataset hash, source state (:func:`source_state`), shard, and the ``plan`` (the record ids this run or
-    shard owns, so that ``merge`` can check completeness).
-
-    >>> m = build_manifest("coordinate_ablation", {"budget": 0.1}, "smollm2-135m-instruct", "ab12")
-    >>> m["model"], m["dataset"], m["shard"]
-    ({'spec': 'smollm2-135m-instruct', 'weights_hash': 'ab12'}, None, None)
-    """
-    dataset = None
-    if dataset_path is not None:
-        dataset = {"path": str(dataset_path), "sha256": file_sha256(dataset_path)}
-    source = source_state()
-    return {
-        "format_version": FORMAT_VERSION, "analysis": analysis, "config": config,
-        "model": {"spec": model_spec, "weights_hash": weights_hash, **(model_info or {})}, "dataset": dataset,
-        "versions": _versions(), "git_commit": source["commit"], "source": source,
-        "shard": None if shard is None else {"index": int(shard[0]), "count": int(shard[1])},
-        **({"plan": plan} if plan is not None else {}),
-        "created_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-    }
-
-
-def _json_default(obj: Any) -> Any:
-    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        return dataclasses.asdict(obj)
-    if isinstance(obj, (Path, os.PathLike)):
-        return str(obj)
-    if hasattr(obj, "item") and callable(obj.item):  # numpy scalars
-        return obj.item()
-    if isinstance(obj, (set, frozenset)):
-        return sorted(obj)
-    raise TypeError(f"{type(obj).__name__} {obj!r} is not JSON-serialisable")
-
-
-def _canonical(manifest: dict) -> dict:
-    try:
-        return json.loads(json.dumps(manifest, default=_json_default, sort_keys=True))
-    except (TypeError, ValueError) as exc:
-        raise ResultStoreError(f"the manifest must be JSON-serialisable: {exc}. Fix: pass plain dicts, lists, "
-                               "strings and numbers (dataclasses and paths are converted)") from None
-
-
-def _refuse_repinned(run_dir: Path, old: dict, new: dict, has_units: bool) -> None:
-    """Refuse, even with ``--force``, a run whose committed units used pinned content (``config.learned``: a learned
-    geometry's file, by SHA-256) that has changed under the same label: resuming would mix two geometries under one
-    condition label. Nothing is refused before the first unit is committed."""
-    before, after = manifest_section(old, "config", "learned"), manifest_section(new, "config", "learned")
-    changed = sorted(label for label in set(before) & set(after)
-                     if isinstance(before[label], dict) and isinstance(after[label], dict)
-                     and before[label].get("sha256") != after[label].get("sha256"))
-    if changed and has_units:
-        first = changed[0]
-        raise ResultStoreError(f"run directory {run_dir}: condition {first} now reads another learned geometry (sha256 "
-                               f"{str(before[first].get('sha256'))[:12]} -> {str(after[first].get('sha256'))[:12]}) "
-                               "than the one its committed units used; continuing would mix two geometries under one "
-                               "label, so not even --force continues. Fix: restore that learned_geometry.json, or "
-                               "write the new geometry's run to a new --out")
-
-
-def _flatten(d: Any, prefix: str = "") -> dict[str, Any]:
-    if isinstance(d, dict) and d:
-        out: dict[str, Any] = {}
-        for k, v in d.items():
-            out.update(_flatten(v, f"{prefix}{k}."))
-        return out
-    return {prefix[:-1]: d}
-
-
-def manifest_diff(a: dict, b: dict, ignore: set[str] = frozenset()) -> list[str]:
-    """Dotted keys whose values differ between two manifests (``created_at`` and friends ignored)."""
-    fa, fb = _flatten(_canonical(a)), _flatten(_canonical(b))
-    skip = _IGNORED_ON_COMPARE | set(ignore)
-    absent = {k: _ABSENT_MEANS.get(k, "<absent>") for k in set(fa) | set(fb)}
-    return sorted(k for k in absent
-                  if fa.get(k, absent[k]) != fb.get(k, absent[k])
-                  and not any(k == s or k.startswith(s + ".") for s in skip))
 
 
 # ------------------------------------------------------------------------------------------------ atomic write
@@ -369,29 +213,30 @@ class RunStore:
     def create_or_open(cls, run_dir: str | Path, manifest: dict, force: bool = False,
                        writer: Callable = _default_writer) -> "RunStore":
         """Start a run in ``run_dir`` or resume it. An existing manifest must equal ``manifest`` (ignoring
-        ``created_at``, paths and the other keys of ``_IGNORED_ON_COMPARE``); ``force=True`` keeps the finished
-        units, adopts the new manifest and records the differing keys under ``manifest["forced"]``. A directory
-        holding no committed unit yet adopts the new manifest (nothing could be mixed; noted under ``replaced``).
+        ``created_at``, paths and the other keys :func:`~relaylens.results.manifest.manifest_diff` ignores);
+        ``force=True`` keeps the finished units, adopts the new manifest and records the differing keys under
+        ``manifest["forced"]``. A directory holding no committed unit yet adopts the new manifest (nothing could be
+        mixed; noted under ``replaced``).
 
         Refused: a non-empty directory that is not a relaylens run (no ``manifest.json``), and a ``manifest.json``
         that relaylens did not write (even with ``force``). Callers that write should hold
         :func:`relaylens.results.locks.run_lock` (the runner and ``merge`` do)."""
         run_dir = Path(run_dir)
-        manifest = _canonical(manifest)
+        manifest = canonical_manifest(manifest)
         prepare_run_dir(run_dir)
         path = run_dir / "manifest.json"
         store = cls(run_dir, manifest, writer)
         if path.exists():
             old = _read_manifest(run_dir)
             diff = manifest_diff(old, manifest)
-            _refuse_repinned(run_dir, old, manifest, bool(store.unit_paths()))
+            refuse_repinned(run_dir, old, manifest, bool(store.unit_paths()))
             if diff and not store.unit_paths():
                 manifest = {**manifest,
                             "replaced": old.get("replaced", []) + [{"keys": diff, "at": manifest.get("created_at")}]}
                 store.manifest = manifest
             elif diff and not force:
-                shown = ", ".join(f"{k}: {_flatten(old).get(k, '<absent>')!r} -> "
-                                  f"{_flatten(manifest).get(k, '<absent>')!r}"
+                shown = ", ".join(f"{k}: {flatten_manifest(old).get(k, '<absent>')!r} -> "
+                                  f"{flatten_manifest(manifest).get(k, '<absent>')!r}"
                                   for k in diff[:8])
                 raise ResultStoreError(f"run directory {run_dir} was started with a different manifest; differing "
                                        f"keys: {shown}{' ...' if len(diff) > 8 else ''}. Fix: re-run with the original "
@@ -595,7 +440,7 @@ def prepare_run_dir(run_dir: Path) -> None:
 
 
 def _dumps(obj: Any, indent: int | None = None) -> bytes:
-    return json.dumps(obj, default=_json_default, sort_keys=True, indent=indent).encode("utf-8")
+    return json.dumps(obj, default=json_default, sort_keys=True, indent=indent).encode("utf-8")
 
 
 def _read_manifest(run_dir: Path) -> dict:
@@ -701,16 +546,3 @@ def load_tables(run_dir: str | Path) -> dict[str, pd.DataFrame]:
     ``consolidated.json``."""
     return load_run(run_dir)[0]
 
-
-def manifest_section(manifest: dict, *path: str) -> dict:
-    """The object at ``path`` in a manifest (``"config", "spec"``: the analysis spec; ``"model"``), or ``{}`` where
-    the manifest records none or records something other than an object (a hand-edited or damaged manifest).
-
-    >>> manifest_section({"config": {"spec": "ordering"}}, "config", "spec")
-    {}
-    >>> manifest_section({"model": {"spec": "x"}}, "model")
-    {'spec': 'x'}
-    """
-    for key in path:
-        manifest = manifest.get(key) if isinstance(manifest, dict) else None
-    return manifest if isinstance(manifest, dict) else {}

@@ -13,8 +13,8 @@ selector ``kvpress:<PressName>``; its arguments' ranges in :mod:`~relaylens.sele
 :class:`~relaylens.model.prefill.PrefillResult`, the rendered prompt and a budget. Out: a sorted
 :class:`~relaylens.geometry.selection.Selection` (per-state scores, replacement values for merging selectors).
 
-May import: :mod:`relaylens.errors`, :mod:`relaylens.datasets`, :mod:`relaylens.model`, :mod:`relaylens.geometry`;
-never conditions, generation or probes (one declared exception: FINCH's question pass, see
+May import: :mod:`relaylens.errors`, :mod:`relaylens.registry`, :mod:`relaylens.datasets`, :mod:`relaylens.model`,
+:mod:`relaylens.geometry`; never conditions, generation or probes (one declared exception: FINCH's question pass, see
 :mod:`~relaylens.selectors.finch`).
 
 Writing a selector of your own takes :class:`Selector`, :class:`Budget` and :func:`resolve_budget` (a budget as a
@@ -34,6 +34,7 @@ from __future__ import annotations
 import dataclasses
 
 from relaylens.errors import RelaylensError
+from relaylens.registry import Registry, RegistryError
 from relaylens.selectors.adakv import AdaKV
 from relaylens.selectors.base import Budget, Selector, WindowScore, resolve_budget
 from relaylens.selectors.bm25 import BM25
@@ -50,21 +51,32 @@ from relaylens.selectors.snapkv import SnapKV
 from relaylens.selectors.streaming import StreamingLLM
 from relaylens.selectors.synthetic import random_prefill
 
-REGISTRY: dict[str, type[Selector]] = {
-    "bm25": BM25,
-    "snapkv": SnapKV,
-    "h2o": H2O,
-    "pyramidkv": PyramidKV,
-    "adakv": AdaKV,
-    "chunkkv": ChunkKV,
-    "cam": CaM,
-    "scissorhands": Scissorhands,
-    "finch": Finch,
-    "streaming": StreamingLLM,
-    "random": RandomSelector,
-    "full": FullKV,
-}
-"""Every selector by name (``make_selector(name)``, ``--selector NAME``): one class per file of this package."""
+ENTRY_POINT_GROUP = "relaylens.selectors"
+"""The entry-point group of selector plugins: ``[project.entry-points."relaylens.selectors"] NAME = "pkg.mod:Class"``
+in a distribution's ``pyproject.toml`` makes ``Class`` the selector ``NAME`` (``--selector NAME``)."""
+
+
+def check_selector_class(name: str, cls) -> None:
+    """Refuse what cannot be the selector ``name``: a class that is no frozen-dataclass :class:`Selector`, or a name
+    that is not lower case (names are matched in lower case) or that kvpress's prefix claims."""
+    if not (isinstance(cls, type) and issubclass(cls, Selector) and dataclasses.is_dataclass(cls)):
+        raise RegistryError(f"selector {name!r} is {cls!r}, not a Selector class. Fix: point it at a frozen dataclass "
+                            "subclassing relaylens.selectors.Selector")
+    if name != name.strip().lower() or is_press_selector(name):
+        raise RegistryError(f"selector name {name!r} must be lower case, without surrounding spaces, and not start "
+                            f"with kvpress: (selector names are matched that way). Fix: register it as "
+                            f"{name.strip().lower().replace('kvpress:', '')!r}")
+
+
+REGISTRY: Registry[type[Selector]] = Registry("selector", entry_point_group=ENTRY_POINT_GROUP,
+                                              check=check_selector_class)
+"""Every selector by name (``make_selector(name)``, ``--selector NAME``): one class per file of this package, then
+the selectors of installed plugins (entry-point group :data:`ENTRY_POINT_GROUP`). A
+:class:`~relaylens.registry.Registry`: a read-mostly mapping of name -> class."""
+for _cls in (BM25, SnapKV, H2O, PyramidKV, AdaKV, ChunkKV, CaM, Scissorhands, Finch, StreamingLLM, RandomSelector,
+             FullKV):
+    REGISTRY.register(_cls.name, _cls)
+del _cls
 
 
 def is_selector_name(name: str) -> bool:
@@ -101,6 +113,8 @@ def make_selector(name: str, **kwargs) -> Selector:
 
 __all__ = [
     "REGISTRY",
+    "ENTRY_POINT_GROUP",
+    "check_selector_class",
     "make_selector",
     "is_selector_name",
     "selector_class",

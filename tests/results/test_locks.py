@@ -128,7 +128,7 @@ class _NeverCalled:
 
 @pytest.mark.parametrize("kind", ["symlink", "dangling"])
 def test_model_pull_never_follows_its_lock_link(tmp_path, monkeypatch, kind):
-    from relaylens.model import embedded
+    import relaylens.model.pull as pulling
 
     monkeypatch.setenv("RELAYLENS_CACHE", str(tmp_path / "cache"))
     locks = tmp_path / "cache" / "locks"
@@ -138,19 +138,19 @@ def test_model_pull_never_follows_its_lock_link(tmp_path, monkeypatch, kind):
     def no_download(*args, **kwargs):
         raise AssertionError("model pull went on without its lock")
 
-    monkeypatch.setattr(embedded, "_download", no_download)
+    monkeypatch.setattr(pulling, "_download", no_download)
     with pytest.raises(LockPathError, match="`model pull` refuses to lock .*smollm2-135m-instruct.lock"):
-        embedded.pull("smollm2-135m-instruct", progress=lambda line: None)
+        pulling.pull("smollm2-135m-instruct", progress=lambda line: None)
     _untouched(victim, kind)
 
 
 def test_model_pull_lock_is_released_and_removed(tmp_path, monkeypatch):
     """The shared lock on the cache's lock folder: a second holder after the first works, nothing is left."""
-    from relaylens.model import embedded
+    import relaylens.model.pull as pulling
 
     monkeypatch.setenv("RELAYLENS_CACHE", str(tmp_path / "cache"))
     for _ in range(2):
-        with embedded._lock("smollm2-135m-instruct"):
+        with pulling._lock("smollm2-135m-instruct"):
             note = json.loads((tmp_path / "cache" / "locks" / "smollm2-135m-instruct.lock").read_text())
             assert note["pid"] == os.getpid() and note["command"] == "model pull"
     assert list((tmp_path / "cache" / "locks").iterdir()) == []

@@ -1,11 +1,11 @@
-"""Result store: manifest, atomic units, resume, corruption, full disk, consolidation, shards and merge."""
+"""Result store: atomic units, resume, corruption, full disk, consolidation, shards and merge (the manifest's
+contents: tests/results/test_manifest.py)."""
 
 from __future__ import annotations
 
 import doctest
 import errno
 import gzip
-import hashlib
 import json
 import os
 import signal
@@ -24,7 +24,6 @@ from relaylens.results.store import (
     RunStore,
     StoreWriteError,
     UnitKey,
-    build_manifest,
     load_tables,
 )
 from relaylens.results.tables import TABLES
@@ -33,20 +32,6 @@ from relaylens.results.tables import TABLES
 def test_docstring_examples():
     result = doctest.testmod(results, optionflags=doctest.ELLIPSIS)
     assert result.attempted > 3 and result.failed == 0
-
-
-def test_manifest_contents(tmp_path):
-    data = tmp_path / "data.json"
-    data.write_text("[1, 2, 3]")
-    m = build_manifest("a", {"x": [1, 2]}, "spec", "hash", dataset_path=data, shard=(1, 3))
-    assert m["dataset"] == {"path": str(data), "sha256": hashlib.sha256(b"[1, 2, 3]").hexdigest()}
-    assert m["shard"] == {"index": 1, "count": 3} and m["model"] == {"spec": "spec", "weights_hash": "hash"}
-    assert {"python", "torch", "transformers", "relaylens", "pandas"} <= set(m["versions"])
-    assert m["git_commit"] is None or len(m["git_commit"]) == 40
-    store = RunStore.create_or_open(tmp_path / "run", m)
-    on_disk = json.loads((tmp_path / "run" / "manifest.json").read_text())
-    assert on_disk["config"] == {"x": [1, 2]} and store.manifest == on_disk
-    assert not list((tmp_path / "run").glob(".tmp-*"))
 
 
 def test_write_consolidate_columns_sorted_deterministic(tmp_path):

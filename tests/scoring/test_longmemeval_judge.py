@@ -19,7 +19,7 @@ from relaylens.errors import RelaylensError
 from relaylens.experiments.config import RunConfig, check_config
 from relaylens.experiments.judges import check_judge_records, make_judge
 from relaylens.experiments.rejudge import rejudge_run
-from relaylens.results.store import manifest_diff
+from relaylens.results.manifest import manifest_diff
 from relaylens.scoring import judge as memory
 from relaylens.scoring import longmemeval_judge as lme
 from relaylens.scoring import transport

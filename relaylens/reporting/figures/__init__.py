@@ -96,7 +96,7 @@ from relaylens.reporting.figures.registry import (
 )
 from relaylens.reporting.figures.writer import write_entry, write_figures
 
-REGISTRY.update({name: REGISTRY.pop(name) for name in names()})  # iteration order = drawing order (ORDER first)
+REGISTRY.reorder(ORDER)  # iteration order = drawing order (ORDER first, then registration order, then plugins)
 
 __all__ = ["REGISTRY", "ORDER", "COMPANIONS", "FigureEntry", "FigureError", "build", "names", "select_figures",
            "supported", "write_entry", "write_figures"]

@@ -24,17 +24,17 @@ import pandas as pd
 from matplotlib.figure import Figure
 
 from relaylens.errors import RelaylensError
+from relaylens.registry import Registry
 from relaylens.reporting import plots
 from relaylens.reporting.crossrun import choose_metrics
 from relaylens.reporting.retention import restrict_to_retained, retention_lines
 from relaylens.reporting.summaries import REFERENCE, accuracy_scores
 from relaylens.results.tables import get_table
 
-__all__ = ["REGISTRY", "ORDER", "COMPANIONS", "FigureEntry", "FigureError", "register", "names", "supported",
-           "build", "check_not_empty", "select_figures", "figure_plan", "footer_lines", "prepare_tables",
-           "cross_run_entries", "needs_scores",
-           "needs_answers", "needs_other_conditions", "needs_budgets", "needs_ordering", "needs_rank_sync",
-           "needs_probes"]
+__all__ = ["REGISTRY", "ENTRY_POINT_GROUP", "check_entry", "ORDER", "COMPANIONS", "FigureEntry", "FigureError",
+           "register", "names", "supported", "build", "check_not_empty", "select_figures", "figure_plan",
+           "footer_lines", "prepare_tables", "cross_run_entries", "needs_scores", "needs_answers",
+           "needs_other_conditions", "needs_budgets", "needs_ordering", "needs_rank_sync", "needs_probes"]
 
 ORDER = ("table1", "table2", "table6", "table7", "table8", "table10", "table11", "cross_judge", "layer_bands",
          "evidence_bands", "table3", "figure3", "figure4",
@@ -76,13 +76,29 @@ class FigureEntry:
     needs: Callable[[dict], str | None]
 
 
-REGISTRY: dict[str, FigureEntry] = {}
+ENTRY_POINT_GROUP = "relaylens.figures"
+"""The entry-point group of figure plugins: ``[project.entry-points."relaylens.figures"] NAME = "pkg.mod:ENTRY"`` in
+a distribution's ``pyproject.toml`` makes that :class:`FigureEntry` (named ``NAME``) a figure or table of every run."""
+
+
+def check_entry(name: str, entry) -> None:
+    """Refuse what cannot be the figure or table ``name``: no :class:`FigureEntry`, one named otherwise, or a kind
+    other than ``figure`` / ``table``."""
+    if not isinstance(entry, FigureEntry) or entry.name != name or entry.kind not in ("figure", "table"):
+        raise FigureError(f"figure {name!r} is {entry!r}, not a FigureEntry named {name!r} of kind 'figure' or "
+                          f"'table'. Fix: point it at FigureEntry({name!r}, 'figure', title, build, needs) "
+                          "(relaylens.reporting.figures.registry)")
+
+
+REGISTRY: Registry[FigureEntry] = Registry("figure", entry_point_group=ENTRY_POINT_GROUP, check=check_entry)
+"""Every figure and table by name (:func:`register`; a :class:`~relaylens.registry.Registry`), then those of installed
+plugins (entry-point group :data:`ENTRY_POINT_GROUP`)."""
 
 
 def register(name: str, kind: str, title: str, needs: Callable[[dict], str | None]):
-    """Decorator: register ``fn(tables)`` as the figure or table ``name``."""
+    """Decorator: register ``fn(tables)`` as the figure or table ``name`` (a name registered twice is refused)."""
     def wrap(fn):
-        REGISTRY[name] = FigureEntry(name, kind, title, fn, needs)
+        REGISTRY.register(name, FigureEntry(name, kind, title, fn, needs), owner=f"{fn.__module__}.{fn.__qualname__}")
         return fn
     return wrap
 
