@@ -31,10 +31,10 @@ Example:
     ...     return str(value).upper()
     >>> encoders["r"]("x"), list(encoders), "r" in encoders, len(encoders)
     ("'x'", ['repr', 'upper'], True, 2)
-    >>> encoders.register("upper", str.upper)
+    >>> encoders.register("repr", str.upper)
     Traceback (most recent call last):
     ...
-    relaylens.registry.RegistryError: encoder 'upper' is already registered by relaylens.registry.upper; str.upper cannot register it again. Fix: give the new encoder another name
+    relaylens.registry.RegistryError: encoder 'repr' is already registered by repr; str.upper cannot register it again. Fix: give the new encoder another name
     >>> with encoders.frozen():
     ...     _ = encoders.register("json", "json:dumps")  # a lazy entry: imported when first asked for
     ...     encoders["json"]([1])

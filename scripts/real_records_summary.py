@@ -1,0 +1,64 @@
+"""Headline numbers of a real-records run, as docs/real-records.md and the results page quote them (not a test).
+
+For every condition against original: accuracy under each answer metric and the final question token's gold
+evidence share (percentage points, averaged over layers and query heads), paired per record, with 95% cluster-
+bootstrap intervals (10,000 resamples, seed 0); wins : losses; answers cut by the 512-token limit; the gold evidence
+kept; per question type; and the wall time the unit files span.
+
+    python scripts/real_records_summary.py figures/real_coordinate_ablation_qwen0.5b_8k
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pandas as pd
+
+from relaylens.reporting.summaries import (accuracy_means, paired_deltas, record_evidence_share_pp, win_loss)
+from relaylens.results.store import load_run
+
+
+def main(run_dir: str) -> None:
+    tables, _ = load_run(run_dir)
+    scores, answers = tables["scores"], tables["answers"]
+    n = scores["record_id"].nunique()
+    print(f"{run_dir}: {n} records, {len(tables['skipped'])} skipped")
+    evidence = record_evidence_share_pp(tables)
+    both = pd.concat([scores, evidence], ignore_index=True)
+    metrics = ["contains", "f1", "evidence_share_pp"]
+    means = accuracy_means(both, by=["condition"], metrics=metrics)
+    deltas = paired_deltas(both, by=[], metrics=metrics)
+    wl = win_loss(scores[scores["metric"] == "contains"], by=[])
+    for m in metrics:
+        print(f"\n{m}")
+        for _, r in means[means["metric"] == m].iterrows():
+            d = deltas[(deltas["metric"] == m) & (deltas["condition"] == r["condition"])]
+            extra = ""
+            if len(d):
+                d = d.iloc[0]
+                extra = f"  delta {d['mean']:+.3f} [{d['low']:+.3f}, {d['high']:+.3f}]"
+                if m == "contains":
+                    w = wl[wl["condition"] == r["condition"]]
+                    if len(w):
+                        extra += f"  wins:losses {int(w.iloc[0]['wins'])}:{int(w.iloc[0]['losses'])}"
+            print(f"  {r['condition']:<20} {r['mean']:.3f} [{r['low']:.3f}, {r['high']:.3f}]{extra}")
+    print("\nhit the 512-token limit / empty answers, per condition")
+    print(answers.groupby("condition").agg(hit_limit=("hit_limit", "mean"),
+                                           empty=("answer", lambda a: (a.str.strip() == "").mean())).round(3))
+    kept = answers.drop_duplicates("record_id")
+    print(f"\ngold evidence kept (some has_answer turn retained): {(kept['gold_units_kept'] > 0).sum()} of {len(kept)}")
+    print("\ncontains per question type (original -> relay)")
+    c = scores[scores["metric"] == "contains"].pivot_table(index=["question_type", "record_id"], columns="condition",
+                                                            values="value")
+    print(c.groupby(level=0)[["original", "relay"]].agg(["mean", "count"]).round(2))
+    units = sorted((Path(run_dir) / "units").glob("*.json.gz"), key=lambda p: p.stat().st_mtime)
+    print(f"\nprefill s per record: median {kept['prefill_s'].median():.1f}, mean {kept['prefill_s'].mean():.1f}")
+    if len(units) > 1:
+        span = units[-1].stat().st_mtime - units[0].stat().st_mtime
+        print(f"unit files span {span / 3600:.2f} h for {len(units) - 1} records after the first "
+              f"({(len(units) - 1) / span * 3600:.1f} per hour, machine shared with other work)")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
