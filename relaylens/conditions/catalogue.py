@@ -301,18 +301,27 @@ class KeyOnly(Condition):
     parameter = ("k", float)
 
     def __post_init__(self) -> None:
-        if not (math.isfinite(float(self.k)) and float(self.k) >= 1.0):
-            raise RelaylensError(f"key_only k must be a finite number >= 1 (how many times longer the history is); "
-                                 f"got {self.k}. Fix: key_only(4) leaves the question where dilation(4) puts it")
+        _check_stretch(self, "key_only(4) leaves the question where dilation(4) puts it")
 
     @property
     def label(self) -> str:
         return "key_only" if float(self.k) == 1.0 else f"key_only({exact_number(self.k)})"
 
     def coordinates(self, sel: Selection) -> Coordinates:
-        k = float(self.k)
-        start = sel.history_length if k == 1.0 else _round_half_up(k * sel.history_length + (1.0 - k) * sel.max_count)
-        return make_coordinates(self.label, sel, _compact(sel), start)
+        return make_coordinates(self.label, sel, _compact(sel), _round_half_up(_stretched_start(sel, self.k)))
+
+
+def _check_stretch(condition: Condition, fix: str) -> None:
+    """``k`` of a condition that stretches the history (``dilation``, ``key_only``): a finite number >= 1."""
+    if not (math.isfinite(float(condition.k)) and float(condition.k) >= 1.0):
+        raise RelaylensError(f"{condition.name} k must be a finite number >= 1 (how many times longer the history "
+                             f"is); got {condition.k}. Fix: {fix}")
+
+
+def _stretched_start(sel: Selection, k: float) -> float:
+    """``k L - (k - 1) M``: the question start of a history ``k`` times longer (``L`` at ``k = 1``), before rounding."""
+    k = float(k)
+    return k * sel.history_length + (1.0 - k) * sel.max_count
 
 
 def _check_shift(condition: Condition) -> None:
@@ -439,9 +448,7 @@ class Dilation(Condition):
     parameter = ("k", float)
 
     def __post_init__(self) -> None:
-        if not (math.isfinite(float(self.k)) and float(self.k) >= 1.0):
-            raise RelaylensError(f"dilation k must be a finite number >= 1 (how many times longer the history is); "
-                                 f"got {self.k}. Fix: dilation(4) places the kept keys as in a history 4 times longer")
+        _check_stretch(self, "dilation(4) places the kept keys as in a history 4 times longer")
 
     @property
     def label(self) -> str:
@@ -452,8 +459,7 @@ class Dilation(Condition):
 
         k = float(self.k)
         spread = k * sel.positions.double() + (1.0 - k) * _compact(sel).double()  # [layer, kv_head, slot]
-        start = k * sel.history_length + (1.0 - k) * sel.max_count
-        keys, question = _round_half_up(spread), _round_half_up(start)
+        keys, question = _round_half_up(spread), _round_half_up(_stretched_start(sel, k))
         valid = keys[sel.valid]
         lowest = int(valid.min()) if valid.numel() else 0
         shift = max(0, -lowest)  # one common shift: every query-key distance is unchanged
