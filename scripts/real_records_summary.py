@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from relaylens.reporting.summaries import (accuracy_means, paired_deltas, record_evidence_share_pp, win_loss)
+from relaylens.reporting.summaries import accuracy_means, paired_deltas, record_evidence_share_pp, win_loss
 from relaylens.results.store import load_run
 
 
