@@ -29,21 +29,23 @@ from pathlib import Path
 import pandas as pd
 import torch
 
+from relaylens import moved_name
 from relaylens.conditions.scoped import expand_conditions, unit_position_problem
-from relaylens.datasets import SAMPLE, Record, resolve_data  # noqa: F401 - SAMPLE, resolve_data: imported from here
-from relaylens.datasets.prompting import encode_data_text, render_prompt
+from relaylens.datasets import Record
+from relaylens.datasets.prompting import render_prompt
 from relaylens.errors import RelaylensError, shown
 from relaylens.experiments.config import RunConfig, check_config
-from relaylens.experiments.judges import make_judge  # noqa: F401 - re-exported (relaylens.runner.make_judge)
 from relaylens.experiments.run_setup import analysis_plan, open_run
-from relaylens.experiments.specs import ExperimentSpec, split_unit_selector
-from relaylens.experiments.units import UnitWork, prefill_record, query_window, select_units, selector_objects  # noqa: F401 - the old home
+from relaylens.experiments.specs import ExperimentSpec
+from relaylens.experiments.units import UnitWork, prefill_record, query_window, select_units, selector_objects
 from relaylens.generation.rows import Row, default_eos_ids, run_rows
+from relaylens.model.tokens import encode_data_text
 from relaylens.probes.readouts import probe_rows
 from relaylens.probes.registry import UnitContext, run_probes
 from relaylens.progress import progress_view
 from relaylens.results.atomic import read_text, write_atomic
 from relaylens.results.store import UnitKey
+from relaylens.results.tables import split_unit_label
 from relaylens.results.views import has_view, write_view
 from relaylens.scoring.metrics import score_answer
 
@@ -218,7 +220,7 @@ def _run_units(model, tokenizer, factors, records, spec: ExperimentSpec, config:
                     continue
                 started = time.perf_counter()
                 prefill = reuse.prefill(model, prompt, config, selectors.values())
-                bases = dict.fromkeys(split_unit_selector(name)[0] for name, _ in pending + redo)
+                bases = dict.fromkeys(split_unit_label(name)[0] for name, _ in pending + redo)
                 prepared = {name: selectors[name].prepare(model, prefill, prompt, factors)  # FINCH: its question pass
                             for name in bases}
                 prefill_s = time.perf_counter() - started
@@ -422,3 +424,7 @@ class PrefillReuse:
                   f"{self.saved_s:.1f} s of prefill saved (run total {totals['saved_s']:.1f} s, {PREFILL_REUSE_FILE})",
                   file=sys.stderr)
         return totals
+
+
+def __getattr__(name: str):  # old names of this module (relaylens.MOVED_NAMES), until relaylens.REMOVED_IN
+    return moved_name(__name__, name)

@@ -17,8 +17,9 @@ from dataclasses import dataclass
 
 from relaylens.errors import BudgetError, TooShortError
 from relaylens.experiments.config import RunConfig
-from relaylens.experiments.specs import ExperimentSpec, split_unit_selector
+from relaylens.experiments.specs import ExperimentSpec
 from relaylens.model.prefill import prefill_history
+from relaylens.results.tables import split_unit_label
 from relaylens.selectors import make_selector, selector_class
 from relaylens.selectors.kvpress_pass import share_press_passes
 from relaylens.selectors.protection import framing_mask, select_protected
@@ -75,14 +76,14 @@ def select_units(prefill, prompt, pending: list[tuple[str, float]], selectors: d
     each one's ``selection_s`` carries an equal share of the shared passes' time.
     """
     shared_s, served = 0.0, set()
-    cells = any(split_unit_selector(name)[1] is not None for name, _ in pending)
+    cells = any(split_unit_label(name)[1] is not None for name, _ in pending)
     if not protect and not cells:  # every kvpress unit of the record scored in one history pass per kernel
         _, shared_s, served = share_press_passes(selectors, prefill, pending)
     share = shared_s / max(1, sum(name in served for name, _ in pending))
     units, too_short = [], []
     for name, budget in pending:
         started = time.perf_counter()
-        base, cell = split_unit_selector(name)
+        base, cell = split_unit_label(name)
         try:
             if cell is not None:  # the framing analysis: the cell's kept set on top of the sessions' budget
                 sessions = prompt.history_length - int(prompt.protected_mask().sum())
