@@ -156,10 +156,11 @@ MOVED: dict[str, tuple[str, ...]] = {
     "checks": ("bench.checks",),
 }
 
-# Names a module no longer defines under that name: module -> {home: names} (relative to ``relaylens``). A stage face
-# lists what it re-exported from the flat module it replaced; a module lists its own old names. ``"NEW as OLD"`` is a
-# renamed one (read it as ``from home import NEW as OLD``). ``relaylens.<module>.<OLD>`` still resolves, through the
-# module's ``__getattr__`` (one line calling :func:`moved_name`), with the warning.
+# Names a module no longer defines under that name: module -> {home: names} (relative to ``relaylens``; home ``""``:
+# ``relaylens`` itself). A stage face lists what it re-exported from the flat module it replaced; a module lists its
+# own old names. ``"NEW as OLD"`` is a renamed one (read it as ``from home import NEW as OLD``).
+# ``relaylens.<module>.<OLD>`` still resolves, through the module's ``__getattr__`` (one line calling
+# :func:`moved_name`), with the warning.
 MOVED_NAMES: dict[str, dict[str, tuple[str, ...]]] = {
     "geometry": {"geometry.rotary": ("DYNAMIC_ROPE_TYPES", "NOPE", "STATIC_ROPE_TYPES", "multiply_planes",
                                      "rotate_keys", "unrotate_keys"),
@@ -189,8 +190,16 @@ MOVED_NAMES: dict[str, dict[str, tuple[str, ...]]] = {
     "geometry.fused": {"geometry.fused": ("relocate_key_rows as relocate_rows",)},
     "probes.sensitivity": {"results.tables": ("SENSITIVITY_METRICS as SENSITIVITY_READOUTS",)},
     "experiments.specs": {"results.tables": ("split_unit_label as split_unit_selector",)},
-    "experiments.runner": {"experiments.judges": ("make_judge",), "datasets": ("SAMPLE", "resolve_data")},
+    "experiments.runner": {"experiments.judges": ("make_judge",), "datasets": ("SAMPLE", "resolve_data"),
+                           # the one unit walk and the decode corridor left the runner (issue 53, item 1)
+                           "experiments.walk": ("PREFILL_REUSE_FILE", "PrefillReuse", "answer_tokens",
+                                                "first_answer_token", "history_problem", "prefill_reuse_enabled",
+                                                "skip_unit"),
+                           "experiments.record_rows": ("first_token_end_probability",),
+                           "experiments.units": ("UnitWork", "prefill_record", "query_window", "select_units",
+                                                 "selector_objects")},
     "results.store": {"results.manifest": ("FORMAT_VERSION", "source_state")},
+    "experiments.analysis": {"": ("REMOVED_IN as ALIAS_REMOVAL",)},  # one removal version
 }
 
 
@@ -226,9 +235,10 @@ def moved_name(face: str, name: str):
     if served is None:
         raise AttributeError(f"module {face!r} has no attribute {name!r}")
     home, new = served
-    warnings.warn(_moved_warning(f"{face}.{name}", f"{__name__}.{home}.{new}"), DeprecationWarning,
+    module = f"{__name__}.{home}" if home else __name__  # home "": this package's own face
+    warnings.warn(_moved_warning(f"{face}.{name}", f"{module}.{new}"), DeprecationWarning,
                   stacklevel=_caller_stacklevel() + 1)  # + 1: the face's __getattr__
-    return getattr(importlib.import_module(f"{__name__}.{home}"), new)
+    return getattr(importlib.import_module(module), new)
 
 
 def moved_home(fullname: str) -> tuple[str, ...] | None:

@@ -427,7 +427,8 @@ def test_a_plugin_probe_kind_is_switched_on_from_the_command_line(plugin_path, t
     assert done.returncode == 0, done.stderr[-3000:]
     probes = load_tables(tmp_path / "on")["probes"]
     assert set(probes[probes.source == "kept_count"].metric) == {"kept_count"}
-    assert json.loads((tmp_path / "on" / "manifest.json").read_text())["config"]["spec"]["probe_kinds"] == ["kept_count"]
+    spec = json.loads((tmp_path / "on" / "manifest.json").read_text())["config"]["spec"]
+    assert spec["probe_kinds"] == ["kept_count"]
     done = run("off")
     assert done.returncode == 0, done.stderr[-3000:]
     assert "kept_count" not in set(load_tables(tmp_path / "off")["probes"].source)

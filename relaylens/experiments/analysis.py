@@ -24,7 +24,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from relaylens import REMOVED_IN
+from relaylens import REMOVED_IN, moved_name
 from relaylens.errors import RelaylensError
 
 FLAG_TYPES = (int, float, str)
@@ -153,3 +153,7 @@ class Analysis:
     def BATCH_ROWS(self):
         """Deprecated alias of :attr:`batch_rows`."""
         return self._alias("BATCH_ROWS", "batch_rows")
+
+
+def __getattr__(name: str):  # old names of this module (relaylens.MOVED_NAMES), until relaylens.REMOVED_IN
+    return moved_name(__name__, name)

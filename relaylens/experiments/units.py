@@ -1,8 +1,9 @@
 """A record's units of work: prefill its history once, then select once per pending (selector, budget).
 
 A unit is one (record, selector, budget); every condition of a unit shares its selection (the comparison is paired).
-Every runner prepares units this way (:mod:`relaylens.experiments.runner` for analyses,
-:mod:`relaylens.experiments.learned_run` for ``learned_geometry``); the names also import from the runner.
+Every runner prepares units this way, through the one walk (:class:`relaylens.experiments.walk.RunWalk`, used by
+:mod:`relaylens.experiments.runner` for analyses and :mod:`relaylens.experiments.learned_run` for
+``learned_geometry``); the names also import from the runner, with a warning, until relaylens 0.3.0.
 
 Example:
     >>> query_window(RunConfig(window_size=32), [], history_length=900)

@@ -14,7 +14,7 @@ pytestmark = pytest.mark.model
 def unit(smollm2):
     from relaylens.datasets import load_records, resolve_data
     from relaylens.datasets.prompting import render_prompt
-    from relaylens.experiments.runner import answer_tokens
+    from relaylens.experiments.walk import answer_tokens
     from relaylens.model.prefill import prefill_history
     from relaylens.selectors import make_selector
 
