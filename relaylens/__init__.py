@@ -156,8 +156,11 @@ MOVED: dict[str, tuple[str, ...]] = {
     "checks": ("bench.checks",),
 }
 
-# Names a stage face re-exported from the flat module it replaced, beyond its own contract: face -> {home: names}
-# (relative to ``relaylens``). ``relaylens.<face>.<name>`` still resolves, through the face's ``__getattr__``.
+# Names a module no longer defines under that name: module -> {home: names} (relative to ``relaylens``; home ``""``:
+# ``relaylens`` itself). A stage face lists what it re-exported from the flat module it replaced; a module lists its
+# own old names. ``"NEW as OLD"`` is a renamed one (read it as ``from home import NEW as OLD``).
+# ``relaylens.<module>.<OLD>`` still resolves, through the module's ``__getattr__`` (one line calling
+# :func:`moved_name`), with the warning.
 MOVED_NAMES: dict[str, dict[str, tuple[str, ...]]] = {
     "geometry": {"geometry.rotary": ("DYNAMIC_ROPE_TYPES", "NOPE", "STATIC_ROPE_TYPES", "multiply_planes",
                                      "rotate_keys", "unrotate_keys"),
@@ -167,8 +170,9 @@ MOVED_NAMES: dict[str, dict[str, tuple[str, ...]]] = {
     # the function bound (as before) and it resolves without a warning until REMOVED_IN
     "probes": {"probes.readouts": ("ProbedCondition", "ReplayContent", "phase_replay", "probe_rows",
                                    "replay_content")},
-    "scoring": {"scoring.metrics": ("METRICS", "contains", "exact_match", "extract_choice_personamem", "f1",
-                                    "infinitebench_choice_correct", "infinitebench_dialogue_correct", "is_abstention",
+    "scoring": {"scoring.metrics": ("ANSWER_METRICS as METRICS", "contains", "exact_match", "extract_choice_personamem",
+                                    "f1", "infinitebench_choice_correct", "infinitebench_dialogue_correct",
+                                    "is_abstention",
                                     "personamem_choice_correct")},
     "results": {"results.store": ("UNITS", "StoreWriteError", "UnitKey", "load_run", "prepare_run_dir"),
                 "results.manifest": ("FORMAT_VERSION", "ResultStoreError", "manifest_diff", "manifest_section",
@@ -179,7 +183,38 @@ MOVED_NAMES: dict[str, dict[str, tuple[str, ...]]] = {
     "bench": {"bench.geometry": ("LLAMA31_8B", "SMOLLM2", "CacheShape", "bench_delta_rotation_error",
                                  "bench_relocation", "interleaved_medians", "min_cpu_seconds", "rotary_only_model",
                                  "run_geometry", "write_results")},
+    # old names inside a module (issue 53: the silent aliases, now with the warning and the one removal version)
+    "scoring.metrics": {"scoring.metrics": ("ANSWER_METRICS as METRICS",)},
+    "scoring.checklist": {"scoring.checklist": ("CHECKLIST_METRICS as METRICS",)},
+    "reporting.summaries": {"reporting.summaries": ("FALLBACK_METRICS as METRICS",)},
+    "geometry.fused": {"geometry.fused": ("relocate_key_rows as relocate_rows",)},
+    "probes.sensitivity": {"results.tables": ("SENSITIVITY_METRICS as SENSITIVITY_READOUTS",)},
+    "experiments.specs": {"results.tables": ("split_unit_label as split_unit_selector",)},
+    "experiments.runner": {"experiments.judges": ("make_judge",), "datasets": ("SAMPLE", "resolve_data"),
+                           # the one unit walk and the decode corridor left the runner (issue 53, item 1)
+                           "experiments.walk": ("PREFILL_REUSE_FILE", "PrefillReuse", "answer_tokens",
+                                                "first_answer_token", "history_problem", "prefill_reuse_enabled",
+                                                "skip_unit"),
+                           "experiments.record_rows": ("first_token_end_probability",),
+                           "experiments.units": ("UnitWork", "prefill_record", "query_window", "select_units",
+                                                 "selector_objects")},
+    "results.store": {"results.manifest": ("FORMAT_VERSION", "source_state")},
+    "experiments.analysis": {"": ("REMOVED_IN as ALIAS_REMOVAL",)},  # one removal version
 }
+
+
+def legacy_names(module: str) -> dict[str, tuple[str, str]]:
+    """The old names ``relaylens.<module>`` still serves (:data:`MOVED_NAMES`): old name -> ``(home, name there)``.
+
+    >>> legacy_names("scoring.metrics")
+    {'METRICS': ('scoring.metrics', 'ANSWER_METRICS')}
+    """
+    served = {}
+    for home, names in MOVED_NAMES.get(module, {}).items():
+        for entry in names:
+            new, _, old = entry.partition(" as ")
+            served[old or new] = (home, new)
+    return served
 
 
 def _moved_warning(old: str, new: str) -> str:
@@ -187,20 +222,23 @@ def _moved_warning(old: str, new: str) -> str:
 
 
 def moved_name(face: str, name: str):
-    """``relaylens.<face>.<name>`` for a name the face no longer exports (:data:`MOVED_NAMES`): the object of its new
-    home, with a ``DeprecationWarning``; an ``AttributeError`` for any other name. A face's ``__getattr__`` calls it.
+    """``relaylens.<face>.<name>`` for a name the module ``face`` no longer exports (:data:`MOVED_NAMES`): the object
+    of its new home, with a ``DeprecationWarning``; an ``AttributeError`` for any other name. The module's
+    ``__getattr__`` calls it.
 
     >>> moved_name("relaylens.geometry", "nothing_here")
     Traceback (most recent call last):
     ...
     AttributeError: module 'relaylens.geometry' has no attribute 'nothing_here'
     """
-    for home, names in MOVED_NAMES.get(face.partition(".")[2], {}).items():
-        if name in names:
-            warnings.warn(_moved_warning(f"{face}.{name}", f"{__name__}.{home}.{name}"), DeprecationWarning,
-                          stacklevel=_caller_stacklevel() + 1)  # + 1: the face's __getattr__
-            return getattr(importlib.import_module(f"{__name__}.{home}"), name)
-    raise AttributeError(f"module {face!r} has no attribute {name!r}")
+    served = legacy_names(face.partition(".")[2]).get(name)
+    if served is None:
+        raise AttributeError(f"module {face!r} has no attribute {name!r}")
+    home, new = served
+    module = f"{__name__}.{home}" if home else __name__  # home "": this package's own face
+    warnings.warn(_moved_warning(f"{face}.{name}", f"{module}.{new}"), DeprecationWarning,
+                  stacklevel=_caller_stacklevel() + 1)  # + 1: the face's __getattr__
+    return getattr(importlib.import_module(module), new)
 
 
 def moved_home(fullname: str) -> tuple[str, ...] | None:

@@ -77,7 +77,6 @@ def test_every_dataset_format_is_named_by_the_datasets_contract():
 PLACEHOLDERS = {"NAME", "ANALYSIS", "x", "Y"}
 LEGACY_MENTIONS = {
     ("docs/getting-started.md", "relaylens.rows"), ("docs/getting-started.md", "relaylens.scopes"),
-    ("relaylens/experiments/runner.py", "relaylens.runner.make_judge"),  # why the runner re-exports make_judge
 }
 DOTTED = re.compile(r"(?<![\w/.])relaylens(?:\.[A-Za-z_]\w*)+")
 # entry-point group names (relaylens.figures, relaylens.benchmarks, ...) look like module paths but name the groups

@@ -190,6 +190,36 @@ def test_env_scan_finds_each_way_of_reading_a_variable(tmp_path, monkeypatch):
                      "SLURM_X", "SLURM_Y"}
 
 
+def test_the_figure_table_lists_every_built_in_figure_in_its_columns():
+    assert codescan.figure_table_problems() == []
+
+
+def test_the_figure_table_check_catches_each_kind_of_drift():
+    import relaylens.reporting.figures as figures
+
+    entries = {"table1": ("table", "main_table"), "figure4": ("figure", "coordinate_ablation")}
+    rule = "======= ====== =================== ====="
+
+    def table(*rows: str) -> str:
+        return "\n".join([rule, "name    kind   file                what", rule, *rows, rule]) + "\n"
+
+    table1 = "table1  table  main_table          accuracy"
+    more = "                                    per selector"
+    figure4 = "figure4 figure coordinate_ablation means"
+    check = codescan.figure_table_problems
+    assert check(table(table1, more, figure4), entries) == []
+    assert "runs over its column" in check(table(table1, "figure4x figure coordinate_ablation x"), entries)[0]
+    assert "fills the kind or file column" in check(table(table1, "        table", figure4), entries)[0]
+    assert check(table(table1, figure4, "table9  table  main_table          x"), entries) == [
+        codescan.FIGURE_TABLE_HOME + ": the figure table lists 'table9', which is not registered"]
+    assert "'figure4' (figure, coordinate_ablation) has no row" in check(table(table1), entries)[0]
+    assert check(table(table1.replace("main_table", "overhead  "), figure4), entries) == [
+        codescan.FIGURE_TABLE_HOME + ": the figure table gives 'table1' kind and file ('table', 'overhead'); the "
+        "registry has ('table', 'main_table')"]
+    reflowed = " ".join(figures.__doc__.split())  # what a reflow did to it (issue 53)
+    assert "three equal rule lines" in check(reflowed, entries)[0]
+
+
 def test_every_public_name_has_a_docstring():
     import generate
 

@@ -19,8 +19,8 @@ import relaylens
 
 ROOT = Path(__file__).resolve().parents[1]
 REMOVAL = f"removed in relaylens {relaylens.REMOVED_IN}"
-MOVED_NAMES = sorted((face, home, name) for face, homes in relaylens.MOVED_NAMES.items()
-                     for home, names in homes.items() for name in names)
+MOVED_NAMES = sorted((face, home, old, new) for face in relaylens.MOVED_NAMES
+                     for old, (home, new) in relaylens.legacy_names(face).items())
 # The files that define or test the legacy table itself.
 TABLE_FILES = {"relaylens/__init__.py", "tests/test_legacy.py", "tests/test_architecture.py",
                "tests/test_contracts.py"}
@@ -50,24 +50,26 @@ def test_every_old_module_path_warns_with_its_home_and_removal_version(old):
     assert any(f"relaylens.{old} moved to {home}" in m and REMOVAL in m for m in messages), messages
 
 
-@pytest.mark.parametrize("face, home, name", MOVED_NAMES)
-def test_every_moved_name_of_a_face_warns_and_is_the_object_of_its_home(face, home, name):
+@pytest.mark.parametrize("face, home, old, new", MOVED_NAMES)
+def test_every_moved_name_of_a_face_warns_and_is_the_object_of_its_home(face, home, old, new):
     module = importlib.import_module(f"relaylens.{face}")
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        value = getattr(module, name)
+        value = getattr(module, old)
     messages = [str(w.message) for w in caught if issubclass(w.category, DeprecationWarning)]
-    assert any(f"relaylens.{face}.{name} moved to relaylens.{home}.{name}" in m and REMOVAL in m
-               for m in messages), messages
-    assert value is getattr(importlib.import_module(f"relaylens.{home}"), name)
+    home = f"relaylens.{home}" if home else "relaylens"
+    assert [m for m in messages if f"relaylens.{face}.{old} moved to {home}.{new}" in m and REMOVAL in m
+            ] == messages and len(messages) == 1, messages  # one warning: the home serves the name itself
+    assert value is vars(importlib.import_module(home))[new]
 
 
 @pytest.mark.parametrize("face", sorted(relaylens.MOVED_NAMES))
 def test_a_face_exports_its_contract_and_no_moved_name(face):
     """A moved name the face still held would be served silently, without the warning."""
     module = importlib.import_module(f"relaylens.{face}")
-    moved = {n for names in relaylens.MOVED_NAMES[face].values() for n in names}
-    assert not moved & set(module.__all__), f"relaylens.{face}.__all__ lists moved names {moved & set(module.__all__)}"
+    moved = set(relaylens.legacy_names(face))
+    exported = set(getattr(module, "__all__", ()))
+    assert not moved & exported, f"relaylens.{face}.__all__ lists moved names {moved & exported}"
     assert not moved & set(vars(module)), f"relaylens.{face} defines moved names {moved & set(vars(module))}"
     with pytest.raises(AttributeError, match=f"module 'relaylens.{face}' has no attribute 'nothing_here'"):
         getattr(module, "nothing_here")
@@ -122,7 +124,7 @@ def legacy_uses(text: str) -> list[str]:
 
 
 def _moved_names(face: str) -> set[str]:
-    return {n for names in relaylens.MOVED_NAMES.get(face, {}).values() for n in names}
+    return set(relaylens.legacy_names(face))
 
 
 def test_the_legacy_check_finds_each_kind_of_use():

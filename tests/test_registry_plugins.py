@@ -185,12 +185,12 @@ class KeepLast(Selector):
 
 @dataclass(frozen=True)
 class KeptCount:
-    """A probe kind: how many states each layer keeps."""
+    """A probe kind with its own switch (``--probe kept_count``): how many states each layer keeps."""
 
     name: str = "kept_count"
 
     def enabled(self, spec, config) -> bool:
-        return True
+        return self.name in spec.probe_kinds
 
     def run(self, unit) -> ProbeTables:
         counts = unit.selection.counts.sum(-1)  # [layer]
@@ -388,7 +388,9 @@ def test_a_plugin_selector_and_probe_run_in_an_analysis(plugin_path, tmp_path):
     data.write_text(json.dumps(generate_records(n=2, seed=5, history_tokens=900)))
     with discovered():
         spec = ExperimentSpec("plugin_run", selectors=("keep_last", "bm25"), budgets=(0.4,),
-                              conditions=("original", "relay"), probes=True, max_new_tokens=2)
+                              conditions=("original", "relay"), probes=True, max_new_tokens=2,
+                              probe_kinds=("kept_count",))
+        assert spec.to_dict()["probe_kinds"] == ("kept_count",)
         out = run_analysis(spec, RunConfig(data=str(data), out=str(tmp_path / "run")), progress=False,
                            model_and_tokenizer=(tiny_model("llama", seed=0), tiny_tokenizer()))
     tables = load_tables(out)
@@ -399,6 +401,41 @@ def test_a_plugin_selector_and_probe_run_in_an_analysis(plugin_path, tmp_path):
     assert len(rows) == 2 * 2 * 2 and set(rows.selector) == {"keep_last", "bm25"}  # records x selectors x layers
     assert set(rows.metric) == {"kept_count"} and (rows.value > 0).all()
     assert {"forward", "kept_count"} <= set(probes.source)  # beside the built-in readouts
+
+
+def test_a_plugin_probe_kind_is_switched_on_from_the_command_line(plugin_path, tmp_path):
+    """``relaylens run --probe kept_count``: the plugin's kind runs, with no field or option of relaylens edited for
+    it; without ``--probe`` it stays off; an unknown name is one line naming the registered kinds."""
+    from relaylens.datasets.synthetic import generate_records
+    from relaylens.results.store import load_tables
+    from relaylens.testing import tiny_model, tiny_tokenizer
+
+    model_dir, data = tmp_path / "tiny-llama", tmp_path / "records.json"
+    tiny_model("llama", seed=0).save_pretrained(model_dir)
+    tiny_tokenizer().save_pretrained(model_dir)
+    data.write_text(json.dumps(generate_records(n=1, seed=5, history_tokens=900)))
+    env = {**__import__("os").environ, "PYTHONPATH": f"{plugin_path}:{ROOT}"}
+
+    def run(out: str, *probe: str):
+        return subprocess.run([sys.executable, "-m", "relaylens.cli", "run", "coordinate_ablation", "--model",
+                               str(model_dir), "--data", str(data), "--limit", "1", "--max-new-tokens", "2",
+                               "--condition", "relay", "--selector", "keep_last", "--budget", "0.4", *probe,
+                               "--out", str(tmp_path / out)], capture_output=True, text=True, cwd=ROOT, env=env,
+                              timeout=600)
+
+    done = run("on", "--probe", "kept_count")
+    assert done.returncode == 0, done.stderr[-3000:]
+    probes = load_tables(tmp_path / "on")["probes"]
+    assert set(probes[probes.source == "kept_count"].metric) == {"kept_count"}
+    spec = json.loads((tmp_path / "on" / "manifest.json").read_text())["config"]["spec"]
+    assert spec["probe_kinds"] == ["kept_count"]
+    done = run("off")
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "kept_count" not in set(load_tables(tmp_path / "off")["probes"].source)
+    assert "probe_kinds" not in json.loads((tmp_path / "off" / "manifest.json").read_text())["config"]["spec"]
+    done = run("bad", "--probe", "kept_cuont")
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr[-3000:]
+    assert "kept_cuont" in done.stderr and "'kept_count'" in done.stderr
 
 
 def test_a_fresh_interpreter_finds_plugins_on_first_use(plugin_path):

@@ -1,5 +1,6 @@
-"""What the docs check against the code: environment variables read anywhere, the CLI's commands and options, and the
-code blocks of the Markdown pages. Shared by the build (docs/hooks/generate.py) and the tests (tests/test_docs.py).
+"""What the docs check against the code: environment variables read anywhere, the CLI's commands and options, the
+code blocks of the Markdown pages, and the figure table of ``relaylens.reporting.figures``. Shared by the build
+(docs/hooks/generate.py) and the tests (tests/test_docs.py).
 """
 
 from __future__ import annotations
@@ -236,3 +237,60 @@ def inline_commands(path: Path) -> list[tuple[int, str]]:
         if not fenced:
             out.extend((number, m.group(1)) for m in INLINE.finditer(line))
     return out
+
+
+# ------------------------------------------------------------------------------------------- the figure table
+
+FIGURE_TABLE_HOME = "relaylens.reporting.figures"
+RULE = re.compile(r"^=+(?: +=+)+$")
+
+
+def figure_table_problems(doc: str | None = None, entries: dict[str, tuple[str, str]] | None = None) -> list[str]:
+    """What is wrong with the figure table of ``relaylens.reporting.figures``'s docstring (a reStructuredText simple
+    table ``name kind file what``, the row a new figure adds itself to): a row off its columns, a row that names a
+    figure the registry does not have or gives it another kind or file, a built-in figure without a row.
+
+    ``doc`` and ``entries`` (``name -> (kind, file)``) default to the package's docstring and its built-in registry
+    entries (plugins are not listed there)."""
+    import importlib
+
+    if doc is None or entries is None:
+        face = importlib.import_module(FIGURE_TABLE_HOME)
+        doc = face.__doc__ if doc is None else doc
+        if entries is None:
+            entries = {name: (e.kind, e.build.__module__.rpartition(".")[2]) for name, e in face.REGISTRY.items()
+                       if e.build.__module__.startswith(FIGURE_TABLE_HOME + ".")}
+    lines = doc.splitlines()
+    rules = [i for i, line in enumerate(lines) if RULE.match(line)]
+    if len(rules) != 3 or any(lines[i] != lines[rules[0]] for i in rules):
+        return [f"{FIGURE_TABLE_HOME}: the figure table needs three equal rule lines (top, under the header, bottom); "
+                f"found {len(rules)}. Fix: restore the table (name kind file what) in its docstring"]
+    spans = [(m.start(), m.end()) for m in re.finditer(r"=+", lines[rules[0]])]
+    problems, rows = [], {}
+    for number, line in enumerate(lines[rules[1] + 1:rules[2]], rules[1] + 2):
+        if not line.strip():
+            continue
+        cells = [line[a:b] for a, b in spans[:-1]] + [line[spans[-1][0]:]]
+        gaps = [line[b:c] for (_, b), (c, _) in zip(spans, spans[1:])]
+        if any(g.strip() for g in gaps) or any(c != c.strip() and c.strip() and c[0] == " " for c in cells[:-1]):
+            problems.append(f"{FIGURE_TABLE_HOME} docstring line {number}: a cell runs over its column: {line!r}. "
+                            "Fix: align it under the rule's columns (wrap the 'what' text onto a line whose first "
+                            "three columns are blank)")
+            continue
+        name, kind, file, _ = (c.strip() for c in cells)
+        if not name:  # a continuation of the 'what' text
+            if kind or file:
+                problems.append(f"{FIGURE_TABLE_HOME} docstring line {number}: a continuation line fills the kind or "
+                                f"file column: {line!r}")
+            continue
+        rows[name] = (kind, file)
+    for name, (kind, file) in sorted(rows.items()):
+        if name not in entries:
+            problems.append(f"{FIGURE_TABLE_HOME}: the figure table lists {name!r}, which is not registered")
+        elif entries[name] != (kind, file):
+            problems.append(f"{FIGURE_TABLE_HOME}: the figure table gives {name!r} kind and file {(kind, file)}; the "
+                            f"registry has {entries[name]}")
+    for name in sorted(set(entries) - set(rows)):
+        problems.append(f"{FIGURE_TABLE_HOME}: figure {name!r} ({', '.join(entries[name])}) has no row in the figure "
+                        "table. Fix: add it (name kind file what) to the docstring's table")
+    return problems

@@ -31,6 +31,7 @@ from pathlib import Path
 import pandas as pd
 import torch
 
+from relaylens.bench.model import peak_extra_mb, proc_status_kb
 from relaylens.experiments.config import RunConfig
 from relaylens.model.loading import load_tokenizer
 from relaylens.model.prefill import prefill_history
@@ -176,7 +177,6 @@ def _arm(model_spec: str, dtype: str, records: int, new_tokens: int, repeats: in
          lengths: tuple[int, ...] = LENGTHS) -> dict:
     """One model in one dtype, in this process: the measurements :func:`run_dtype` tabulates."""
 
-    from relaylens.bench.model import peak_extra_mb, proc_status_kb  # noqa: PLC0415 - import cycle: relaylens.bench.model imports this module
     from relaylens.experiments.specs import load_analysis  # noqa: PLC0415 - late binding (tests swap specs.load_analysis)
     from relaylens.model.loading import load_model  # noqa: PLC0415 - late binding (tests swap loading.load_model)
 

@@ -42,6 +42,7 @@ from relaylens.bench.machine import (
     linear_shapes,
     synchronize,
 )
+from relaylens.bench.model import load_bench_model
 from relaylens.errors import PositionError, RelaylensError
 from relaylens.geometry.rotary import RotaryFactors
 from relaylens.geometry.selection import Selection
@@ -110,7 +111,6 @@ def run_roofline(model_spec: str = DEFAULT_MODEL, load_kwargs: dict | None = Non
                     **({"repeats": int(repeats)} if repeats else {}))
     name = str(getattr(model, "name_or_path", "") or "given model") if model is not None else model_spec
     if model is None:
-        from relaylens.bench.model import load_bench_model  # noqa: PLC0415 - import cycle: relaylens.bench.model imports this module
 
         model, _ = load_bench_model(model_spec, load_kwargs)
     check_lengths(sizes.lengths, model)

@@ -68,6 +68,9 @@ RUN_OPTIONS = [
     option("sweep", str, "--sweep", help="'layers': per-layer causal sweep (relay in layer l only, and in layers 0..l, "
            "for every l): costs one extra question pass per layer and curve for every record (about 2 x layers "
            "passes); off by default; recorded in the manifest", panel=SELECT),
+    option("probe", list[str], "--probe", help="probe kind to switch on by name (repeatable): a kind of "
+           "relaylens.probes.PROBE_KINDS, a plugin's included; replay, token_view, sensitivity and layer_sweep set "
+           "their own switches", panel=SELECT),
     option("stop", str, help="decoding stop: eos, newline or none (fixed length)", panel=DECODE),
     option("max_new_tokens", int, "--max-new-tokens", help="override the decoding limit (default 512, the paper's; "
            "decoding stops earlier at EOS in chat mode)", panel=DECODE),
@@ -194,7 +197,8 @@ def spec_and_config(p: dict):
     spec = guard(apply_overrides, spec, selectors=list(p["selector"] or []) or None,
                  conditions=list(p["condition"] or []) or None, budgets=tuple(p["budget"]) if p["budget"] else None,
                  max_new_tokens=p["max_new_tokens"], prompt_mode=p["prompt_mode"], granularity=p["granularity"],
-                 stop=p["stop"], sweep=p["sweep"], protect_instructions=p["protect_instructions"])
+                 stop=p["stop"], sweep=p["sweep"], protect_instructions=p["protect_instructions"],
+                 probe_kinds=tuple(p["probe"]) if p["probe"] else None)
     placement = {k: p[k] for k in ("device", "dtype", "device_map", "attn_implementation", "rope_scaling",
                                    "max_position")}
     load_kwargs(**placement)  # bad values: one line, early

@@ -11,9 +11,10 @@ the ``synthetic*`` generators. :func:`load_records` calls :func:`detect_format` 
 In: a dataset file (or ``sample`` / ``sample:NAME``, :func:`resolve_data`) and a tokenizer. Out: records and
 rendered prompts (token ids, spans, ``evidence_mask``).
 
-May import: :mod:`relaylens.errors`, :mod:`relaylens.registry` and the answer normalisation of :mod:`relaylens.scoring`
-(a reference that normalises to nothing is refused when records load). Never the model stage or torch at import time
-(token tensors are built when a prompt is rendered).
+May import: :mod:`relaylens.errors`, :mod:`relaylens.registry`, the answer normalisation of :mod:`relaylens.scoring`
+(a reference that normalises to nothing is refused when records load) and the model stage's torch-free parts
+(:mod:`relaylens.model.tokens`: data text tokenised as data; the embedded downloader and cache root, inside
+functions). Never torch at import time (token tensors are built when a prompt is rendered).
 
 Example:
     >>> detect_format(bundled_sample_path())

@@ -46,6 +46,7 @@ from pathlib import Path
 from relaylens.datasets.common import get_field, iter_json_objects, record_error
 from relaylens.datasets.formats import DatasetFormat, has_keys, json_head
 from relaylens.datasets.records import Record, RecordCollector, Session, Turn
+from relaylens.datasets.spans import PromptLayout
 from relaylens.errors import RecordError
 
 CATEGORIES = ("blogs", "report", "news", "long_dialogue", "academic_article")
@@ -175,7 +176,6 @@ def hellobench_layout(record, mode: str):
     """The :class:`~relaylens.datasets.spans.PromptLayout` of a HelloBench item: the instruction head and the source
     text are the history (the source is one session with one document turn; the head lies outside it, so it is
     protected), the prompt's tail is the question part (completion mode appends a ``Summary:`` cue)."""
-    from relaylens.datasets.spans import PromptLayout  # noqa: PLC0415 - import cycle: relaylens.datasets.spans imports this module
 
     meta = record.meta or {}
     head, tail = meta.get("prompt_head", ""), meta.get("prompt_tail", "")

@@ -8,7 +8,9 @@ process runs under torchrun / accelerate / SLURM), :mod:`~relaylens.experiments.
 :mod:`~relaylens.experiments.ray_connect` (a loopback-only local Ray, or a cluster joined within a bounded time) and
 :mod:`~relaylens.experiments.demo`; :mod:`~relaylens.experiments.analysis` (the record an analysis module declares:
 :class:`Analysis`, its own command-line flags :class:`CliOption`), :mod:`~relaylens.experiments.run_setup` (the one
-way every runner opens a run) and :mod:`~relaylens.experiments.units` (a record's units of work);
+way every runner opens a run), :mod:`~relaylens.experiments.walk` (the one walk over a run's records: prompt, skips,
+prefill, selection, conditions parsed once), :mod:`~relaylens.experiments.record_rows` (one record's rows decoded and
+tabulated) and :mod:`~relaylens.experiments.units` (a record's units of work);
 :mod:`~relaylens.experiments.learned` and :mod:`~relaylens.experiments.learned_run`
 (``learned_geometry``: fit the geometry family on train records, evaluate it on test records).
 

@@ -24,11 +24,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from relaylens import REMOVED_IN, moved_name
 from relaylens.errors import RelaylensError
-
-ALIAS_REMOVAL = "0.3.0"
-"""The release that removes the module-style aliases of :class:`Analysis` (``SPEC``, ``PRESETS``, ``RUN``,
-``OPTIONS``, ``BATCH_ROWS``)."""
 
 FLAG_TYPES = (int, float, str)
 
@@ -128,7 +125,7 @@ class Analysis:
     # --- module-style aliases of the records' fields (load_analysis returned the module before) ----------------------
 
     def _alias(self, old: str, new: str):
-        warnings.warn(f"load_analysis(...).{old} is deprecated and will be removed in relaylens {ALIAS_REMOVAL}; use "
+        warnings.warn(f"load_analysis(...).{old} is deprecated and will be removed in relaylens {REMOVED_IN}; use "
                       f".{new}", DeprecationWarning, stacklevel=3)
         return getattr(self, new)
 
@@ -156,3 +153,7 @@ class Analysis:
     def BATCH_ROWS(self):
         """Deprecated alias of :attr:`batch_rows`."""
         return self._alias("BATCH_ROWS", "batch_rows")
+
+
+def __getattr__(name: str):  # old names of this module (relaylens.MOVED_NAMES), until relaylens.REMOVED_IN
+    return moved_name(__name__, name)

@@ -14,9 +14,10 @@ Example:
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
-from relaylens.datasets import SAMPLE
-from relaylens.datasets.ordering import check_record_order
+from relaylens.datasets import SAMPLE, load_records, resolve_data
+from relaylens.datasets.ordering import check_record_order, order_records
 from relaylens.errors import RelaylensError
 from relaylens.model.embedded import DEFAULT_MODEL
 from relaylens.scoring.longmemeval_judge import check_template
@@ -90,3 +91,23 @@ def check_config(config: RunConfig) -> None:
                                                                  int) or config.max_history_tokens < 1):
         raise RelaylensError("max_history_tokens must be a positive number of tokens; got "
                              f"{config.max_history_tokens!r}")
+
+
+def run_records(spec, config: RunConfig) -> tuple[Path, list]:
+    """``(data path, records)`` a run of ``spec`` under ``config`` reads, before any shard takes its share: the
+    analysis's own sample when ``config.data`` is ``sample`` (else ``config.data``), loaded, put in
+    ``config.record_order``, then the first ``config.limit`` (the analysis's ``limit`` when unset; 0 or None: all).
+    The runners, the judge's record check and the sweep's shard plan all read the records through it.
+
+    >>> from relaylens.experiments.specs import load_analysis
+    >>> path, records = run_records(load_analysis("coordinate_ablation").spec, RunConfig(limit=3))
+    >>> path.name, len(records)
+    ('sample_longmemeval.json', 3)
+    """
+    data_path = resolve_data(spec.data if config.data == SAMPLE else config.data)  # an analysis may bring its sample
+    records = load_records(data_path, format=config.data_format)
+    if not records:
+        raise RelaylensError(f"{data_path} holds no records. Fix: pass --data with a file that holds records")
+    records = order_records(records, config.record_order)  # before the limit: a prefix of the chosen order
+    limit = config.limit if config.limit is not None else spec.limit
+    return data_path, records[:limit] if limit else records

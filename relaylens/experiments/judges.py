@@ -6,9 +6,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from relaylens.datasets import SAMPLE, load_records, resolve_data
 from relaylens.errors import RelaylensError
-from relaylens.experiments.config import RunConfig
+from relaylens.experiments.config import RunConfig, run_records
 from relaylens.scoring import longmemeval_judge as lme
 from relaylens.scoring.checklist import CHECKLIST_MAX_TOKENS, ChecklistJudge, RoutedJudge, StubChecklistBackend
 from relaylens.scoring.judge import MAX_NEW_TOKENS, HFBackend, Judge, OpenAIBackend
@@ -58,11 +57,9 @@ def make_judge(config: RunConfig, run_dir: Path, records=None):
 
 def check_judge_records(spec, config: RunConfig) -> None:
     """Refuse a ``longmemeval`` judge on records without LongMemEval question types before any model loads: the
-    records the run would read (the analysis's sample or ``config.data``, its first ``limit``), all of them checked
+    records the run would read (:func:`~relaylens.experiments.config.run_records`), all of them checked
     (:func:`relaylens.scoring.longmemeval_judge.check_records`). Nothing to check without a judge or with
     ``memory_judge_v1``."""
     if lme.check_template(config.judge_template) != lme.TEMPLATE or not (config.judge_model or config.judge_url):
         return
-    records = load_records(resolve_data(spec.data if config.data == SAMPLE else config.data), format=config.data_format)
-    limit = config.limit if config.limit is not None else spec.limit
-    lme.check_records(records[:limit] if limit else records)
+    lme.check_records(run_records(spec, config)[1])  # the records the run reads, in its order (issue 53)

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import json
 import math
-import time
 from contextlib import nullcontext
 from dataclasses import asdict
 from pathlib import Path
@@ -26,20 +25,18 @@ from pathlib import Path
 import torch
 
 from relaylens.conditions.family import LEARNED_FILE, Learned
-from relaylens.conditions.scoped import expand_conditions, unit_position_problem
-from relaylens.datasets.prompting import render_prompt
 from relaylens.errors import RelaylensError, shown
 from relaylens.experiments.config import RunConfig, check_config
 from relaylens.experiments.learned import LearnOptions, Prepared, fit_settings, learned_file, split_records, train
+from relaylens.experiments.record_rows import process_record
 from relaylens.experiments.run_setup import open_run
 from relaylens.experiments.specs import ExperimentSpec
-from relaylens.experiments.units import prefill_record, select_units, selector_objects
+from relaylens.experiments.walk import PrefillReuse, RecordWork, RunWalk, answer_tokens, progress_bar
+from relaylens.generation.cache import coordinates_of, keep_selected
+from relaylens.generation.single import answer_log_probs
 from relaylens.results.atomic import safe_subdir
 from relaylens.results.store import UNITS, UnitKey, manifest_diff, manifest_section
 from relaylens.results.tables import ANSWER_LOGLIK, TRAINING_UNIT
-
-# The runner and generation are imported inside the functions that use them, on purpose: they load transformers,
-# and relaylens/analyses/learned_geometry.py imports this module for its RUN whenever the analysis is only listed.
 
 
 def run_learned_geometry(spec: ExperimentSpec, config: RunConfig, options: LearnOptions | None = None,
@@ -71,8 +68,10 @@ def run_learned_geometry(spec: ExperimentSpec, config: RunConfig, options: Learn
             _discard_evaluations(store, training_key)
         pending_test = [r for r in test_records if not store.is_done(UnitKey(r.record_id, selector, budget))]
         wanted = pending_test if finished else train_records + test_records
-        with _bar(progress) as bar:
-            prepared = _prepare(model, tokenizer, factors, wanted, spec, config, store, options, bar)
+        with (progress_bar(progress) if progress else nullcontext(None)) as bar:
+            # one prefill per record, never kept for the next (training holds only each record's kept states)
+            walk = RunWalk.start(model, tokenizer, spec, config, store, factors, reuse=PrefillReuse(enabled=False))
+            prepared = _prepare(walk, wanted, options, bar)
             train_items = [prepared[r.record_id] for r in train_records if r.record_id in prepared
                            and prepared[r.record_id].answer_ids.numel()]
             test_items = [prepared[r.record_id] for r in test_records if r.record_id in prepared
@@ -102,7 +101,7 @@ def run_learned_geometry(spec: ExperimentSpec, config: RunConfig, options: Learn
                              [r.record_id for r in test_records], config.seed, selection.num_layers,
                              selection.num_kv_heads)
             ready = [prepared[r.record_id] for r in pending_test if r.record_id in prepared]
-            _evaluate(model, tokenizer, factors, ready, spec, config, store, judge, out, bar)
+            _evaluate(walk, ready, judge, out, bar)
         store.consolidate()
     return out
 
@@ -122,12 +121,6 @@ def _refuse_unsupported(spec: ExperimentSpec, config: RunConfig) -> None:
         raise RelaylensError(f"learned_geometry learns one geometry for one selector and one budget; got selectors "
                              f"{list(spec.selectors)} and budgets {list(spec.budgets)}. Fix: pass one --selector and "
                              "one --budget")
-
-
-def _bar(progress: bool):
-    from relaylens.experiments.runner import progress_bar  # noqa: PLC0415 - import cost: transformers loads on first use (see the imports)
-
-    return progress_bar(progress) if progress else nullcontext(None)
 
 
 #: manifest keys whose change leaves the committed training valid: more (or other evaluation) steps continue it;
@@ -182,21 +175,6 @@ def _finished(out: Path, rows: list[dict], options: LearnOptions, manifest: dict
         and doc.get("train_records") == split[0] and doc.get("test_records") == split[1] and doc.get("fit") == fit
 
 
-def _skipped_unplaceable(item: Prepared, conditions, spec, factors, store) -> bool:
-    """Commit ``item`` as skipped (and say so) when a condition cannot place its selection (e.g. a learned ``b`` whose
-    question start passes the model's rotary range), as the runner does (``unit_position_problem``)."""
-    from relaylens.experiments.runner import skip_unit  # noqa: PLC0415 - import cost: transformers loads on first use (see the imports)
-
-    tail = int(item.prompt.question_ids.numel()) + max(spec.max_new_tokens, 1) + 1
-    problem = unit_position_problem(conditions, item.unit.selection, tail, factors.position_limit)
-    if problem is None:
-        return False
-    unit, rid = item.unit, item.record.record_id
-    skip_unit(store, rid, unit.selector, unit.budget, item.prompt.history_length, problem[0],
-              f"record {rid}: {unit.selector} @ {unit.budget:g}: {problem[1]}")
-    return True
-
-
 def _training_rows(store, key) -> list[dict]:
     """The geometry rows of the committed training unit (empty before the first step)."""
     if not store.is_done(key):
@@ -205,69 +183,52 @@ def _training_rows(store, key) -> list[dict]:
     return [dict(zip(columns, values)) for values in zip(*columns.values())]
 
 
-def _prepare(model, tokenizer, factors, records, spec, config, store, options: LearnOptions,
-             bar) -> dict[str, Prepared]:
-    """Prefill and select each record once and keep only its kept states; records that cannot run are committed as
-    skipped units (``too_long`` / ``too_short``) and left out."""
-    from relaylens.experiments.runner import answer_tokens, history_problem, skip_unit  # noqa: PLC0415 - import cost: transformers loads on first use
-    from relaylens.generation.cache import keep_selected  # noqa: PLC0415 - import cost: transformers loads on first use
-
-    selectors = selector_objects(spec, config.seed)
-    name, budget = spec.selectors[0], float(spec.budgets[0])
+def _prepare(walk: RunWalk, records, options: LearnOptions, bar) -> dict[str, Prepared]:
+    """Prefill and select each record once (the run's walk) and keep only its kept states; records that cannot run
+    are committed as skipped units (``too_long`` / ``too_short``), once, and left out."""
+    spec, store = walk.spec, walk.store
+    unit = (spec.selectors[0], float(spec.budgets[0]))
     task = bar.add_task("prepare", total=len(records), stage="") if bar else None
     out = {}
     for record in records:
         if bar:
             bar.update(task, stage=f"{shown(record.record_id)}: prefill")
-        prompt = render_prompt(record, tokenizer, mode=spec.prompt_mode)
-        reason = history_problem(prompt, spec, config, factors)
-        started = time.perf_counter()
-        units, too_short = [], []
-        if reason is None:
-            prefill = prefill_record(model, prompt, config, selectors.values())
-            ready = {name: selectors[name].prepare(model, prefill, prompt, factors)}
-            prefill_s = time.perf_counter() - started
-            units, too_short = select_units(prefill, prompt, [(name, budget)], ready, spec.protect_instructions)
-            if too_short:
-                reason = ("too_short", f"record {record.record_id}: {name} @ {budget:g}: {too_short[0][2]}")
-        if reason is not None:
-            if not store.is_done(UnitKey(record.record_id, name, budget)):
-                skip_unit(store, record.record_id, name, budget, prompt.history_length, *reason)
-        else:
-            answer = answer_tokens(tokenizer, record, spec.prompt_mode)[: options.max_answer_tokens]
-            out[record.record_id] = Prepared(record, prompt, keep_selected(prefill, units[0].selection), units[0],
-                                             prefill_s, torch.tensor(answer, dtype=torch.long))
-            del prefill
+        committed = [unit] if store.is_done(UnitKey(record.record_id, *unit)) else []
+        work = walk.prepare(record, [unit], committed=committed, placed=False)  # placed: at evaluation, learned map
+        if work is not None and work.units:
+            answer = answer_tokens(walk.tokenizer, record, spec.prompt_mode)[: options.max_answer_tokens]
+            selected = work.units[0]
+            out[record.record_id] = Prepared(record, work.prompt, keep_selected(work.prefill, selected.selection),
+                                             selected, work.prefill_s, torch.tensor(answer, dtype=torch.long))
+        del work  # the full prefill goes before the next record's
         if bar:
             bar.update(task, advance=1, stage=f"{shown(record.record_id)}: ready")
     return out
 
 
-def _evaluate(model, tokenizer, factors, items: list[Prepared], spec, config, store, judge, out: Path, bar) -> None:
+def _evaluate(walk: RunWalk, items: list[Prepared], judge, out: Path, bar) -> None:
     """Every pending test record under original, relay and the learned map: the runner's answers, scores and probes
     (and sensitivity) plus ``answer_loglik`` scores, committed per record."""
-    from relaylens.experiments.runner import process_record  # noqa: PLC0415 - import cost: transformers loads on first use (see the imports)
-    from relaylens.generation.cache import coordinates_of  # noqa: PLC0415 - import cost: transformers loads on first use
-    from relaylens.generation.single import answer_log_probs  # noqa: PLC0415 - import cost: transformers loads on first use
-
+    model, factors, config, store = walk.model, walk.factors, walk.config, walk.store
     learned = Learned.from_run_dir(out, display="learned")
     trained_on = set(learned.info.get("train_records") or ())
     seen = [item.record.record_id for item in items if item.record.record_id in trained_on]
     if seen:  # the split guarantees it cannot happen; a test record the fit saw would never be evaluated
         raise RelaylensError(f"learned_geometry: records {seen[:3]} are in the learned geometry's train split and "
                              "would be evaluated as test records. Fix: re-run with --force (training starts again)")
-    eval_spec = spec.replace(conditions=("original", "relay", learned))
-    conditions = expand_conditions(eval_spec.conditions, model)
+    eval_spec = walk.spec.replace(conditions=("original", "relay", learned))
+    evaluation = RunWalk.start(model, walk.tokenizer, eval_spec, config, store, factors, reuse=walk.reuse)
+    conditions = evaluation.conditions  # parsed once
     task = bar.add_task("evaluate", total=len(items), stage="") if bar else None
     for item in items:
         record = item.record
         if bar:
             bar.update(task, stage=f"{shown(record.record_id)}: decoding")
-        if _skipped_unplaceable(item, conditions, eval_spec, factors, store):
+        units = evaluation.placeable(record, item.prompt, [item.unit], conditions)  # a skip committed, once
+        if not units:
             continue
-        for unit, answers, scores, probes, _ in process_record(model, tokenizer, factors, record, item.prompt,
-                                                               item.prefill, item.prefill_s, [item.unit], eval_spec,
-                                                               config, judge):
+        work = RecordWork(record, item.prompt, item.prefill, item.prefill_s, units)
+        for unit, answers, scores, probes, _ in process_record(evaluation, work, judge):
             meta = {"record_id": record.record_id, "selector": unit.selector, "budget": float(unit.budget),
                     "question_type": record.question_type, "is_abstention": bool(record.is_abstention),
                     "cluster_id": record.cluster_id or record.record_id}

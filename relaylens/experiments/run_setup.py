@@ -27,10 +27,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from relaylens.datasets import SAMPLE, load_records, resolve_data
-from relaylens.datasets.ordering import order_records
 from relaylens.errors import RelaylensError
-from relaylens.experiments.config import RunConfig
+from relaylens.experiments.config import RunConfig, run_records
 from relaylens.experiments.judges import make_judge
 from relaylens.experiments.launch import detect_shard, shard_dir
 from relaylens.experiments.learned import check_learned_conditions
@@ -127,13 +125,7 @@ def open_run(spec: ExperimentSpec, config: RunConfig, model_and_tokenizer=None) 
     auto = bool(config.shard) and config.shard.strip().lower() == "auto"
     launcher = detect_shard() if auto else None  # torchrun / accelerate / SLURM: the shard and the local rank
     placement = config.placement(local_rank=launcher.local_rank if launcher else None)
-    data_path = resolve_data(spec.data if config.data == SAMPLE else config.data)  # an analysis may bring its sample
-    records = load_records(data_path, format=config.data_format)
-    if not records:
-        raise RelaylensError(f"{data_path} holds no records")
-    records = order_records(records, config.record_order)  # before the limit: a prefix of the chosen order
-    limit = config.limit if config.limit is not None else spec.limit
-    records = records[:limit] if limit else records
+    data_path, records = run_records(spec, config)
     shard = (launcher.index, launcher.count) if launcher else parse_shard(config.shard) if config.shard else None
     if shard:
         chosen = set(shard_records([r.record_id for r in records], *shard))

@@ -18,11 +18,12 @@ import importlib
 import pkgutil
 from dataclasses import dataclass, field
 
+from relaylens import moved_name
 from relaylens.conditions.scoped import get_condition
 from relaylens.datasets.prompting import STOP_ON_NEWLINE
 from relaylens.errors import RelaylensError
 from relaylens.experiments.analysis import Analysis
-from relaylens.results.tables import split_unit_label, unit_labels
+from relaylens.results.tables import unit_labels
 
 PROMPT_MODES = ("chat", "completion", "auto")
 """How a record becomes a prompt (``ExperimentSpec.prompt_mode``, ``--prompt-mode``): the chat template, plain
@@ -79,6 +80,12 @@ class ExperimentSpec:
             (the default) runs none.
         preset: the named preset applied (``"paper"``; :func:`relaylens.experiments.presets.apply_preset` sets it),
             recorded in the manifest beside its effect; ``""`` for the analysis's own ``SPEC``.
+        probe_kinds: probe kinds switched on by name (``--probe NAME``, repeatable): each a kind of
+            :data:`relaylens.probes.PROBE_KINDS` (a plugin's too) whose ``enabled(spec, config)`` reads
+            ``NAME in spec.probe_kinds``, so a kind with its own switch needs no field here. The built-in kinds'
+            names set their switches instead (``replay`` and ``token_view``: ``probes``; ``sensitivity``;
+            ``layer_sweep``: ``sweep="layers"``), so one run has one spelling in its manifest; empty (the default)
+            is left out of the manifest.
     """
 
     name: str
@@ -103,8 +110,11 @@ class ExperimentSpec:
     sensitivity: bool = False
     preset: str = ""
     framing_cells: tuple[str, ...] = ()
+    probe_kinds: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
+        if self.probe_kinds:
+            self._switch_probe_kinds()
         from relaylens.selectors import REGISTRY, is_selector_name  # noqa: PLC0415 - import cost: torch loads on first use
 
         for name in self.selectors:
@@ -153,6 +163,23 @@ class ExperimentSpec:
         if unknown or len(set(self.framing_cells)) != len(self.framing_cells):
             raise RelaylensError(f"analysis {self.name!r}: framing cells must be distinct names of {FRAMING_CELLS}; "
                                  f"got {list(self.framing_cells)}. Fix: name each cell once")
+
+    def _switch_probe_kinds(self) -> None:
+        """Check :attr:`probe_kinds` against the registry and turn the built-in kinds' names into their switches."""
+        from relaylens.probes.registry import PROBE_KINDS  # noqa: PLC0415 - import cost: torch loads on first use
+
+        names = tuple(self.probe_kinds)
+        unknown = [n for n in names if n not in PROBE_KINDS]
+        if unknown or len(set(names)) != len(names):
+            raise RelaylensError(f"analysis {self.name!r}: --probe takes each kind once, one of {list(PROBE_KINDS)}; "
+                                 f"got {list(names)}. Fix: name registered probe kinds (a plugin's kind is listed once "
+                                 "its distribution is installed)")
+        switches = {"replay": ("probes", True), "token_view": ("probes", True), "sensitivity": ("sensitivity", True),
+                    "layer_sweep": ("sweep", "layers")}
+        for name in names:
+            if name in switches:
+                object.__setattr__(self, *switches[name])
+        object.__setattr__(self, "probe_kinds", tuple(n for n in names if n not in switches))
 
     def stops_at_newline(self, prompt_mode: str) -> bool:
         """Whether decoding stops at the first newline under ``prompt_mode`` (the resolved one): ``newline`` always,
@@ -209,6 +236,8 @@ class ExperimentSpec:
             del out["preset"]
         if not out["framing_cells"]:  # and outside the framing analysis
             del out["framing_cells"]
+        if not out["probe_kinds"]:  # and for runs that switch no probe kind by name
+            del out["probe_kinds"]
         out["regime"] = self.regime
         return out
 
@@ -252,9 +281,6 @@ def load_analysis(name: str) -> Analysis:
     return record
 
 
-split_unit_selector = split_unit_label
-"""``(selector, framing cell or None)`` of a unit's selector label
-(:func:`relaylens.results.tables.split_unit_label`)."""
 
 
 def parse_selector_arg(text: str) -> tuple[str, dict]:
@@ -298,3 +324,7 @@ def apply_overrides(spec: ExperimentSpec, selectors: list[str] | None = None, co
         labels = [get_condition(c).label for c in conditions]
         changes["conditions"] = tuple(dict.fromkeys((["original"] if "original" not in labels else []) + labels))
     return spec.replace(**changes)
+
+
+def __getattr__(name: str):  # old names of this module (relaylens.MOVED_NAMES), until relaylens.REMOVED_IN
+    return moved_name(__name__, name)

@@ -37,9 +37,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from relaylens.datasets import SAMPLE, load_records, resolve_data
+from relaylens.datasets import SAMPLE
 from relaylens.errors import RelaylensError
-from relaylens.experiments.config import check_config
+from relaylens.experiments.config import check_config, run_records
 from relaylens.experiments.launch import shard_dir
 from relaylens.experiments.ray_connect import RAY_MISSING, SweepError, address_parts, import_ray, start_ray
 from relaylens.progress import progress_view
@@ -124,10 +124,7 @@ def _absolute(config):
 
 def _unit_totals(spec, config, count: int) -> list[int]:
     """Units per shard, as the runner will plan them (for the progress view only)."""
-    data = getattr(spec, "data", None) if config.data == SAMPLE else config.data  # as the runner resolves it
-    records = load_records(resolve_data(data or config.data), format=config.data_format)
-    limit = config.limit if config.limit is not None else spec.limit
-    ids = [r.record_id for r in (records[:limit] if limit else records)]
+    ids = [r.record_id for r in run_records(spec, config)[1]]  # the runner's records, in its order
     return [len(spec.units(shard_records(ids, i, count))) for i in range(count)]
 
 

@@ -1,8 +1,9 @@
 """A record's units of work: prefill its history once, then select once per pending (selector, budget).
 
 A unit is one (record, selector, budget); every condition of a unit shares its selection (the comparison is paired).
-Every runner prepares units this way (:mod:`relaylens.experiments.runner` for analyses,
-:mod:`relaylens.experiments.learned_run` for ``learned_geometry``); the names also import from the runner.
+Every runner prepares units this way, through the one walk (:class:`relaylens.experiments.walk.RunWalk`, used by
+:mod:`relaylens.experiments.runner` for analyses and :mod:`relaylens.experiments.learned_run` for
+``learned_geometry``); the names also import from the runner, with a warning, until relaylens 0.3.0.
 
 Example:
     >>> query_window(RunConfig(window_size=32), [], history_length=900)
@@ -17,8 +18,9 @@ from dataclasses import dataclass
 
 from relaylens.errors import BudgetError, TooShortError
 from relaylens.experiments.config import RunConfig
-from relaylens.experiments.specs import ExperimentSpec, split_unit_selector
+from relaylens.experiments.specs import ExperimentSpec
 from relaylens.model.prefill import prefill_history
+from relaylens.results.tables import split_unit_label
 from relaylens.selectors import make_selector, selector_class
 from relaylens.selectors.kvpress_pass import share_press_passes
 from relaylens.selectors.protection import framing_mask, select_protected
@@ -75,14 +77,14 @@ def select_units(prefill, prompt, pending: list[tuple[str, float]], selectors: d
     each one's ``selection_s`` carries an equal share of the shared passes' time.
     """
     shared_s, served = 0.0, set()
-    cells = any(split_unit_selector(name)[1] is not None for name, _ in pending)
+    cells = any(split_unit_label(name)[1] is not None for name, _ in pending)
     if not protect and not cells:  # every kvpress unit of the record scored in one history pass per kernel
         _, shared_s, served = share_press_passes(selectors, prefill, pending)
     share = shared_s / max(1, sum(name in served for name, _ in pending))
     units, too_short = [], []
     for name, budget in pending:
         started = time.perf_counter()
-        base, cell = split_unit_selector(name)
+        base, cell = split_unit_label(name)
         try:
             if cell is not None:  # the framing analysis: the cell's kept set on top of the sessions' budget
                 sessions = prompt.history_length - int(prompt.protected_mask().sum())

@@ -50,6 +50,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import torch
 
+from relaylens import moved_name
 from relaylens.errors import ShapeError
 
 # the kernel factory once numba is found (kernels compile per layout and plane count); False without numba
@@ -139,7 +140,6 @@ def relocate_key_rows(flat_keys: torch.Tensor, source: torch.Tensor, target: tor
     return (out, *_python_pool(kernel.rows, keys, src, dst, forward, inverse, result, threads))
 
 
-relocate_rows = relocate_key_rows  # the name of earlier releases
 
 
 def parallel_backend() -> str:
@@ -241,7 +241,7 @@ def _specialised(split_half: bool, planes: int, bfloat16: bool = False):
         with _LOCK:
             kernel = _COMPILED_KERNELS.get(key)
             if kernel is None:
-                from relaylens.geometry.numba_source import compile_kernel  # noqa: PLC0415 - import cycle: relaylens.geometry.numba_source imports this module
+                from relaylens.geometry.numba_source import compile_kernel  # noqa: PLC0415 - import cost: numba and llvmlite load on first use (the fused kernel is optional)
 
                 kernel = _COMPILED_KERNELS[key] = compile_kernel(*key)
     return kernel
@@ -294,3 +294,7 @@ def _find_openmp():
         parallel.restype = None
         return library
     return None
+
+
+def __getattr__(name: str):  # old names of this module (relaylens.MOVED_NAMES), until relaylens.REMOVED_IN
+    return moved_name(__name__, name)

@@ -431,7 +431,7 @@ def _relocate(keys, source_positions, target_positions, factors: RotaryFactors, 
         rows = slice(start, start + _CHUNK_SLOTS)
         src, dst = flat_src[rows], flat_dst[rows]
         multiplier = torch.where((src == dst)[:, None], one, forward[dst] * inverse[src])  # [chunk, plane]
-        out[rows, :rotary] = _multiply_planes(flat_keys[rows, :rotary], multiplier, factors.layout)
+        out[rows, :rotary] = multiply_planes(flat_keys[rows, :rotary], multiplier, factors.layout)
         # one pass while the chunk is in cache
         if not math.isfinite(float(out[rows].detach().sum(dtype=torch.float32))):
             _raise_non_finite(flat_keys[rows].detach(), out[rows].detach(), start,
@@ -560,7 +560,7 @@ def _raise_non_finite(flat_keys: torch.Tensor, out: torch.Tensor, start: int, sh
     )
 
 
-def _multiply_planes(x: torch.Tensor, multiplier: torch.Tensor, layout: str) -> torch.Tensor:
+def multiply_planes(x: torch.Tensor, multiplier: torch.Tensor, layout: str) -> torch.Tensor:
     """Multiply every plane of ``x`` ``[rows, rotary_dim]`` (read as ``x_1 + i x_2``) by ``multiplier`` ``[rows,
     plane]``.
 
@@ -616,15 +616,10 @@ def _apply_phases(keys: torch.Tensor, positions: torch.Tensor, factors: RotaryFa
         multiplier = multiplier.conj() / (cos * cos + sin * sin)
     flat = keys.reshape(-1, keys.shape[-1])  # [slots, head_dim]
     out = flat.clone()
-    out[:, : factors.rotary_dim] = _multiply_planes(flat[:, : factors.rotary_dim], multiplier,
+    out[:, : factors.rotary_dim] = multiply_planes(flat[:, : factors.rotary_dim], multiplier,
                                                     factors.layout).to(keys.dtype)
     return out.reshape(keys.shape)
 
-
-# public name: relaylens.bench.geometry multiplies rotary planes by a phase (delta-rotation peer)
-multiply_planes = _multiply_planes
-"""Multiply every rotary plane of ``x`` ``[rows, rotary_dim]`` (read as ``x_1 + i x_2``) by ``multiplier``
-``[rows, plane]``, in float32 (float64 for float64 input); differentiable in ``x``."""
 
 
 _DEVICE_CHUNK_ROWS = 1 << 20  # rows per step of the sync-free path: bounds its float32 scratch (~256 MB per buffer)

@@ -31,6 +31,7 @@ import torch
 
 from relaylens.conditions.catalogue import Condition, Original, Relay
 from relaylens.conditions.scoped import Scoped
+from relaylens.probes.readouts import FinalTokenRecorder, gold_slots, readouts
 from relaylens.probes.unit import ProbeTables, UnitContext
 from relaylens.results.tables import FIRST_ANSWER_LOGPROB as LOGPROB_METRIC
 from relaylens.results.tables import SWEEP_SOURCE
@@ -54,7 +55,6 @@ def layer_sweep(model, prefill, selection, question_ids: torch.Tensor, evidence_
     ``metric = evidence_share`` (none without evidence annotations). The caller adds the unit's key columns.
     """
     from relaylens.generation.single import run_condition  # noqa: PLC0415 - import cost: transformers loads on first use
-    from relaylens.probes.readouts import FinalTokenRecorder, gold_slots, readouts  # noqa: PLC0415 - import cycle: relaylens.probes.readouts imports this module
 
     gold = gold_slots(selection, evidence_mask) if evidence_mask is not None else None
     scores, frames = [], []

@@ -34,6 +34,7 @@ from relaylens.errors import RelaylensError
 from relaylens.geometry.rotary import RotaryFactors, rotate_keys, unrotate_keys
 from relaylens.geometry.selection import Selection
 from relaylens.model.prefill import PrefillResult
+from relaylens.probes.attribution import final_residuals, grad_x_input, logit_attribution, target_log_prob
 from relaylens.probes.unit import ProbeTables, UnitContext
 
 READOUTS = ("evidence_share", "history_share", "evidence_value_norm", "evidence_weighted_value", "best_gold_rank")
@@ -184,7 +185,6 @@ def probe_condition(model, prefill: PrefillResult, selection: Selection, conditi
     token. Several conditions of one prefill: :func:`probe_rows` decodes them in one batch (``grad=True`` too).
     """
     from relaylens.generation.single import run_condition  # noqa: PLC0415 - import cost: transformers loads on first use
-    from relaylens.probes.attribution import final_residuals  # noqa: PLC0415 - import cycle: relaylens.probes.attribution imports this module
 
     _check_grad(grad, teacher_token)
     factors = factors or RotaryFactors.from_model(model)
@@ -214,7 +214,6 @@ def _attribution_frames(model, generation, recorders: tuple, residuals: list, se
                         gold: torch.Tensor, groups: int, teacher_token: int, next_answer_token: int | None) -> list:
     """The attribution readouts of one autograd question pass (gradient x input, then direct logit attribution, at
     ``question_final`` and, given ``next_answer_token``, at ``first_answer_token``); frees the pass's graph."""
-    from relaylens.probes.attribution import grad_x_input, logit_attribution, target_log_prob  # noqa: PLC0415 - import cycle: relaylens.probes.attribution imports this module
 
     question_recorder, teacher_recorder = recorders
     points = [("question_final", question_recorder, generation.question_logits[-1], teacher_token, residuals[0])]

@@ -13,9 +13,11 @@ installed plugins (entry-point group :data:`ENTRY_POINT_GROUP`).
 
 A new kind is one file in ``relaylens/probes/`` (an object with ``name``, ``enabled(spec, config)`` and
 ``run(unit) -> ProbeTables``: the :class:`~relaylens.probes.unit.Probe` protocol) plus its place in
-:data:`PROBE_KINDS`; ``docs/how-to/extend.md`` walks through one. A kind that lives in another distribution is an
-entry point (``[project.entry-points."relaylens.probes"] NAME = "pkg.mod:OBJECT"``); for one in a notebook or a test,
-:func:`registered` adds it for the duration of a ``with`` block.
+:data:`PROBE_KINDS`; a kind with its own switch reads ``self.name in spec.probe_kinds`` (``relaylens run --probe
+NAME``), so it adds no spec field and no CLI option; ``docs/how-to/extend.md`` walks through one. A kind that
+lives in another distribution is an entry point (``[project.entry-points."relaylens.probes"] NAME =
+"pkg.mod:OBJECT"``); for one in a notebook or a test, :func:`registered` adds it for the duration of a ``with``
+block.
 
 Example:
     >>> [probe.name for probe in PROBES]

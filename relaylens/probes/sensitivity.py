@@ -41,6 +41,7 @@ from dataclasses import dataclass
 import pandas as pd
 import torch
 
+from relaylens import moved_name
 from relaylens.conditions.catalogue import Condition, Coordinates
 from relaylens.conditions.family import Geometry, family_coordinates
 from relaylens.conditions.scoped import Scoped, expand_conditions, get_condition
@@ -49,8 +50,6 @@ from relaylens.geometry.selection import Selection
 from relaylens.model.prefill import PrefillResult
 from relaylens.probes.unit import ProbeTables, UnitContext
 from relaylens.results.tables import SENSITIVITY_METRICS
-
-SENSITIVITY_READOUTS = SENSITIVITY_METRICS
 
 
 def around(coords: Coordinates, sel: Selection) -> tuple[Coordinates, torch.Tensor, torch.Tensor]:
@@ -89,7 +88,7 @@ def positional_sensitivity(model, prefill: PrefillResult, selection: Selection, 
                                     factors, window_mode)[0]
         grad_b, grad_s = torch.autograd.grad(log_prob, (b, s), allow_unused=True)
     records = []
-    for metric, grad in zip(SENSITIVITY_READOUTS, (grad_b, grad_s)):
+    for metric, grad in zip(SENSITIVITY_METRICS, (grad_b, grad_s)):
         grad = torch.zeros_like(b) if grad is None else grad.detach()
         for layer in range(grad.shape[0]):
             for head in range(grad.shape[1]):
@@ -149,3 +148,7 @@ def finite_shift_slopes(model, prefill: PrefillResult, selection: Selection, con
                                                       window_mode)[0])
             out[(int(layer), int(head))] = (values[-1] - values[1]) / 2.0
     return out
+
+
+def __getattr__(name: str):  # old names of this module (relaylens.MOVED_NAMES), until relaylens.REMOVED_IN
+    return moved_name(__name__, name)

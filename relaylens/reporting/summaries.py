@@ -18,12 +18,12 @@ from typing import Sequence
 import numpy as np
 import pandas as pd
 
+from relaylens import moved_name
 from relaylens.conditions.bands import band_of
 from relaylens.reporting.bootstrap import cluster_bootstrap, cluster_ids, condition_means
 from relaylens.results.tables import SWEEP_SOURCE, get_table
 
 FALLBACK_METRICS = ("contains", "f1")  # read when a run has no judge or choice metric
-METRICS = FALLBACK_METRICS  # the name of earlier releases
 """Accuracy metrics reported when a run has neither judge verdicts nor multiple-choice answers (the fallback of
 :func:`relaylens.reporting.crossrun.choose_metrics`; ``tables["metrics"]`` carries the chosen ones)."""
 METRIC_ORDER = ("judge", "choice_accuracy", "contains", "f1", "exact_match")
@@ -309,3 +309,7 @@ def run_overview(tables: dict[str, pd.DataFrame], metric: str = "contains") -> p
     f1 = scores[scores.metric == "f1"].groupby(["selector", "budget", "condition"])["value"].mean().rename("f1")
     limit = tables["answers"].groupby(["selector", "budget", "condition"])["hit_limit"].mean().rename("hit_limit_rate")
     return pd.concat([chosen, *([f1] if len(f1) else []), limit], axis=1).reset_index()  # summaries have no F1
+
+
+def __getattr__(name: str):  # old names of this module (relaylens.MOVED_NAMES), until relaylens.REMOVED_IN
+    return moved_name(__name__, name)

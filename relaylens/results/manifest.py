@@ -25,8 +25,6 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import hashlib
-import importlib
-import importlib.util
 import json
 import os
 import platform
@@ -86,12 +84,9 @@ def _git_commit() -> str | None:
 
 
 def _analyses_folders() -> list[str]:
-    """The folders of ``relaylens.analyses``, found without importing the analyses (the results stage stays below
-    them): relaylens.analyses only (relaylens/analyses/); never a top-level ``analyses``."""
-    spec = importlib.util.find_spec("relaylens.analyses")
-    if spec is None or spec.submodule_search_locations is None:  # not found: the import names what is missing
-        return list(importlib.import_module("relaylens.analyses").__path__)
-    return list(spec.submodule_search_locations)
+    """The folder of the analyses (``analyses/`` inside this package, beside ``results/``), named by path: the results
+    stage stays below them and imports none; never a top-level ``analyses``."""
+    return [str(Path(__file__).resolve().parents[1] / "analyses")]
 
 
 def source_state() -> dict:

@@ -55,10 +55,11 @@ from typing import Any, Callable, NamedTuple
 import numpy as np
 import pandas as pd
 
+from relaylens import moved_name
 from relaylens.fileio import check_below, file_sha256, safe_subdir
 from relaylens.results.atomic import fsync_dir, write_atomic
-from relaylens.results.manifest import (  # noqa: F401 - FORMAT_VERSION, source_state: re-exported from their old home
-    FORMAT_VERSION,
+from relaylens.results.locks import LOCK_NAME
+from relaylens.results.manifest import (
     ResultStoreError,
     build_manifest,
     canonical_manifest,
@@ -67,7 +68,6 @@ from relaylens.results.manifest import (  # noqa: F401 - FORMAT_VERSION, source_
     manifest_diff,
     manifest_section,
     refuse_repinned,
-    source_state,
 )
 from relaylens.results.passes import failed_passes, hidden_passes, pass_metrics, read_passes
 from relaylens.results.tables import (
@@ -404,7 +404,6 @@ def prepare_run_dir(run_dir: Path) -> None:
     A directory is accepted when it is new, empty, or a relaylens run (its ``manifest.json`` written by relaylens);
     an existing directory without a manifest may hold only what relaylens itself leaves there (an empty
     ``units/``, the lock file, relaylens temp files, the ``shards/`` of ``--shard auto`` and ``sweep``)."""
-    from relaylens.results.locks import LOCK_NAME  # noqa: PLC0415 - import cycle: relaylens.results.locks imports this module
 
     run_dir = Path(run_dir)
     if _SHARD_DIR.fullmatch(run_dir.name) and run_dir.parent.name == _SHARDS:  # RUN_DIR/shards/I-of-N
@@ -546,3 +545,7 @@ def load_tables(run_dir: str | Path) -> dict[str, pd.DataFrame]:
     ``consolidated.json``."""
     return load_run(run_dir)[0]
 
+
+
+def __getattr__(name: str):  # old names of this module (relaylens.MOVED_NAMES), until relaylens.REMOVED_IN
+    return moved_name(__name__, name)

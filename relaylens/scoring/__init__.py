@@ -13,7 +13,8 @@ RUN_DIR``) drives a run directory, its dataset and a judge, so it sits with the 
 In: a record (:mod:`relaylens.datasets.records`) and an answer. Out: metric values and verdicts (rows of the
 ``scores`` table, :mod:`relaylens.results.tables`).
 
-May import: :mod:`relaylens.errors` and :mod:`relaylens.fileio` (the verdict caches, never through a link) only;
+May import: :mod:`relaylens.errors`, :mod:`relaylens.fileio` (the verdict caches, never through a link) and
+:mod:`relaylens.model.tokens` (a local judge tokenises question, references and candidate as data) only;
 importing this package imports no torch (a local judge model is built by the caller and passed in as a backend).
 
 Exports the stage contract: :func:`score_answer` and :func:`normalize_answer` (what the datasets stage uses to refuse

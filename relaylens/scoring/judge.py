@@ -37,9 +37,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from relaylens.datasets.prompting import encode_data_text
 from relaylens.errors import RelaylensError, shown
 from relaylens.fileio import append_text, read_text
+from relaylens.model.tokens import encode_data_text
 from relaylens.scoring import transport
 from relaylens.scoring.metrics import record_field, record_references
 
@@ -540,7 +540,7 @@ class HFBackend:
         """The judge prompt's token ids: the chat template around ``system`` and ``user``, where the user message
         (question, references and candidate) is *data*. Special-token strings inside it (a candidate writing
         ``<|im_end|>`` and a forged assistant turn) are tokenised as the plain text they are
-        (:func:`relaylens.datasets.prompting.encode_data_text`, as for the model under study), so no candidate can
+        (:func:`relaylens.model.tokens.encode_data_text`, as for the model under study), so no candidate can
         close the user turn or forge a verdict; only the template's own markers are control tokens. Text without
         such strings tokenises exactly as ``apply_chat_template`` would."""
         text, start = self._render(system, user)

@@ -54,15 +54,15 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from relaylens import moved_name
 from relaylens.errors import RecordError
 
 __all__ = [
     "normalize_answer", "exact_match", "f1", "contains", "is_abstention", "extract_choice_personamem",
-    "infinitebench_choice_correct", "infinitebench_dialogue_correct", "score_answer", "ANSWER_METRICS", "METRICS",
+    "infinitebench_choice_correct", "infinitebench_dialogue_correct", "score_answer", "ANSWER_METRICS",
 ]
 
 ANSWER_METRICS = ("exact_match", "f1", "contains", "choice_accuracy", "abstention", "locomo_f1")  # score_answer's
-METRICS = ANSWER_METRICS  # the name of earlier releases
 """Metrics :func:`score_answer` can return (``choice_accuracy`` only for multiple-choice records, ``locomo_f1`` only
 for LoCoMo records)."""
 
@@ -313,3 +313,7 @@ def _locomo_f1(record: Any, answer: str, reference: str) -> float:
         raise RecordError(f"LoCoMo record {record_field(record, 'record_id', '?')!r} has no category; expected "
                           "meta['category'] 1-5 (set by the LoCoMo reader). Fix: load the file with format='locomo'")
     return locomo_score(answer, reference, int(category))
+
+
+def __getattr__(name: str):  # old names of this module (relaylens.MOVED_NAMES), until relaylens.REMOVED_IN
+    return moved_name(__name__, name)

@@ -14,9 +14,9 @@ pytestmark = pytest.mark.model
 def test_logit_attribution_on_smollm2(smollm2):
     """SmolLM2, bundled record, bm25 at 0.2: DLA = linearised logit change of zeroing gold values, within 1e-3 relative
     (observed: relative differences of about 1e-5 in float32, DLA values 1e-3 to 2e-2 logits)."""
-    from relaylens.datasets import load_records
+    from relaylens.datasets import load_records, resolve_data
     from relaylens.datasets.prompting import render_prompt
-    from relaylens.experiments.runner import answer_tokens, resolve_data
+    from relaylens.experiments.walk import answer_tokens
     from relaylens.model.prefill import prefill_history
     from relaylens.selectors import make_selector
 

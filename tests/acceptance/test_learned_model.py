@@ -12,9 +12,9 @@ pytestmark = pytest.mark.model
 
 @pytest.fixture(scope="module")
 def unit(smollm2):
-    from relaylens.datasets import load_records
+    from relaylens.datasets import load_records, resolve_data
     from relaylens.datasets.prompting import render_prompt
-    from relaylens.experiments.runner import answer_tokens, resolve_data
+    from relaylens.experiments.walk import answer_tokens
     from relaylens.model.prefill import prefill_history
     from relaylens.selectors import make_selector
 

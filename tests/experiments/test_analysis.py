@@ -8,8 +8,9 @@ import warnings
 
 import pytest
 
+from relaylens import REMOVED_IN
 from relaylens.errors import RelaylensError
-from relaylens.experiments.analysis import ALIAS_REMOVAL, Analysis, CliOption
+from relaylens.experiments.analysis import Analysis, CliOption
 from relaylens.experiments.learned import LearnOptions
 from relaylens.experiments.specs import ExperimentSpec, available_analyses, load_analysis
 
@@ -64,5 +65,5 @@ def test_the_module_style_names_still_work_with_a_warning():
             warnings.simplefilter("always")
             assert getattr(record, old) is getattr(record, new)
         assert [w.category for w in caught] == [DeprecationWarning], old
-        assert f".{old} is deprecated" in str(caught[0].message) and ALIAS_REMOVAL in str(caught[0].message)
+        assert f".{old} is deprecated" in str(caught[0].message) and REMOVED_IN in str(caught[0].message)
         assert f"use .{new}" in str(caught[0].message)

@@ -52,7 +52,7 @@ def test_cells_keep_their_framing_on_one_source_budget(tmp_path):
     answers = load_tables(out)["answers"]
     assert sorted(answers["selector"].unique()) == sorted(f"bm25@keep={c}" for c in FRAMING_CELLS)
     # what each cell kept: recompute the selections through the same runner path and check the kept framing
-    from relaylens.experiments.runner import prefill_record, select_units, selector_objects
+    from relaylens.experiments.units import prefill_record, select_units, selector_objects
 
     record = load_records(bundled_sample_path())[0]
     prompt = render_prompt(record, tok, mode="completion")

@@ -120,7 +120,7 @@ def test_an_error_inside_a_record_names_the_record(workspace, monkeypatch, tmp_p
     def fail(*args, **kwargs):
         raise PositionError("condition relay, layer 1: target positions reach position 99")
 
-    monkeypatch.setattr("relaylens.experiments.runner.run_rows", fail)  # the runner's own reference
+    monkeypatch.setattr("relaylens.experiments.record_rows.run_rows", fail)  # the decode corridor's own reference
     spec = load_analysis("ordering").spec.replace(budgets=(0.4,), max_new_tokens=2, probes=False, replay_conditions=(),
                                                   teacher_forcing=False, attribution=False)
     config = RunConfig(model="tiny", data=str(workspace[1]), out=str(tmp_path / "run"), limit=1)

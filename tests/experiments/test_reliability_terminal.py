@@ -152,7 +152,7 @@ def test_progress_stage_is_plain_text():
 
     from rich.console import Console
 
-    from relaylens.experiments.runner import advance_bar
+    from relaylens.experiments.walk import advance_bar
     from relaylens.progress import progress_view
 
     sink = io.StringIO()

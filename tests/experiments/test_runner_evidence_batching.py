@@ -10,7 +10,7 @@ import torch
 
 from relaylens.datasets import bundled_sample_path, load_records
 from relaylens.datasets.prompting import render_prompt
-from relaylens.experiments.runner import answer_tokens
+from relaylens.experiments.walk import answer_tokens
 from relaylens.model.prefill import prefill_history
 from relaylens.probes.attribution import ATTRIBUTION_READOUTS
 from relaylens.probes.readouts import probe_condition, probe_rows
@@ -79,10 +79,10 @@ def test_process_record_batches_attribution_rows(case):
     """The runner's evidence_reading path: one batch of every row (``batch_rows`` unset) gives the answers and probe
     rows of one row at a time (``batch_rows=1``)."""
     from relaylens.experiments.config import RunConfig
-    from relaylens.experiments.runner import process_record
+    from relaylens.experiments.record_rows import process_record
     from relaylens.experiments.specs import load_analysis
     from relaylens.experiments.units import UnitWork
-    from relaylens.geometry.rotary import RotaryFactors
+    from relaylens.experiments.walk import PrefillReuse, RecordWork, RunWalk
 
     model, tokenizer, prompt, prefill, evidence, selections, _ = case
     record = next(r for r in load_records(bundled_sample_path()) if r.record_id == prompt.record_id)
@@ -90,12 +90,10 @@ def test_process_record_batches_attribution_rows(case):
                                                           replay_conditions=("original", "relay"))
     assert spec.attribution and spec.teacher_forcing
     units = [UnitWork(name, 0.2, selection, 0.0) for name, selection in zip(("snapkv", "bm25"), selections)]
-    factors = RotaryFactors.from_model(model)
     out = {}
     for batch_rows in (None, 1):
-        config = RunConfig(batch_rows=batch_rows)
-        out[batch_rows] = list(process_record(model, tokenizer, factors, record, prompt, prefill, 0.0, units, spec,
-                                              config))
+        walk = RunWalk.start(model, tokenizer, spec, RunConfig(batch_rows=batch_rows), reuse=PrefillReuse(False))
+        out[batch_rows] = list(process_record(walk, RecordWork(record, prompt, prefill, 0.0, units)))
     for (u1, answers1, scores1, probes1, _), (u2, answers2, scores2, probes2, _) in zip(out[None], out[1]):
         assert u1.selector == u2.selector
         assert [a["answer"] for a in answers1] == [a["answer"] for a in answers2]

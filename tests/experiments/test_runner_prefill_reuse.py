@@ -9,10 +9,11 @@ import pandas as pd
 import pytest
 import torch
 
-import relaylens.experiments.runner as runner
+import relaylens.experiments.walk as walk
 from relaylens.experiments.config import RunConfig
-from relaylens.experiments.runner import PREFILL_REUSE_FILE, run_analysis
+from relaylens.experiments.runner import run_analysis
 from relaylens.experiments.specs import ExperimentSpec
+from relaylens.experiments.walk import PREFILL_REUSE_FILE
 from relaylens.results.store import RunStore, UnitKey, load_tables
 from relaylens.results.tables import TIMING_COLUMNS
 from relaylens.testing import tiny_model, tiny_tokenizer
@@ -79,7 +80,7 @@ def runs(data, tmp_path_factory):
     """A run with reuse (recording every prefill it computed, with copies of its tensors) and one without."""
     root = tmp_path_factory.mktemp("runs")
     computed = []
-    original = runner.prefill_record
+    original = walk.prefill_record
 
     def recording(model, prompt, config, selectors):
         prefill = original(model, prompt, config, selectors)
@@ -88,7 +89,7 @@ def runs(data, tmp_path_factory):
         return prefill
 
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(runner, "prefill_record", recording)
+        mp.setattr(walk, "prefill_record", recording)
         reused = _run(data, root / "reuse", mp, reuse=True)
         reused_prefills = list(computed)
         computed.clear()
@@ -108,6 +109,25 @@ def test_one_prefill_per_history_and_the_same_tables(runs):
     note = json.loads((reused / PREFILL_REUSE_FILE).read_text())
     assert note["prefills"] == 2 and note["reused"] == 4 and note["saved_s"] > 0
     assert not (plain / PREFILL_REUSE_FILE).exists()
+
+
+def test_questions_of_one_history_are_walked_together_whatever_the_record_order(runs, data, tmp_path, monkeypatch):
+    """--record-order interleave deals the questions round-robin over categories, which separates a conversation's
+    questions; the walk still computes each history's questions in a row, so each history is prefilled once, and the
+    tables are the file-order run's."""
+    from relaylens.datasets import load_records
+    from relaylens.datasets.ordering import order_records
+
+    _, _, plain, _ = runs
+    interleaved = [r.record_id.split(":")[0] for r in order_records(load_records(data), "interleave")]
+    assert any(a != b for a, b in zip(interleaved, interleaved[1:] + interleaved[:1])) and \
+        interleaved != sorted(interleaved)  # the order really separates the conversations
+    monkeypatch.delenv("RELAYLENS_NO_PREFILL_REUSE", raising=False)
+    out = run_analysis(SPEC, RunConfig(data=str(data), out=str(tmp_path / "mixed"), record_order="interleave"),
+                       progress=False, model_and_tokenizer=(tiny_model("llama", seed=0), tiny_tokenizer()))
+    note = json.loads((out / PREFILL_REUSE_FILE).read_text())
+    assert note["prefills"] == 2 and note["reused"] == 4
+    _assert_same_tables(_comparable(out), _comparable(plain))
 
 
 def test_the_reused_prefill_is_never_written_into(runs):
@@ -139,12 +159,12 @@ def test_reuse_needs_the_same_tokens_and_capture_and_sums_its_note(tmp_path, mon
         computed.append(prompt.record_id)
         return object()
 
-    monkeypatch.setattr(runner, "prefill_record", fake_prefill)
+    monkeypatch.setattr(walk, "prefill_record", fake_prefill)
 
     def prompt(rid, ids):
         return SimpleNamespace(record_id=rid, history_ids=torch.tensor(ids), history_length=len(ids))
 
-    reuse, narrow, wide = runner.PrefillReuse(), RunConfig(window_size=2), RunConfig(window_size=3)
+    reuse, narrow, wide = walk.PrefillReuse(), RunConfig(window_size=2), RunConfig(window_size=3)
     first = reuse.prefill(None, prompt("r1", [1, 2, 3, 4]), narrow, [])
     assert reuse.prefill(None, prompt("r2", [1, 2, 3, 4]), narrow, []) is first  # same tokens, same capture
     reuse.prefill(None, prompt("r3", [1, 2, 3, 5]), narrow, [])  # other tokens
@@ -153,9 +173,9 @@ def test_reuse_needs_the_same_tokens_and_capture_and_sums_its_note(tmp_path, mon
     assert computed == ["r1", "r3", "r4", "r5"] and (reuse.prefills, reuse.reused) == (4, 1)
     assert reuse.finish(tmp_path, say=True) == {"prefills": 4, "reused": 1, "saved_s": round(reuse.saved_s, 3)}
     assert "history prefill reused for 1 record(s)" in capsys.readouterr().err
-    off = runner.PrefillReuse(enabled=False)
+    off = walk.PrefillReuse(enabled=False)
     off.prefill(None, prompt("r1", [1, 2, 3, 4]), narrow, [])
     off.prefill(None, prompt("r2", [1, 2, 3, 4]), narrow, [])
     assert off.reused == 0 and computed[-2:] == ["r1", "r2"]
     assert off.finish(tmp_path)["prefills"] == 6  # an existing note keeps counting
-    assert runner.PrefillReuse().finish(tmp_path / "none") is None  # nothing reused, no note: nothing written
+    assert walk.PrefillReuse().finish(tmp_path / "none") is None  # nothing reused, no note: nothing written

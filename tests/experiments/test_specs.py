@@ -64,3 +64,24 @@ def test_analyses_load_from_relaylens_only():
 def test_bad_analysis_names_are_refused(name):
     with pytest.raises(RelaylensError, match="unknown analysis|is not a plain name"):
         load_analysis(name)
+
+
+def test_probe_kinds_by_name_set_the_built_in_switches_and_keep_one_manifest_spelling():
+    from relaylens.experiments.specs import ExperimentSpec
+
+    base = dict(name="p", selectors=("bm25",), budgets=(0.1,), conditions=("original", "relay"))
+    by_name = ExperimentSpec(**base, probe_kinds=("sensitivity", "layer_sweep", "token_view"))
+    by_switch = ExperimentSpec(**base, sensitivity=True, sweep="layers", probes=True)
+    assert by_name == by_switch and by_name.probe_kinds == ()
+    assert by_name.to_dict() == by_switch.to_dict() and "probe_kinds" not in by_name.to_dict()
+
+
+@pytest.mark.parametrize("kinds, message", [(("no_such_kind",), "no_such_kind"),
+                                            (("sensitivity", "sensitivity"), "each kind once")])
+def test_bad_probe_kind_names_are_refused_naming_the_registered_kinds(kinds, message):
+    from relaylens.errors import RelaylensError
+    from relaylens.experiments.specs import ExperimentSpec
+
+    with pytest.raises(RelaylensError, match=message) as caught:
+        ExperimentSpec("p", ("bm25",), (0.1,), ("original",), probe_kinds=kinds)
+    assert "'layer_sweep'" in str(caught.value)  # the registered kinds are named

@@ -11,7 +11,8 @@ from relaylens.conditions.family import Geometry
 from relaylens.generation.single import prefill_from_cache
 from relaylens.geometry.selection import Selection
 from relaylens.model.hf import new_cache
-from relaylens.probes.sensitivity import SENSITIVITY_READOUTS, finite_shift_slopes, positional_sensitivity
+from relaylens.probes.sensitivity import finite_shift_slopes, positional_sensitivity
+from relaylens.results.tables import SENSITIVITY_METRICS
 from relaylens.testing import peaked_model
 
 L, TARGET = 50, 9
@@ -79,7 +80,7 @@ def test_rows_follow_the_probes_schema_and_family_points_agree():
     model, pre, sel, question = _setup()
     rows = positional_sensitivity(model, pre, sel, "relay", question, TARGET)
     assert list(rows.columns) == ["layer", "head", "metric", "value"]
-    assert set(rows["metric"]) == set(SENSITIVITY_READOUTS) and len(rows) == 2 * sel.num_layers * sel.num_kv_heads
+    assert set(rows["metric"]) == set(SENSITIVITY_METRICS) and len(rows) == 2 * sel.num_layers * sel.num_kv_heads
     assert rows["value"].abs().max() > 0
     own = positional_sensitivity(model, pre, sel, Geometry(1.0, 1.0, 1.0), question, TARGET)  # relay as a family point
     assert (own["value"] - rows["value"]).abs().max() < 1e-5

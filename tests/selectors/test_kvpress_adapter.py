@@ -225,7 +225,7 @@ def test_one_shared_pass_keeps_what_separate_passes_keep(kvpress, record):
     """Every press and budget of a record scored together: two history forwards (sdpa, and eager for the press that
     reads attention weights) instead of one per (press, budget), with bit-identical selections, seeded streams
     included; a press that cannot run on the record is left to its own select, which raises."""
-    from relaylens.experiments.runner import select_units
+    from relaylens.experiments.units import select_units
     from relaylens.selectors.kvpress_pass import share_press_passes
 
     model, prefill = record
