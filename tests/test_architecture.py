@@ -52,8 +52,8 @@ ALLOWED: dict[str, set[str]] = {
     "probes": {"errors", "model", "geometry", "conditions", "generation", "results", "registry"},
     "results": {"errors", "fileio"},
     "reporting": {"errors", "results", "scoring", "conditions", "registry"},
-    "experiments": {"errors", "progress", "datasets", "model", "geometry", "conditions", "selectors", "generation",
-                    "probes", "scoring", "results", "reporting"},
+    "experiments": {"errors", "progress", "registry", "datasets", "model", "geometry", "conditions", "selectors",
+                    "generation", "probes", "scoring", "results", "reporting"},
     # integrations sit on the top floor beside experiments: generate() and lm-eval over the stages below; the
     # TransformerLens / CircuitsVis export over the probes' TransformerLens backend
     "integrations": {"errors", "datasets", "model", "geometry", "conditions", "selectors", "generation", "probes"},

@@ -17,7 +17,8 @@ tabulated) and :mod:`~relaylens.experiments.units` (a record's units of work);
 In: an analysis name, a model, a dataset and run options. Out: a run directory (:mod:`relaylens.results`) with
 figures and a report (:mod:`relaylens.reporting`).
 
-May import: :mod:`relaylens.errors`, :mod:`relaylens.progress` and every stage below it, :mod:`relaylens.datasets`,
+May import: :mod:`relaylens.errors`, :mod:`relaylens.progress`, :mod:`relaylens.registry` (the analyses'
+registry) and every stage below it, :mod:`relaylens.datasets`,
 :mod:`relaylens.model`, :mod:`relaylens.selectors`, :mod:`relaylens.geometry`, :mod:`relaylens.conditions`,
 :mod:`relaylens.generation`, :mod:`relaylens.probes`, :mod:`relaylens.scoring`, :mod:`relaylens.results` and
 :mod:`relaylens.reporting`. Only :mod:`relaylens.bench` and :mod:`relaylens.cli` sit above.

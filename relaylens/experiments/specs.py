@@ -23,6 +23,7 @@ from relaylens.conditions.scoped import get_condition
 from relaylens.datasets.prompting import STOP_ON_NEWLINE
 from relaylens.errors import RelaylensError
 from relaylens.experiments.analysis import Analysis
+from relaylens.registry import Registry
 from relaylens.results.tables import unit_labels
 
 PROMPT_MODES = ("chat", "completion", "auto")
@@ -248,16 +249,44 @@ Nothing imports a top-level ``analyses``, so a foreign
 ``analyses`` package in the working directory or on ``PYTHONPATH`` can never run."""
 
 
+def check_analysis(name: str, record) -> None:
+    """Refuse what cannot be the analysis ``name``: no :class:`~relaylens.experiments.analysis.Analysis` record with an
+    :class:`ExperimentSpec`, or one named otherwise (the check of :data:`ANALYSES`)."""
+    if not isinstance(record, Analysis) or not isinstance(record.spec, ExperimentSpec):
+        raise RelaylensError(f"relaylens/analyses/{name}.py defines no ANALYSIS = Analysis(SPEC, PRESETS, "
+                             "doc=__doc__) with SPEC = ExperimentSpec(...). Fix: end the module with that line "
+                             "(relaylens.experiments.analysis.Analysis)")
+    if record.name != name:
+        raise RelaylensError(f"relaylens/analyses/{name}.py declares an analysis named {record.name!r}. Fix: name its "
+                             f"ExperimentSpec {name!r}, like its file")
+
+
+ANALYSES: Registry[Analysis] = Registry("analysis", check=check_analysis)
+"""Every shipped analysis by name (a :class:`~relaylens.registry.Registry`, the idiom of every registry of relaylens):
+one lazy ``relaylens.analyses.NAME:ANALYSIS`` entry per module of the folder, listed (never imported) on first use;
+an analysis module is imported when its record is asked for. No entry-point group: an analysis is a file of this
+package (what a plugin adds is a selector, condition, probe kind, format, figure or benchmark)."""
+
+
+def _list_analyses() -> None:
+    """Fill :data:`ANALYSES` from the folder, once per process (an empty registry: not listed yet)."""
+    if len(ANALYSES):
+        return
+    package = importlib.import_module(ANALYSES_PACKAGE)
+    for module in sorted(m.name for m in pkgutil.iter_modules(package.__path__) if not m.name.startswith("_")):
+        ANALYSES.register(module, f"{ANALYSES_PACKAGE}.{module}:ANALYSIS")
+
+
 def available_analyses() -> list[str]:
     """Names of the analyses shipped with relaylens (``relaylens/analyses/NAME.py``), sorted."""
-    package = importlib.import_module(ANALYSES_PACKAGE)
-    return sorted(m.name for m in pkgutil.iter_modules(package.__path__) if not m.name.startswith("_"))
+    _list_analyses()
+    return sorted(ANALYSES)
 
 
 def load_analysis(name: str) -> Analysis:
     """Import ``relaylens.analyses.<name>`` and return its :class:`~relaylens.experiments.analysis.Analysis` record
-    (``ANALYSIS``: spec, presets, its own runner and flags if any); only shipped names load (a name that is not a
-    Python identifier, e.g. ``.``, ``..`` or ``../x``, never reaches the import system).
+    (``ANALYSIS``: spec, presets, its own runner and flags if any; through :data:`ANALYSES`); only shipped names load
+    (a name that is not a Python identifier, e.g. ``.``, ``..`` or ``../x``, never reaches the import system).
 
     Example:
         >>> load_analysis("ordering").spec.figures
@@ -269,18 +298,13 @@ def load_analysis(name: str) -> Analysis:
     known = available_analyses()
     if name not in known:
         raise RelaylensError(f"unknown analysis {name!r}; available: {', '.join(known)}")
-    module = importlib.import_module(f"{ANALYSES_PACKAGE}.{name}")
-    record = getattr(module, "ANALYSIS", None)
-    if not isinstance(record, Analysis) or not isinstance(record.spec, ExperimentSpec):
-        raise RelaylensError(f"relaylens/analyses/{name}.py defines no ANALYSIS = Analysis(SPEC, PRESETS, "
-                             "doc=__doc__) with SPEC = ExperimentSpec(...). Fix: end the module with that line "
-                             "(relaylens.experiments.analysis.Analysis)")
-    if record.name != name:
-        raise RelaylensError(f"relaylens/analyses/{name}.py declares an analysis named {record.name!r}. Fix: name its "
-                             f"ExperimentSpec {name!r}, like its file")
-    return record
-
-
+    try:
+        return ANALYSES[name]
+    except AttributeError as err:  # the module has no ANALYSIS: the check's message, not a traceback
+        if getattr(err, "name", None) != "ANALYSIS":
+            raise
+        check_analysis(name, None)
+        raise
 
 
 def parse_selector_arg(text: str) -> tuple[str, dict]:

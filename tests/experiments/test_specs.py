@@ -85,3 +85,25 @@ def test_bad_probe_kind_names_are_refused_naming_the_registered_kinds(kinds, mes
     with pytest.raises(RelaylensError, match=message) as caught:
         ExperimentSpec("p", ("bm25",), (0.1,), ("original",), probe_kinds=kinds)
     assert "'layer_sweep'" in str(caught.value)  # the registered kinds are named
+
+
+def test_the_analyses_are_a_registry_listed_without_importing_a_module():
+    """The seventh registry uses the one idiom: lazy ``module:ANALYSIS`` entries (listing imports no analysis), a
+    record checked on first use, and a frozen view in which a test adds an analysis for one block."""
+    code = ("import sys\nfrom relaylens.experiments.specs import ANALYSES, available_analyses\n"
+            "names = available_analyses()\nprint(len(names), any(m.startswith('relaylens.analyses.') for m in "
+            "sys.modules))\nprint(ANALYSES['ordering'].name, 'relaylens.analyses.ordering' in sys.modules)")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == [str(len(available_analyses())), "False", "ordering", "True"]
+    from relaylens.experiments.analysis import Analysis
+    from relaylens.experiments.specs import ANALYSES
+
+    toy = Analysis(ExperimentSpec("toy", ("bm25",), (0.1,), ("original", "relay")))
+    with ANALYSES.frozen():
+        ANALYSES.register("toy", toy)
+        assert load_analysis("toy") is toy and "toy" in available_analyses()
+        with pytest.raises(RelaylensError, match="declares an analysis named 'toy'"):
+            ANALYSES.register("other", toy)
+            load_analysis("other")
+    assert "toy" not in available_analyses()
