@@ -6,6 +6,7 @@ code blocks of the Markdown pages, and the figure table of ``relaylens.reporting
 from __future__ import annotations
 
 import ast
+import importlib
 import json
 import re
 import shlex
@@ -252,8 +253,6 @@ def figure_table_problems(doc: str | None = None, entries: dict[str, tuple[str, 
 
     ``doc`` and ``entries`` (``name -> (kind, file)``) default to the package's docstring and its built-in registry
     entries (plugins are not listed there)."""
-    import importlib
-
     if doc is None or entries is None:
         face = importlib.import_module(FIGURE_TABLE_HOME)
         doc = face.__doc__ if doc is None else doc

@@ -111,7 +111,6 @@ def run_roofline(model_spec: str = DEFAULT_MODEL, load_kwargs: dict | None = Non
                     **({"repeats": int(repeats)} if repeats else {}))
     name = str(getattr(model, "name_or_path", "") or "given model") if model is not None else model_spec
     if model is None:
-
         model, _ = load_bench_model(model_spec, load_kwargs)
     check_lengths(sizes.lengths, model)
     cpu, cost = cpu_info(), ModelCost.of(model)

@@ -176,7 +176,6 @@ def hellobench_layout(record, mode: str):
     """The :class:`~relaylens.datasets.spans.PromptLayout` of a HelloBench item: the instruction head and the source
     text are the history (the source is one session with one document turn; the head lies outside it, so it is
     protected), the prompt's tail is the question part (completion mode appends a ``Summary:`` cue)."""
-
     meta = record.meta or {}
     head, tail = meta.get("prompt_head", ""), meta.get("prompt_tail", "")
     session = record.sessions[0]

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import json
 import math
-from contextlib import nullcontext
 from dataclasses import asdict
 from pathlib import Path
 
@@ -68,7 +67,7 @@ def run_learned_geometry(spec: ExperimentSpec, config: RunConfig, options: Learn
             _discard_evaluations(store, training_key)
         pending_test = [r for r in test_records if not store.is_done(UnitKey(r.record_id, selector, budget))]
         wanted = pending_test if finished else train_records + test_records
-        with (progress_bar(progress) if progress else nullcontext(None)) as bar:
+        with progress_bar(progress) as bar:
             # one prefill per record, never kept for the next (training holds only each record's kept states)
             walk = RunWalk.start(model, tokenizer, spec, config, store, factors, reuse=PrefillReuse(enabled=False))
             prepared = _prepare(walk, wanted, options, bar)
@@ -217,14 +216,14 @@ def _evaluate(walk: RunWalk, items: list[Prepared], judge, out: Path, bar) -> No
         raise RelaylensError(f"learned_geometry: records {seen[:3]} are in the learned geometry's train split and "
                              "would be evaluated as test records. Fix: re-run with --force (training starts again)")
     eval_spec = walk.spec.replace(conditions=("original", "relay", learned))
-    evaluation = RunWalk.start(model, walk.tokenizer, eval_spec, config, store, factors, reuse=walk.reuse)
+    evaluation = walk.with_spec(eval_spec)
     conditions = evaluation.conditions  # parsed once
     task = bar.add_task("evaluate", total=len(items), stage="") if bar else None
     for item in items:
         record = item.record
         if bar:
             bar.update(task, stage=f"{shown(record.record_id)}: decoding")
-        units = evaluation.placeable(record, item.prompt, [item.unit], conditions)  # a skip committed, once
+        units = evaluation.placeable(record, item.prompt, [item.unit])  # a skip committed, once
         if not units:
             continue
         work = RecordWork(record, item.prompt, item.prefill, item.prefill_s, units)

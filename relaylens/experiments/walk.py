@@ -33,7 +33,7 @@ import sys
 import time
 from collections.abc import Callable
 from contextlib import contextmanager, nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -104,8 +104,13 @@ class RunWalk:
         return cls(model, tokenizer, spec, config, factors, selector_objects(spec, config.seed),
                    expand_conditions(spec.conditions, model), reuse, store, tick)
 
-    def prepare(self, record: Record, units: list[tuple[str, float]], committed=(), placed: bool = True,
-                prompt=None) -> RecordWork | None:
+    def with_spec(self, spec: ExperimentSpec) -> RunWalk:
+        """This walk under another spec of the same run (e.g. with a learned condition added): its conditions parsed
+        once more; model, selectors, prefill reuse, store and progress stay."""
+        return replace(self, spec=spec, conditions=expand_conditions(spec.conditions, self.model))
+
+    def prepare(self, record: Record, units: list[tuple[str, float]], committed=(),
+                placed: bool = True) -> RecordWork | None:
         """Render, check, prefill, prepare and select ``record`` for ``units`` (``(selector label, budget)``).
 
         A unit that cannot run is committed as skipped unless it is in ``committed`` (already in the store: asked for
@@ -116,7 +121,7 @@ class RunWalk:
         spec, rid, committed = self.spec, record.record_id, set(committed)
         owed = [u for u in units if u not in committed]
         with naming_record(rid):
-            prompt = prompt if prompt is not None else render_prompt(record, self.tokenizer, mode=spec.prompt_mode)
+            prompt = render_prompt(record, self.tokenizer, mode=spec.prompt_mode)
             reason = history_problem(prompt, spec, self.config, self.factors)
             if reason is not None:
                 for name, budget in owed:
@@ -139,22 +144,22 @@ class RunWalk:
                            f"record {rid}: {name} @ {budget:g}: {err}")
                 self._tick(1, rid, "skipped (too_short)")
             if placed:
-                selected = self.placeable(record, prompt, selected, self.conditions, committed)
+                selected = self.placeable(record, prompt, selected, committed)
             return RecordWork(record, prompt, prefill, prefill_s, selected)
 
-    def placeable(self, record: Record, prompt, units: list[UnitWork], conditions, committed=()) -> list[UnitWork]:
-        """The units every one of ``conditions`` can place; the others are committed as skipped (``too_long``: a
+    def placeable(self, record: Record, prompt, units: list[UnitWork], committed=()) -> list[UnitWork]:
+        """The units every one of :attr:`conditions` can place; the others are committed as skipped (``too_long``: a
         question start past the rotary range, e.g. a large ``geometry`` b; ``position``: a ``move=`` past the
         question) unless in ``committed``, as :func:`history_problem` skips a ``query_only`` shift past the range
         (issue 41, item 13)."""
         tail = int(prompt.question_ids.numel()) + max(self.spec.max_new_tokens, 1) + 1
-        rid, kept = record.record_id, []
+        rid, kept, committed = record.record_id, [], set(committed)
         for unit in units:
-            problem = unit_position_problem(conditions, unit.selection, tail, self.factors.position_limit)
+            problem = unit_position_problem(self.conditions, unit.selection, tail, self.factors.position_limit)
             if problem is None:
                 kept.append(unit)
                 continue
-            if (unit.selector, unit.budget) in set(committed):  # committed earlier: left as it is
+            if (unit.selector, unit.budget) in committed:  # committed earlier: left as it is
                 continue
             self._skip(rid, unit.selector, unit.budget, prompt.history_length, problem[0],
                        f"record {rid}: {unit.selector} @ {unit.budget:g}: {problem[1]}")
