@@ -8,7 +8,9 @@
 # 2. prints the versions; 3. times one relocate_selection at Llama-3.1-8B shape (32k history, B2048 / B8192; target
 #    <= 5 ms); 4. the GPU test tier (tests/gpu, float32 / bfloat16 / float16); 5. relaylens model check on a random
 #    Qwen2.5-0.5B-shaped model in float32 and bfloat16; 6. bench roofline --device cuda; 7. a short bench overhead at
-#    Llama-3.1-8B shape (random weights). Each step has its own timeout and one failure does not stop the rest.
+#    Llama-3.1-8B shape (random weights); the decoding step dynamic vs static (eager and inductor-compiled) against
+#    the weights-read floor (scripts/decoding_step_timing.py) runs after the tier. Each step has its own timeout and
+#    one failure does not stop the rest.
 # Results: $OUT (or ./gpu-check-out) holds gpu-check.log, one log per step and the JSON / CSV each step writes.
 # Without CUDA the GPU steps say so and are skipped (a dry run of the script itself).
 set -u
@@ -62,6 +64,9 @@ if [ "$CUDA" != "1" ]; then
     step relocation_timing_cpu 120 "$PY" scripts/gpu_relocation_timing.py --device cpu --history 2048 --budgets 256 \
         --layers 4 --repeats 2 --out "$OUT_DIR"
     step gpu_tier_skips 120 "$PY" -m pytest -q -p no:randomly -p no:cacheprovider -rs tests/gpu
+    step decoding_step_cpu 150 "$PY" scripts/decoding_step_timing.py --device cpu --dtype float32 \
+        --model "random:qwen2.5-0.5b?num_hidden_layers=2" --kept 256 --batches 1,4 --steps 8 --repeats 1 \
+        --out "$OUT_DIR"
     step model_check_cpu 200 "$PY" -m relaylens.cli model check "random:qwen2.5-0.5b?num_hidden_layers=2" --device cpu \
         --dtype float32 --history-tokens 200
     step roofline_quick_cpu 120 "$PY" -m relaylens.cli bench roofline --quick --model \
@@ -74,6 +79,8 @@ fi
 step relocation_timing 90 "$PY" scripts/gpu_relocation_timing.py --device cuda --out "$OUT_DIR"
 step gpu_tier 120 "$PY" -m pytest -q -p no:randomly -p no:cacheprovider -x --tb=short -rs tests/gpu \
     --junitxml="$OUT_DIR/gpu_tier.xml"
+step decoding_step 120 "$PY" scripts/decoding_step_timing.py --device cuda --dtype bfloat16 \
+    --model random:llama-3.1-8b --kept 8192 --batches 1,12 --steps 32 --repeats 2 --compile inductor --out "$OUT_DIR"
 step model_check_float32 50 "$PY" -m relaylens.cli model check random:qwen2.5-0.5b --device cuda --dtype float32 \
     --history-tokens 700
 step model_check_bfloat16 50 "$PY" -m relaylens.cli model check random:qwen2.5-0.5b --device cuda --dtype bfloat16 \

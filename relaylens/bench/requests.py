@@ -96,6 +96,7 @@ def request_pieces(model, prompt, selector, budget, condition: str, factors, new
     """
     from relaylens.generation.cache import relocate_selection  # noqa: PLC0415 - import cost: transformers loads on first use
     from relaylens.generation.rows import GenerationResult, decode_steps, forward_rows, stack_rows  # noqa: PLC0415 - import cost: transformers loads on first use
+    from relaylens.generation.settings import DecodeSettings  # noqa: PLC0415 - import cost: beside the rows' import
 
     chunks = PrefillPieces(model, prompt.history_ids, chunk_size=prefill_chunk or None)  # 0 or None: one pass
     for _ in chunks:
@@ -113,8 +114,8 @@ def request_pieces(model, prompt, selector, budget, condition: str, factors, new
     yield "question_s"
     result = GenerationResult(layers.coordinates.condition, layers.coordinates.question_start, positions[0],
                               logits[0, -1])
-    for _ in decode_steps(model, batch, [result], logits[:, -1], positions[:, -1] + 1, source[:, -1] + 1, new_tokens,
-                          set(), None, False):
+    for _ in decode_steps(model, batch, [result], logits[:, -1], positions[:, -1] + 1, source[:, -1] + 1,
+                          DecodeSettings(max_new_tokens=new_tokens, eos_token_ids=set())):
         yield "generation_s"
     out.update(layers=layers, selection=selection, prefill=prefill, tokens=len(result.token_ids),
                token_ids=list(result.token_ids))

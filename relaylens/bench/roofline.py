@@ -223,12 +223,14 @@ def decode_times(model, layers, pre, sizes: Sizes, width: int, start: int, histo
     and plain transformers (a ``DynamicCache`` of the same kept states of ``pre``), alternating step by step after
     one warm-up step each. Both start from token 0 in every row and continue greedily."""
     from relaylens.generation.rows import GenerationResult, decode_steps, stack_rows  # noqa: PLC0415 - import cost: transformers loads on first use
+    from relaylens.generation.settings import DecodeSettings  # noqa: PLC0415 - import cost: beside the rows' import
 
     device, vocab = model.device, model.get_input_embeddings().num_embeddings
     batch = stack_rows([layers] * width)
     results = [GenerationResult("relay", start, torch.arange(1), torch.zeros(vocab)) for _ in range(width)]
     steps = decode_steps(model, batch, results, torch.zeros(width, vocab), torch.full((width,), start),
-                         torch.full((width,), history), sizes.steps + 2, set(), None, False)
+                         torch.full((width,), history), DecodeSettings(max_new_tokens=sizes.steps + 2,
+                                                                       eos_token_ids=set()))
     shift = sizes.shift
     cache = cache_from_tensors([(k[None, :, shift:].expand(width, -1, -1, -1).contiguous(),
                                  v[None, :, shift:].expand(width, -1, -1, -1).contiguous())

@@ -78,6 +78,11 @@ RUN_OPTIONS = [
            panel=DECODE),
     option("batch_rows", int, "--batch-rows", help="rows (selector x budget x condition) of a record decoded in one "
            "batch (default: all; 1: one at a time, per-request timings)", panel=DECODE),
+    option("decoding", str, "--decoding", help="dynamic (default: the cache grows, stopped rows leave the batch) or "
+           "static (preallocated answer slots, stops tested on the device, a host read every 8 steps: "
+           "relaylens.generation.static); same tokens in float32, bfloat16 may part at near-tied tokens", panel=DECODE),
+    option("compile_backend", str, "--compile-backend", help="static decoding: compile the step as one graph with "
+           "this torch.compile backend (inductor, cudagraphs, eager); default: run it eagerly", panel=DECODE),
     option("judge_url", str, "--judge-url", help="OpenAI-compatible base URL of an LLM judge (optional)", panel=JUDGE),
     option("judge_model", str, "--judge-model", help="judge model: name at --judge-url, a local HF model spec, or "
            "'stub' (deterministic local checklist stub, summarization demos/tests)", panel=JUDGE),
@@ -187,7 +192,7 @@ def analysis_options(record, values: dict):
 def spec_and_config(p: dict):
     """The analysis spec and run config of the `run` options ``p`` (by parameter name; shared by `run` and `sweep`)."""
     from relaylens.datasets.ordering import check_record_order  # noqa: PLC0415 - CLI startup
-    from relaylens.experiments.config import RunConfig  # noqa: PLC0415 - CLI startup
+    from relaylens.experiments.config import RunConfig, check_decoding  # noqa: PLC0415 - CLI startup
     from relaylens.experiments.judges import check_judge_records  # noqa: PLC0415 - CLI startup
     from relaylens.experiments.presets import apply_preset  # noqa: PLC0415 - CLI startup
     from relaylens.experiments.specs import apply_overrides, load_analysis  # noqa: PLC0415 - late binding (tests swap specs.load_analysis); CLI startup
@@ -209,7 +214,9 @@ def spec_and_config(p: dict):
                        judge_url=p["judge_url"], judge_model=p["judge_model"], judge_key_env=p["judge_key_env"],
                        judge_template=guard(check_template, p["judge_template"]),
                        max_history_tokens=p["max_history_tokens"], retry_skipped=p["retry_skipped"],
-                       view_records=p["view_records"], **placement,
+                       view_records=p["view_records"],
+                       decoding=guard(check_decoding, p["decoding"] or "dynamic", p["compile_backend"]),
+                       compile_backend=p["compile_backend"], **placement,
                        batch_rows=p["batch_rows"] if p["batch_rows"] is not None else record.batch_rows)
     guard(check_judge_records, spec, config)  # LongMemEval's prompts on other records: refused before the model loads
     return spec, config

@@ -53,6 +53,8 @@ class RunConfig:
     retry_skipped: bool = False  # recompute units recorded as skipped (e.g. after raising max_history_tokens)
     view_records: int = 3  # token view data (RUN_DIR/views) for the first N records with probes (0: none)
     batch_rows: int | None = None  # rows (unit x condition) of a record decoded together; None: all; 1: sequential
+    decoding: str = "dynamic"  # or "static": relaylens.generation.static (preallocated answer slots, device stops)
+    compile_backend: str | None = None  # static decoding: torch.compile backend of the step (None: eager)
 
     def placement(self, local_rank: int | None = None):
         """The resolved :class:`relaylens.model.placement.Placement` of this run (``local_rank``: the launcher's, which
@@ -83,6 +85,7 @@ def check_config(config: RunConfig) -> None:
         raise RelaylensError(f"seed must be a whole number in 0..2**63-1 (it seeds random selectors); got "
                              f"{config.seed!r}. Fix: pass --seed N with N >= 0")
 
+    check_decoding(config.decoding, config.compile_backend)
     check_template(config.judge_template)
     check_record_order(config.record_order)
     if config.window_mode not in WINDOW_MODES:
@@ -91,6 +94,14 @@ def check_config(config: RunConfig) -> None:
                                                                  int) or config.max_history_tokens < 1):
         raise RelaylensError("max_history_tokens must be a positive number of tokens; got "
                              f"{config.max_history_tokens!r}")
+
+
+def check_decoding(decoding: str, compile_backend: str | None) -> str:
+    """``decoding`` when it and ``compile_backend`` make a decoding path
+    (:class:`relaylens.generation.settings.DecodeSettings` says why not)."""
+    from relaylens.generation.settings import DecodeSettings  # noqa: PLC0415 - import cost: torch loads on first use
+
+    return DecodeSettings(decoding=decoding, compile_backend=compile_backend).decoding
 
 
 def run_records(spec, config: RunConfig) -> tuple[Path, list]:

@@ -68,9 +68,7 @@ def process_record(walk: RunWalk, work: RecordWork, judge=None, views: bool = Fa
     teacher = answer_ids[0] if spec.teacher_forcing and answer_ids else None
     attribution = dict(grad=True, next_answer_token=answer_ids[1] if len(answer_ids) > 1 else None) \
         if spec.attribution and teacher is not None else {}
-    common = dict(max_new_tokens=spec.max_new_tokens, tokenizer=tokenizer,
-                  stop_at_newline=spec.stops_at_newline(spec.prompt_mode), window_mode=config.window_mode,
-                  factors=factors, eos_token_ids=set() if spec.stop == "none" else None)
+    common = dict(settings=walk.decode_settings)
     shared = dict(model=model, tokenizer=tokenizer, record=record, prompt=prompt, prefill=prefill, evidence=evidence,
                   spec=spec, config=config, factors=factors, answer_ids=tuple(answer_ids), views=views)  # every unit's
     units = list(work.units)

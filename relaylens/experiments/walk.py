@@ -46,6 +46,7 @@ from relaylens.errors import RelaylensError, shown
 from relaylens.experiments.config import RunConfig
 from relaylens.experiments.specs import ExperimentSpec
 from relaylens.experiments.units import UnitWork, prefill_record, query_window, select_units, selector_objects
+from relaylens.generation.settings import DecodeSettings
 from relaylens.geometry.rotary import RotaryFactors
 from relaylens.model.tokens import encode_data_text
 from relaylens.progress import progress_view
@@ -103,6 +104,16 @@ class RunWalk:
         reuse = reuse if reuse is not None else PrefillReuse(prefill_reuse_enabled())
         return cls(model, tokenizer, spec, config, factors, selector_objects(spec, config.seed),
                    expand_conditions(spec.conditions, model), reuse, store, tick)
+
+    @property
+    def decode_settings(self) -> DecodeSettings:
+        """What every row of this run decodes under (limit, stops, window mode, factors, decoding path), one object
+        for every batch of the run (:class:`relaylens.generation.settings.DecodeSettings`)."""
+        spec, config = self.spec, self.config
+        return DecodeSettings(max_new_tokens=spec.max_new_tokens, tokenizer=self.tokenizer,
+                              stop_at_newline=spec.stops_at_newline(spec.prompt_mode), window_mode=config.window_mode,
+                              factors=self.factors, eos_token_ids=frozenset() if spec.stop == "none" else None,
+                              decoding=config.decoding, compile_backend=config.compile_backend)
 
     def with_spec(self, spec: ExperimentSpec) -> RunWalk:
         """This walk under another spec of the same run (e.g. with a learned condition added): its conditions parsed

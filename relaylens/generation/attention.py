@@ -179,6 +179,15 @@ def relaylens_attention(module, query, key, value, attention_mask, dropout=0.0, 
     return output, None if probs is None else probs.to(query.dtype)
 
 
+def attend_unobserved(query, key, value, allow, scale: float, softcap: float | None = None) -> torch.Tensor:
+    """Output ``[B, q_head, query, D]`` of a pass no probe observes, as :func:`relaylens_attention` computes it: the
+    fused kernel (:data:`FUSED_UNOBSERVED`), relaylens's own under attention softcapping. ``allow`` as in
+    :func:`_attend`."""
+    if FUSED_UNOBSERVED and not softcap:
+        return _attend_fused(query, key, value, allow, scale)
+    return _attend(query, key, value, allow, scale, softcap)[0]
+
+
 def _attend(query, key, value, allow, scale: float, softcap: float | None) -> tuple[torch.Tensor, torch.Tensor]:
     """Masked softmax attention: ``(output [B, q_head, query, D], probs float32 [B, q_head, query, key])``.
 

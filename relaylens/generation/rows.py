@@ -39,7 +39,7 @@ Example:
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -49,6 +49,7 @@ from relaylens.generation import attention as attention_module
 from relaylens.generation.attention import AttentionState, Observer, attention_context
 from relaylens.generation.cache import RelocatedLayers, relocate_selection
 from relaylens.generation.positions import new_token_phases, position_ids
+from relaylens.generation.settings import DecodeSettings
 from relaylens.geometry.rotary import RotaryFactors
 from relaylens.geometry.selection import Selection
 from relaylens.model.hf import cache_from_tensors, crop_cache, select_cache_rows
@@ -168,24 +169,24 @@ def run_rows(
     prefill: PrefillResult,
     rows: list[Row],
     question_ids: torch.Tensor,
-    max_new_tokens: int = 32,
-    factors: RotaryFactors | None = None,
-    eos_token_ids: set[int] | None = None,
-    tokenizer=None,
-    stop_at_newline: bool = False,
-    window_mode: str = "condition",
+    settings: DecodeSettings | None = None,
+    *,
     keep_question_logits: bool = False,
     teacher_token: int | None = None,
+    **options,
 ) -> list[GenerationResult]:
     """Question pass and greedy decoding of ``rows`` in one batch over ``prefill``; one result per row, in order.
 
-    Arguments as in :func:`relaylens.generation.single.run_condition`; every row shares the question, the limit and the
-    stop rules. Observers of a row see that row alone, as a sequential run shows it (``teacher_token``: fed at each
-    row's next continuation position with the rows' ``teacher_observers`` active, then forgotten).
+    Arguments as in :func:`relaylens.generation.single.run_condition`; every row shares the question and ``settings``
+    (:class:`~relaylens.generation.settings.DecodeSettings`; ``options``: its fields as loose keywords). Observers
+    of a row see that row alone, as a sequential run shows it (``teacher_token``: fed at each row's next continuation
+    position with the rows' ``teacher_observers`` active, then forgotten).
     """
     if not rows:
         raise ShapeError("run_rows needs at least one (selection, condition) row")
-    factors = factors or RotaryFactors.from_model(model)
+    settings = DecodeSettings.build(settings, **options)
+    max_new_tokens, window_mode = settings.max_new_tokens, settings.window_mode
+    factors = settings.factors or RotaryFactors.from_model(model)
     question_ids = torch.as_tensor(question_ids, dtype=torch.long).reshape(-1)
     if question_ids.numel() == 0:
         raise ShapeError("the question has no tokens; render the prompt with a question block")
@@ -227,14 +228,15 @@ def run_rows(
     if teacher_token is not None:
         for result, row_logits in zip(results, teacher_logits):
             result.teacher_logits = row_logits
-    eos = eos_token_ids if eos_token_ids is not None else default_eos_ids(model, tokenizer)
-    decode_rows(model, batch, results, logits[:, -1], positions[:, -1] + 1, source[:, -1] + 1, max_new_tokens, eos,
-            tokenizer, stop_at_newline)
+    tokenizer = settings.tokenizer
+    if settings.eos_token_ids is None:
+        settings = replace(settings, eos_token_ids=frozenset(default_eos_ids(model, tokenizer)))
+    decode_rows(model, batch, results, logits[:, -1], positions[:, -1] + 1, source[:, -1] + 1, settings)
     if tokenizer is not None:
         for result in results:
-            ids = [t for t in result.token_ids if t not in eos]
+            ids = [t for t in result.token_ids if t not in settings.eos_token_ids]
             text = tokenizer.decode(ids, skip_special_tokens=True)
-            result.text = text.strip().split("\n")[0].strip() if stop_at_newline else text.strip()
+            result.text = text.strip().split("\n")[0].strip() if settings.stop_at_newline else text.strip()
     return results
 
 
@@ -257,11 +259,19 @@ def default_eos_ids(model, tokenizer=None) -> set[int]:
 
 
 def decode_rows(model, batch: RowBatch, results: list[GenerationResult], current: torch.Tensor,
-                next_position: torch.Tensor,
-            next_source: torch.Tensor, max_new_tokens: int, eos: set[int], tokenizer, stop_at_newline: bool) -> None:
-    """Greedy decoding of every row until it stops; ``current`` ``[row, vocab]`` holds each row's next-token logits."""
-    for _ in decode_steps(model, batch, results, current, next_position, next_source, max_new_tokens, eos, tokenizer,
-                          stop_at_newline):
+                next_position: torch.Tensor, next_source: torch.Tensor, settings: DecodeSettings) -> None:
+    """Greedy decoding of every row until it stops; ``current`` ``[row, vocab]`` holds each row's next-token logits.
+
+    ``settings.decoding="static"`` decodes with :func:`relaylens.generation.static.decode_static` (integer positions;
+    real-valued ones and a newline stop the host check disagrees with decode the dynamic way, from the same cache).
+    """
+    if settings.decoding == "static" and not next_position.is_floating_point():
+        from relaylens.generation.static import decode_static  # noqa: PLC0415 - import cost: transformers' cache classes
+
+        packs = pack_linears(model) if settings.max_new_tokens > 1 and settings.compile_backend is None else []
+        if decode_static(model, batch, results, current, next_position, next_source, settings, packs):
+            return
+    for _ in decode_steps(model, batch, results, current, next_position, next_source, settings):
         pass
 
 
@@ -283,12 +293,14 @@ def decoding_path(model) -> dict:
 
 
 def decode_steps(model, batch: RowBatch, results: list[GenerationResult], current: torch.Tensor,
-                 next_position: torch.Tensor,
-                 next_source: torch.Tensor, max_new_tokens: int, eos: set[int], tokenizer, stop_at_newline: bool):
-    """:func:`decode_rows` one forward pass at a time: a generator that yields after each decoding step's forward.
+                 next_position: torch.Tensor, next_source: torch.Tensor, settings: DecodeSettings):
+    """The dynamic path of :func:`decode_rows` one forward pass at a time: a generator that yields after each decoding
+    step's forward (``settings.eos_token_ids``: None means no EOS stop here; :func:`run_rows` fills the model's).
 
     A caller can time each step, or interleave the steps of two requests (``relaylens bench overhead``).
     """
+    max_new_tokens, tokenizer, stop_at_newline = settings.max_new_tokens, settings.tokenizer, settings.stop_at_newline
+    eos = settings.eos_token_ids or frozenset()
     active = list(range(len(results)))  # result index of each batch row
     packs = pack_linears(model) if max_new_tokens > 1 else []  # built once per model, used inside each step
     for step in range(max_new_tokens):

@@ -36,6 +36,7 @@ from relaylens.generation.attention import attention_context
 from relaylens.generation.cache import RelocatedCache, build_cache
 from relaylens.generation.positions import new_token_phases, position_ids
 from relaylens.generation.rows import GenerationResult, Row, run_rows
+from relaylens.generation.settings import DecodeSettings
 from relaylens.geometry.rotary import RotaryFactors
 from relaylens.geometry.selection import Selection
 from relaylens.model.hf import attention_constants, cache_data, cache_from_tensors, cache_tensors
@@ -97,25 +98,23 @@ def run_condition(
     selection: Selection,
     condition: str | Condition | Coordinates,
     question_ids: torch.Tensor,
-    max_new_tokens: int = 32,
-    factors: RotaryFactors | None = None,
-    eos_token_ids: set[int] | None = None,
-    tokenizer=None,
-    stop_at_newline: bool = False,
-    window_mode: str = "condition",
+    settings: DecodeSettings | None = None,
+    *,
     observers: list | None = None,
     keep_question_logits: bool = False,
     teacher_token: int | None = None,
     teacher_observers: list | None = None,
     grad: bool = False,
+    **options,
 ) -> GenerationResult:
     """Question pass at the condition's coordinates, then greedy decoding with consecutive positions.
 
     Args:
         question_ids: ``[Q]`` question tokens (everything after the history, including the generation prompt).
-        max_new_tokens: decoding limit (0: question pass only).
-        eos_token_ids: stop tokens (default: the model's ``generation_config`` / ``config`` EOS ids).
-        tokenizer: decodes the answer text; needed for ``stop_at_newline`` (short-answer prompt modes).
+        settings: limits, stops, windows and the decoding path
+            (:class:`~relaylens.generation.settings.DecodeSettings`: ``max_new_tokens`` (0: question pass only),
+            ``eos_token_ids``, ``tokenizer``, ``stop_at_newline``, ``window_mode``, ``factors``, ``decoding``);
+            ``options``: the same fields as loose keywords.
         observers: attention observers active during the question pass only (probes).
         teacher_token: a token (e.g. the first reference-answer token) fed at the next continuation position on a
             copy of the cache, with ``teacher_observers`` active; decoding itself is unaffected.
@@ -129,13 +128,13 @@ def run_condition(
     Without ``grad`` this is :func:`relaylens.generation.rows.run_rows` with one row; batch a record's conditions with
     ``run_rows``.
     """
+    settings = DecodeSettings.build(settings, **options)
     if not grad:  # one row of relaylens.generation.rows.run_rows (the batched path, batch of one)
         row = Row(selection, condition, tuple(observers or ()), tuple(teacher_observers or ()))
-        return run_rows(model, prefill, [row], question_ids, max_new_tokens=max_new_tokens, factors=factors,
-                        eos_token_ids=eos_token_ids, tokenizer=tokenizer, stop_at_newline=stop_at_newline,
-                        window_mode=window_mode, keep_question_logits=keep_question_logits,
+        return run_rows(model, prefill, [row], question_ids, settings, keep_question_logits=keep_question_logits,
                         teacher_token=teacher_token)[0]
-    factors = factors or RotaryFactors.from_model(model)
+    max_new_tokens, window_mode = settings.max_new_tokens, settings.window_mode
+    factors = settings.factors or RotaryFactors.from_model(model)
     question_ids = torch.as_tensor(question_ids, dtype=torch.long).reshape(-1)
     if question_ids.numel() == 0:
         raise ShapeError("the question has no tokens; render the prompt with a question block")
@@ -166,9 +165,7 @@ def run_condition(
                               teacher_logits=teacher_logits, inputs=relocated.inputs,
                               head_inputs=relocated.state.head_inputs)
     if max_new_tokens > 0:  # decoding runs without autograd, in the one greedy loop of the batched path
-        decoded = run_rows(model, prefill, [Row(selection, coords)], question_ids, max_new_tokens=max_new_tokens,
-                           factors=factors, eos_token_ids=eos_token_ids, tokenizer=tokenizer,
-                           stop_at_newline=stop_at_newline, window_mode=window_mode)[0]
+        decoded = run_rows(model, prefill, [Row(selection, coords)], question_ids, settings, factors=factors)[0]
         result.token_ids, result.positions = decoded.token_ids, decoded.positions
         result.stop_reason, result.text = decoded.stop_reason, decoded.text
     return result

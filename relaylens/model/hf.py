@@ -46,6 +46,7 @@ Example:
 from __future__ import annotations
 
 import contextlib
+import functools
 import inspect
 import sys
 from collections.abc import Callable, Iterator
@@ -439,6 +440,52 @@ def cache_from_tensors(data: list[tuple[torch.Tensor, torch.Tensor]]):
     from transformers import DynamicCache  # noqa: PLC0415 - import cost: transformers loads on first use
 
     return DynamicCache(ddp_cache_data=data)
+
+
+def slot_cache(data: list[tuple[torch.Tensor, torch.Tensor]], bases: list[torch.Tensor], step: torch.Tensor):
+    """A compileable cache over preallocated per-layer ``(keys, values)`` ``[B, kv_head, slot, head_dim]``: the
+    token of each forward goes to slot ``bases[layer] + step`` in place (``bases``, ``step``: 0-d long tensors, so no
+    value is baked into a compiled graph; the caller advances ``step``). Static decoding
+    (:mod:`relaylens.generation.static`) is its one user."""
+    from transformers import Cache  # noqa: PLC0415 - import cost: transformers loads on first use
+
+    return Cache(layers=[_slot_layer_class()(keys, values, base, step) for (keys, values), base in zip(data, bases)])
+
+
+@functools.cache
+def _slot_layer_class():
+    from transformers.cache_utils import CacheLayerMixin  # noqa: PLC0415 - import cost: transformers loads on first use
+
+    class SlotLayer(CacheLayerMixin):
+        """One layer of :func:`slot_cache`."""
+
+        is_compileable = True
+        is_sliding = False
+
+        def __init__(self, keys, values, base, step):
+            super().__init__()
+            self.keys, self.values, self.base, self.step = keys, values, base, step
+            self.is_initialized = True
+
+        def lazy_initialization(self, key_states, value_states) -> None:  # the buffers exist from the start
+            return None
+
+        def update(self, key_states, value_states, *args, **kwargs):
+            slot = (self.base + self.step).reshape(1)
+            self.keys.index_copy_(2, slot, key_states)
+            self.values.index_copy_(2, slot, value_states)
+            return self.keys, self.values
+
+        def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+            return self.keys.shape[-2], 0
+
+        def get_seq_length(self):
+            return self.base + self.step
+
+        def get_max_length(self) -> int:
+            return self.keys.shape[-2]
+
+    return SlotLayer
 
 
 # ----------------------------------------------------------------------------------------- pre-rotary capture

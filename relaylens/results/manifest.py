@@ -47,7 +47,8 @@ _IGNORED_ON_COMPARE = {"created_at", "merged_from", "forced", "replaced", "datas
                        "config.run.model", "config.run.data"}
 # Settings added after runs existed, compared as the value their absence stands for: a run started before one was
 # recorded resumes (and merges) as the same run when the setting is still its default.
-_ABSENT_MEANS = {"config.run.judge_template": "memory_judge_v1", "config.run.record_order": "file"}
+_ABSENT_MEANS = {"config.run.judge_template": "memory_judge_v1", "config.run.record_order": "file",
+                 "config.run.decoding": "dynamic", "config.run.compile_backend": None}
 
 
 class ResultStoreError(RelaylensError):

@@ -59,6 +59,19 @@ def test_a_planted_analysis_flag_reaches_its_runner(toy):
     assert toy["options"] == ToyOptions(1.0) and toy["config"].batch_rows == 1
 
 
+def test_the_decoding_path_reaches_the_run_config_and_bad_values_are_refused(toy):
+    result = CliRunner().invoke(app, ["run", "toy", "--limit", "1", "--decoding", "static", "--compile-backend",
+                                      "eager"])
+    assert result.exit_code == 0, result.output
+    assert (toy["config"].decoding, toy["config"].compile_backend) == ("static", "eager")
+    result = CliRunner().invoke(app, ["run", "toy", "--limit", "1"])
+    assert (toy["config"].decoding, toy["config"].compile_backend) == ("dynamic", None)
+    result = CliRunner().invoke(app, ["run", "toy", "--decoding", "graph"])
+    assert result.exit_code != 0 and "decoding must be one of ('dynamic', 'static')" in result.output
+    result = CliRunner().invoke(app, ["run", "toy", "--compile-backend", "inductor"])
+    assert result.exit_code != 0 and "Fix: pass decoding='static'" in " ".join(result.output.split())
+
+
 def test_a_planted_flag_is_listed_in_its_panel_and_refused_by_the_others(toy):
     help_text = CliRunner().invoke(app, ["run", "--help"], terminal_width=200).output
     assert "--temperature" in help_text and "toy heat" in help_text and "toy only" in help_text

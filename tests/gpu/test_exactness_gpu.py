@@ -1,7 +1,8 @@
 """Exactness on the GPU (issue 51 item 3): keep-all vs a plain forward, relocation vs direct rotation, the batched
 relocation vs the per-layer loop (and its host synchronisations), probes vs eager attention, batched rows vs
-sequential rows, ``generate()`` vs relaylens's own decoding, and ``model check`` in 16-bit — in float32, bfloat16 and
-float16, each 16-bit tolerance measured the way keep-all's is (the same forward through two attention kernels)."""
+sequential rows, static vs dynamic decoding, ``generate()`` vs relaylens's own decoding, and ``model check`` in
+16-bit — in float32, bfloat16 and float16, each 16-bit tolerance measured the way keep-all's is (the same forward
+through two attention kernels)."""
 
 from __future__ import annotations
 
@@ -141,6 +142,26 @@ def test_batched_rows_equal_sequential_rows(device, dtype):
         assert error <= limit, (dtype, one.condition, error)
         if dtype in WIDE:
             assert many.token_ids == one.token_ids, one.condition
+
+
+@pytest.mark.parametrize("backend", [None, "inductor"])
+def test_static_decoding_equals_dynamic(device, dtype, backend):
+    """Issue 51 item 2 on the device: the static step (eager, and compiled as one graph) gives the dynamic path's
+    tokens (16-bit: the first token, which comes from the shared question pass, and the share of equal tokens)."""
+    if backend == "inductor" and device == "cpu":
+        pytest.skip("the CPU dry run does not compile with inductor (tests/generation/test_static.py compiles eager)")
+    model = _model(device, dtype, "llama")
+    history, question = _ids(model, HISTORY, 0), _ids(model, QUESTION, 1)
+    prefill = prefill_history(model, history.to(device), capture_window_queries=False)
+    rows = [Row(_selection(prefill, seed), condition) for seed in (5, 6) for condition in ("original", "relay")]
+    dynamic = run_rows(model, prefill, rows, question, max_new_tokens=12, eos_token_ids=set())
+    static = run_rows(model, prefill, rows, question, max_new_tokens=12, eos_token_ids=set(), decoding="static",
+                      compile_backend=backend)
+    for one, other in zip(dynamic, static):
+        if dtype in WIDE:
+            assert other.token_ids == one.token_ids, one.condition
+        else:
+            assert other.token_ids[0] == one.token_ids[0], one.condition
 
 
 def test_generate_equals_relaylens_decoding(device, dtype):
