@@ -50,6 +50,7 @@ from relaylens.generation.attention import AttentionState, Observer, attention_c
 from relaylens.generation.cache import RelocatedLayers, relocate_selection
 from relaylens.generation.positions import new_token_phases, position_ids
 from relaylens.generation.settings import DecodeSettings
+from relaylens.generation.stops import newline_stop
 from relaylens.geometry.rotary import RotaryFactors
 from relaylens.geometry.selection import Selection
 from relaylens.model.hf import cache_from_tensors, crop_cache, select_cache_rows
@@ -268,8 +269,7 @@ def decode_rows(model, batch: RowBatch, results: list[GenerationResult], current
     if settings.decoding == "static" and not next_position.is_floating_point():
         from relaylens.generation.static import decode_static  # noqa: PLC0415 - import cost: transformers' cache classes
 
-        packs = pack_linears(model) if settings.max_new_tokens > 1 and settings.compile_backend is None else []
-        if decode_static(model, batch, results, current, next_position, next_source, settings, packs):
+        if decode_static(model, batch, results, current, next_position, next_source, settings):
             return
     for _ in decode_steps(model, batch, results, current, next_position, next_source, settings):
         pass
@@ -311,8 +311,7 @@ def decode_steps(model, batch: RowBatch, results: list[GenerationResult], curren
             result.token_ids.append(token)
             if token in eos:
                 result.stop_reason = "eos"
-            elif stop_at_newline and tokenizer is not None and "\n" in tokenizer.decode(
-                    result.token_ids, skip_special_tokens=True).lstrip("\n"):
+            elif stop_at_newline and tokenizer is not None and newline_stop(tokenizer, result.token_ids):
                 result.stop_reason = "newline"
             elif step < max_new_tokens - 1:
                 result.positions.append(next_position[b].item())  # int (float for real-valued positions)

@@ -44,6 +44,7 @@ from relaylens.model.hf import (
     register_attention_function,
     slot_cache,
 )
+from relaylens.model.packed import pack_linears, packed_linears
 
 STATIC_ATTENTION = "relaylens_static"
 _ALWAYS = 10**9  # window-frame position of a history slot under window_mode="none": inside every window
@@ -154,16 +155,14 @@ def static_rows(batch, next_position: torch.Tensor, next_source: torch.Tensor, m
 
 
 def decode_static(model, batch, results, current: torch.Tensor, next_position: torch.Tensor,
-                  next_source: torch.Tensor, settings, packs=()) -> bool:
+                  next_source: torch.Tensor, settings) -> bool:
     """Greedy decoding of every row with static shapes; fills ``results`` as the dynamic path does and returns True,
     or returns False (``results`` untouched) when a newline stop checked on the host disagrees with the device's.
 
     ``settings``: a :class:`~relaylens.generation.settings.DecodeSettings` (its ``sync_every`` and
-    ``compile_backend``; EOS ids as given, None: none); ``packs``: the CPU's prepacked linear layers
-    (:mod:`relaylens.model.packed`), used when the step runs eagerly.
+    ``compile_backend``; EOS ids as given, None: none). A step run eagerly uses the CPU's prepacked linear layers
+    (:mod:`relaylens.model.packed`), as the dynamic path does; a compiled one does not.
     """
-    from relaylens.model.packed import packed_linears  # noqa: PLC0415 - import cost: packed imports the rows' helpers
-
     max_new_tokens, tokenizer, backend = settings.max_new_tokens, settings.tokenizer, settings.compile_backend
     if max_new_tokens <= 0:
         return True
@@ -172,9 +171,10 @@ def decode_static(model, batch, results, current: torch.Tensor, next_position: t
     table = StopTable.build(tokenizer, settings.eos_token_ids or (), current.shape[-1], settings.stop_at_newline,
                             device=device)
     step_fn = advance if backend is None else compiled_advance(backend)
+    packs = pack_linears(model) if backend is None and max_new_tokens > 1 else []  # built once per model
     with torch.no_grad(), attention_kernel(model, STATIC_ATTENTION):
         for step in range(max_new_tokens - 1):
-            with packed_linears(list(packs) if backend is None else []):
+            with packed_linears(packs):
                 current = step_fn(model, rows, current, table)
             if (step + 1) % settings.sync_every == 0 and bool((rows.codes > 0).all()):
                 break

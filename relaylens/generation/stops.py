@@ -99,11 +99,16 @@ def _text_facts(tokenizer, vocab_size: int) -> tuple[torch.Tensor, torch.Tensor,
     return newline, after, content
 
 
+def newline_stop(tokenizer, token_ids: list[int]) -> bool:
+    """The text rule: the answer ``token_ids``, decoded with special tokens skipped, holds a newline past its leading
+    newlines (the dynamic path tests it after every token; :class:`StopTable` answers it from token ids)."""
+    return "\n" in tokenizer.decode(token_ids, skip_special_tokens=True).lstrip("\n")
+
+
 def text_stop_index(tokenizer, token_ids: list[int], table: StopTable) -> int | None:
-    """Index of the first token at which the text rule stops the answer ``token_ids`` (None: it does not), decoding
-    the answer's prefixes only at the tokens ``table`` says hold a newline (the text rule can fire nowhere else)."""
+    """Index of the first token at which :func:`newline_stop` stops the answer ``token_ids`` (None: it does not),
+    tested only at the tokens ``table`` says hold a newline (the rule can fire nowhere else)."""
     for index, token in enumerate(token_ids):
-        if bool(table.newline[token]) and "\n" in tokenizer.decode(
-                token_ids[: index + 1], skip_special_tokens=True).lstrip("\n"):
+        if bool(table.newline[token]) and newline_stop(tokenizer, token_ids[: index + 1]):
             return index
     return None
