@@ -54,12 +54,19 @@ def reset_peak_rss() -> bool:
     return True
 
 
+def resident_peak_kb() -> int | None:
+    """The resident set's high-water mark in kB: ``VmHWM``, or ``VmRSS`` where it is larger (the kernel folds the
+    current resident set into its mark lazily, so the mark can read below what is resident now)."""
+    marks = [kb for kb in (proc_status_kb("VmHWM"), proc_status_kb("VmRSS")) if kb is not None]
+    return max(marks) if marks else None
+
+
 def peak_extra_mb(fn) -> tuple[object, float | None]:
     """Run ``fn()``; return its result and the peak resident memory above the level before it, in MB."""
     gc.collect()
     before = proc_status_kb("VmRSS") if reset_peak_rss() else None
     result = fn()
-    peak = proc_status_kb("VmHWM")
+    peak = resident_peak_kb()
     return result, None if before is None or peak is None else (peak - before) / 1024
 
 

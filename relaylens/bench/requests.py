@@ -32,7 +32,14 @@ from dataclasses import dataclass, field
 
 import torch
 
-from relaylens.bench.model import DEFAULT_MODEL, load_bench_model, proc_status_kb, reset_peak_rss, sample_prompts
+from relaylens.bench.model import (
+    DEFAULT_MODEL,
+    load_bench_model,
+    proc_status_kb,
+    reset_peak_rss,
+    resident_peak_kb,
+    sample_prompts,
+)
 from relaylens.errors import BudgetError, PositionError, RelaylensError
 from relaylens.geometry.rotary import RotaryFactors
 from relaylens.model.prefill import PrefillPieces, prefill_history
@@ -74,7 +81,7 @@ class MemoryProbe:
             self.peaks = {"peak_allocated_mb": (torch.cuda.max_memory_allocated(self.device) - self.base[0]) / 2**20,
                           "peak_reserved_mb": (torch.cuda.max_memory_reserved(self.device) - self.base[1]) / 2**20}
         else:
-            peak = proc_status_kb("VmHWM")
+            peak = resident_peak_kb()
             self.peaks = {"peak_rss_mb": None if self.before_kb is None or peak is None
                           else (peak - self.before_kb) / 1024}
 

@@ -3,7 +3,7 @@
 Each mode runs in a fresh subprocess: build a random-weight Llama of the given geometry (default: SmolLM2-135M's,
 30 layers, 9 query heads, 3 kv heads, head_dim 64), warm up, reset the kernel's high-water mark
 (``/proc/self/clear_refs``), run :func:`relaylens.model.prefill.prefill_history` on ``length`` random tokens with or
-without :func:`capture_column_sums`, and report ``VmHWM - VmRSS(before)``. Linux only.
+without :func:`capture_column_sums`, and report ``max(VmHWM, VmRSS) - VmRSS(before)``. Linux only.
 
 Usage::
 
@@ -21,7 +21,7 @@ import time
 
 import torch
 
-from relaylens.bench.model import proc_status_kb, reset_peak_rss
+from relaylens.bench.model import proc_status_kb, reset_peak_rss, resident_peak_kb
 from relaylens.errors import RelaylensError
 from relaylens.model.prefill import prefill_history
 
@@ -67,7 +67,8 @@ def _measure(mode: str, length: int, block_size: int, threads: int) -> dict:
     else:
         pre = prefill_history(model, ids, window_size=32, column_sums=True, column_block_size=block_size)
     seconds = time.perf_counter() - start
-    peak = _proc_kb("VmHWM")
+    _proc_kb("VmHWM")  # present, or the clear error
+    peak = resident_peak_kb()
     cache_mb = sum(k.numel() * k.element_size() * 2 for k in pre.keys) / 2**20
     return {
         "mode": mode,

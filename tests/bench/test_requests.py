@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import json
 import math
+import mmap
 
 import pytest
 import torch
 
+from relaylens.bench import model as bench_model
 from relaylens.bench import requests as bench_requests
+from relaylens.bench.model import proc_status_kb
 from relaylens.bench.requests import (
     MemoryProbe,
     complete_request,
@@ -48,12 +51,30 @@ def test_cuda_memory_probe_reports_allocator_peaks_above_the_start(monkeypatch):
 
 
 def test_cpu_memory_probe_sees_a_large_allocation():
+    size = 320 * 2**20  # more than anything resident before
     with MemoryProbe(torch.device("cpu")) as probe:
-        block = torch.ones(320 * 2**20 // 4)  # 320 MB, touched: more than anything resident before
-        del block
+        # fresh anonymous pages, each written once: no allocator can hand back memory that was resident before
+        # (a 320 MB tensor can reuse pages a freed one left behind in the same worker, and then nothing rises)
+        region = mmap.mmap(-1, size)
+        for offset in range(0, size, mmap.PAGESIZE):
+            region[offset] = 1
+        held_kb = proc_status_kb("VmRSS")
+        region.close()
     if probe.peaks["peak_rss_mb"] is None:
         pytest.skip("no /proc/self/clear_refs on this system")
+    assert (held_kb - probe.before_kb) / 1024 >= 250, "the region's pages were resident while it was held"
     assert probe.peaks["peak_rss_mb"] >= 250
+
+
+def test_memory_probe_reads_the_resident_set_where_the_mark_lags(monkeypatch):
+    """The kernel folds the resident set into VmHWM lazily: a mark below VmRSS must not hide what is resident."""
+    readings = {"VmRSS": 1000 * 1024}
+    monkeypatch.setattr(bench_model, "proc_status_kb", lambda field: readings.get(field))
+    monkeypatch.setattr(bench_requests, "proc_status_kb", lambda field: readings.get(field))
+    monkeypatch.setattr(bench_requests, "reset_peak_rss", lambda: True)
+    with MemoryProbe(torch.device("cpu")) as probe:
+        readings.update(VmHWM=1000 * 1024, VmRSS=1300 * 1024)
+    assert probe.peaks == {"peak_rss_mb": 300.0}
 
 
 def _tiny_prompts(tmp_path, n: int = 1):
