@@ -78,8 +78,9 @@ RUN_OPTIONS = [
            panel=DECODE),
     option("batch_rows", int, "--batch-rows", help="rows (selector x budget x condition) of a record decoded in one "
            "batch (default: all; 1: one at a time, per-request timings)", panel=DECODE),
-    option("decoding", str, "--decoding", help="dynamic (default: the cache grows, stopped rows leave the batch) or "
-           "static (preallocated answer slots, stops tested on the device, a host read every 8 steps: "
+    option("decoding", str, "--decoding", help="auto (default: the path a resumed run already uses, else static on "
+           "the CPU, where it is faster, and dynamic elsewhere), dynamic (the cache grows, stopped rows leave the "
+           "batch) or static (preallocated answer slots, stops tested on the device, a host read every 8 steps: "
            "relaylens.generation.static); same tokens in float32, bfloat16 may part at near-tied tokens", panel=DECODE),
     option("compile_backend", str, "--compile-backend", help="static decoding: compile the step as one graph with "
            "this torch.compile backend (inductor, cudagraphs, eager); default: run it eagerly", panel=DECODE),
@@ -215,7 +216,7 @@ def spec_and_config(p: dict):
                        judge_template=guard(check_template, p["judge_template"]),
                        max_history_tokens=p["max_history_tokens"], retry_skipped=p["retry_skipped"],
                        view_records=p["view_records"],
-                       decoding=guard(check_decoding, p["decoding"] or "dynamic", p["compile_backend"]),
+                       decoding=guard(check_decoding, p["decoding"] or "auto", p["compile_backend"]),
                        compile_backend=p["compile_backend"], **placement,
                        batch_rows=p["batch_rows"] if p["batch_rows"] is not None else record.batch_rows)
     guard(check_judge_records, spec, config)  # LongMemEval's prompts on other records: refused before the model loads

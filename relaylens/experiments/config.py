@@ -53,7 +53,7 @@ class RunConfig:
     retry_skipped: bool = False  # recompute units recorded as skipped (e.g. after raising max_history_tokens)
     view_records: int = 3  # token view data (RUN_DIR/views) for the first N records with probes (0: none)
     batch_rows: int | None = None  # rows (unit x condition) of a record decoded together; None: all; 1: sequential
-    decoding: str = "dynamic"  # or "static": relaylens.generation.static (preallocated answer slots, device stops)
+    decoding: str = "auto"  # dynamic, static (generation.static) or auto: generation.settings.resolve_decoding
     compile_backend: str | None = None  # static decoding: torch.compile backend of the step (None: eager)
 
     def placement(self, local_rank: int | None = None):
@@ -97,11 +97,16 @@ def check_config(config: RunConfig) -> None:
 
 
 def check_decoding(decoding: str, compile_backend: str | None) -> str:
-    """``decoding`` when it and ``compile_backend`` make a decoding path
-    (:class:`relaylens.generation.settings.DecodeSettings` says why not)."""
-    from relaylens.generation.settings import DecodeSettings  # noqa: PLC0415 - import cost: torch loads on first use
+    """``decoding`` when it and ``compile_backend`` make a decoding path (``auto`` checked as the path it picks on
+    the CPU; :class:`relaylens.generation.settings.DecodeSettings` says why not)."""
+    from relaylens.generation.settings import (  # noqa: PLC0415 - import cost: torch loads on first use
+        DecodeSettings,
+        resolve_decoding,
+    )
 
-    return DecodeSettings(decoding=decoding, compile_backend=compile_backend).decoding
+    path = resolve_decoding(decoding, None, compile_backend=compile_backend)  # an unknown name fails here
+    DecodeSettings(decoding=path, compile_backend=compile_backend)
+    return decoding
 
 
 def run_records(spec, config: RunConfig) -> tuple[Path, list]:

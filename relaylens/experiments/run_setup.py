@@ -34,11 +34,13 @@ from relaylens.experiments.launch import detect_shard, shard_dir
 from relaylens.experiments.learned import check_learned_conditions
 from relaylens.experiments.specs import ExperimentSpec
 from relaylens.generation.rows import decoding_path
+from relaylens.generation.settings import resolve_decoding
 from relaylens.geometry.rotary import RotaryFactors
 from relaylens.model import loading  # loading.load_model looked up at call time: tests stand in a fake loader
 from relaylens.model.hf import rope_summary
 from relaylens.model.random_specs import refuse_random
 from relaylens.results.locks import run_lock
+from relaylens.results.manifest import ABSENT_MEANS, manifest_section
 from relaylens.results.shards import parse_shard, shard_records
 from relaylens.results.store import RunStore, build_manifest, prepare_run_dir
 from relaylens.scoring.judge import redact_url
@@ -133,6 +135,9 @@ def open_run(spec: ExperimentSpec, config: RunConfig, model_and_tokenizer=None) 
     out = Path(config.out or f"runs/{spec.name}")
     if launcher:  # one run directory, one shard directory per process
         out = shard_dir(out, *shard)
+    config = replace(config, decoding=resolve_decoding(  # the manifest records the path, never "auto"
+        config.decoding, placement.device, device_map=config.device_map, compile_backend=config.compile_backend,
+        resumed=resumed_decoding(out)))
     model, tokenizer = model_and_tokenizer or loading.load_model(config.model, **placement.load_kwargs())
     if spec.prompt_mode == "auto":
         spec = spec.replace(prompt_mode="chat" if getattr(tokenizer, "chat_template", None) else "completion")
@@ -143,6 +148,15 @@ def open_run(spec: ExperimentSpec, config: RunConfig, model_and_tokenizer=None) 
 def analysis_plan(opened: OpenedRun) -> dict:
     """The plan of an analysis run: its record ids and how many units they make (``merge`` checks completeness)."""
     return {"record_ids": opened.record_ids, "units": len(opened.spec.units(opened.record_ids))}
+
+
+def resumed_decoding(out: Path) -> str | None:
+    """The decoding path of the run ``out`` already holds (a manifest without one decoded dynamically; None: a new
+    directory)."""
+    manifest = previous_manifest(out)
+    if manifest is None:
+        return None
+    return manifest_section(manifest, "config", "run").get("decoding", ABSENT_MEANS["config.run.decoding"])
 
 
 def previous_manifest(out: Path) -> dict | None:

@@ -46,7 +46,7 @@ from relaylens.errors import RelaylensError, shown
 from relaylens.experiments.config import RunConfig
 from relaylens.experiments.specs import ExperimentSpec
 from relaylens.experiments.units import UnitWork, prefill_record, query_window, select_units, selector_objects
-from relaylens.generation.settings import DecodeSettings
+from relaylens.generation.settings import DecodeSettings, resolve_decoding
 from relaylens.geometry.rotary import RotaryFactors
 from relaylens.model.tokens import encode_data_text
 from relaylens.progress import progress_view
@@ -110,10 +110,13 @@ class RunWalk:
         """What every row of this run decodes under (limit, stops, window mode, factors, decoding path), one object
         for every batch of the run (:class:`relaylens.generation.settings.DecodeSettings`)."""
         spec, config = self.spec, self.config
+        devices = {str(p.device) for p in self.model.parameters()}  # open_run has resolved "auto" already
+        decoding = resolve_decoding(config.decoding, min(devices), compile_backend=config.compile_backend,
+                                    device_map="spread" if len(devices) > 1 else None)
         return DecodeSettings(max_new_tokens=spec.max_new_tokens, tokenizer=self.tokenizer,
                               stop_at_newline=spec.stops_at_newline(spec.prompt_mode), window_mode=config.window_mode,
                               factors=self.factors, eos_token_ids=frozenset() if spec.stop == "none" else None,
-                              decoding=config.decoding, compile_backend=config.compile_backend)
+                              decoding=decoding, compile_backend=config.compile_backend)
 
     def with_spec(self, spec: ExperimentSpec) -> RunWalk:
         """This walk under another spec of the same run (e.g. with a learned condition added): its conditions parsed

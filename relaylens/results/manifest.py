@@ -37,7 +37,7 @@ from relaylens.errors import RelaylensError
 from relaylens.fileio import file_sha256
 
 __all__ = ["FORMAT_VERSION", "ResultStoreError", "build_manifest", "source_state", "canonical_manifest",
-           "manifest_diff", "manifest_section", "flatten_manifest", "json_default", "refuse_repinned"]
+           "manifest_diff", "manifest_section", "ABSENT_MEANS", "flatten_manifest", "json_default", "refuse_repinned"]
 
 FORMAT_VERSION = 1
 """The run-directory format, recorded in every manifest."""
@@ -45,10 +45,10 @@ FORMAT_VERSION = 1
 # point) is the same run when the content hashes (dataset.sha256, model.*) agree.
 _IGNORED_ON_COMPARE = {"created_at", "merged_from", "forced", "replaced", "dataset.path", "model.spec",
                        "config.run.model", "config.run.data"}
-# Settings added after runs existed, compared as the value their absence stands for: a run started before one was
-# recorded resumes (and merges) as the same run when the setting is still its default.
-_ABSENT_MEANS = {"config.run.judge_template": "memory_judge_v1", "config.run.record_order": "file",
-                 "config.run.decoding": "dynamic", "config.run.compile_backend": None}
+ABSENT_MEANS = {"config.run.judge_template": "memory_judge_v1", "config.run.record_order": "file",
+                "config.run.decoding": "dynamic", "config.run.compile_backend": None}
+"""Settings added after runs existed, compared as the value their absence stands for: a run started before one was
+recorded resumes (and merges) as the same run when the setting is still what it then was."""
 
 
 class ResultStoreError(RelaylensError):
@@ -210,7 +210,7 @@ def manifest_diff(a: dict, b: dict, ignore: set[str] = frozenset()) -> list[str]
     """Dotted keys whose values differ between two manifests (``created_at`` and friends ignored)."""
     fa, fb = flatten_manifest(canonical_manifest(a)), flatten_manifest(canonical_manifest(b))
     skip = _IGNORED_ON_COMPARE | set(ignore)
-    absent = {k: _ABSENT_MEANS.get(k, "<absent>") for k in set(fa) | set(fb)}
+    absent = {k: ABSENT_MEANS.get(k, "<absent>") for k in set(fa) | set(fb)}
     return sorted(k for k in absent
                   if fa.get(k, absent[k]) != fb.get(k, absent[k])
                   and not any(k == s or k.startswith(s + ".") for s in skip))

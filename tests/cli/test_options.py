@@ -65,10 +65,10 @@ def test_the_decoding_path_reaches_the_run_config_and_bad_values_are_refused(toy
     assert result.exit_code == 0, result.output
     assert (toy["config"].decoding, toy["config"].compile_backend) == ("static", "eager")
     result = CliRunner().invoke(app, ["run", "toy", "--limit", "1"])
-    assert (toy["config"].decoding, toy["config"].compile_backend) == ("dynamic", None)
+    assert (toy["config"].decoding, toy["config"].compile_backend) == ("auto", None)
     result = CliRunner().invoke(app, ["run", "toy", "--decoding", "graph"])
-    assert result.exit_code != 0 and "decoding must be one of ('dynamic', 'static')" in result.output
-    result = CliRunner().invoke(app, ["run", "toy", "--compile-backend", "inductor"])
+    assert result.exit_code != 0 and "decoding must be one of ('auto', 'dynamic', 'static')" in result.output
+    result = CliRunner().invoke(app, ["run", "toy", "--decoding", "dynamic", "--compile-backend", "inductor"])
     assert result.exit_code != 0 and "Fix: pass decoding='static'" in " ".join(result.output.split())
 
 

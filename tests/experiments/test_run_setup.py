@@ -57,3 +57,33 @@ def test_run_cli_interleaves_before_the_limit(tmp_path):
     assert manifest["plan"]["record_ids"] == [r.record_id for r in dealt[:3]]
     assert manifest["plan"]["record_ids"] != [r["question_id"] for r in records[:3]]  # not the file's first three
     assert manifest["config"]["run"]["record_order"] == "interleave"
+
+
+def test_auto_decoding_records_a_path_and_a_resumed_run_keeps_its_own(tmp_path):
+    """--decoding auto (the default) is resolved before the manifest is written: static on the CPU for a new run, and
+    the path a run directory already decodes with when it resumes (a run never changes path mid-way)."""
+    from relaylens.cli import app
+    from relaylens.datasets.synthetic import generate_records
+    from relaylens.experiments.run_setup import resumed_decoding
+    from relaylens.testing import tiny_model, tiny_tokenizer
+
+    model_dir = tmp_path / "tiny-llama"
+    tiny_model("llama", seed=0).save_pretrained(model_dir)
+    tiny_tokenizer().save_pretrained(model_dir)
+    data = tmp_path / "records.json"
+    data.write_text(json.dumps(generate_records(n=2, seed=3, history_tokens=600)))
+    common = ["run", "coordinate_ablation", "--model", str(model_dir), "--data", str(data), "--condition", "relay",
+              "--max-new-tokens", "3", "--selector", "bm25:granularity=turn"]
+
+    def run(out, *extra):
+        result = CliRunner().invoke(app, [*common, *extra, "--out", str(out)])
+        assert result.exit_code == 0, result.output
+        return json.loads((out / "manifest.json").read_text())["config"]["run"]["decoding"]
+
+    assert resumed_decoding(tmp_path / "new") is None
+    assert run(tmp_path / "new", "--limit", "1") == "static"
+    assert run(tmp_path / "old", "--limit", "1", "--decoding", "dynamic") == "dynamic"
+    assert run(tmp_path / "old", "--limit", "1") == "dynamic", "resumed under auto: the directory's own path"
+    assert resumed_decoding(tmp_path / "old") == "dynamic"
+    bad = CliRunner().invoke(app, [*common, "--limit", "1", "--decoding", "static", "--out", str(tmp_path / "old")])
+    assert bad.exit_code != 0 and "decoding" in bad.output, "an explicit other path is a changed setting"
