@@ -47,7 +47,10 @@ def main(run_dir: str) -> None:
     print(answers.groupby("condition").agg(hit_limit=("hit_limit", "mean"),
                                            empty=("answer", lambda a: (a.str.strip() == "").mean())).round(3))
     kept = answers.drop_duplicates("record_id")
-    print(f"\ngold evidence kept (some has_answer turn retained): {(kept['gold_units_kept'] > 0).sum()} of {len(kept)}")
+    gold = kept[kept["gold_units_total"] > 0]
+    print(f"\ngold evidence kept, of the {len(gold)} records with gold turns ({len(kept) - len(gold)} have none): "
+          f"every gold turn in {(gold['gold_units_kept'] >= gold['gold_units_total']).sum()}, "
+          f"at least one in {(gold['gold_units_kept'] > 0).sum()}")
     print("\ncontains per question type (original -> relay)")
     c = scores[scores["metric"] == "contains"].pivot_table(index=["question_type", "record_id"], columns="condition",
                                                             values="value")
