@@ -70,9 +70,9 @@ class DecodeSettings:
             (:class:`~relaylens.generation.attention.AttentionState`).
         factors: the model's rotary factors (None: read from the model).
         decoding: ``"dynamic"`` (the cache grows, stopped rows leave the batch, the host reads every step; the default
-            of a library call; a run's ``--decoding auto`` picks one with :func:`resolve_decoding`) or ``"static"`` (:mod:`relaylens.generation.static`:
-            preallocated answer slots, stopped rows masked, stops tested on the device, a host read every
-            ``sync_every`` steps).
+            of a library call) or ``"static"`` (:mod:`relaylens.generation.static`: preallocated answer slots, stopped
+            rows masked, stops tested on the device, a host read every ``sync_every`` steps); a run's
+            ``--decoding auto`` picks one with :func:`resolve_decoding`.
         sync_every: static decoding: steps between host reads of "every row stopped".
         compile_backend: static decoding: ``None`` runs the step eagerly; a ``torch.compile`` backend name
             (``"inductor"``, ``"cudagraphs"``, ``"eager"``) compiles it as one graph.
