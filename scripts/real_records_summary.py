@@ -1,9 +1,10 @@
 """Headline numbers of a real-records run, as docs/real-records.md and the results page quote them (not a test).
 
-For every condition against original: accuracy under each answer metric and the final question token's gold
-evidence share (percentage points, averaged over layers and query heads), paired per record, with 95% cluster-
-bootstrap intervals (10,000 resamples, seed 0); wins : losses; answers cut by the 512-token limit; the gold evidence
-kept; per question type; and the wall time the unit files span.
+For every condition against original: accuracy under each answer metric (judge verdicts too, once `relaylens
+judge` added them) and the final question token's gold evidence share (percentage points, averaged over layers and
+query heads), paired per record, with 95% cluster-bootstrap intervals (10,000 resamples, seed 0); wins : losses;
+answers cut by the 512-token limit; the gold evidence kept; per question type (relay - original, paired); and the
+wall time the unit files span (a judge pass rewrites the unit files: read it before one).
 
     python scripts/real_records_summary.py figures/real_coordinate_ablation_qwen0.5b_8k
 """
@@ -26,7 +27,8 @@ def main(run_dir: str) -> None:
     print(f"{run_dir}: {n} records, {len(tables['skipped'])} skipped")
     evidence = record_evidence_share_pp(tables)
     both = pd.concat([scores, evidence], ignore_index=True)
-    metrics = ["contains", "f1", "evidence_share_pp"]
+    judged = sorted(m for m in scores["metric"].unique() if m.startswith("judge"))  # after `relaylens judge`
+    metrics = ["contains", "f1", *judged, "evidence_share_pp"]
     means = accuracy_means(both, by=["condition"], metrics=metrics)
     deltas = paired_deltas(both, by=[], metrics=metrics)
     wl = win_loss(scores[scores["metric"] == "contains"], by=[])
@@ -51,10 +53,15 @@ def main(run_dir: str) -> None:
     print(f"\ngold evidence kept, of the {len(gold)} records with gold turns ({len(kept) - len(gold)} have none): "
           f"every gold turn in {(gold['gold_units_kept'] >= gold['gold_units_total']).sum()}, "
           f"at least one in {(gold['gold_units_kept'] > 0).sum()}")
-    print("\ncontains per question type (original -> relay)")
-    c = scores[scores["metric"] == "contains"].pivot_table(index=["question_type", "record_id"], columns="condition",
-                                                            values="value")
-    print(c.groupby(level=0)[["original", "relay"]].agg(["mean", "count"]).round(2))
+    for metric in ["contains", *judged]:
+        print(f"\n{metric} per question type (original -> relay, paired difference [95% interval], n)")
+        chosen = scores[(scores["metric"] == metric) & scores["condition"].isin(["original", "relay"])]
+        type_means = accuracy_means(chosen, by=["question_type", "condition"], metrics=[metric])
+        type_deltas = paired_deltas(chosen, by=["question_type"], metrics=[metric])
+        for _, d in type_deltas.iterrows():
+            m = type_means[type_means["question_type"] == d["question_type"]].set_index("condition")["mean"]
+            print(f"  {d['question_type']:<26} {m['original']:.2f} -> {m['relay']:.2f}  {d['mean']:+.3f} "
+                  f"[{d['low']:+.3f}, {d['high']:+.3f}]  n = {int(d['n'])}")
     units = sorted((Path(run_dir) / "units").glob("*.json.gz"), key=lambda p: p.stat().st_mtime)
     print(f"\nprefill s per record: median {kept['prefill_s'].median():.1f}, mean {kept['prefill_s'].mean():.1f}")
     if len(units) > 1:
