@@ -27,7 +27,8 @@ def main(run_dir: str) -> None:
     print(f"{run_dir}: {n} records, {len(tables['skipped'])} skipped")
     evidence = record_evidence_share_pp(tables)
     both = pd.concat([scores, evidence], ignore_index=True)
-    judged = sorted(m for m in scores["metric"].unique() if m.startswith("judge"))  # after `relaylens judge`
+    judged = sorted(m for m in scores["metric"].unique()  # after `relaylens judge`
+                    if m.startswith("judge") and not m.endswith("_failed"))
     metrics = ["contains", "f1", *judged, "evidence_share_pp"]
     means = accuracy_means(both, by=["condition"], metrics=metrics)
     deltas = paired_deltas(both, by=[], metrics=metrics)
