@@ -21,7 +21,7 @@ import time
 
 import torch
 
-from relaylens.bench.model import proc_status_kb, reset_peak_rss, resident_peak_kb
+from relaylens.bench.model import proc_status_kb, reset_peak_rss
 from relaylens.errors import RelaylensError
 from relaylens.model.prefill import prefill_history
 
@@ -67,8 +67,7 @@ def _measure(mode: str, length: int, block_size: int, threads: int) -> dict:
     else:
         pre = prefill_history(model, ids, window_size=32, column_sums=True, column_block_size=block_size)
     seconds = time.perf_counter() - start
-    _proc_kb("VmHWM")  # present, or the clear error
-    peak = resident_peak_kb()
+    peak = max(_proc_kb("VmHWM"), _proc_kb("VmRSS"))  # the mark can lag the resident set (resident_peak_kb)
     cache_mb = sum(k.numel() * k.element_size() * 2 for k in pre.keys) / 2**20
     return {
         "mode": mode,

@@ -102,6 +102,11 @@ class RunWalk:
         layer types here, once); ``reuse`` defaults to :func:`prefill_reuse_enabled`."""
         factors = factors if factors is not None else RotaryFactors.from_model(model)
         reuse = reuse if reuse is not None else PrefillReuse(prefill_reuse_enabled())
+        if config.decoding == "auto":  # a walk started without open_run, which resolves it before the manifest
+            devices = {str(p.device) for p in model.parameters()}
+            config = replace(config, decoding=resolve_decoding(config.decoding, min(devices),
+                                                               compile_backend=config.compile_backend,
+                                                               device_map="spread" if len(devices) > 1 else None))
         return cls(model, tokenizer, spec, config, factors, selector_objects(spec, config.seed),
                    expand_conditions(spec.conditions, model), reuse, store, tick)
 
@@ -110,13 +115,10 @@ class RunWalk:
         """What every row of this run decodes under (limit, stops, window mode, factors, decoding path), one object
         for every batch of the run (:class:`relaylens.generation.settings.DecodeSettings`)."""
         spec, config = self.spec, self.config
-        devices = {str(p.device) for p in self.model.parameters()}  # open_run has resolved "auto" already
-        decoding = resolve_decoding(config.decoding, min(devices), compile_backend=config.compile_backend,
-                                    device_map="spread" if len(devices) > 1 else None)
         return DecodeSettings(max_new_tokens=spec.max_new_tokens, tokenizer=self.tokenizer,
                               stop_at_newline=spec.stops_at_newline(spec.prompt_mode), window_mode=config.window_mode,
                               factors=self.factors, eos_token_ids=frozenset() if spec.stop == "none" else None,
-                              decoding=decoding, compile_backend=config.compile_backend)
+                              decoding=config.decoding, compile_backend=config.compile_backend)
 
     def with_spec(self, spec: ExperimentSpec) -> RunWalk:
         """This walk under another spec of the same run (e.g. with a learned condition added): its conditions parsed
