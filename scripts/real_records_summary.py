@@ -3,7 +3,8 @@
 For every condition against original: accuracy under each answer metric (judge verdicts too, once `relaylens
 judge` added them) and the final question token's gold evidence share (percentage points, averaged over layers and
 query heads), paired per record, with 95% cluster-bootstrap intervals (10,000 resamples, seed 0); wins : losses;
-answers cut by the 512-token limit; the gold evidence kept; per question type (relay - original, paired); and the
+answers cut by the 512-token limit; the gold evidence kept; per question type (relay - original, paired); Figure 6's
+layer bands where the run probed them (`evidence_reading`: the `evidence_bands` table with its intervals); and the
 wall time the unit files span (a judge pass rewrites the unit files: read it before one).
 
     python scripts/real_records_summary.py figures/real_coordinate_ablation_qwen0.5b_8k
@@ -16,6 +17,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from relaylens.reporting.figures.evidence_bands import evidence_band_table
 from relaylens.reporting.summaries import accuracy_means, paired_deltas, record_evidence_share_pp, win_loss
 from relaylens.results.store import load_run
 
@@ -63,6 +65,14 @@ def main(run_dir: str) -> None:
             m = type_means[type_means["question_type"] == d["question_type"]].set_index("condition")["mean"]
             print(f"  {d['question_type']:<26} {m['original']:.2f} -> {m['relay']:.2f}  {d['mean']:+.3f} "
                   f"[{d['low']:+.3f}, {d['high']:+.3f}]  n = {int(d['n'])}")
+    bands = evidence_band_table(tables)
+    bands = bands[bands["selector"] == "all"]
+    if len(bands):
+        print("\nFigure 6 per layer band: condition - original, pp [95% interval], wins:losses (original's level)")
+    for _, b in bands.iterrows():
+        print(f"  {b['probe_point']:<19} {b['quantity']:<25} {b['condition']:<9} {b['band']:<7} n = {b['n']:<4} "
+              f"{b['delta_pp']:+.2f} [{b['delta_low']:+.2f}, {b['delta_high']:+.2f}]  {b['wins']}:{b['losses']}  "
+              f"({b['original_pp']:.2f} -> {b['value_pp']:.2f})")
     units = sorted((Path(run_dir) / "units").glob("*.json.gz"), key=lambda p: p.stat().st_mtime)
     print(f"\nprefill s per record: median {kept['prefill_s'].median():.1f}, mean {kept['prefill_s'].mean():.1f}")
     if len(units) > 1:
