@@ -5,7 +5,8 @@ judge` added them) and the final question token's gold evidence share (percentag
 query heads), paired per record, with 95% cluster-bootstrap intervals (10,000 resamples, seed 0); wins : losses;
 answers cut by the 512-token limit; the gold evidence kept; per question type (relay - original, paired); Figure 6's
 layer bands where the run probed them (`evidence_reading`: the `evidence_bands` table with its intervals); and the
-wall time the unit files span (a judge pass rewrites the unit files: read it before one).
+wall time (what each record recorded, and the span of the unit files' times where they were not reset by a
+checkout) and the machine each unit was computed on (its stamp; none in units written before stamps).
 
     python scripts/real_records_summary.py figures/real_coordinate_ablation_qwen0.5b_8k
 """
@@ -13,20 +14,30 @@ wall time the unit files span (a judge pass rewrites the unit files: read it bef
 from __future__ import annotations
 
 import sys
+from collections import Counter
 from pathlib import Path
 
 import pandas as pd
 
 from relaylens.reporting.figures.evidence_bands import evidence_band_table
 from relaylens.reporting.summaries import accuracy_means, paired_deltas, record_evidence_share_pp, win_loss
-from relaylens.results.store import load_run
+from relaylens.results.store import RunStore, load_run
 
 
 def main(run_dir: str) -> None:
     tables, _ = load_run(run_dir)
+    answers = tables["answers"]
+    print(f"{run_dir}: {tables['scores']['record_id'].nunique()} records, {len(tables['skipped'])} skipped")
+    selectors = sorted(answers["selector"].unique())
+    for selector in selectors:  # a multi-selector run (main_table): one block per selector, never pooled
+        if len(selectors) > 1:
+            print(f"\n===== selector {selector}")
+        _selector_block({name: t[t["selector"] == selector] if "selector" in t else t for name, t in tables.items()})
+    _bands_and_time(run_dir, tables)
+
+
+def _selector_block(tables: dict) -> None:
     scores, answers = tables["scores"], tables["answers"]
-    n = scores["record_id"].nunique()
-    print(f"{run_dir}: {n} records, {len(tables['skipped'])} skipped")
     evidence = record_evidence_share_pp(tables)
     both = pd.concat([scores, evidence], ignore_index=True)
     judged = sorted(m for m in scores["metric"].unique()  # after `relaylens judge`
@@ -65,6 +76,11 @@ def main(run_dir: str) -> None:
             m = type_means[type_means["question_type"] == d["question_type"]].set_index("condition")["mean"]
             print(f"  {d['question_type']:<26} {m['original']:.2f} -> {m['relay']:.2f}  {d['mean']:+.3f} "
                   f"[{d['low']:+.3f}, {d['high']:+.3f}]  n = {int(d['n'])}")
+
+
+def _bands_and_time(run_dir: str, tables: dict) -> None:
+    answers = tables["answers"]
+    kept = answers.drop_duplicates("record_id")
     bands = evidence_band_table(tables)
     bands = bands[bands["selector"] == "all"]
     if len(bands):
@@ -75,10 +91,28 @@ def main(run_dir: str) -> None:
               f"({b['original_pp']:.2f} -> {b['value_pp']:.2f})")
     units = sorted((Path(run_dir) / "units").glob("*.json.gz"), key=lambda p: p.stat().st_mtime)
     print(f"\nprefill s per record: median {kept['prefill_s'].median():.1f}, mean {kept['prefill_s'].mean():.1f}")
-    if len(units) > 1:
-        span = units[-1].stat().st_mtime - units[0].stat().st_mtime
-        print(f"unit files span {span / 3600:.2f} h for {len(units) - 1} records after the first "
-              f"({(len(units) - 1) / span * 3600:.1f} per hour, machine shared with other work)")
+    # one prefill per record; one selection and one decoding batch per (record, selector, budget)
+    batches = answers.groupby(["record_id", "selector", "budget"]).agg(
+        selection=("selection_s", "first"), decode=("elapsed_s", "max"))
+    per_record = kept.set_index("record_id")["prefill_s"]
+    busy = per_record.sum() + batches.sum(axis=1).sum()
+    print(f"prefill + selection + decoding, as recorded per record: {busy / 3600:.2f} h for {len(per_record)} records "
+          f"({len(per_record) / busy * 3600:.1f} per hour before probes and writing)")
+    span = units[-1].stat().st_mtime - units[0].stat().st_mtime if len(units) > 1 else 0.0
+    if span > 60:
+        print(f"unit files span {span / 3600:.2f} h from the first unit file's time to the last "
+              f"({len(per_record)} records, {len(units)} unit files; sessions between segments included)")
+    elif len(units) > 1:
+        print("unit file times do not span the run (checked out or copied): wall time is in the docs' run notes")
+    store = RunStore.open(run_dir)
+    machines = Counter(_machine_text(store.unit_machine(path)) for path in store.unit_paths())
+    print("units by the machine that computed them: " + "; ".join(f"{n} on {m}" for m, n in machines.most_common()))
+
+
+def _machine_text(stamp: dict | None) -> str:
+    if stamp is None:
+        return "an unrecorded machine (written before units carried a machine stamp)"
+    return f"{stamp['name']} ({stamp['device']}, {stamp['bf16']}, {stamp['threads']} threads)"
 
 
 if __name__ == "__main__":

@@ -167,7 +167,8 @@ def rejudge_run(run_dir: str | Path, backend, name: str, data: str | Path | None
                                             "reply": verdict.raw[:200], "error": verdict.error})
             key = UnitKey(answers[0]["record_id"], answers[0]["selector"], answers[0]["budget"])
             store.write_unit(key, answers, scores, _rows(tables["probes"]), replace=True,
-                             skipped_rows=_rows(tables["skipped"]), geometry_rows=_rows(tables["geometry"]))
+                             skipped_rows=_rows(tables["skipped"]), geometry_rows=_rows(tables["geometry"]),
+                             machine=store.unit_machine(path))  # still the machine that computed the answers
             if progress:
                 progress(done, len(paths))
         result.metrics = sorted(written)

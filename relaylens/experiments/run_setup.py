@@ -38,6 +38,7 @@ from relaylens.generation.settings import resolve_decoding
 from relaylens.geometry.rotary import RotaryFactors
 from relaylens.model import loading  # loading.load_model looked up at call time: tests stand in a fake loader
 from relaylens.model.hf import rope_summary
+from relaylens.model.placement import machine_stamp
 from relaylens.model.random_specs import refuse_random
 from relaylens.results.locks import run_lock
 from relaylens.results.manifest import ABSENT_MEANS, manifest_section
@@ -117,8 +118,15 @@ class OpenedRun:
             judge = make_judge(self.config, self.out, self.records)  # a bad judge setting fails before the manifest
             before = previous_manifest(self.out) if previous else None
             store = RunStore.create_or_open(self.out, self.manifest, force=self.config.force)
+            store.machine = machine_stamp(self.placement.device or _first_device(self.model))  # in every new unit
             yield RunSession(store, judge, before)
 
+
+
+def _first_device(model) -> str:
+    """The device of a model's first parameter (a model placed by a device map has no single device)."""
+    first = next(iter(model.parameters()), None) if hasattr(model, "parameters") else None
+    return str(first.device) if first is not None else "cpu"
 
 def open_run(spec: ExperimentSpec, config: RunConfig, model_and_tokenizer=None) -> OpenedRun:
     """Records, shard, directory, model, tokenizer and rotary factors of a run of ``spec`` under ``config``

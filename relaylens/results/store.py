@@ -5,7 +5,9 @@ Layout of a run directory::
     run_dir/
       manifest.json          what produced the run (build_manifest: relaylens.results.manifest); written
                              atomically, compared on re-open
-      units/<hash>.json.gz   one committed unit of work = all conditions of one (record_id, selector, budget)
+      units/<hash>.json.gz   one committed unit of work = all conditions of one (record_id, selector, budget),
+                             with the stamp of the machine that computed it (``machine``: device, CPU / GPU
+                             name, native bfloat16, threads) where the writer set one
       answers.parquet        consolidated tables (columns of relaylens.results.tables), sorted by key
       scores.parquet
       probes.parquet
@@ -200,6 +202,10 @@ def _table(name: str, columns: dict[str, list]) -> pd.DataFrame:
 
 # ------------------------------------------------------------------------------------------------------ store
 
+class _Unset:
+    """Default of ``write_unit(machine=...)``: the store's own :attr:`RunStore.machine`."""
+
+
 class RunStore:
     """A run directory (see the module docstring). Create with :meth:`create_or_open` or :meth:`open`."""
 
@@ -207,6 +213,8 @@ class RunStore:
         self.run_dir = Path(run_dir)
         self.manifest = manifest
         self.writer = writer  # (binary file, bytes) -> None; tests inject a failing writer
+        # the machine stamp (relaylens.model.placement.machine_stamp) written into every new unit; the runner sets it
+        self.machine: dict | None = None
 
     # -- opening
     @classmethod
@@ -282,12 +290,15 @@ class RunStore:
         return sorted((self.run_dir / UNITS).glob("[0-9a-f]*.json.gz"))
 
     def write_unit(self, key: UnitKey | tuple, answers_rows: Any, scores_rows: Any, probes_rows: Any,
-                   replace: bool = False, skipped_rows: Any = (), geometry_rows: Any = ()) -> None:
+                   replace: bool = False, skipped_rows: Any = (), geometry_rows: Any = (),
+                   machine: dict | None | type[_Unset] = _Unset) -> None:
         """Commit all rows of one unit atomically. Rows are lists of dicts (or DataFrames) with the columns of
         :mod:`relaylens.results.tables`; their key columns must match ``key``; no two rows may share an identity
         (:data:`SORT_COLUMNS`). Float NaN / None are stored as null and read back as NaN. A unit that was not run
         commits one ``skipped_rows`` row (and no other rows): resuming does not retry it. ``geometry_rows``: the
-        training unit of ``learned_geometry`` (rewritten with ``replace=True`` after every step)."""
+        training unit of ``learned_geometry`` (rewritten with ``replace=True`` after every step). ``machine``: the
+        stamp to record (default :attr:`machine`; a rewrite that keeps a unit's rows, such as a judge pass, passes
+        the unit's own stamp, :meth:`unit_machine`, so that it still names the machine that computed them)."""
         key = UnitKey(*key).normalised()
         where = f"unit {tuple(key)}"
         if self.is_done(key) and not replace:
@@ -296,8 +307,10 @@ class RunStore:
         tables = {name: _columns(name, rows, key, where)
                   for name, rows in (("answers", answers_rows), ("scores", scores_rows), ("probes", probes_rows),
                                      ("skipped", skipped_rows), ("geometry", geometry_rows))}
-        checksum = hashlib.sha256(_dumps({"unit": list(key), "tables": tables})).hexdigest()
-        doc = {"unit": list(key), "sha256": checksum, "tables": tables}
+        machine = self.machine if machine is _Unset else machine
+        stamped = {"machine": machine} if machine is not None else {}
+        checksum = hashlib.sha256(_dumps({"unit": list(key), "tables": tables, **stamped})).hexdigest()
+        doc = {"unit": list(key), "sha256": checksum, "tables": tables, **stamped}
         if replace:
             self.invalidate()  # rewritten in place: same name, so the marker's unit list would not tell
         _atomic_write(self.unit_path(key), gzip.compress(_dumps(doc), compresslevel=6, mtime=0), self.run_dir,
@@ -330,7 +343,8 @@ class RunStore:
             doc = json.loads(gzip.decompress(path.read_bytes()))
             key = UnitKey(*doc["unit"])
             tables = doc["tables"]
-            payload = _dumps({"unit": doc["unit"], "tables": tables})
+            payload = _dumps({"unit": doc["unit"], "tables": tables,
+                              **({"machine": doc["machine"]} if "machine" in doc else {})})
         except (OSError, EOFError, ValueError, KeyError, TypeError) as exc:
             raise ResultStoreError(f"corrupt unit file {path}: {type(exc).__name__}: {exc}. Fix: {fix}") from None
         if hashlib.sha256(payload).hexdigest() != doc.get("sha256") or f"{key.hash}.json.gz" != path.name:
@@ -343,6 +357,12 @@ class RunStore:
                 raise ResultStoreError(f"corrupt unit file {path}: table {name} does not have the columns of "
                                        f"relaylens.results.tables (written by another relaylens version?). Fix: {fix}")
         return tables
+
+    def unit_machine(self, path: Path) -> dict | None:
+        """The machine stamp a committed unit file carries (None: written before units carried one, or by a writer
+        that set none); the file's checksum is verified first."""
+        self.load_unit(path)
+        return json.loads(gzip.decompress(path.read_bytes())).get("machine")
 
     def read_unit(self, path: Path) -> dict[str, pd.DataFrame]:
         """The three tables of one committed unit file; a damaged file raises naming it."""

@@ -12,7 +12,7 @@ import pytest
 from relaylens.errors import RelaylensError
 from relaylens.experiments.rejudge import judge_name, rejudge_run
 from relaylens.reporting.retention import retained_keys, retention_table
-from relaylens.results.store import load_tables
+from relaylens.results.store import RunStore, load_tables
 from relaylens.scoring.agreement import cohen_kappa, cross_judge_table
 
 
@@ -55,6 +55,9 @@ def finished_run(tmp_path_factory):
 
 def test_rejudge_changes_only_judge_scores(finished_run):
     before = {n: (finished_run / f"{n}.parquet").read_bytes() for n in ("answers", "probes")}
+    store = RunStore.open(finished_run)
+    machines = {path.name: store.unit_machine(path) for path in store.unit_paths()}
+    assert all(m and m["device"] == "cpu" for m in machines.values()), machines  # the run stamped every unit
     tables = load_tables(finished_run)
     answers = tables["answers"]
     relay = set(answers[answers.condition == "relay"].answer) - set(answers[answers.condition == "original"].answer)
@@ -83,6 +86,8 @@ def test_rejudge_changes_only_judge_scores(finished_run):
     rejudge_run(finished_run, stub, "stub_a")
     assert stub.calls == 0
     pd.testing.assert_frame_equal(load_tables(finished_run)["scores"], after)
+    # the judge pass rewrote every unit and kept the stamp of the machine that computed its answers
+    assert {path.name: store.unit_machine(path) for path in store.unit_paths()} == machines
 
 
 def test_cross_judge_table_agreement_and_kappa(finished_run):
@@ -181,6 +186,9 @@ def test_longmemeval_template_adds_its_own_scores_beside_the_others(finished_run
     from relaylens.reporting.figures.registry import prepare_tables
 
     before = {n: (finished_run / f"{n}.parquet").read_bytes() for n in ("answers", "probes")}
+    store = RunStore.open(finished_run)
+    machines = {path.name: store.unit_machine(path) for path in store.unit_paths()}
+    assert all(m and m["device"] == "cpu" for m in machines.values()), machines  # the run stamped every unit
     tables = load_tables(finished_run)
     answers = tables["answers"]
     yes = set(sorted(set(answers.answer))[::2])

@@ -55,6 +55,26 @@ def test_write_consolidate_columns_sorted_deterministic(tmp_path):
     assert_tables_equal(load_tables(tmp_path / "a"), ta)
 
 
+def test_units_carry_the_machine_stamp_under_their_checksum(tmp_path, monkeypatch):
+    from relaylens.model.placement import machine_stamp
+
+    monkeypatch.setenv("RELAYLENS_CPU_FLAGS", "fpu avx2")
+    stamp = machine_stamp("cpu")
+    assert stamp["bf16"] == "CPU reports neither AMX-BF16 nor AVX512-BF16" and stamp["threads"] >= 1
+    store = RunStore.create_or_open(tmp_path / "run", manifest())
+    fill(store, ["q_old"])  # a writer that set no stamp (units written before units carried one)
+    store.machine = stamp
+    fill(store, ["q_new"])
+    old, new = (store.unit_path(UnitKey(r, "bm25", 0.1)) for r in ("q_old", "q_new"))
+    assert store.unit_machine(old) is None and store.unit_machine(new) == stamp
+    assert_tables_equal(store.consolidate(), load_tables(tmp_path / "run"))  # the stamp is not a table
+    doc = json.loads(gzip.decompress(new.read_bytes()))
+    doc["machine"]["name"] = "another CPU"  # a stamp edited afterwards fails the checksum
+    new.write_bytes(gzip.compress(json.dumps(doc).encode()))
+    with pytest.raises(ResultStoreError, match="checksum"):
+        store.load_unit(new)
+
+
 def test_resume_skips_done_units_and_rejects_double_write(tmp_path):
     store = RunStore.create_or_open(tmp_path / "run", manifest())
     fill(store, ["q1", "q2"])
