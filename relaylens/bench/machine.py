@@ -21,7 +21,6 @@ Example:
 from __future__ import annotations
 
 import os
-import platform
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -30,6 +29,7 @@ import torch
 
 from relaylens.bench.requests import synchronize
 from relaylens.model.hf import decoder_layers
+from relaylens.model.placement import cpu_model_name
 
 #: ``/proc/cpuinfo`` flag -> the name the tables print.
 CPU_FLAGS = {"amx_bf16": "AMX-BF16", "avx512_bf16": "AVX512-BF16", "avx512f": "AVX512F"}
@@ -59,15 +59,13 @@ class CpuInfo:
 
 def parse_cpuinfo(text: str, threads: int | None = None) -> CpuInfo:
     """The :class:`CpuInfo` of a ``/proc/cpuinfo`` text (first processor; x86 ``flags``, Arm ``Features``)."""
-    model, flags = None, set()
+    flags = set()
     for line in text.splitlines():
         key, _, value = line.partition(":")
-        key = key.strip().lower()
-        if key in ("model name", "cpu model", "hardware") and model is None and value.strip():
-            model = value.strip()
-        elif key in ("flags", "features") and not flags:
+        if key.strip().lower() in ("flags", "features"):
             flags = set(value.split())
-    model = model or platform.processor() or platform.machine() or "unknown CPU"
+            break
+    model = cpu_model_name(text)
     threads = torch.get_num_threads() if threads is None else threads
     return CpuInfo(model, {label: flag in flags for flag, label in CPU_FLAGS.items()}, threads)
 

@@ -118,15 +118,9 @@ class OpenedRun:
             judge = make_judge(self.config, self.out, self.records)  # a bad judge setting fails before the manifest
             before = previous_manifest(self.out) if previous else None
             store = RunStore.create_or_open(self.out, self.manifest, force=self.config.force)
-            store.machine = machine_stamp(self.placement.device or _first_device(self.model))  # in every new unit
+            store.machine = machine_stamp(str(next(self.model.parameters()).device))  # in every new unit
             yield RunSession(store, judge, before)
 
-
-
-def _first_device(model) -> str:
-    """The device of a model's first parameter (a model placed by a device map has no single device)."""
-    first = next(iter(model.parameters()), None) if hasattr(model, "parameters") else None
-    return str(first.device) if first is not None else "cpu"
 
 def open_run(spec: ExperimentSpec, config: RunConfig, model_and_tokenizer=None) -> OpenedRun:
     """Records, shard, directory, model, tokenizer and rotary factors of a run of ``spec`` under ``config``

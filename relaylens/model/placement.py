@@ -34,8 +34,8 @@ from relaylens.errors import RelaylensError
 from relaylens.model.hf import POSITION_LIMIT
 
 __all__ = ["Placement", "resolve_device", "resolve_dtype", "choose_dtype", "choose_dtypes", "bfloat16_native",
-           "machine_stamp", "cpu_flags", "parse_rope_scaling", "apply_rope_override", "DTYPES", "ROPE_OVERRIDE_PARAMS",
-           "ATTENTION_KERNELS", "check_attn_implementation", "check_max_position"]
+           "machine_stamp", "cpu_model_name", "cpu_flags", "parse_rope_scaling", "apply_rope_override", "DTYPES",
+           "ROPE_OVERRIDE_PARAMS", "ATTENTION_KERNELS", "check_attn_implementation", "check_max_position"]
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -219,14 +219,13 @@ def cpu_flags() -> frozenset[str]:
     return frozenset()
 
 
-
 def machine_stamp(device: str = "cpu") -> dict[str, str | int]:
     """What computed a unit of a run: the device's name, its native bfloat16 support and torch's thread count.
 
     Runs span sessions, and sessions do not always get the same machine; a unit file carries the stamp of the
     machine that computed it (:meth:`relaylens.results.store.RunStore.write_unit`), so a reader can tell which units
-    came from which CPU or GPU. CPU: the ``model name`` of ``/proc/cpuinfo`` (``platform.processor()`` elsewhere);
-    ``bf16``: :func:`bfloat16_native`'s reason. ``RELAYLENS_CPU_FLAGS`` replaces the flags read, for tests.
+    came from which CPU or GPU. CPU: :func:`cpu_model_name`; ``bf16``: :func:`bfloat16_native`'s reason.
+    ``RELAYLENS_CPU_FLAGS`` replaces the flags read, for tests.
 
     >>> stamp = machine_stamp("cpu")
     >>> sorted(stamp), stamp["device"]
@@ -236,20 +235,29 @@ def machine_stamp(device: str = "cpu") -> dict[str, str | int]:
     if device.startswith("cuda") and torch.cuda.is_available():
         name = torch.cuda.get_device_name(torch.device(device))
     else:
-        name = _cpu_model_name()
+        name = cpu_model_name()
     return {"device": device, "name": name, "bf16": bfloat16_native(device)[1], "threads": torch.get_num_threads()}
 
 
-def _cpu_model_name() -> str:
-    try:
-        with open("/proc/cpuinfo") as handle:
-            for line in handle:
-                key, _, value = line.partition(":")
-                if key.strip().lower() in ("model name", "cpu model", "hardware") and value.strip():
-                    return value.strip()
-    except OSError:
-        pass
+def cpu_model_name(text: str | None = None) -> str:
+    """The CPU's name in a ``/proc/cpuinfo`` text (``None``: this machine's, where it can be read): the first
+    ``model name`` / ``cpu model`` / ``hardware`` line; ``platform.processor()`` where there is none.
+
+    >>> cpu_model_name("processor\\t: 0\\nmodel name\\t: AMD EPYC 9R14\\nflags\\t\\t: fpu avx2\\n")
+    'AMD EPYC 9R14'
+    """
+    if text is None:
+        try:
+            with open("/proc/cpuinfo") as handle:
+                text = handle.read()
+        except OSError:
+            text = ""
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip().lower() in ("model name", "cpu model", "hardware") and value.strip():
+            return value.strip()
     return platform.processor() or platform.machine() or "unknown CPU"
+
 
 def parse_rope_scaling(text: str | dict | None) -> dict | None:
     """``TYPE:P1:P2...`` or ``TYPE:key=value,...`` -> the rope parameters to set (without ``rope_theta``).

@@ -308,9 +308,8 @@ class RunStore:
                   for name, rows in (("answers", answers_rows), ("scores", scores_rows), ("probes", probes_rows),
                                      ("skipped", skipped_rows), ("geometry", geometry_rows))}
         machine = self.machine if machine is _Unset else machine
-        stamped = {"machine": machine} if machine is not None else {}
-        checksum = hashlib.sha256(_dumps({"unit": list(key), "tables": tables, **stamped})).hexdigest()
-        doc = {"unit": list(key), "sha256": checksum, "tables": tables, **stamped}
+        body = {"unit": list(key), "tables": tables, **({"machine": machine} if machine is not None else {})}
+        doc = {**body, "sha256": hashlib.sha256(_dumps(body)).hexdigest()}  # the checksum covers all but itself
         if replace:
             self.invalidate()  # rewritten in place: same name, so the marker's unit list would not tell
         _atomic_write(self.unit_path(key), gzip.compress(_dumps(doc), compresslevel=6, mtime=0), self.run_dir,
@@ -338,13 +337,21 @@ class RunStore:
 
     def load_unit(self, path: Path) -> dict[str, dict[str, list]]:
         """The raw column lists of one committed unit file, per table (its checksum verified)."""
+        return self._load_unit_doc(path)["tables"]
+
+    def unit_machine(self, path: Path) -> dict | None:
+        """The machine stamp a committed unit file carries (None: written before units carried one, or by a writer
+        that set none); the file's checksum is verified first."""
+        return self._load_unit_doc(path).get("machine")
+
+    def _load_unit_doc(self, path: Path) -> dict:
+        """One committed unit file's document, its checksum, key and table columns verified."""
         fix = "delete it and re-run the same command to recompute that unit"
         try:
             doc = json.loads(gzip.decompress(path.read_bytes()))
             key = UnitKey(*doc["unit"])
             tables = doc["tables"]
-            payload = _dumps({"unit": doc["unit"], "tables": tables,
-                              **({"machine": doc["machine"]} if "machine" in doc else {})})
+            payload = _dumps({name: value for name, value in doc.items() if name != "sha256"})
         except (OSError, EOFError, ValueError, KeyError, TypeError) as exc:
             raise ResultStoreError(f"corrupt unit file {path}: {type(exc).__name__}: {exc}. Fix: {fix}") from None
         if hashlib.sha256(payload).hexdigest() != doc.get("sha256") or f"{key.hash}.json.gz" != path.name:
@@ -356,13 +363,7 @@ class RunStore:
             if not isinstance(tables.get(name), dict) or set(tables[name]) != set(cols):
                 raise ResultStoreError(f"corrupt unit file {path}: table {name} does not have the columns of "
                                        f"relaylens.results.tables (written by another relaylens version?). Fix: {fix}")
-        return tables
-
-    def unit_machine(self, path: Path) -> dict | None:
-        """The machine stamp a committed unit file carries (None: written before units carried one, or by a writer
-        that set none); the file's checksum is verified first."""
-        self.load_unit(path)
-        return json.loads(gzip.decompress(path.read_bytes())).get("machine")
+        return doc
 
     def read_unit(self, path: Path) -> dict[str, pd.DataFrame]:
         """The three tables of one committed unit file; a damaged file raises naming it."""

@@ -186,9 +186,6 @@ def test_longmemeval_template_adds_its_own_scores_beside_the_others(finished_run
     from relaylens.reporting.figures.registry import prepare_tables
 
     before = {n: (finished_run / f"{n}.parquet").read_bytes() for n in ("answers", "probes")}
-    store = RunStore.open(finished_run)
-    machines = {path.name: store.unit_machine(path) for path in store.unit_paths()}
-    assert all(m and m["device"] == "cpu" for m in machines.values()), machines  # the run stamped every unit
     tables = load_tables(finished_run)
     answers = tables["answers"]
     yes = set(sorted(set(answers.answer))[::2])
