@@ -40,6 +40,7 @@ from relaylens.model import loading  # loading.load_model looked up at call time
 from relaylens.model.hf import rope_summary
 from relaylens.model.placement import machine_stamp
 from relaylens.model.random_specs import refuse_random
+from relaylens.model.upcast import model_upcast
 from relaylens.results.locks import run_lock
 from relaylens.results.manifest import ABSENT_MEANS, manifest_section
 from relaylens.results.shards import parse_shard, shard_records
@@ -78,6 +79,15 @@ class OpenedRun:
     factors: RotaryFactors
     manifest: dict | None = None
 
+    def upcast(self) -> tuple[bool, str]:
+        """``(applies, why)``: whether this run computes its bfloat16 matrix products with float32 kernels
+        (:mod:`relaylens.model.upcast`: a bfloat16 model on a CPU without bfloat16 hardware; never under a compile
+        backend, whose graphs the block would not reach)."""
+        applies, why = model_upcast(self.model)
+        if applies and self.config.compile_backend is not None:
+            return False, f"not under --compile-backend {self.config.compile_backend}"
+        return applies, why
+
     @property
     def record_ids(self) -> list[str]:
         """The ids of :attr:`records`, in order."""
@@ -100,6 +110,9 @@ class OpenedRun:
             recorded["placement"] = self.placement.to_dict() | {
                 "device": self.placement.device and self.placement.device.split(":")[0]}
             recorded["decoding"] = decoding_path(self.model)
+            upcast, why = self.upcast()
+            if upcast:  # absent elsewhere: manifests written before it existed stay equal
+                recorded["placement"]["products"] = why
         recorded |= (sections or {}) | {"rope": rope_summary(self.model)}
         manifest = build_manifest(self.spec.name, recorded, config.model, loading.model_fingerprint(self.model),
                                   self.data_path, self.shard,
@@ -118,7 +131,8 @@ class OpenedRun:
             judge = make_judge(self.config, self.out, self.records)  # a bad judge setting fails before the manifest
             before = previous_manifest(self.out) if previous else None
             store = RunStore.create_or_open(self.out, self.manifest, force=self.config.force)
-            store.machine = machine_stamp(str(next(self.model.parameters()).device))  # in every new unit
+            products = "float32 kernels, bfloat16 results" if self.upcast()[0] else None
+            store.machine = machine_stamp(str(next(self.model.parameters()).device), products)  # in every new unit
             yield RunSession(store, judge, before)
 
 

@@ -37,6 +37,7 @@ from relaylens.experiments.walk import (
     naming_record,
     progress_bar,
 )
+from relaylens.model.upcast import float32_products
 from relaylens.results.store import UnitKey
 from relaylens.results.views import write_view
 
@@ -73,6 +74,7 @@ def _run_units(opened, store, judge, progress: bool) -> None:
             advance_bar(live, task, steps, record_id, stage)
 
         walk = RunWalk.start(opened.model, opened.tokenizer, spec, config, store, opened.factors, tick=tick)
+        upcast = opened.upcast()[0]  # bfloat16 on a CPU without bfloat16 hardware: float32 kernels
         for order in history_order(records):  # questions over one history in a row: its prefill is reused
             record = records[order]
             keys = [UnitKey(record.record_id, name, b) for name in labels for b in spec.budgets]
@@ -83,7 +85,7 @@ def _run_units(opened, store, judge, progress: bool) -> None:
             if not pending and not redo:
                 tick(per_record, record.record_id, "done earlier")
                 continue
-            with naming_record(record.record_id):  # an error of this record names it
+            with naming_record(record.record_id), float32_products(upcast):  # errors name the record
                 tick(per_record - len(pending), record.record_id, "prefill")
                 work = walk.prepare(record, pending + redo, committed=redo)
                 if work is None:  # the history cannot run: its owed units are committed as skipped

@@ -149,8 +149,9 @@ def choose_dtypes(name: str | torch.dtype | None, device: str) -> tuple[torch.dt
         if not native:
             _warn_once("bfloat16-cpu",
                        f"--dtype bfloat16 on this CPU runs without native bfloat16 instructions ({why}): "
-                       "results are correct but matrix products are emulated and slower than float32. Fix: --dtype "
-                       "float32, or --dtype auto (bfloat16 only where the hardware runs it)")
+                       "`relaylens run` computes its bfloat16 matrix products with float32 kernels (results rounded "
+                       "to bfloat16, relaylens.model.upcast); elsewhere they are emulated, several times slower than "
+                       "float32. Fix: --dtype float32, or --dtype auto (bfloat16 only where the hardware runs it)")
     return dtype, None, None
 
 
@@ -219,8 +220,9 @@ def cpu_flags() -> frozenset[str]:
     return frozenset()
 
 
-def machine_stamp(device: str = "cpu") -> dict[str, str | int]:
-    """What computed a unit of a run: the device's name, its native bfloat16 support and torch's thread count.
+def machine_stamp(device: str = "cpu", products: str | None = None) -> dict[str, str | int]:
+    """What computed a unit of a run: the device's name, its native bfloat16 support and torch's thread count;
+    ``products``, where given, how its bfloat16 matrix products were computed (:mod:`relaylens.model.upcast`).
 
     Runs span sessions, and sessions do not always get the same machine; a unit file carries the stamp of the
     machine that computed it (:meth:`relaylens.results.store.RunStore.write_unit`), so a reader can tell which units
@@ -236,7 +238,8 @@ def machine_stamp(device: str = "cpu") -> dict[str, str | int]:
         name = torch.cuda.get_device_name(torch.device(device))
     else:
         name = cpu_model_name()
-    return {"device": device, "name": name, "bf16": bfloat16_native(device)[1], "threads": torch.get_num_threads()}
+    stamp = {"device": device, "name": name, "bf16": bfloat16_native(device)[1], "threads": torch.get_num_threads()}
+    return stamp if products is None else stamp | {"products": products}
 
 
 def cpu_model_name(text: str | None = None) -> str:
