@@ -112,7 +112,8 @@ def _bands_and_time(run_dir: str, tables: dict) -> None:
 def _machine_text(stamp: dict | None) -> str:
     if stamp is None:
         return "an unrecorded machine (written before units carried a machine stamp)"
-    return f"{stamp['name']} ({stamp['device']}, {stamp['bf16']}, {stamp['threads']} threads)"
+    products = f", products: {stamp['products']}" if "products" in stamp else ""
+    return f"{stamp['name']} ({stamp['device']}, {stamp['bf16']}, {stamp['threads']} threads{products})"
 
 
 if __name__ == "__main__":

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
 
@@ -55,16 +56,20 @@ def judge_command(
     if judge_url and dtype:
         fail(f"--dtype {dtype!r} sets a local judge's weights; a judge at --judge-url runs in its server's own "
              "dtype. Fix: drop --dtype, or drop --judge-url to judge with a local model")
+    products = contextlib.nullcontext()
     if judge_url:
         backend = guard(OpenAIBackend, judge_url, judge_model, api_key_env=judge_key_env, max_tokens=max_tokens,
                         reasoning_effort=reasoning_effort, deadline=deadline, max_reply_bytes=max_reply_bytes)
     else:
         from relaylens.model.loading import load_model  # noqa: PLC0415 - late binding (tests swap loading.load_model); CLI startup
+        from relaylens.model.upcast import float32_products, model_upcast  # noqa: PLC0415 - CLI startup
 
         model, tokenizer = guard(load_model, judge_model, dtype=dtype or "float32")
         backend = guard(HFBackend, model, tokenizer, model_id=judge_model, max_tokens=max_tokens,
                         reasoning_effort=reasoning_effort)
-    with console.status(f"judging the answers of {safe(run_dir)} as judge {name} ..."):
+        products = float32_products(model_upcast(model)[0])  # bfloat16 on a CPU without bfloat16 hardware
+    with console.status(f"judging the answers of {safe(run_dir)} as judge {name} ..."), \
+            products:
         result = guard(rejudge_run, run_dir, backend, name, data, template=judge_template)
     print(f"judge {name}: {result.judged} answers judged ({result.calls} calls, {result.cache_hits} cached), "
           f"{len(result.failures)} failure(s)")

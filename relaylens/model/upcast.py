@@ -84,7 +84,9 @@ def model_upcast(model) -> tuple[bool, str]:
     >>> model_upcast(tiny_model("llama"))[0]
     False
     """
-    weight = next(model.parameters())
+    weight = next(iter(model.parameters()), None) if hasattr(model, "parameters") else None
+    if weight is None:
+        return False, "the model has no parameters to read a dtype from"
     return upcast_applies(weight.dtype, weight.device.type)
 
 

@@ -38,3 +38,30 @@ def test_bad_dtype_and_dtype_with_an_endpoint_are_one_clear_line(tmp_path):
     lines = [line for line in remote.output.splitlines() if line.startswith("error:")]
     assert (remote.exit_code == 2 and len(lines) == 1 and "--dtype" in lines[0]
             and "--judge-url" in lines[0]), remote.output
+
+
+@pytest.mark.parametrize(("flags", "upcast"), [("fpu avx2", True), ("fpu avx512_bf16", False)])
+def test_a_bfloat16_local_judge_computes_its_products_in_float32_where_the_cpu_lacks_bfloat16(tmp_path, monkeypatch,
+                                                                                              flags, upcast):
+    import types
+
+    import torch
+
+    import relaylens.experiments.rejudge as rejudge
+    import relaylens.model.loading as loading
+    from relaylens.testing import tiny_model, tiny_tokenizer
+
+    monkeypatch.setenv("RELAYLENS_CPU_FLAGS", flags)
+    monkeypatch.setattr(loading, "load_model", lambda spec, dtype=None, **kw: (tiny_model("llama", dtype=dtype),
+                                                                               tiny_tokenizer()))
+    depth = torch._C._len_torch_function_stack()
+    seen = []
+
+    def fake_rejudge(run_dir, backend, name, data=None, template=None):
+        seen.append(torch._C._len_torch_function_stack() - depth)
+        return types.SimpleNamespace(judged=0, calls=0, cache_hits=0, failures=[], metrics=[])
+
+    monkeypatch.setattr(rejudge, "rejudge_run", fake_rejudge)
+    result = _judge(tmp_path, "--judge-model", "tiny", "--dtype", "bfloat16")
+    assert result.exit_code == 0, result.output
+    assert seen == [1 if upcast else 0] and torch._C._len_torch_function_stack() == depth
