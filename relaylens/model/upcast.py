@@ -12,7 +12,8 @@ bfloat16 kernels with hardware support (AVX512-BF16, AMX, tensor cores) accumula
 differ only in the order of the float32 additions — the same kind of difference as between two CPUs' bfloat16
 kernels, or between two chunk or batch sizes. Everything else (weights, cache, residual stream, norms, rotary
 products, element-wise ops) stays in bfloat16 exactly as before. Weights are upcast once per block, not per call
-(a float32 copy of every bfloat16 parameter the block touches lives as long as the block: 4 bytes per parameter).
+(a float32 copy of every bfloat16 parameter the block touches lives as long as the block: 4 bytes per parameter);
+a parameter that autograd tracks is upcast per call instead, so its gradient still reaches it.
 
 :func:`upcast_applies` says where runs use it: a bfloat16 model on a CPU that :func:`relaylens.model.placement.
 bfloat16_native` finds without native support, unless :data:`UPCAST_PRODUCTS` is False. Run manifests record it
@@ -99,7 +100,7 @@ class _Float32Products(TorchFunctionMode):
     def _up(self, value):
         if not isinstance(value, torch.Tensor) or value.dtype != torch.bfloat16:
             return value
-        if isinstance(value, torch.nn.Parameter):
+        if isinstance(value, torch.nn.Parameter) and not (value.requires_grad and torch.is_grad_enabled()):
             held = self.weights.get(id(value))
             if held is None or held[0] is not value:
                 held = self.weights[id(value)] = (value, value.detach().float())

@@ -130,3 +130,14 @@ def test_a_run_uses_records_and_stamps_the_upcast(tmp_path, monkeypatch, flags, 
     stamps = [store.unit_machine(path) for path in store.unit_paths()]
     assert len(stamps) == 2
     assert all(("products" in stamp) is applies for stamp in stamps), stamps
+
+
+def test_gradients_reach_a_tracked_bfloat16_parameter_through_the_block():
+    layer = torch.nn.Linear(16, 8).to(BF)
+    x = torch.randn(4, 16).to(BF)
+    with float32_products():
+        layer(x).float().sum().backward()
+    upcast_grad = layer.weight.grad.clone()
+    layer.weight.grad = None
+    layer(x).float().sum().backward()
+    assert upcast_grad.dtype == BF and torch.allclose(upcast_grad.float(), layer.weight.grad.float(), atol=1e-2)
