@@ -2,7 +2,7 @@
 
 Why: a CPU without AMX-BF16 or AVX512-BF16 (an AVX2-only AMD EPYC this project ran on) has no fast bfloat16 matrix
 product; torch falls back to slow kernels. Measured on that CPU with Qwen2.5-Coder-0.5B: one 2,048-token prefill
-chunk took 100 s in bfloat16 and 23 s with its products upcast (``docs/performance.md``).
+chunk took 103 s in bfloat16 and 23 s with its products upcast (float32: 16 s) (``docs/performance.md``).
 
 What changes, and what does not. Inside :func:`float32_products`, every matrix product (``F.linear``,
 ``matmul``/``@``, ``mm``, ``bmm``, ``baddbmm``, ``F.scaled_dot_product_attention``) that receives a bfloat16 tensor
@@ -10,14 +10,14 @@ receives instead the same values in float32 (exact: every bfloat16 value is a fl
 result rounded back to bfloat16. A product of two bfloat16 numbers is exact in float32 (8 + 8 significant bits) and
 bfloat16 kernels with hardware support (AVX512-BF16, AMX, tensor cores) accumulate in float32 too, so the two paths
 differ only in the order of the float32 additions — the same kind of difference as between two CPUs' bfloat16
-kernels, or between two chunk or batch sizes. Everything else (weights, cache, residual stream, norms, rotary
+kernels, or between two batch sizes. Everything else (weights, cache, residual stream, norms, rotary
 products, element-wise ops) stays in bfloat16 exactly as before. Weights are upcast once per block, not per call
 (a float32 copy of every bfloat16 parameter the block touches lives as long as the block: 4 bytes per parameter);
 a parameter that autograd tracks is upcast per call instead, so its gradient still reaches it.
 
 :func:`upcast_applies` says where runs use it: a bfloat16 model on a CPU that :func:`relaylens.model.placement.
-bfloat16_native` finds without native support, unless :data:`UPCAST_PRODUCTS` is False. Run manifests record it
-(:class:`relaylens.model.placement.Placement` ``products``) and so does every unit's machine stamp.
+bfloat16_native` finds without native support, unless :data:`UPCAST_PRODUCTS` is False. A run's manifest records it
+(``config.placement.products``) and so does every unit's machine stamp; ``relaylens judge`` uses it for a local judge.
 
 Example:
     >>> import torch
