@@ -62,7 +62,7 @@ def parse_cpuinfo(text: str, threads: int | None = None) -> CpuInfo:
     flags = set()
     for line in text.splitlines():
         key, _, value = line.partition(":")
-        if key.strip().lower() in ("flags", "features"):
+        if key.strip().lower() in ("flags", "features") and value.split():  # the first non-empty one
             flags = set(value.split())
             break
     model = cpu_model_name(text)
