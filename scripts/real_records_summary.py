@@ -4,7 +4,8 @@ For every condition against original: accuracy under each answer metric (judge v
 judge` added them) and the final question token's gold evidence share (percentage points, averaged over layers and
 query heads), paired per record, with 95% cluster-bootstrap intervals (10,000 resamples, seed 0); wins : losses;
 answers cut by the 512-token limit; the gold evidence kept; per question type (relay - original, paired); Figure 6's
-layer bands where the run probed them (`evidence_reading`: the `evidence_bands` table with its intervals); and the
+layer bands where the run probed them (`evidence_reading`: the `evidence_bands` table with its intervals); in a
+dilation run, relay and key_only(k) against dilation(k) at each k; and the
 wall time (what each record recorded, and the span of the unit files' times where they were not reset by a
 checkout) and the machine each unit was computed on (its stamp; none in units written before stamps).
 
@@ -76,6 +77,25 @@ def _selector_block(tables: dict) -> None:
             m = type_means[type_means["question_type"] == d["question_type"]].set_index("condition")["mean"]
             print(f"  {d['question_type']:<26} {m['original']:.2f} -> {m['relay']:.2f}  {d['mean']:+.3f} "
                   f"[{d['low']:+.3f}, {d['high']:+.3f}]  n = {int(d['n'])}")
+    _dilation_block(both, metrics)
+
+
+def _dilation_block(both: pd.DataFrame, metrics: list[str]) -> None:
+    """The dilation run's comparison at each k: relay and key_only(k) against dilation(k) (original at k = 1), the
+    paper's three-way comparison at a history k times longer."""
+    ks = sorted(int(c[len("dilation("):-1]) for c in both["condition"].unique() if c.startswith("dilation("))
+    if not ks:
+        return
+    print("\nat each dilation k: condition - dilation(k), paired [95% interval] (k = 1: original)")
+    for k in [1, *ks]:
+        reference, key_only = ("original", "key_only") if k == 1 else (f"dilation({k})", f"key_only({k})")
+        chosen = both[both["condition"].isin([reference, key_only, "relay"])]
+        means = accuracy_means(chosen, by=["condition"], metrics=metrics).set_index(["metric", "condition"])["mean"]
+        deltas = paired_deltas(chosen, by=[], reference=reference, metrics=metrics)
+        for _, d in deltas.iterrows():
+            print(f"  k = {k:<3} {d['metric']:<18} {d['condition']:<13} {means[(d['metric'], reference)]:.3f} -> "
+                  f"{means[(d['metric'], d['condition'])]:.3f}  {d['mean']:+.3f} [{d['low']:+.3f}, {d['high']:+.3f}]"
+                  f"  n = {int(d['n'])}")
 
 
 def _bands_and_time(run_dir: str, tables: dict) -> None:

@@ -33,7 +33,9 @@ SKIP_FIXES = {
                  "unit, a finer unit (bm25:granularity=turn) or bm25:packing=truncate; a history must also be longer "
                  "than the 32-token observation window",
     "too_long": "use shorter records or fewer --max-new-tokens, a smaller condition shift, or a model with a longer "
-                "context (or raise --max-history-tokens where it cut the records)",
+                "context (or raise --max-history-tokens where it cut the records); dilation(k) and key_only(k) need "
+                "about k times the history's positions: extend the rotary range with --rope-scaling "
+                "yarn:FACTOR:ORIGINAL_MAX --max-position N (e.g. yarn:4:32768 --max-position 131072 for Qwen2.5)",
     "position": "use conditions that can place these selections (a smaller move= or shift)",
 }
 
