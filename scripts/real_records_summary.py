@@ -111,13 +111,16 @@ def _bands_and_time(run_dir: str, tables: dict) -> None:
               f"({b['original_pp']:.2f} -> {b['value_pp']:.2f})")
     units = sorted((Path(run_dir) / "units").glob("*.json.gz"), key=lambda p: p.stat().st_mtime)
     print(f"\nprefill s per record: median {kept['prefill_s'].median():.1f}, mean {kept['prefill_s'].mean():.1f}")
-    # one prefill per record; one selection and one decoding batch per (record, selector, budget)
-    batches = answers.groupby(["record_id", "selector", "budget"]).agg(
-        selection=("selection_s", "first"), decode=("elapsed_s", "max"))
+    # one prefill per record and one selection per (record, selector, budget); a row's elapsed_s is its decoding
+    # batch's time over the rows in that batch, so the rows' sum is the decoding (and probing) time
+    selection = answers.groupby(["record_id", "selector", "budget"])["selection_s"].first().sum()
     per_record = kept.set_index("record_id")["prefill_s"]
-    busy = per_record.sum() + batches.sum(axis=1).sum()
+    decode = answers["elapsed_s"].sum()
+    busy = per_record.sum() + selection + decode
+    print(f"recorded time: prefill {per_record.sum() / 3600:.2f} h, selection {selection / 3600:.2f} h, decoding with "
+          f"its question passes and probes {decode / 3600:.2f} h")
     print(f"prefill + selection + decoding, as recorded per record: {busy / 3600:.2f} h for {len(per_record)} records "
-          f"({len(per_record) / busy * 3600:.1f} per hour before probes and writing)")
+          f"({len(per_record) / busy * 3600:.1f} per hour before writing)")
     span = units[-1].stat().st_mtime - units[0].stat().st_mtime if len(units) > 1 else 0.0
     if span > 60:
         print(f"unit files span {span / 3600:.2f} h from the first unit file's time to the last "
