@@ -5,9 +5,10 @@ judge` added them) and the final question token's gold evidence share (percentag
 query heads), paired per record, with 95% cluster-bootstrap intervals (10,000 resamples, seed 0); wins : losses;
 answers cut by the 512-token limit; the gold evidence kept; per question type (relay - original, paired); Figure 6's
 layer bands where the run probed them (`evidence_reading`: the `evidence_bands` table with its intervals); in a
-dilation run, relay and key_only(k) against dilation(k) at each k; and the
-wall time (what each record recorded, and the span of the unit files' times where they were not reset by a
-checkout) and the machine each unit was computed on (its stamp; none in units written before stamps).
+dilation run, relay and key_only(k) against dilation(k) at each k; the time each record recorded (prefill,
+selection, decoding; the wall time of a run that spans sessions is in the run notes of docs/real-records.md: unit
+files carry no write time) and the machine each unit was computed on (its stamp; none in units written before
+stamps).
 
     python scripts/real_records_summary.py figures/real_coordinate_ablation_qwen0.5b_8k
 """
@@ -16,7 +17,6 @@ from __future__ import annotations
 
 import sys
 from collections import Counter
-from pathlib import Path
 
 import pandas as pd
 
@@ -109,7 +109,6 @@ def _bands_and_time(run_dir: str, tables: dict) -> None:
         print(f"  {b['probe_point']:<19} {b['quantity']:<25} {b['condition']:<9} {b['band']:<7} n = {b['n']:<4} "
               f"{b['delta_pp']:+.2f} [{b['delta_low']:+.2f}, {b['delta_high']:+.2f}]  {b['wins']}:{b['losses']}  "
               f"({b['original_pp']:.2f} -> {b['value_pp']:.2f})")
-    units = sorted((Path(run_dir) / "units").glob("*.json.gz"), key=lambda p: p.stat().st_mtime)
     print(f"\nprefill s per record: median {kept['prefill_s'].median():.1f}, mean {kept['prefill_s'].mean():.1f}")
     # one prefill per record and one selection per (record, selector, budget); a row's elapsed_s is its decoding
     # batch's time over the rows in that batch, so the rows' sum is the decoding (and probing) time
@@ -121,12 +120,8 @@ def _bands_and_time(run_dir: str, tables: dict) -> None:
           f"its question passes and probes {decode / 3600:.2f} h")
     print(f"prefill + selection + decoding, as recorded per record: {busy / 3600:.2f} h for {len(per_record)} records "
           f"({len(per_record) / busy * 3600:.1f} per hour before writing)")
-    span = units[-1].stat().st_mtime - units[0].stat().st_mtime if len(units) > 1 else 0.0
-    if span > 60:
-        print(f"unit files span {span / 3600:.2f} h from the first unit file's time to the last "
-              f"({len(per_record)} records, {len(units)} unit files; sessions between segments included)")
-    elif len(units) > 1:
-        print("unit file times do not span the run (checked out or copied): wall time is in the docs' run notes")
+    # unit files carry no write time, and their mtimes are the checkout's in a fresh clone: the wall time of a run
+    # that spans sessions is in docs/real-records.md's run notes, not here
     store = RunStore.open(run_dir)
     machines = Counter(_machine_text(store.unit_machine(path)) for path in store.unit_paths())
     print("units by the machine that computed them: " + "; ".join(f"{n} on {m}" for m, n in machines.most_common()))
