@@ -10,6 +10,7 @@ import typer
 
 from relaylens.cli.common import check_key_env, console, fail, guard, safe
 from relaylens.errors import shown
+from relaylens.progress import progress_view
 from relaylens.scoring import longmemeval_judge as lme
 from relaylens.scoring.judge import (  # the judge's documented bounds (stdlib only)
     DEADLINE_S,
@@ -68,9 +69,13 @@ def judge_command(
         backend = guard(HFBackend, model, tokenizer, model_id=judge_model, max_tokens=max_tokens,
                         reasoning_effort=reasoning_effort)
         products = float32_products(model_upcast(model)[0])  # bfloat16 on a CPU without bfloat16 hardware
-    with console.status(f"judging the answers of {safe(run_dir)} as judge {name} ..."), \
-            products:
-        result = guard(rejudge_run, run_dir, backend, name, data, template=judge_template)
+    with progress_view(console=console) as bar, products:  # units judged, elapsed, time left: a pass can take hours
+        task = bar.add_task(f"judge {safe(name)}: units", total=None, stage=shown(run_dir))
+
+        def advance(done: int, total: int) -> None:
+            bar.update(task, completed=done, total=total)
+
+        result = guard(rejudge_run, run_dir, backend, name, data, progress=advance, template=judge_template)
     print(f"judge {name}: {result.judged} answers judged ({result.calls} calls, {result.cache_hits} cached), "
           f"{len(result.failures)} failure(s)")
     if result.judged and len(result.failures) >= result.judged:  # a failed pass, never mistaken for no judge

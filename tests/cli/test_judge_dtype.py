@@ -57,7 +57,7 @@ def test_a_bfloat16_local_judge_computes_its_products_in_float32_where_the_cpu_l
     depth = torch._C._len_torch_function_stack()
     seen = []
 
-    def fake_rejudge(run_dir, backend, name, data=None, template=None):
+    def fake_rejudge(run_dir, backend, name, data=None, progress=None, template=None):
         seen.append(torch._C._len_torch_function_stack() - depth)
         return types.SimpleNamespace(judged=0, calls=0, cache_hits=0, failures=[], metrics=[])
 

@@ -1,0 +1,59 @@
+"""``relaylens judge`` shows its progress: units judged out of the run's units, elapsed time and time left (a pass
+over a 150-record, six-selector run takes about an hour on a 2-core CPU), reported by ``rejudge_run`` once per unit
+file."""
+
+from __future__ import annotations
+
+import json
+import types
+
+from typer.testing import CliRunner
+
+from relaylens.cli import app
+
+
+def test_the_cli_shows_units_judged_out_of_the_runs_units(tmp_path, monkeypatch):
+    import relaylens.experiments.rejudge as rejudge
+    import relaylens.model.loading as loading
+    from relaylens.testing import tiny_model, tiny_tokenizer
+
+    monkeypatch.setattr(loading, "load_model", lambda spec, dtype=None, **kw: (tiny_model("llama"), tiny_tokenizer()))
+
+    def fake_rejudge(run_dir, backend, name, data=None, progress=None, template=None):
+        for done in range(1, 8):
+            progress(done, 7)
+        return types.SimpleNamespace(judged=14, calls=14, cache_hits=0, failures=[], metrics=[f"judge_{name}"])
+
+    monkeypatch.setattr(rejudge, "rejudge_run", fake_rejudge)
+    result = CliRunner().invoke(app, ["judge", str(tmp_path), "--judge-model", "tiny", "--name", "tiny"],
+                                env={"COLUMNS": "200", "HF_HUB_OFFLINE": "1"})
+    assert result.exit_code == 0, result.output
+    bar = [line for line in result.output.splitlines() if "judge tiny: units" in line]
+    assert bar and "7/7" in bar[-1], result.output
+
+
+def test_rejudge_reports_each_unit_file_once_in_order(tmp_path):
+    from relaylens.datasets.synthetic import generate_records
+    from relaylens.experiments.rejudge import rejudge_run
+    from relaylens.experiments.runner import RunConfig, run_analysis
+    from relaylens.experiments.specs import load_analysis
+    from relaylens.results.store import RunStore
+    from relaylens.testing import tiny_model, tiny_tokenizer
+
+    data = tmp_path / "records.json"
+    data.write_text(json.dumps(generate_records(n=2, seed=4, history_tokens=600)))
+    spec = load_analysis("main_table").spec.replace(selectors=("snapkv", "bm25"), budgets=(0.4,), max_new_tokens=2)
+    out = tmp_path / "run"
+    run_analysis(spec, RunConfig(data=str(data), out=str(out)), progress=False,
+                 model_and_tokenizer=(tiny_model("llama", seed=0), tiny_tokenizer()))
+
+    class No:
+        model_id = "no"
+
+        def complete(self, system: str, user: str) -> str:
+            return '{"correct": false}'
+
+    seen = []
+    rejudge_run(out, No(), "no", progress=lambda done, total: seen.append((done, total)))
+    units = len(RunStore.open(out).unit_paths())
+    assert units == 4 and seen == [(done, units) for done in range(1, units + 1)]
