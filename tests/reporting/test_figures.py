@@ -247,6 +247,7 @@ def test_attribution_companion_of_figure6(tables):
     ("coordinate_ablation_qwen0.5b_paper", "contains,f1"),  # two 1.5B judge passes; drawn on contains and F1
     ("real_coordinate_ablation_qwen0.5b_8k", "contains,f1"),  # real records: its units travel with it
     ("real_evidence_reading_qwen0.5b_8k", "contains,f1"),  # real records, Figure 6, judged: drawn on contains and F1
+    ("real_main_table_qwen0.5b_8k", "contains,f1"),  # real records, six selectors, judged: drawn on contains and F1
 ])
 def test_committed_runs_redraw(run, metric, tmp_path, monkeypatch):
     """The runs committed under figures/ (tables only, no units) redraw with the current code: the same files, and
