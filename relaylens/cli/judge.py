@@ -70,7 +70,7 @@ def judge_command(
                         reasoning_effort=reasoning_effort)
         products = float32_products(model_upcast(model)[0])  # bfloat16 on a CPU without bfloat16 hardware
     with progress_view(console=console) as bar, products:  # units judged, elapsed, time left: a pass can take hours
-        task = bar.add_task(f"judge {safe(name)}: units", total=None, stage=shown(run_dir))
+        task = bar.add_task(f"judge {safe(name)}: units", total=None, stage=shown(Path(run_dir).name))
 
         def advance(done: int, total: int) -> None:
             bar.update(task, completed=done, total=total)

@@ -25,8 +25,10 @@ def test_the_cli_shows_units_judged_out_of_the_runs_units(tmp_path, monkeypatch)
         return types.SimpleNamespace(judged=14, calls=14, cache_hits=0, failures=[], metrics=[f"judge_{name}"])
 
     monkeypatch.setattr(rejudge, "rejudge_run", fake_rejudge)
-    result = CliRunner().invoke(app, ["judge", str(tmp_path), "--judge-model", "tiny", "--name", "tiny"],
-                                env={"COLUMNS": "200", "HF_HUB_OFFLINE": "1"})
+    run_dir = tmp_path / ("a-long-folder-name-" * 6) / "run"  # a long path must not push the bar out of the line
+    run_dir.mkdir(parents=True)
+    result = CliRunner().invoke(app, ["judge", str(run_dir), "--judge-model", "tiny", "--name", "tiny"],
+                                env={"COLUMNS": "120", "HF_HUB_OFFLINE": "1"})
     assert result.exit_code == 0, result.output
     bar = [line for line in result.output.splitlines() if "judge tiny: units" in line]
     assert bar and "7/7" in bar[-1], result.output
