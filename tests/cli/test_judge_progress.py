@@ -1,10 +1,9 @@
 """``relaylens judge`` shows its progress: units judged out of the run's units, elapsed time and time left (a pass
-over a 150-record, six-selector run takes about an hour on a 2-core CPU), reported by ``rejudge_run`` once per unit
-file."""
+over a 150-record, six-selector run takes about an hour on a 2-core CPU). ``rejudge_run``'s own callback, once per
+unit file: tests/experiments/test_rejudge.py."""
 
 from __future__ import annotations
 
-import json
 import types
 
 from typer.testing import CliRunner
@@ -33,29 +32,3 @@ def test_the_cli_shows_units_judged_out_of_the_runs_units(tmp_path, monkeypatch)
     bar = [line for line in result.output.splitlines() if "judge tiny: units" in line]
     assert bar and "7/7" in bar[-1], result.output
 
-
-def test_rejudge_reports_each_unit_file_once_in_order(tmp_path):
-    from relaylens.datasets.synthetic import generate_records
-    from relaylens.experiments.rejudge import rejudge_run
-    from relaylens.experiments.runner import RunConfig, run_analysis
-    from relaylens.experiments.specs import load_analysis
-    from relaylens.results.store import RunStore
-    from relaylens.testing import tiny_model, tiny_tokenizer
-
-    data = tmp_path / "records.json"
-    data.write_text(json.dumps(generate_records(n=2, seed=4, history_tokens=600)))
-    spec = load_analysis("main_table").spec.replace(selectors=("snapkv", "bm25"), budgets=(0.4,), max_new_tokens=2)
-    out = tmp_path / "run"
-    run_analysis(spec, RunConfig(data=str(data), out=str(out)), progress=False,
-                 model_and_tokenizer=(tiny_model("llama", seed=0), tiny_tokenizer()))
-
-    class No:
-        model_id = "no"
-
-        def complete(self, system: str, user: str) -> str:
-            return '{"correct": false}'
-
-    seen = []
-    rejudge_run(out, No(), "no", progress=lambda done, total: seen.append((done, total)))
-    units = len(RunStore.open(out).unit_paths())
-    assert units == 4 and seen == [(done, units) for done in range(1, units + 1)]

@@ -90,6 +90,18 @@ def test_rejudge_changes_only_judge_scores(finished_run):
     assert {path.name: store.unit_machine(path) for path in store.unit_paths()} == machines
 
 
+def test_rejudge_reports_each_unit_file_once_in_order(finished_run):
+    class No:
+        model_id = "no"
+
+        def complete(self, system: str, user: str) -> str:
+            return '{"correct": false}'
+
+    seen = []
+    rejudge_run(finished_run, No(), "stub_p", progress=lambda done, total: seen.append((done, total)))
+    units = len(RunStore.open(finished_run).unit_paths())
+    assert units == 6 and seen == [(done, units) for done in range(1, units + 1)]
+
 def test_cross_judge_table_agreement_and_kappa(finished_run):
     answers = load_tables(finished_run)["answers"]
     texts = sorted(set(answers.answer))
