@@ -248,6 +248,7 @@ def test_attribution_companion_of_figure6(tables):
     ("real_coordinate_ablation_qwen0.5b_8k", "contains,f1"),  # real records: its units travel with it
     ("real_evidence_reading_qwen0.5b_8k", "contains,f1"),  # real records, Figure 6, judged: drawn on contains and F1
     ("real_main_table_qwen0.5b_8k", "contains,f1"),  # real records, six selectors, judged: drawn on contains and F1
+    ("real_dilation_qwen0.5b_8k", "contains,f1"),  # real records, dilation(k) at k = 1, 4, 14 under static YaRN x4
 ])
 def test_committed_runs_redraw(run, metric, tmp_path, monkeypatch):
     """The runs committed under figures/ (tables only, no units) redraw with the current code: the same files, and
