@@ -91,16 +91,11 @@ def test_rejudge_changes_only_judge_scores(finished_run):
 
 
 def test_rejudge_reports_each_unit_file_once_in_order(finished_run):
-    class No:
-        model_id = "no"
-
-        def complete(self, system: str, user: str) -> str:
-            return '{"correct": false}'
-
     seen = []
-    rejudge_run(finished_run, No(), "stub_p", progress=lambda done, total: seen.append((done, total)))
+    rejudge_run(finished_run, Stub({}, "stub-p"), "stub_p", progress=lambda done, total: seen.append((done, total)))
     units = len(RunStore.open(finished_run).unit_paths())
     assert units == 6 and seen == [(done, units) for done in range(1, units + 1)]
+
 
 def test_cross_judge_table_agreement_and_kappa(finished_run):
     answers = load_tables(finished_run)["answers"]
